@@ -1,0 +1,56 @@
+/*
+ * server/main.c: the one gpt2d binary. main() dispatches to a subcommand and
+ * is, with the HTTP boundary, the only place that decides exit codes
+ * (STYLE.md G5).
+ */
+#include "tools.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifndef GPT2D_VERSION
+#define GPT2D_VERSION "0.1.0"
+#endif
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"inspect", tool_inspect, "validate a safetensors file and list its tensors"},
+    {"synth", tool_synth, "write a random-weight GPT-2 checkpoint in the Hugging Face layout"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: gpt2d COMMAND [ARGS...]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "  %-12s %s\n  %-12s %s\n\n", "help", "this list", "version",
+            "print the version");
+    fprintf(out, "`gpt2d COMMAND --help` describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("gpt2d %s\n", GPT2D_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "gpt2d: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

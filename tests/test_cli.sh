@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# tests/test_cli.sh GPT2D: the gpt2d command line on real files.
+set -euo pipefail
+gpt2d=$1
+dir=$(mktemp -d /tmp/gpt2d-cli-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Usage errors exit 2 with the usage; help exits 0.
+"$gpt2d" help | grep -q '^  inspect' || fail "help does not list inspect"
+"$gpt2d" help | grep -q '^  synth' || fail "help does not list synth"
+set +e
+"$gpt2d" frobnicate 2>"$dir/err"; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "unknown command exited $rc"
+grep -q "unknown command 'frobnicate'" "$dir/err" || fail "no message for unknown command"
+grep -q "^usage: gpt2d" "$dir/err" || fail "no usage for unknown command"
+set +e
+"$gpt2d" inspect --bogus x 2>"$dir/err"; rc=$?
+"$gpt2d" 2>/dev/null; rc0=$?
+"$gpt2d" synth --layers 0 "$dir/x" 2>/dev/null; rc1=$?
+"$gpt2d" synth --embd 100 --heads 3 "$dir/x" 2>/dev/null; rc2=$?
+set -e
+[ "$rc" = 2 ] || fail "unknown option exited $rc"
+grep -q "usage: gpt2d inspect" "$dir/err" || fail "no usage for unknown option"
+[ "$rc0" = 2 ] || fail "no command exited $rc0"
+[ "$rc1" = 2 ] || fail "--layers 0 exited $rc1"
+[ "$rc2" = 2 ] || fail "embd not a multiple of heads exited $rc2"
+
+# The Done-means check of the foundation issue: a GPT-2-small-shaped file,
+# misaligned, with the mask buffers, lists 160 tensors, all misaligned.
+"$gpt2d" synth "$dir/small.safetensors" --misaligned --mask-buffers --seed 7
+"$gpt2d" inspect "$dir/small.safetensors" > "$dir/out"
+grep -q '^160 tensors, 137022720 elements, 0 aligned, 160 misaligned$' "$dir/out" \
+    || { cat "$dir/out" | tail -3; fail "inspect summary"; }
+grep -Eq '^wte.weight +F32 +\[50257, 768\] ' "$dir/out" || fail "wte.weight row"
+grep -Eq '^h.11.attn.bias +F32 +\[1, 1, 1024, 1024\] ' "$dir/out" || fail "mask row"
+grep -q 'metadata    format=pt' "$dir/out" || fail "metadata"
+"$gpt2d" inspect --json "$dir/small.safetensors" > "$dir/out.json"
+python3 - "$dir/out.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["tensor_count"] == 160, d["tensor_count"]
+assert d["aligned_count"] == 0
+assert d["data_start"] % 4 == 3, d["data_start"]
+assert d["metadata"] == {"format": "pt"}
+t = {x["name"]: x for x in d["tensors"]}
+assert t["h.0.attn.c_attn.weight"]["shape"] == [768, 2304]
+assert t["h.0.mlp.c_proj.weight"]["shape"] == [3072, 768]
+assert sum(1 for n in t if n.endswith(".attn.bias")) == 12
+# The tensors tile the data section.
+spans = sorted(x["data_offsets"] for x in d["tensors"])
+pos = 0
+for b, e in spans:
+    assert b == pos, (b, pos)
+    pos = e
+assert pos == d["file_size"] - d["data_start"]
+PY
+grep -q '"n_head": 12' "$dir/config.json" || fail "config.json"
+
+# Aligned by default; same seed, same bytes; different seed, different bytes.
+"$gpt2d" synth "$dir/a.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 3
+"$gpt2d" synth "$dir/b.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 3
+"$gpt2d" synth "$dir/c.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 4
+cmp -s "$dir/a.safetensors" "$dir/b.safetensors" || fail "synth is not deterministic"
+cmp -s "$dir/a.safetensors" "$dir/c.safetensors" && fail "the seed changes nothing"
+"$gpt2d" inspect "$dir/a.safetensors" | grep -q '^28 tensors, .* 28 aligned, 0 misaligned$' \
+    || fail "tiny synth not aligned"
+"$gpt2d" synth "$dir/p.safetensors" --layers 1 --embd 64 --heads 1 --ctx 8 --vocab 10 \
+    --prefix transformer. --lm-head
+"$gpt2d" inspect "$dir/p.safetensors" | grep -Eq '^transformer.h.0.mlp.c_fc.weight +F32 +\[64, 256\]' \
+    || fail "prefix"
+"$gpt2d" inspect "$dir/p.safetensors" | grep -Eq '^lm_head.weight +F32 +\[10, 64\]' || fail "lm_head"
+
+# An invalid file: exit 1, one line on stderr.
+printf 'garbage!' > "$dir/bad.safetensors"
+set +e
+"$gpt2d" inspect "$dir/bad.safetensors" >/dev/null 2>"$dir/err"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "invalid file exited $rc"
+[ "$(wc -l < "$dir/err")" = 1 ] || fail "error is not one line"
+grep -q "bad.safetensors" "$dir/err" || fail "error does not name the file"
+echo "cli: ok"

@@ -1,0 +1,141 @@
+/*
+ * tools/inspect.c: `gpt2d inspect FILE [--json]`, a safetensors file's header,
+ * validated. Exit 0 when the file is valid, 1 with one line on stderr when it
+ * is not, 2 on a usage error.
+ */
+#include "tools.h"
+
+#include "safetensors.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+static void inspect_usage(FILE *out)
+{
+    fprintf(out, "usage: gpt2d inspect FILE [--json]\n"
+                 "Validates a safetensors file and prints its metadata and tensors.\n"
+                 "  --json   machine-readable output\n"
+                 "  --help   this text\n");
+}
+
+/* A tensor is aligned when its position in the file is a multiple of its
+ * element size: a pointer into a page-aligned mapping is then aligned. */
+static int is_aligned(const sft_file *f, const sft_tensor *t)
+{
+    return (sft_data_start(f) + t->begin) % sft_dtype_size(t->dtype) == 0;
+}
+
+static void shape_text(char *buf, size_t len, const sft_tensor *t)
+{
+    size_t used = (size_t)snprintf(buf, len, "[");
+    for (size_t d = 0; d < t->ndim && used < len; d++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%lld", d ? ", " : "",
+                                 (long long)t->shape[d]);
+    if (used < len) snprintf(buf + used, len - used, "]");
+}
+
+static int print_json(const sft_file *f)
+{
+    json_t *root = json_object();
+    json_t *meta = json_object();
+    json_t *list = json_array();
+    size_t nmeta;
+    const sft_meta *m = sft_metadata(f, &nmeta);
+    for (size_t i = 0; i < nmeta; i++) json_object_set_new(meta, m[i].key, json_string(m[i].value));
+    size_t aligned = 0;
+    for (size_t i = 0; i < sft_count(f); i++) {
+        const sft_tensor *t = sft_tensor_at(f, i);
+        json_t *shape = json_array();
+        for (size_t d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        int a = is_aligned(f, t);
+        aligned += (size_t)a;
+        json_array_append_new(list, json_pack("{s:s, s:s, s:o, s:[I,I], s:b}", "name", t->name,
+                                              "dtype", sft_dtype_name(t->dtype), "shape", shape,
+                                              "data_offsets", (json_int_t)t->begin,
+                                              (json_int_t)t->end, "aligned", a));
+    }
+    json_object_set_new(root, "path", json_string(sft_path(f)));
+    json_object_set_new(root, "file_size", json_integer((json_int_t)sft_file_size(f)));
+    json_object_set_new(root, "header_length", json_integer((json_int_t)sft_header_len(f)));
+    json_object_set_new(root, "data_start", json_integer((json_int_t)sft_data_start(f)));
+    json_object_set_new(root, "tensor_count", json_integer((json_int_t)sft_count(f)));
+    json_object_set_new(root, "aligned_count", json_integer((json_int_t)aligned));
+    json_object_set_new(root, "metadata", meta);
+    json_object_set_new(root, "tensors", list);
+    int rc = json_dumpf(root, stdout, JSON_INDENT(2)) == 0 ? 0 : 1;
+    fputc('\n', stdout);
+    json_decref(root);
+    return rc;
+}
+
+static void print_table(const sft_file *f)
+{
+    size_t nmeta;
+    const sft_meta *m = sft_metadata(f, &nmeta);
+    printf("file        %s\n", sft_path(f));
+    printf("size        %llu bytes\n", (unsigned long long)sft_file_size(f));
+    printf("header      %llu bytes; data starts at byte %llu (%s)\n",
+           (unsigned long long)sft_header_len(f), (unsigned long long)sft_data_start(f),
+           sft_data_start(f) % 8 == 0 ? "8-byte aligned" : "not 8-byte aligned");
+    printf("metadata   ");
+    if (nmeta == 0) printf(" (none)");
+    for (size_t i = 0; i < nmeta; i++) printf(" %s=%s", m[i].key, m[i].value);
+    printf("\n\n%-40s %-5s %-22s %-26s %s\n", "name", "dtype", "shape", "data_offsets",
+           "aligned");
+    size_t aligned = 0, elements = 0;
+    for (size_t i = 0; i < sft_count(f); i++) {
+        const sft_tensor *t = sft_tensor_at(f, i);
+        char shape[128], range[64];
+        shape_text(shape, sizeof shape, t);
+        snprintf(range, sizeof range, "[%llu, %llu)", (unsigned long long)t->begin,
+                 (unsigned long long)t->end);
+        int a = is_aligned(f, t);
+        aligned += (size_t)a;
+        elements += sft_tensor_numel(t);
+        printf("%-40s %-5s %-22s %-26s %s\n", t->name, sft_dtype_name(t->dtype), shape, range,
+               a ? "yes" : "no");
+    }
+    printf("\n%zu tensors, %zu elements, %zu aligned, %zu misaligned\n", sft_count(f), elements,
+           aligned, sft_count(f) - aligned);
+}
+
+int tool_inspect(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int json = 0, c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'h': inspect_usage(stdout); return 0;
+        default:
+            fprintf(stderr, "gpt2d inspect: unknown option: %s\n", argv[optind - 1]);
+            inspect_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "gpt2d inspect: expected exactly one file\n");
+        inspect_usage(stderr);
+        return 2;
+    }
+    char err[512];
+    sft_file *f = NULL;
+    /* Mapped, so that only the pages that are checked (BOOL tensors) are read. */
+    sft_status s = sft_open(argv[optind], SFT_LOAD_MMAP, &f, err, sizeof err);
+    if (s != SFT_OK) {
+        fprintf(stderr, "gpt2d inspect: %s: %s\n", sft_strerror(s), err);
+        return 1;
+    }
+    int rc = 0;
+    if (json)
+        rc = print_json(f);
+    else
+        print_table(f);
+    sft_close(f);
+    return rc;
+}
