@@ -589,10 +589,15 @@ static sft_status load_data(sft_file *f, int fd, const struct stat *before, char
             rc = fail(err, errlen, SFT_ENOMEM, f->path, "cannot allocate aligned copies");
             goto done;
         }
-        for (size_t i = 0; i < f->n; i++)
-            if (need[i])
-                memcpy((void *)f->tensors[i].data, (const unsigned char *)map + data_start
-                       + f->tensors[i].begin, f->tensors[i].nbytes);
+        /* Nothing points into the mapping (a misaligned file): drop it, so
+         * the process holds one copy of the weights, not two. */
+        size_t nmapped = 0;
+        for (size_t i = 0; i < f->n; i++) nmapped += (size_t)f->tensors[i].mapped;
+        if (nmapped == 0) {
+            munmap(map, f->data->map_len);
+            f->data->map = NULL;
+            f->data->map_len = 0;
+        }
     } else {
         for (size_t i = 0; i < f->n; i++) need[i] = f->tensors[i].nbytes > 0;
         if (!alloc_slab(f, need)) {
@@ -600,14 +605,16 @@ static sft_status load_data(sft_file *f, int fd, const struct stat *before, char
                       "the tensor data");
             goto done;
         }
-        for (size_t i = 0; i < f->n; i++) {
-            sft_tensor *t = &f->tensors[i];
-            if (!need[i]) continue;
-            if (pread_full(fd, (void *)t->data, t->nbytes, data_start + t->begin) != 0) {
-                rc = fail(err, errlen, SFT_EIO, f->path, "tensor '%s': read: %s", t->name,
-                          errno ? strerror(errno) : "the file is shorter than at open");
-                goto done;
-            }
+    }
+    /* The copies are read with pread, not through the mapping, so the pages
+     * of misaligned tensors are never faulted into the mapping as well. */
+    for (size_t i = 0; i < f->n; i++) {
+        sft_tensor *t = &f->tensors[i];
+        if (!need[i]) continue;
+        if (pread_full(fd, (void *)t->data, t->nbytes, data_start + t->begin) != 0) {
+            rc = fail(err, errlen, SFT_EIO, f->path, "tensor '%s': read: %s", t->name,
+                      errno ? strerror(errno) : "the file is shorter than at open");
+            goto done;
         }
     }
 

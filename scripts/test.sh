@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# scripts/test.sh [--quick]: installs what is missing, builds gpt2d and runs
+# every test. This is the README's test command and what CI runs.
+#   1. release-like build (-O2 -g, warnings are errors), all meson tests
+#   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#   3. every libFuzzer target for FUZZ_SECONDS (default 60) each
+# --quick runs step 1 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+scripts/setup.sh
+
+echo "== build and test (build/)"
+[ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized
+meson compile -C build
+meson test -C build --print-errorlogs --num-processes 2
+
+[ "$quick" = 1 ] && exit 0
+
+echo "== sanitizers (build-asan/)"
+[ -f build-asan/build.ninja ] ||
+    meson setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+meson compile -C build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-asan --print-errorlogs --num-processes 2
+
+echo "== fuzzing (build-fuzz/), ${FUZZ_SECONDS:-60} s per target"
+[ -f build-fuzz/build.ninja ] ||
+    CC=clang meson setup build-fuzz --buildtype=debugoptimized -Dfuzz=true -Dtests=false
+meson compile -C build-fuzz
+for target in build-fuzz/tests/fuzz/fuzz_*; do
+    [ -x "$target" ] && [ -f "$target" ] || continue
+    name=$(basename "$target")
+    corpus=tests/fuzz/corpus/${name#fuzz_}
+    work=$(mktemp -d /tmp/gpt2d-fuzz-XXXXXX)
+    dict=()
+    [ -f "tests/fuzz/${name#fuzz_}.dict" ] && dict=(-dict="tests/fuzz/${name#fuzz_}.dict")
+    echo "-- $name"
+    "$target" -max_total_time="${FUZZ_SECONDS:-60}" -max_len=65536 -timeout=10 \
+        -rss_limit_mb=2048 -print_final_stats=1 "${dict[@]}" "$work" "$corpus" 2>&1 | tail -n 12
+    rm -rf "$work"
+done
+echo "== all tests passed"
