@@ -9,7 +9,6 @@ packages=(
     libmicrohttpd-dev libuv1-dev libopenblas-dev         # server, loop, BLAS
     libsystemd-dev systemd                               # sd_notify, systemd tools
     python3 python3-numpy                                # numeric reference
-    nodejs npm                                           # tiktoken, openai client
     curl ca-certificates valgrind
 )
 
@@ -17,6 +16,11 @@ missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js (tiktoken, the OpenAI client): Debian's nodejs and npm, unless a
+# node and npm are already there (NodeSource's nodejs bundles npm and
+# conflicts with Debian's npm package).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
