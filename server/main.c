@@ -21,6 +21,8 @@ typedef struct {
 static const command commands[] = {
     {"inspect", tool_inspect, "validate a safetensors file and list its tensors"},
     {"synth", tool_synth, "write a random-weight GPT-2 checkpoint in the Hugging Face layout"},
+    {"tokenize", tool_tokenize, "text on stdin -> GPT-2 token ids (JSON)"},
+    {"detokenize", tool_detokenize, "GPT-2 token ids (JSON) on stdin -> bytes"},
 };
 
 static void usage(FILE *out)

@@ -12,6 +12,8 @@
 
 int tool_inspect(int argc, char **argv);
 int tool_synth(int argc, char **argv);
+int tool_tokenize(int argc, char **argv);
+int tool_detokenize(int argc, char **argv);
 
 /* Deterministic random numbers for synth and the tests (xoshiro256**,
  * seeded through splitmix64). Thread: any; one state per thread. */
