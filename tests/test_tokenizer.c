@@ -1,0 +1,614 @@
+/*
+ * tests/test_tokenizer.c: tokenizer/ (BPE, pretokenizer, UTF-8 stream).
+ *
+ * Expected ids are published ones (the seed chapter's, which are tiktoken's);
+ * the full agreement with tiktoken is the differential test
+ * (tests/differential/tiktoken_diff.mjs). Merge-order rules use tiny
+ * hand-written vocabularies. GPT2D_VOCAB_DIR is the vendored GPT-2 files.
+ */
+#include "tokenizer.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef GPT2D_VOCAB_DIR
+#error "GPT2D_VOCAB_DIR must name the directory with vocab.json and merges.txt"
+#endif
+
+static bpe *gpt2;
+
+static void load_gpt2(void)
+{
+    char err[512];
+    ck_assert_msg(bpe_load_dir(GPT2D_VOCAB_DIR, &gpt2, err, sizeof err) == BPE_OK, "%s", err);
+}
+
+static void free_gpt2(void)
+{
+    bpe_free(gpt2);
+    gpt2 = NULL;
+}
+
+/* Encodes text and compares with want[0..n). */
+static void assert_ids(const bpe *t, const char *text, size_t len, const int32_t *want, size_t n)
+{
+    int32_t *ids;
+    size_t nids;
+    char err[256];
+    ck_assert_msg(bpe_encode(t, text, len, &ids, &nids, err, sizeof err) == BPE_OK, "%s", err);
+    char got[1024] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < nids && used < sizeof got - 16; i++)
+        used += (size_t)snprintf(got + used, sizeof got - used, "%d ", ids[i]);
+    ck_assert_msg(nids == n, "'%s': %zu ids, want %zu (got %s)", text, nids, n, got);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(ids[i] == want[i], "'%s': id %zu is %d, want %d (got %s)", text, i, ids[i],
+                      want[i], got);
+    free(ids);
+}
+
+#define IDS(text, ...)                                                                           \
+    do {                                                                                         \
+        static const int32_t want_[] = {__VA_ARGS__};                                            \
+        assert_ids(gpt2, text, strlen(text), want_, sizeof want_ / sizeof want_[0]);             \
+    } while (0)
+
+START_TEST(bpe_encode_seed_examples)
+{
+    IDS("Hello, world!", 15496, 11, 995, 0);
+    IDS("Hello, my name is", 15496, 11, 616, 1438, 318);
+    IDS(" world", 995);
+    IDS("tokenization", 30001, 1634);
+    IDS("日本", 33768, 98, 17312, 105);
+    ck_assert_uint_eq(bpe_vocab_size(gpt2), 50257);
+    ck_assert_uint_eq(bpe_merge_count(gpt2), 50000);
+}
+END_TEST
+
+START_TEST(bpe_encode_japanese_splits_characters_across_tokens)
+{
+    /* "日本" -> bytes e6 97 | a5 | e6 9c | ac */
+    static const char *want[] = {"\xe6\x97", "\xa5", "\xe6\x9c", "\xac"};
+    static const int32_t ids[] = {33768, 98, 17312, 105};
+    for (int i = 0; i < 4; i++) {
+        size_t len;
+        const char *p = bpe_token_bytes(gpt2, ids[i], &len);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_uint_eq(len, strlen(want[i]));
+        ck_assert_mem_eq(p, want[i], len);
+    }
+}
+END_TEST
+
+START_TEST(bpe_encode_endoftext_is_ordinary_text)
+{
+    IDS("<|endoftext|>", 27, 91, 437, 1659, 5239, 91, 29);
+    size_t len;
+    const char *p = bpe_token_bytes(gpt2, 50256, &len);
+    ck_assert_uint_eq(len, 13);
+    ck_assert_mem_eq(p, "<|endoftext|>", 13);
+}
+END_TEST
+
+START_TEST(bpe_encode_empty_text_is_no_ids)
+{
+    int32_t *ids = (int32_t *)1;
+    size_t n = 7;
+    ck_assert_int_eq(bpe_encode(gpt2, "", 0, &ids, &n, NULL, 0), BPE_OK);
+    ck_assert_ptr_null(ids);
+    ck_assert_uint_eq(n, 0);
+}
+END_TEST
+
+/* The pieces of text, "|"-joined. */
+static void split_str(const char *text, size_t n, char *out, size_t cap)
+{
+    size_t o = 0, pos = 0;
+    out[0] = '\0';
+    while (pos < n) {
+        size_t end = bpe_split_next(text, n, pos);
+        ck_assert_uint_gt(end, pos);
+        ck_assert_uint_le(end, n);
+        if (o && o < cap) out[o++] = '|';
+        size_t m = end - pos < cap - o - 1 ? end - pos : cap - o - 1;
+        memcpy(out + o, text + pos, m);
+        o += m;
+        out[o] = '\0';
+        pos = end;
+    }
+}
+
+#define SPLIT(text, want)                                                                        \
+    do {                                                                                         \
+        char got_[512];                                                                          \
+        split_str(text, sizeof(text) - 1, got_, sizeof got_);                                    \
+        ck_assert_msg(strcmp(got_, want) == 0, "split of '%s' is '%s', want '%s'", text, got_,   \
+                      want);                                                                     \
+    } while (0)
+
+START_TEST(bpe_split_next_seed_examples)
+{
+    SPLIT("Hello, world!", "Hello|,| world|!");
+    SPLIT("don't we'll", "don|'t| we|'ll");
+    SPLIT("o'clock", "o|'|clock");
+    SPLIT("abc123 45", "abc|123| 45");
+    SPLIT("a  b", "a| | b");
+    SPLIT("a\n\nb", "a|\n|\n|b");
+    SPLIT("a   ", "a|   ");
+    SPLIT(" \n x", " \n| x");
+    SPLIT("Hello, world!  I'm here 2024", "Hello|,| world|!| | I|'m| here| 2024");
+    SPLIT("año €5 日本語", "año| €|5| 日本語");
+}
+END_TEST
+
+START_TEST(bpe_split_next_contractions_and_spaces)
+{
+    SPLIT("I'M HE'S we've they're she'd it'll", "I|'|M| HE|'|S| we|'ve| they|'re| she|'d| it|'ll");
+    SPLIT("'s's", "'s|'s");
+    SPLIT("' s", "'| s");
+    SPLIT("!!'s", "!!'|s");
+    SPLIT(" 's", " '|s");
+    SPLIT("x\u3000y", "x|\u3000|y");       /* ideographic space: not an ASCII space */
+    SPLIT("x \u00a0y", "x| |\u00a0|y");     /* NBSP cannot lead a word */
+    SPLIT("\t\t", "\t\t");
+    SPLIT("a\r\n", "a|\r\n");
+    SPLIT("x\xff\xfey", "x|\xff\xfe|y");    /* invalid bytes are "other" */
+    SPLIT("1\xe6\x97", "1|\xe6\x97");       /* a truncated character too */
+    SPLIT("Ⅻ½²", "Ⅻ½²");                    /* numbers of other kinds */
+    SPLIT("e\xcc\x81t\xcc\x81", "e|\xcc\x81|t|\xcc\x81"); /* combining marks are Mn: other */
+}
+END_TEST
+
+START_TEST(bpe_char_class_samples)
+{
+    ck_assert_int_eq(bpe_char_class('a'), 1);
+    ck_assert_int_eq(bpe_char_class(0x65E5), 1); /* 日 */
+    ck_assert_int_eq(bpe_char_class('7'), 2);
+    ck_assert_int_eq(bpe_char_class(0x00BD), 2); /* ½ */
+    ck_assert_int_eq(bpe_char_class(' '), 3);
+    ck_assert_int_eq(bpe_char_class(0x85), 3);   /* NEL is White_Space */
+    ck_assert_int_eq(bpe_char_class(0xFEFF), 0); /* BOM is not */
+    ck_assert_int_eq(bpe_char_class(0x180E), 0); /* not since Unicode 6.3 */
+    ck_assert_int_eq(bpe_char_class(0x200B), 0);
+    ck_assert_int_eq(bpe_char_class('!'), 0);
+    ck_assert_int_eq(bpe_char_class(0x110000), 0);
+    /* A letter new in Unicode 16.0: U+1C89 CYRILLIC CAPITAL LETTER TJE. */
+    ck_assert_int_eq(bpe_char_class(0x1C89), 1);
+}
+END_TEST
+
+START_TEST(bpe_decode_round_trips_every_byte)
+{
+    char text[256];
+    for (int i = 0; i < 256; i++) text[i] = (char)i;
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(bpe_encode(gpt2, text, 256, &ids, &n, NULL, 0), BPE_OK);
+    char *back;
+    size_t blen;
+    ck_assert_int_eq(bpe_decode(gpt2, ids, n, &back, &blen, NULL, 0), BPE_OK);
+    ck_assert_uint_eq(blen, 256);
+    ck_assert_mem_eq(back, text, 256);
+    free(back);
+    free(ids);
+    /* And every single byte alone is one token of that byte. */
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        ck_assert_int_eq(bpe_encode(gpt2, &c, 1, &ids, &n, NULL, 0), BPE_OK);
+        ck_assert_uint_eq(n, 1);
+        size_t len;
+        const char *p = bpe_token_bytes(gpt2, ids[0], &len);
+        ck_assert_uint_eq(len, 1);
+        ck_assert_int_eq(p[0], c);
+        free(ids);
+    }
+}
+END_TEST
+
+START_TEST(bpe_decode_round_trips_invalid_utf8)
+{
+    static const char text[] = "ok \xff\xfe\x80 \xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xe6\x97 end\x00x";
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(bpe_encode(gpt2, text, sizeof text - 1, &ids, &n, NULL, 0), BPE_OK);
+    char *back;
+    size_t blen;
+    ck_assert_int_eq(bpe_decode(gpt2, ids, n, &back, &blen, NULL, 0), BPE_OK);
+    ck_assert_uint_eq(blen, sizeof text - 1);
+    ck_assert_mem_eq(back, text, blen);
+    free(back);
+    free(ids);
+}
+END_TEST
+
+START_TEST(bpe_encode_long_runs_round_trip)
+{
+    /* Long pieces take the heap merge; the result must still decode back and
+     * agree with short pieces of the same word. */
+    size_t n = 20000;
+    char *text = malloc(n);
+    for (size_t i = 0; i < n; i++) text[i] = "abcab"[i % 5];
+    int32_t *ids;
+    size_t nids;
+    ck_assert_int_eq(bpe_encode(gpt2, text, n, &ids, &nids, NULL, 0), BPE_OK);
+    ck_assert_uint_lt(nids, n / 2);
+    char *back;
+    size_t blen;
+    ck_assert_int_eq(bpe_decode(gpt2, ids, nids, &back, &blen, NULL, 0), BPE_OK);
+    ck_assert_uint_eq(blen, n);
+    ck_assert_mem_eq(back, text, n);
+    free(back);
+    free(ids);
+    free(text);
+}
+END_TEST
+
+START_TEST(bpe_decode_unknown_id_is_an_error)
+{
+    static const int32_t ids[] = {15496, 50257};
+    char *out;
+    size_t len;
+    char err[256];
+    ck_assert_int_eq(bpe_decode(gpt2, ids, 2, &out, &len, err, sizeof err), BPE_EUNKNOWN);
+    ck_assert_ptr_null(out);
+    ck_assert_ptr_nonnull(strstr(err, "50257"));
+    static const int32_t neg[] = {-1};
+    ck_assert_int_eq(bpe_decode(gpt2, neg, 1, &out, &len, err, sizeof err), BPE_EUNKNOWN);
+    ck_assert_ptr_null(bpe_token_bytes(gpt2, 1 << 30, &len));
+}
+END_TEST
+
+/* ---- Tiny vocabularies --------------------------------------------------- */
+
+static char fixdir[256];
+
+static void fix_setup(void)
+{
+    snprintf(fixdir, sizeof fixdir, "/tmp/gpt2d-test-bpe-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(fixdir));
+}
+
+static void fix_teardown(void)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/vocab.json", fixdir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/merges.txt", fixdir);
+    unlink(p);
+    rmdir(fixdir);
+}
+
+static void write_fixture(const char *vocab, const char *merges)
+{
+    char p[300];
+    FILE *fp;
+    if (vocab != NULL) {
+        snprintf(p, sizeof p, "%s/vocab.json", fixdir);
+        fp = fopen(p, "w");
+        fputs(vocab, fp);
+        fclose(fp);
+    }
+    if (merges != NULL) {
+        snprintf(p, sizeof p, "%s/merges.txt", fixdir);
+        fp = fopen(p, "w");
+        fputs(merges, fp);
+        fclose(fp);
+    }
+}
+
+static bpe *load_fixture(const char *vocab, const char *merges)
+{
+    write_fixture(vocab, merges);
+    bpe *t;
+    char err[256];
+    ck_assert_msg(bpe_load_dir(fixdir, &t, err, sizeof err) == BPE_OK, "%s", err);
+    return t;
+}
+
+#define TINY_VOCAB "{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4, \"hel\": 5, \"a\": 6, \"aa\": 7}"
+
+START_TEST(bpe_merges_follow_their_rank)
+{
+    /* h e (0), e l (1), he l (2): [h][e][l] -> [he][l] -> [hel] */
+    bpe *t = load_fixture(TINY_VOCAB, "#version: 0.2\nh e\ne l\nhe l\n");
+    static const int32_t want[] = {5};
+    assert_ids(t, "hel", 3, want, 1);
+    bpe_free(t);
+}
+END_TEST
+
+START_TEST(bpe_merges_lower_rank_wins_over_earlier_position)
+{
+    /* e l (0), h e (1): rank decides, not position -> [h][el] */
+    bpe *t = load_fixture("{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4}",
+                          "e l\r\nh e\r\n");
+    static const int32_t want[] = {0, 4};
+    assert_ids(t, "hel", 3, want, 2);
+    bpe_free(t);
+}
+END_TEST
+
+START_TEST(bpe_merges_non_overlapping_left_to_right)
+{
+    /* a a (0): "aaa" -> [aa][a], not [a][aa]; "aaaa" -> [aa][aa] */
+    bpe *t = load_fixture(TINY_VOCAB, "a a\n");
+    static const int32_t three[] = {7, 6}, four[] = {7, 7};
+    assert_ids(t, "aaa", 3, three, 2);
+    assert_ids(t, "aaaa", 4, four, 2);
+    /* A long run takes the heap path and must agree: 101 a's -> 50 [aa], [a]. */
+    char run[101];
+    memset(run, 'a', sizeof run);
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(bpe_encode(t, run, sizeof run, &ids, &n, NULL, 0), BPE_OK);
+    ck_assert_uint_eq(n, 51);
+    for (size_t i = 0; i < 50; i++) ck_assert_int_eq(ids[i], 7);
+    ck_assert_int_eq(ids[50], 6);
+    free(ids);
+    bpe_free(t);
+}
+END_TEST
+
+START_TEST(bpe_encode_byte_without_token_is_eunknown)
+{
+    bpe *t = load_fixture(TINY_VOCAB, "h e\n");
+    int32_t *ids;
+    size_t n;
+    char err[256];
+    ck_assert_int_eq(bpe_encode(t, "hex", 3, &ids, &n, err, sizeof err), BPE_EUNKNOWN);
+    ck_assert_ptr_nonnull(strstr(err, "0x78"));
+    ck_assert_ptr_null(ids);
+    bpe_free(t);
+}
+END_TEST
+
+typedef struct {
+    const char *what, *vocab, *merges;
+    bpe_status status;
+    const char *words;
+} bad_files;
+
+static const bad_files bad_file_cases[] = {
+    {"id is a string", "{\"a\": \"1\"}", "", BPE_EFORMAT, "not a non-negative integer"},
+    {"id is negative", "{\"a\": -1}", "", BPE_EFORMAT, "not a non-negative integer"},
+    {"id is a float", "{\"a\": 1.0}", "", BPE_EFORMAT, "not a non-negative integer"},
+    {"id too large", "{\"a\": 99999999}", "", BPE_ETOOBIG, "over"},
+    {"duplicate id", "{\"a\": 1, \"b\": 1}", "", BPE_EFORMAT, "id 1 is used by two tokens"},
+    {"duplicate token", "{\"a\": 1, \"a\": 2}", "", BPE_EFORMAT, "not valid JSON"},
+    {"not an object", "[1]", "", BPE_EFORMAT, "not a JSON object"},
+    {"not JSON", "{", "", BPE_EFORMAT, "not valid JSON"},
+    {"empty vocabulary", "{}", "", BPE_EFORMAT, "empty"},
+    {"character outside the byte symbols", "{\"a\": 0, \"\xe2\x82\xac\": 1}", "", BPE_EFORMAT,
+     "outside the 256 byte symbols"},
+    {"raw space in a token", "{\"a b\": 0}", "", BPE_EFORMAT, "outside the 256 byte symbols"},
+    {"merges line with one symbol", "{\"a\": 0}", "a\n", BPE_EFORMAT, ":1: \"a\" is not two symbols"},
+    {"merges line with three symbols", "{\"a\": 0}", "#version: 0.2\na a a\n", BPE_EFORMAT,
+     ":2: \"a a a\" is not two symbols"},
+    {"merges line with two spaces", "{\"a\": 0}", "a  a\n", BPE_EFORMAT, "not two symbols"},
+    {"merge part not in vocabulary", "{\"a\": 0, \"ab\": 1}", "a b\n", BPE_EFORMAT,
+     "right part of \"a b\" is not in the vocabulary"},
+    {"merge result not in vocabulary", "{\"a\": 0, \"b\": 1}", "a b\n", BPE_EFORMAT,
+     "result of \"a b\" is not in the vocabulary"},
+    {"merge with a non-symbol", "{\"a\": 0}", "a \xe2\x82\xac\n", BPE_EFORMAT, "outside"},
+    {"repeated merge", "{\"a\": 0, \"aa\": 1}", "a a\na a\n", BPE_EFORMAT, "repeats"},
+};
+
+START_TEST(bpe_load_malformed_files)
+{
+    const bad_files *b = &bad_file_cases[_i];
+    write_fixture(b->vocab, b->merges);
+    bpe *t = (bpe *)1;
+    char err[512];
+    bpe_status s = bpe_load_dir(fixdir, &t, err, sizeof err);
+    ck_assert_msg(s == b->status, "%s: status %d (%s)", b->what, s, err);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(err, b->words) != NULL, "%s: '%s' lacks '%s'", b->what, err, b->words);
+    ck_assert_msg(strstr(err, fixdir) != NULL, "%s: '%s' does not name the file", b->what, err);
+}
+END_TEST
+
+START_TEST(bpe_load_missing_files)
+{
+    bpe *t;
+    char err[512];
+    ck_assert_int_eq(bpe_load_dir(fixdir, &t, err, sizeof err), BPE_EIO);
+    ck_assert_ptr_nonnull(strstr(err, "vocab.json: cannot open"));
+    write_fixture("{\"a\": 0}", NULL);
+    ck_assert_int_eq(bpe_load_dir(fixdir, &t, err, sizeof err), BPE_EIO);
+    ck_assert_ptr_nonnull(strstr(err, "merges.txt: cannot open"));
+    ck_assert_ptr_null(t);
+    ck_assert_int_eq(bpe_load(fixdir, fixdir, &t, err, sizeof err), BPE_EIO);
+    ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
+    for (int s = 0; s <= BPE_ETOOBIG; s++)
+        ck_assert_str_ne(bpe_strerror((bpe_status)s), "unknown status");
+}
+END_TEST
+
+/* ---- The streaming UTF-8 decoder ----------------------------------------- */
+
+/* An independent, non-streaming reference: maximal subparts, written from
+ * Unicode's table 3-7 as a test of the streaming code. */
+static size_t ref_decode(const unsigned char *p, size_t n, char *out)
+{
+    size_t i = 0, o = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t need;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            out[o++] = (char)c;
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) { need = 2; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
+        else if (c >= 0xF0 && c <= 0xF4) { need = 3; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
+        else need = 0;
+        size_t k = 1;
+        while (k <= need && i + k < n && p[i + k] >= (k == 1 ? lo : 0x80) && p[i + k] <= (k == 1 ? hi : 0xBF)) k++;
+        if (need > 0 && k == need + 1) {
+            memcpy(out + o, p + i, k);
+            o += k;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+        }
+        i += k;
+    }
+    return o;
+}
+
+/* Feeds p[0..n) cut at the given points, then flushes. */
+static size_t stream_decode(const unsigned char *p, size_t n, const size_t *cuts, size_t ncuts,
+                            char *out)
+{
+    utf8_stream s;
+    utf8_stream_init(&s);
+    size_t o = 0, prev = 0;
+    for (size_t c = 0; c <= ncuts; c++) {
+        size_t end = c < ncuts ? cuts[c] : n;
+        size_t w = utf8_stream_feed(&s, (const char *)p + prev, end - prev, out + o);
+        ck_assert_uint_le(w, UTF8_STREAM_MAX_OUT(end - prev));
+        ck_assert(utf8_valid(out + o, w));
+        o += w;
+        prev = end;
+    }
+    o += utf8_stream_flush(&s, out + o);
+    ck_assert_uint_eq(utf8_stream_pending(&s), 0);
+    return o;
+}
+
+START_TEST(utf8_stream_every_split_of_multibyte_characters)
+{
+    static const char text[] = "a\xc3\xa9" "b\xe6\x97\xa5" "c\xf0\x9f\x98\x80" "d\xe2\x82\xac";
+    size_t n = sizeof text - 1;
+    char out[256];
+    for (size_t a = 0; a <= n; a++) {
+        for (size_t b = a; b <= n; b++) {
+            size_t cuts[2] = {a, b};
+            size_t o = stream_decode((const unsigned char *)text, n, cuts, 2, out);
+            ck_assert_uint_eq(o, n);
+            ck_assert_mem_eq(out, text, n);
+        }
+    }
+    /* One token's bytes at a time: only whole characters come out. */
+    utf8_stream s;
+    utf8_stream_init(&s);
+    ck_assert_uint_eq(utf8_stream_feed(&s, "\xe6\x97", 2, out), 0);
+    ck_assert_uint_eq(utf8_stream_pending(&s), 2);
+    ck_assert_uint_eq(utf8_stream_feed(&s, "\xa5", 1, out), 3);
+    ck_assert_mem_eq(out, "\xe6\x97\xa5", 3);
+}
+END_TEST
+
+START_TEST(utf8_stream_invalid_input_matches_python_replace)
+{
+    /* Expected values are CPython's bytes.decode("utf-8", errors="replace"). */
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"\xff", "\xef\xbf\xbd"},
+        {"\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xe6\x97" "A", "\xef\xbf\xbd" "A"},              /* truncated: one U+FFFD */
+        {"\xe0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* overlong: three */
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* surrogate: three */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xf0\x9f\x98", "\xef\xbf\xbd"},                  /* dangling at the end: flush */
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},
+        {"a\xf0\x9f\x98\xe6\x97\xa5", "a\xef\xbf\xbd\xe6\x97\xa5"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[64];
+        size_t n = strlen(cases[i].in);
+        for (size_t cut = 0; cut <= n; cut++) {
+            size_t o = stream_decode((const unsigned char *)cases[i].in, n, &cut, 1, out);
+            ck_assert_msg(o == strlen(cases[i].out) && memcmp(out, cases[i].out, o) == 0,
+                          "case %zu cut %zu", i, cut);
+        }
+    }
+}
+END_TEST
+
+START_TEST(utf8_stream_random_bytes_match_the_reference)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    unsigned char in[64];
+    char a[1024], b[1024];
+    for (int iter = 0; iter < 20000; iter++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        size_t n = (size_t)(x % 40);
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            /* Bias toward the interesting bytes. */
+            static const unsigned char pool[] = {0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0,
+                                                 0xC2, 0xDF, 0xE0, 0xE6, 0xED, 0xEF, 0xF0, 0xF4,
+                                                 0xF5, 0xFF};
+            in[i] = (x >> 8) % 3 ? pool[(x >> 16) % sizeof pool] : (unsigned char)(x >> 24);
+        }
+        size_t cuts[3];
+        for (int c = 0; c < 3; c++) cuts[c] = n ? (size_t)((x >> (10 * c)) % (n + 1)) : 0;
+        if (cuts[0] > cuts[1]) { size_t t = cuts[0]; cuts[0] = cuts[1]; cuts[1] = t; }
+        if (cuts[1] > cuts[2]) { size_t t = cuts[1]; cuts[1] = cuts[2]; cuts[2] = t; }
+        if (cuts[0] > cuts[1]) { size_t t = cuts[0]; cuts[0] = cuts[1]; cuts[1] = t; }
+        size_t na = stream_decode(in, n, cuts, 3, a);
+        size_t nb = ref_decode(in, n, b);
+        ck_assert_uint_eq(na, nb);
+        ck_assert_mem_eq(a, b, na);
+    }
+}
+END_TEST
+
+static Suite *bpe_suite(void)
+{
+    Suite *s = suite_create("tokenizer");
+    TCase *tc = tcase_create("bpe_encode");
+    tcase_add_unchecked_fixture(tc, load_gpt2, free_gpt2);
+    tcase_add_test(tc, bpe_encode_seed_examples);
+    tcase_add_test(tc, bpe_encode_japanese_splits_characters_across_tokens);
+    tcase_add_test(tc, bpe_encode_endoftext_is_ordinary_text);
+    tcase_add_test(tc, bpe_encode_empty_text_is_no_ids);
+    tcase_add_test(tc, bpe_encode_long_runs_round_trip);
+    tcase_add_test(tc, bpe_decode_round_trips_every_byte);
+    tcase_add_test(tc, bpe_decode_round_trips_invalid_utf8);
+    tcase_add_test(tc, bpe_decode_unknown_id_is_an_error);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("bpe_split_next");
+    tcase_add_test(tc, bpe_split_next_seed_examples);
+    tcase_add_test(tc, bpe_split_next_contractions_and_spaces);
+    tcase_add_test(tc, bpe_char_class_samples);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("bpe_load");
+    tcase_add_checked_fixture(tc, fix_setup, fix_teardown);
+    tcase_add_test(tc, bpe_merges_follow_their_rank);
+    tcase_add_test(tc, bpe_merges_lower_rank_wins_over_earlier_position);
+    tcase_add_test(tc, bpe_merges_non_overlapping_left_to_right);
+    tcase_add_test(tc, bpe_encode_byte_without_token_is_eunknown);
+    tcase_add_loop_test(tc, bpe_load_malformed_files, 0,
+                        (int)(sizeof bad_file_cases / sizeof bad_file_cases[0]));
+    tcase_add_test(tc, bpe_load_missing_files);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("utf8_stream");
+    tcase_add_test(tc, utf8_stream_every_split_of_multibyte_characters);
+    tcase_add_test(tc, utf8_stream_invalid_input_matches_python_replace);
+    tcase_add_test(tc, utf8_stream_random_bytes_match_the_reference);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(bpe_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
