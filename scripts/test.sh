@@ -11,6 +11,10 @@ quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
 scripts/setup.sh
+# The references the differential tests compare against (npm, pinned by
+# package-lock.json). A failure here fails the run: those tests must not be
+# skipped in CI.
+(cd tests/differential && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== build and test (build/)"
 [ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized

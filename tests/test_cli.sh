@@ -80,4 +80,27 @@ set -e
 [ "$rc" = 1 ] || fail "invalid file exited $rc"
 [ "$(wc -l < "$dir/err")" = 1 ] || fail "error is not one line"
 grep -q "bad.safetensors" "$dir/err" || fail "error does not name the file"
+# tokenize / detokenize on the vendored GPT-2 vocabulary.
+vocab=$(dirname "$0")/../tokenizer/data
+[ "$(printf 'Hello, world!' | "$gpt2d" tokenize --model "$vocab")" = "[15496, 11, 995, 0]" ] || fail "tokenize"
+printf '"Hello, my name is"\n" world"\n"\\u65e5\\u672c"\n' | "$gpt2d" tokenize --model "$vocab" --jsonl > "$dir/jl"
+[ "$(sed -n 1p "$dir/jl")" = "[15496, 11, 616, 1438, 318]" ] || fail "jsonl line 1"
+[ "$(sed -n 2p "$dir/jl")" = "[995]" ] || fail "jsonl line 2"
+[ "$(sed -n 3p "$dir/jl")" = "[33768, 98, 17312, 105]" ] || fail "jsonl line 3"
+[ "$(echo '[15496, 11, 995, 0, 50256]' | "$gpt2d" detokenize --model "$vocab")" = "Hello, world!<|endoftext|>" ] || fail "detokenize"
+head -c 4096 /dev/urandom > "$dir/rand.bin"
+"$gpt2d" tokenize --model "$vocab" < "$dir/rand.bin" | "$gpt2d" detokenize --model "$vocab" > "$dir/rand.out"
+cmp -s "$dir/rand.bin" "$dir/rand.out" || fail "random bytes do not round-trip"
+set +e
+echo '[1, 99999999]' | "$gpt2d" detokenize --model "$vocab" >/dev/null 2>"$dir/err"; rc=$?
+echo '[1, "x"]' | "$gpt2d" detokenize --model "$vocab" >/dev/null 2>/dev/null; rc2=$?
+echo 'not json' | "$gpt2d" tokenize --model "$vocab" --jsonl >/dev/null 2>/dev/null; rc3=$?
+"$gpt2d" tokenize --model "$dir" </dev/null >/dev/null 2>"$dir/err2"; rc4=$?
+"$gpt2d" tokenize </dev/null >/dev/null 2>/dev/null; rc5=$?
+set -e
+[ "$rc" = 1 ] && grep -q "99999999" "$dir/err" || fail "unknown id: rc $rc"
+[ "$rc2" = 1 ] || fail "non-integer id: rc $rc2"
+[ "$rc3" = 1 ] || fail "bad jsonl: rc $rc3"
+[ "$rc4" = 1 ] && grep -q "vocab.json: cannot open" "$dir/err2" || fail "missing vocab: rc $rc4"
+[ "$rc5" = 2 ] || fail "missing --model: rc $rc5"
 echo "cli: ok"
