@@ -82,6 +82,9 @@ set -e
 grep -q "bad.safetensors" "$dir/err" || fail "error does not name the file"
 # tokenize / detokenize on the vendored GPT-2 vocabulary.
 vocab=$(dirname "$0")/../tokenizer/data
+(cd "$vocab" && sha256sum --quiet -c SHA256SUMS) || fail "the vendored vocabulary does not match its published sha256"
+grep -q '^196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  vocab.json$' "$vocab/SHA256SUMS" || fail "SHA256SUMS vocab.json"
+grep -q '^1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  merges.txt$' "$vocab/SHA256SUMS" || fail "SHA256SUMS merges.txt"
 [ "$(printf 'Hello, world!' | "$gpt2d" tokenize --model "$vocab")" = "[15496, 11, 995, 0]" ] || fail "tokenize"
 printf '"Hello, my name is"\n" world"\n"\\u65e5\\u672c"\n' | "$gpt2d" tokenize --model "$vocab" --jsonl > "$dir/jl"
 [ "$(sed -n 1p "$dir/jl")" = "[15496, 11, 616, 1438, 318]" ] || fail "jsonl line 1"

@@ -9,6 +9,7 @@
 #include "tokenizer.h"
 
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,46 @@ START_TEST(bpe_decode_unknown_id_is_an_error)
     static const int32_t neg[] = {-1};
     ck_assert_int_eq(bpe_decode(gpt2, neg, 1, &out, &len, err, sizeof err), BPE_EUNKNOWN);
     ck_assert_ptr_null(bpe_token_bytes(gpt2, 1 << 30, &len));
+}
+END_TEST
+
+/* Many threads share one tokenizer: each encodes the same texts and must get
+ * what one thread gets. Run under ASan (and TSan by hand) in CI. */
+static const char *const thread_texts[] = {
+    "Hello, world! don't we'll", "año €5 日本語 👩‍👩‍👧", "    indented\n\tcode();\n",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+};
+
+static void *encode_many(void *arg)
+{
+    size_t *counts = arg;
+    for (int rep = 0; rep < 200; rep++) {
+        for (size_t i = 0; i < 4; i++) {
+            int32_t *ids;
+            size_t n;
+            if (bpe_encode(gpt2, thread_texts[i], strlen(thread_texts[i]), &ids, &n, NULL, 0)
+                != BPE_OK)
+                return (void *)1;
+            if (rep == 0) counts[i] = n;
+            else if (counts[i] != n) return (void *)1;
+            free(ids);
+        }
+    }
+    return NULL;
+}
+
+START_TEST(bpe_encode_is_safe_from_many_threads)
+{
+    size_t want[4], got[8][4];
+    ck_assert_ptr_null(encode_many(want));
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, encode_many, got[i]), 0);
+    for (int i = 0; i < 8; i++) {
+        void *rc;
+        ck_assert_int_eq(pthread_join(th[i], &rc), 0);
+        ck_assert_ptr_null(rc);
+        for (int k = 0; k < 4; k++) ck_assert_uint_eq(got[i][k], want[k]);
+    }
 }
 END_TEST
 
@@ -577,6 +618,7 @@ static Suite *bpe_suite(void)
     tcase_add_test(tc, bpe_decode_round_trips_every_byte);
     tcase_add_test(tc, bpe_decode_round_trips_invalid_utf8);
     tcase_add_test(tc, bpe_decode_unknown_id_is_an_error);
+    tcase_add_test(tc, bpe_encode_is_safe_from_many_threads);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("bpe_split_next");
