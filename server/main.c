@@ -23,6 +23,7 @@ static const command commands[] = {
     {"synth", tool_synth, "write a random-weight GPT-2 checkpoint in the Hugging Face layout"},
     {"tokenize", tool_tokenize, "text on stdin -> GPT-2 token ids (JSON)"},
     {"detokenize", tool_detokenize, "GPT-2 token ids (JSON) on stdin -> bytes"},
+    {"generate", tool_generate, "continue a prompt with a model, offline"},
 };
 
 static void usage(FILE *out)

@@ -9,21 +9,22 @@
  * of the published `gpt2` model.safetensors. A config.json in the Hugging
  * Face form is written beside the file.
  *
- * Initialisation follows GPT-2 (weights N(0, 0.02), the two residual
- * projections scaled by 1/sqrt(2 * layers), wpe N(0, 0.01)) with three
- * deliberate departures, so that tests can tell a right forward pass from a
- * wrong one:
- *   - wte is N(0, 0.3): the logits are h @ wte^T, and with GPT-2's 0.02 they
- *     would spread by about 0.5, a nearly flat distribution where greedy
- *     decoding hinges on near-ties. Trained GPT-2 logits spread by ~10.
- *   - biases are N(0, 0.02), not 0, so a forward pass that drops a bias fails.
- *   - layer-norm gains are 1 + N(0, 0.1) and shifts N(0, 0.02), for the same
- *     reason.
+ * The weights are random but shaped so that a forward pass behaves like a
+ * trained model's in the ways tests rely on: Conv1D weights are
+ * N(0, 1/fan_in), so each block's attention and MLP change the residual
+ * stream about as much as the embeddings (with GPT-2's N(0, 0.02)
+ * initialisation the stream is the token embedding plus noise, and greedy
+ * decoding repeats the last token forever); wte is N(0, 0.3), so logits
+ * (h @ wte^T) spread by about 8 as trained GPT-2's do, and greedy choices are
+ * not near-ties; wpe is N(0, 0.01); biases are N(0, 0.02), not 0, and
+ * layer-norm gains 1 + N(0, 0.1) and shifts N(0, 0.02), so that a forward
+ * pass that drops any of them fails the reference test.
  * Each tensor has its own random stream (seed, tensor index), so the bytes
  * depend only on the options.
  */
 #include "tools.h"
 
+#include "engine.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -96,7 +97,9 @@ static size_t build_specs(synth_spec *specs, const synth_opts *o)
 {
     size_t n = 0;
     int64_t C = o->embd, V = o->vocab, N = o->ctx;
-    double proj_std = 0.02 / sqrt(2.0 * (double)o->layers);
+    /* Fan-in scaling keeps every block's contribution to the residual stream
+     * comparable to the embeddings (see the comment at the top). */
+    double in_c = 1.0 / sqrt((double)C), in_4c = 1.0 / sqrt(4.0 * (double)C);
     char nm[64];
     add(specs, &n, o, "wte.weight", INIT_NORMAL, 0.3, 2, (int64_t[]){V, C});
     add(specs, &n, o, "wpe.weight", INIT_NORMAL, 0.01, 2, (int64_t[]){N, C});
@@ -106,15 +109,15 @@ static size_t build_specs(synth_spec *specs, const synth_opts *o)
         add(specs, &n, o, L("ln_1.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){C});
         if (o->mask_buffers)
             add(specs, &n, o, L("attn.bias"), INIT_MASK, 0, 4, (int64_t[]){1, 1, N, N});
-        add(specs, &n, o, L("attn.c_attn.weight"), INIT_NORMAL, 0.02, 2, (int64_t[]){C, 3 * C});
+        add(specs, &n, o, L("attn.c_attn.weight"), INIT_NORMAL, in_c, 2, (int64_t[]){C, 3 * C});
         add(specs, &n, o, L("attn.c_attn.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){3 * C});
-        add(specs, &n, o, L("attn.c_proj.weight"), INIT_NORMAL, proj_std, 2, (int64_t[]){C, C});
+        add(specs, &n, o, L("attn.c_proj.weight"), INIT_NORMAL, in_c, 2, (int64_t[]){C, C});
         add(specs, &n, o, L("attn.c_proj.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){C});
         add(specs, &n, o, L("ln_2.weight"), INIT_LN_GAIN, 0.1, 1, (int64_t[]){C});
         add(specs, &n, o, L("ln_2.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){C});
-        add(specs, &n, o, L("mlp.c_fc.weight"), INIT_NORMAL, 0.02, 2, (int64_t[]){C, 4 * C});
+        add(specs, &n, o, L("mlp.c_fc.weight"), INIT_NORMAL, in_c, 2, (int64_t[]){C, 4 * C});
         add(specs, &n, o, L("mlp.c_fc.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){4 * C});
-        add(specs, &n, o, L("mlp.c_proj.weight"), INIT_NORMAL, proj_std, 2,
+        add(specs, &n, o, L("mlp.c_proj.weight"), INIT_NORMAL, in_4c, 2,
             (int64_t[]){4 * C, C});
         add(specs, &n, o, L("mlp.c_proj.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){C});
 #undef L
@@ -124,16 +127,23 @@ static size_t build_specs(synth_spec *specs, const synth_opts *o)
     return n;
 }
 
+/* N(0, 1) by Box-Muller; 1 - u is in (0, 1], so the log is finite. */
+static double normal(eng_rng *r)
+{
+    double u1 = eng_rng_uniform(r), u2 = eng_rng_uniform(r);
+    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+}
+
 static void fill(float *dst, size_t count, const synth_spec *s, uint64_t seed, size_t index)
 {
-    tool_rng rng;
-    tool_rng_seed(&rng, seed * 0x100000001B3ull + index);
+    eng_rng rng;
+    eng_rng_seed(&rng, seed * 0x100000001B3ull + index);
     switch (s->kind) {
     case INIT_NORMAL:
-        for (size_t i = 0; i < count; i++) dst[i] = (float)(s->std * tool_rng_normal(&rng));
+        for (size_t i = 0; i < count; i++) dst[i] = (float)(s->std * normal(&rng));
         break;
     case INIT_LN_GAIN:
-        for (size_t i = 0; i < count; i++) dst[i] = (float)(1.0 + s->std * tool_rng_normal(&rng));
+        for (size_t i = 0; i < count; i++) dst[i] = (float)(1.0 + s->std * normal(&rng));
         break;
     case INIT_MASK: {
         /* The causal mask as GPT-2 stores it: [1, 1, N, N], 1 on and below

@@ -1,0 +1,54 @@
+/* engine/internal.h: shared by the engine's files; never included from
+ * outside engine/. */
+#ifndef GPT2D_ENGINE_INTERNAL_H
+#define GPT2D_ENGINE_INTERNAL_H
+
+#include "engine.h"
+#include "safetensors.h"
+
+/* One transformer block's weights: views into the mapping (or the slab). */
+typedef struct {
+    const float *ln1_g, *ln1_b;   /* (C)                       */
+    const float *attn_w, *attn_b; /* (C, 3C), (3C): Conv1D      */
+    const float *proj_w, *proj_b; /* (C, C), (C)                */
+    const float *ln2_g, *ln2_b;   /* (C)                        */
+    const float *fc_w, *fc_b;     /* (C, 4C), (4C)              */
+    const float *fc2_w, *fc2_b;   /* (4C, C), (C)               */
+} gpt2_layer;
+
+struct eng_model {
+    eng_config cfg;
+    const float *wte;     /* (V, C); also the LM head, transposed */
+    const float *wpe;     /* (n_ctx, C)                           */
+    gpt2_layer *layers;   /* [L]                                  */
+    const float *lnf_g, *lnf_b;
+    sft_data *data;       /* keeps the mapping and copies alive   */
+    float *converted;     /* F16/BF16 tensors as F32, or NULL     */
+    size_t copied;
+    size_t params;
+};
+
+struct eng_kv {
+    size_t block_len; /* positions per block                         */
+    size_t nblocks;
+    size_t L, C;
+    float *pool;      /* nblocks x L x 2 x block_len x C              */
+    int32_t *free_list;
+    size_t nfree;
+};
+
+/* K (kind 0) or V (kind 1) of layer l at position pos of seq: C floats. */
+static inline float *kv_at(const eng_kv *kv, const eng_seq *seq, size_t l, int kind, size_t pos)
+{
+    size_t block = (size_t)seq->blocks[pos / kv->block_len];
+    size_t off = ((block * kv->L + l) * 2 + (size_t)kind) * kv->block_len + pos % kv->block_len;
+    return kv->pool + off * kv->C;
+}
+
+eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+#endif

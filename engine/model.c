@@ -1,0 +1,275 @@
+/*
+ * engine/model.c: GPT-2 weights over one safetensors mapping.
+ *
+ * The weights are views into the sft_data of the checkpoint (kept alive by a
+ * reference, so the sft_file with its names is closed after loading). Conv1D
+ * weights are used as stored, [in, out]: y = x @ W + b is a row-major GEMM
+ * without transposes. Half-precision tensors are converted into one slab.
+ */
+#include "internal.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *eng_strerror(eng_status s)
+{
+    switch (s) {
+    case ENG_OK: return "ok";
+    case ENG_EIO: return "I/O error";
+    case ENG_EFORMAT: return "format error";
+    case ENG_ENOMEM: return "out of memory";
+    case ENG_EINVAL: return "invalid argument";
+    }
+    return "unknown status";
+}
+
+eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return s;
+}
+
+void eng_model_free(eng_model *m)
+{
+    if (m == NULL) return;
+    free(m->layers);
+    free(m->converted);
+    sft_data_unref(m->data);
+    free(m);
+}
+
+const eng_config *eng_model_config(const eng_model *m) { return &m->cfg; }
+size_t eng_model_copied_bytes(const eng_model *m) { return m->copied; }
+size_t eng_model_params(const eng_model *m) { return m->params; }
+
+typedef struct {
+    const sft_file *f;
+    const char *prefix; /* "" or "transformer." */
+    const char *path;
+    char *err;
+    size_t errlen;
+    /* Half-precision tensors are converted in a second pass into this slab. */
+    float *slab;
+    size_t slab_used, slab_cap;
+    int pass; /* 0: check and size; 1: bind */
+    size_t params;
+} binder;
+
+/* Finds name with the given shape and binds *dst to its F32 data. */
+static eng_status bind(binder *b, const float **dst, const char *name, size_t ndim, size_t d0,
+                       size_t d1)
+{
+    char full[160];
+    snprintf(full, sizeof full, "%s%s", b->prefix, name);
+    const sft_tensor *t = sft_find(b->f, full);
+    if (t == NULL)
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path, full);
+    size_t want[2] = {d0, d1};
+    int ok = t->ndim == ndim;
+    for (size_t i = 0; ok && i < ndim; i++) ok = (size_t)t->shape[i] == want[i];
+    if (!ok) {
+        char got[96] = "[";
+        for (size_t i = 0; i < t->ndim && strlen(got) < 80; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        snprintf(got + strlen(got), sizeof got - strlen(got), "]");
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
+                         "%s: tensor '%s' has shape %s, expected [%zu%s%.0zu]", b->path, full, got,
+                         d0, ndim == 2 ? ", " : "", ndim == 2 ? d1 : (size_t)0);
+    }
+    if (t->dtype != SFT_F32 && t->dtype != SFT_F16 && t->dtype != SFT_BF16)
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
+                         "%s: tensor '%s' is %s; expected F32, F16 or BF16", b->path, full,
+                         sft_dtype_name(t->dtype));
+    size_t n = sft_tensor_numel(t);
+    if (b->pass == 0) {
+        b->params += n;
+        if (t->dtype != SFT_F32) b->slab_cap += (n + 15) / 16 * 16;
+        return ENG_OK;
+    }
+    if (t->dtype == SFT_F32) {
+        *dst = t->data;
+        return ENG_OK;
+    }
+    float *out = b->slab + b->slab_used;
+    b->slab_used += (n + 15) / 16 * 16;
+    char e[128];
+    if (sft_tensor_to_f32(t, out, n, e, sizeof e) != SFT_OK)
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: %s", b->path, e);
+    *dst = out;
+    return ENG_OK;
+}
+
+static eng_status bind_all(binder *b, eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    size_t C = c->n_embd;
+    eng_status rc;
+#define B(dst, name, ndim, d0, d1)                                                               \
+    do {                                                                                         \
+        rc = bind(b, dst, name, ndim, d0, d1);                                                   \
+        if (rc != ENG_OK) return rc;                                                             \
+    } while (0)
+    B(&m->wte, "wte.weight", 2, c->n_vocab, C);
+    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C);
+    for (size_t i = 0; i < c->n_layer; i++) {
+        gpt2_layer *L = &m->layers[i];
+        char nm[96];
+#define N(fmt) (snprintf(nm, sizeof nm, "h.%zu." fmt, i), nm)
+        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0);
+        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0);
+        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C);
+        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0);
+        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C);
+        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0);
+        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0);
+        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0);
+        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C);
+        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0);
+        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C);
+        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0);
+#undef N
+    }
+    B(&m->lnf_g, "ln_f.weight", 1, C, 0);
+    B(&m->lnf_b, "ln_f.bias", 1, C, 0);
+#undef B
+    return ENG_OK;
+}
+
+/* Reads n_head (and layer_norm_epsilon) from config.json when present. */
+static eng_status read_config(const char *dir, eng_config *c, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) return ENG_OK; /* optional */
+    json_error_t jerr;
+    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(fp);
+    if (root == NULL || !json_is_object(root)) {
+        json_decref(root);
+        return gpt2_fail(err, errlen, ENG_EFORMAT, "%s: not a JSON object", path);
+    }
+    eng_status rc = ENG_OK;
+    json_t *nh = json_object_get(root, "n_head");
+    json_t *eps = json_object_get(root, "layer_norm_epsilon");
+    if (nh != NULL) {
+        if (!json_is_integer(nh) || json_integer_value(nh) <= 0
+            || c->n_embd % (size_t)json_integer_value(nh) != 0) {
+            rc = gpt2_fail(err, errlen, ENG_EFORMAT,
+                           "%s: n_head must be a positive divisor of the width %zu", path,
+                           c->n_embd);
+            goto done;
+        }
+        c->n_head = (size_t)json_integer_value(nh);
+    }
+    if (eps != NULL) {
+        if (!json_is_number(eps) || json_number_value(eps) <= 0 || json_number_value(eps) > 1) {
+            rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s: bad layer_norm_epsilon", path);
+            goto done;
+        }
+        c->ln_eps = (float)json_number_value(eps);
+    }
+    static const char *const dims[] = {"n_layer", "n_embd", "vocab_size", "n_positions"};
+    const size_t have[] = {c->n_layer, c->n_embd, c->n_vocab, c->n_ctx};
+    for (size_t i = 0; i < 4; i++) {
+        json_t *v = json_object_get(root, dims[i]);
+        if (v != NULL && (!json_is_integer(v) || (size_t)json_integer_value(v) != have[i])) {
+            rc = gpt2_fail(err, errlen, ENG_EFORMAT,
+                           "%s: %s does not match the weights (which say %zu)", path, dims[i],
+                           have[i]);
+            goto done;
+        }
+    }
+done:
+    json_decref(root);
+    return rc;
+}
+
+eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    sft_file *f = NULL;
+    char e[512];
+    sft_status ss = sft_open(path, SFT_LOAD_MMAP, &f, e, sizeof e);
+    if (ss != SFT_OK)
+        return gpt2_fail(err, errlen, ss == SFT_ENOMEM ? ENG_ENOMEM : ss == SFT_EIO ? ENG_EIO
+                                                                                   : ENG_EFORMAT,
+                         "%s", e);
+    eng_model *m = calloc(1, sizeof *m);
+    eng_status rc = ENG_OK;
+    if (m == NULL) {
+        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        goto done;
+    }
+    binder b = {.f = f, .prefix = "", .path = path, .err = err, .errlen = errlen};
+    if (sft_find(f, "wte.weight") == NULL && sft_find(f, "transformer.wte.weight") != NULL)
+        b.prefix = "transformer.";
+    /* The configuration, off the shapes. */
+    char nm[96];
+    snprintf(nm, sizeof nm, "%swte.weight", b.prefix);
+    const sft_tensor *wte = sft_find(f, nm);
+    snprintf(nm, sizeof nm, "%swpe.weight", b.prefix);
+    const sft_tensor *wpe = sft_find(f, nm);
+    if (wte == NULL || wte->ndim != 2 || wpe == NULL || wpe->ndim != 2) {
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s: missing or misshapen %swte.weight / %swpe.weight",
+                       path, b.prefix, b.prefix);
+        goto done;
+    }
+    m->cfg.n_vocab = (size_t)wte->shape[0];
+    m->cfg.n_embd = (size_t)wte->shape[1];
+    m->cfg.n_ctx = (size_t)wpe->shape[0];
+    m->cfg.ln_eps = 1e-5f;
+    for (;;) {
+        snprintf(nm, sizeof nm, "%sh.%zu.ln_1.weight", b.prefix, m->cfg.n_layer);
+        if (sft_find(f, nm) == NULL) break;
+        m->cfg.n_layer++;
+    }
+    if (m->cfg.n_layer == 0 || m->cfg.n_embd == 0 || m->cfg.n_vocab == 0 || m->cfg.n_ctx == 0) {
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s: no transformer blocks (h.0.ln_1.weight)",
+                       path);
+        goto done;
+    }
+    m->cfg.n_head = m->cfg.n_embd % 64 == 0 ? m->cfg.n_embd / 64 : 1;
+    rc = read_config(dir, &m->cfg, err, errlen);
+    if (rc != ENG_OK) goto done;
+    m->layers = calloc(m->cfg.n_layer, sizeof *m->layers);
+    if (m->layers == NULL) {
+        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        goto done;
+    }
+    rc = bind_all(&b, m); /* pass 0: check everything, size the slab */
+    if (rc != ENG_OK) goto done;
+    if (b.slab_cap > 0) {
+        b.slab = aligned_alloc(64, b.slab_cap * sizeof(float));
+        if (b.slab == NULL) {
+            rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory converting half precision");
+            goto done;
+        }
+        m->converted = b.slab;
+    }
+    b.pass = 1;
+    rc = bind_all(&b, m);
+    if (rc != ENG_OK) goto done;
+    m->params = b.params;
+    m->copied = sft_copied_bytes(f) + b.slab_cap * sizeof(float);
+    m->data = sft_data_ref(f);
+done:
+    sft_close(f);
+    if (rc != ENG_OK) {
+        eng_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return ENG_OK;
+}

@@ -1,0 +1,60 @@
+/*
+ * tests/engine_logits.c MODE DIR ID...: the engine's logits at every
+ * position of the ids, float32 (n, V) on stdout, for the numpy reference
+ * test. MODE "all": one prefill step with logits for every row;
+ * "incremental": one token per step through the KV cache.
+ */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: engine_logits all|incremental DIR ID...\n");
+        return 2;
+    }
+    int all = strcmp(argv[1], "all") == 0;
+    size_t n = (size_t)argc - 3;
+    int32_t *ids = malloc(n * sizeof *ids);
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)strtol(argv[3 + i], NULL, 10);
+    char err[512];
+    eng_model *m;
+    if (eng_model_load(argv[2], &m, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    size_t V = eng_model_config(m)->n_vocab;
+    eng_kv *kv;
+    eng_workspace *w;
+    eng_seq seq = {0};
+    if (eng_kv_new(m, 64u << 20, 16, &kv, err, sizeof err) != ENG_OK
+        || eng_kv_reserve(kv, &seq, n) != ENG_OK || eng_workspace_new(m, n, &w) != ENG_OK) {
+        fprintf(stderr, "kv/workspace: %s\n", err);
+        return 1;
+    }
+    float *logits = malloc(n * V * sizeof *logits);
+    if (all) {
+        eng_item it = {.seq = &seq, .tokens = ids, .n = n, .want = ENG_LOGITS_ALL, .logits = logits};
+        if (eng_forward(m, kv, w, &it, 1, err, sizeof err) != ENG_OK) goto fail;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            eng_item it = {.seq = &seq, .tokens = ids + i, .n = 1, .want = ENG_LOGITS_LAST,
+                           .logits = logits + i * V};
+            if (eng_forward(m, kv, w, &it, 1, err, sizeof err) != ENG_OK) goto fail;
+        }
+    }
+    fwrite(logits, sizeof *logits, n * V, stdout);
+    eng_kv_release(kv, &seq);
+    free(logits);
+    free(ids);
+    eng_workspace_free(w);
+    eng_kv_free(kv);
+    eng_model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "%s\n", err);
+    return 1;
+}

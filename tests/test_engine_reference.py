@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""tests/test_engine_reference.py GPT2D ENGINE_LOGITS SIZE: the engine against
+the numpy reference (tests/reference/gpt2_numpy.py) on a `gpt2d synth`
+checkpoint. SIZE "tiny" (2 layers, width 64; tolerance 1e-4) or "small"
+(GPT-2 small's shape; tolerance 1e-3). Checks the logits at every position
+of a prompt, both in one prefill step and one token at a time through the
+KV cache, and that greedy `gpt2d generate --ids` continues exactly as the
+reference does. Needs Debian's python3-numpy (/usr/bin/python3)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+here = os.path.dirname(os.path.abspath(__file__))
+gpt2d, engine_logits, size = sys.argv[1], sys.argv[2], sys.argv[3]
+ref = os.path.join(here, "reference", "gpt2_numpy.py")
+vocab = os.path.join(here, "..", "tokenizer", "data")
+shapes = {"tiny": (["--layers", "2", "--embd", "64", "--heads", "4", "--ctx", "128", "--seed", "4"], 1e-4, 12),
+          "small": (["--seed", "11"], 1e-3, 8)}
+args, tol, ngen = shapes[size]
+V = 50257
+prompt = "Hello, my name is GPT-2 and I like 日本 and café"
+
+with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
+    subprocess.run([gpt2d, "synth", os.path.join(d, "model.safetensors"), "--misaligned",
+                    "--mask-buffers"] + args, check=True)
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(vocab, f), d)
+    ids = json.loads(subprocess.run([gpt2d, "tokenize", "--model", d], input=prompt.encode(),
+                                    capture_output=True, check=True).stdout)
+    sids = [str(i) for i in ids]
+    want = np.frombuffer(subprocess.run([ref, "logits", d] + sids, capture_output=True,
+                                        check=True).stdout, dtype="<f4").reshape(len(ids), V)
+    ok = True
+    for mode in ("all", "incremental"):
+        got = np.frombuffer(subprocess.run([engine_logits, mode, d] + sids, capture_output=True,
+                                           check=True).stdout, dtype="<f4").reshape(len(ids), V)
+        err = np.abs(got - want).max(axis=1)
+        print(f"{size} {mode}: {len(ids)} positions, max abs error per position "
+              f"{' '.join(f'{e:.2e}' for e in err)}; logit spread {want.std():.2f}")
+        if not (err.max() < tol):
+            print(f"FAIL: max abs error {err.max():.3e} >= {tol}")
+            ok = False
+    greedy_ref = json.loads(subprocess.run([ref, "greedy", d, str(ngen)] + sids,
+                                           capture_output=True, check=True).stdout)
+    out = json.loads(subprocess.run([gpt2d, "generate", "--model", d, "--prompt", prompt,
+                                     "--tokens", str(ngen), "--temperature", "0", "--ids",
+                                     "--ignore-eos"], capture_output=True, check=True).stdout)
+    print(f"greedy: reference {greedy_ref}\n        gpt2d     {out['generated']}")
+    if out["prompt"] != ids or out["generated"] != greedy_ref:
+        print("FAIL: greedy continuation differs")
+        ok = False
+    # Random GPT-2-small-shaped weights fall into repeating one token under
+    # greedy decoding whatever the seed; the tiny model's seed is chosen so
+    # that its continuation moves, which makes the greedy check meaningful.
+    if size == "tiny" and len(set(greedy_ref)) < 2:
+        print("FAIL: the continuation is one repeated token, too weak a check")
+        ok = False
+sys.exit(0 if ok else 1)

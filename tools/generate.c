@@ -1,0 +1,210 @@
+/*
+ * tools/generate.c: `gpt2d generate`, text from a prompt, offline: the whole
+ * pipeline (tokenizer, model over its mapping, paged KV cache, sampler) in
+ * one process, one sequence.
+ */
+#include "tools.h"
+
+#include "engine.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EOT 50256
+#define PREFILL_CHUNK 256
+
+static void gen_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: gpt2d generate --model DIR [options]\n"
+            "Continues a prompt with the model in DIR (model.safetensors, vocab.json,\n"
+            "merges.txt, optional config.json). The continuation goes to stdout as raw\n"
+            "bytes, tokens per second to stderr.\n"
+            "  --prompt TEXT       the prompt (\"The meaning of life is\"; an empty prompt\n"
+            "                      starts from <|endoftext|>)\n"
+            "  --tokens N          tokens to generate (60)\n"
+            "  --temperature T     0 is greedy (0.8)\n"
+            "  --top-k K           0 is off (40)\n"
+            "  --top-p P           1 is off (1)\n"
+            "  --seed S            random seed (42)\n"
+            "  --ignore-eos        do not stop at <|endoftext|>\n"
+            "  --ids               print {\"prompt\": [...], \"generated\": [...]} instead\n");
+}
+
+static int parse_num(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) return 0;
+    *out = v;
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int tool_generate(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
+        {"tokens", required_argument, 0, 'n'},      {"temperature", required_argument, 0, 't'},
+        {"top-k", required_argument, 0, 'k'},       {"top-p", required_argument, 0, 'P'},
+        {"seed", required_argument, 0, 's'},        {"ignore-eos", no_argument, 0, 'e'},
+        {"ids", no_argument, 0, 'i'},               {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *model_dir = NULL, *prompt = "The meaning of life is";
+    double ntok = 60, temp = 0.8, topk = 40, topp = 1, seed = 42;
+    int ignore_eos = 0, ids_out = 0, c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'n': if (!parse_num(optarg, 0, 1e6, &ntok) || ntok != (long)ntok) goto bad; break;
+        case 't': if (!parse_num(optarg, 0, 100, &temp)) goto bad; break;
+        case 'k': if (!parse_num(optarg, 0, 1e7, &topk) || topk != (long)topk) goto bad; break;
+        case 'P': if (!parse_num(optarg, 0, 1, &topp) || topp <= 0) goto bad; break;
+        case 's': if (!parse_num(optarg, 0, 9007199254740992.0, &seed)) goto bad; break;
+        case 'e': ignore_eos = 1; break;
+        case 'i': ids_out = 1; break;
+        case 'h': gen_usage(stdout); return 0;
+        default: goto bad;
+        }
+    }
+    if (model_dir == NULL || optind != argc) {
+        fprintf(stderr, "gpt2d generate: %s\n",
+                model_dir == NULL ? "--model DIR is required" : "unexpected argument");
+        gen_usage(stderr);
+        return 2;
+    }
+
+    char err[512];
+    int rc = 1;
+    bpe *tok = NULL;
+    eng_model *m = NULL;
+    eng_kv *kv = NULL;
+    eng_workspace *ws = NULL;
+    eng_seq seq = {0};
+    int32_t *ids = NULL, *out = NULL;
+    float *logits = NULL;
+    void *scratch = NULL;
+    size_t nids = 0, nout = 0;
+    if (bpe_load_dir(model_dir, &tok, err, sizeof err) != BPE_OK
+        || eng_model_load(model_dir, &m, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "gpt2d generate: %s\n", err);
+        goto done;
+    }
+    const eng_config *cfg = eng_model_config(m);
+    if (eng_model_copied_bytes(m) > 0)
+        fprintf(stderr, "gpt2d generate: copied %.1f MB of misaligned or half-precision weights "
+                        "(`gpt2d convert` writes an aligned file that maps without copying)\n",
+                (double)eng_model_copied_bytes(m) / 1e6);
+    if (bpe_encode(tok, prompt, strlen(prompt), &ids, &nids, err, sizeof err) != BPE_OK) {
+        fprintf(stderr, "gpt2d generate: %s\n", err);
+        goto done;
+    }
+    if (nids == 0) {
+        free(ids);
+        ids = malloc(sizeof *ids);
+        if (ids == NULL) goto done;
+        ids[0] = EOT;
+        nids = 1;
+    }
+    size_t want = (size_t)ntok;
+    if (nids + want > cfg->n_ctx) {
+        fprintf(stderr, "gpt2d generate: the prompt (%zu tokens) plus --tokens %zu exceed the "
+                        "context of %zu\n", nids, want, cfg->n_ctx);
+        goto done;
+    }
+    size_t positions = nids + want;
+    size_t block = 16;
+    size_t per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
+    if (eng_kv_new(m, (positions + block - 1) / block * per_block, block, &kv, err, sizeof err)
+            != ENG_OK
+        || eng_kv_reserve(kv, &seq, positions) != ENG_OK
+        || eng_workspace_new(m, PREFILL_CHUNK, &ws) != ENG_OK) {
+        fprintf(stderr, "gpt2d generate: cannot allocate the KV cache or workspace%s%s\n",
+                err[0] ? ": " : "", err);
+        goto done;
+    }
+    logits = malloc(cfg->n_vocab * sizeof *logits);
+    scratch = malloc(cfg->n_vocab * ENG_SAMPLE_SCRATCH);
+    out = malloc((want ? want : 1) * sizeof *out);
+    if (logits == NULL || scratch == NULL || out == NULL) goto done;
+    eng_sampling sp = {.temperature = (float)temp, .top_k = (int)topk, .top_p = (float)topp};
+    eng_rng rng;
+    eng_rng_seed(&rng, (uint64_t)seed);
+
+    double t0 = now_s();
+    for (size_t at = 0; at < nids; at += PREFILL_CHUNK) {
+        size_t n = nids - at < PREFILL_CHUNK ? nids - at : PREFILL_CHUNK;
+        eng_item it = {.seq = &seq, .tokens = ids + at, .n = n,
+                       .want = at + n == nids ? ENG_LOGITS_LAST : ENG_LOGITS_NONE,
+                       .logits = logits};
+        if (eng_forward(m, kv, ws, &it, 1, err, sizeof err) != ENG_OK) {
+            fprintf(stderr, "gpt2d generate: %s\n", err);
+            goto done;
+        }
+    }
+    double t1 = now_s();
+    while (nout < want) {
+        int32_t next = eng_sample(logits, cfg->n_vocab, &sp, &rng, scratch);
+        out[nout++] = next;
+        if (next == EOT && !ignore_eos) break;
+        if (!ids_out) {
+            size_t len;
+            const char *b = bpe_token_bytes(tok, next, &len);
+            if (b != NULL) fwrite(b, 1, len, stdout);
+            fflush(stdout);
+        }
+        if (nout == want) break;
+        eng_item it = {.seq = &seq, .tokens = &out[nout - 1], .n = 1, .want = ENG_LOGITS_LAST,
+                       .logits = logits};
+        if (eng_forward(m, kv, ws, &it, 1, err, sizeof err) != ENG_OK) {
+            fprintf(stderr, "gpt2d generate: %s\n", err);
+            goto done;
+        }
+    }
+    double t2 = now_s();
+    if (ids_out) {
+        printf("{\"prompt\": [");
+        for (size_t i = 0; i < nids; i++) printf(i ? ", %d" : "%d", ids[i]);
+        printf("], \"generated\": [");
+        for (size_t i = 0; i < nout; i++) printf(i ? ", %d" : "%d", out[i]);
+        printf("]}\n");
+    } else {
+        putchar('\n');
+    }
+    fprintf(stderr, "gpt2d generate: prompt %zu tokens in %.3f s (%.1f tokens/s); %zu tokens in "
+                    "%.3f s (%.1f tokens/s)\n",
+            nids, t1 - t0, (double)nids / (t1 - t0), nout, t2 - t1,
+            nout > 1 ? (double)(nout - 1) / (t2 - t1) : 0.0);
+    rc = fflush(stdout) == 0 ? 0 : 1;
+done:
+    if (kv != NULL) eng_kv_release(kv, &seq);
+    free(scratch);
+    free(logits);
+    free(out);
+    free(ids);
+    eng_workspace_free(ws);
+    eng_kv_free(kv);
+    eng_model_free(m);
+    bpe_free(tok);
+    return rc;
+bad:
+    fprintf(stderr, "gpt2d generate: bad option or value: %s\n", argv[optind - 1]);
+    gen_usage(stderr);
+    return 2;
+}
