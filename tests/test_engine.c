@@ -1,0 +1,360 @@
+/*
+ * tests/test_engine.c: engine/ on tiny `gpt2d synth` checkpoints.
+ *
+ * The numbers themselves are checked against numpy in
+ * tests/test_engine_reference.py; here: batch invariance (bitwise), the KV
+ * cache through the forward pass, layouts that must give identical logits,
+ * and the errors.
+ */
+#include "engine.h"
+#include "safetensors.h"
+#include "tools.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static void synth(const char *sub, const char *extra1, const char *extra2)
+{
+    char out[320];
+    snprintf(out, sizeof out, "%s/%s", dir, sub);
+    mkdir(out, 0755);
+    snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, sub);
+    char *argv[16] = {"synth", out, "--layers", "2", "--embd", "64", "--heads", "4", "--ctx",
+                      "64", "--vocab", "500", "--seed", "5"};
+    int argc = 14;
+    if (extra1) argv[argc++] = (char *)extra1;
+    if (extra2) argv[argc++] = (char *)extra2;
+    ck_assert_int_eq(tool_synth(argc, argv), 0);
+}
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/gpt2d-test-engine-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    synth("aligned", NULL, NULL);
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static eng_model *load(const char *sub)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    eng_model *m;
+    ck_assert_msg(eng_model_load(p, &m, err, sizeof err) == ENG_OK, "%s", err);
+    return m;
+}
+
+static const int32_t toks_a[] = {3, 141, 59, 26, 5, 358, 97, 93, 238, 46};
+static const int32_t toks_b[] = {400, 1, 2, 3, 499, 250, 17, 18, 19, 20, 21, 22};
+
+/* Logits of toks_a after each of: a 7-token prefill, then 3 single decodes,
+ * alone. out: 4 rows of V. */
+static void run_alone(eng_model *m, float *out)
+{
+    size_t V = eng_model_config(m)->n_vocab;
+    eng_kv *kv;
+    eng_workspace *w;
+    eng_seq s = {0};
+    char err[256];
+    ck_assert_int_eq(eng_kv_new(m, 1 << 20, 4, &kv, err, sizeof err), ENG_OK);
+    ck_assert_int_eq(eng_workspace_new(m, 32, &w), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &s, 10), ENG_OK);
+    eng_item it = {.seq = &s, .tokens = toks_a, .n = 7, .want = ENG_LOGITS_LAST, .logits = out};
+    ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
+    for (size_t k = 0; k < 3; k++) {
+        it = (eng_item){.seq = &s, .tokens = toks_a + 7 + k, .n = 1, .want = ENG_LOGITS_LAST,
+                        .logits = out + (k + 1) * V};
+        ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
+    }
+    ck_assert_uint_eq(s.len, 10);
+    eng_kv_release(kv, &s);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), eng_kv_blocks_total(kv));
+    eng_workspace_free(w);
+    eng_kv_free(kv);
+}
+
+START_TEST(eng_forward_is_batch_invariant_bitwise)
+{
+    eng_model *m = load("aligned");
+    size_t V = eng_model_config(m)->n_vocab;
+    float *alone = malloc(4 * V * sizeof *alone), *mixed = malloc(4 * V * sizeof *mixed);
+    float *junk = malloc(12 * V * sizeof *junk);
+    run_alone(m, alone);
+
+    /* The same sequence beside others: B prefilling in chunks of mixed
+     * length, C decoding, in varying order. */
+    eng_kv *kv;
+    eng_workspace *w;
+    eng_seq a = {0}, b = {0}, c = {0};
+    char err[256];
+    ck_assert_int_eq(eng_kv_new(m, 1 << 20, 4, &kv, err, sizeof err), ENG_OK);
+    ck_assert_int_eq(eng_workspace_new(m, 32, &w), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &a, 10), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &b, 12), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &c, 12), ENG_OK);
+    eng_item c0 = {.seq = &c, .tokens = toks_b, .n = 5, .want = ENG_LOGITS_ALL, .logits = junk};
+    ck_assert_int_eq(eng_forward(m, kv, w, &c0, 1, err, sizeof err), ENG_OK);
+    eng_item step1[3] = {
+        {.seq = &b, .tokens = toks_b, .n = 3, .want = ENG_LOGITS_NONE},
+        {.seq = &a, .tokens = toks_a, .n = 7, .want = ENG_LOGITS_LAST, .logits = mixed},
+        {.seq = &c, .tokens = toks_b + 5, .n = 1, .want = ENG_LOGITS_LAST, .logits = junk},
+    };
+    ck_assert_int_eq(eng_forward(m, kv, w, step1, 3, err, sizeof err), ENG_OK);
+    for (size_t k = 0; k < 3; k++) {
+        eng_item step[3] = {
+            {.seq = &c, .tokens = toks_b + 6 + k, .n = 1, .want = ENG_LOGITS_LAST, .logits = junk},
+            {.seq = &b, .tokens = toks_b + 3 + 2 * k, .n = 2, .want = ENG_LOGITS_ALL,
+             .logits = junk + V},
+            {.seq = &a, .tokens = toks_a + 7 + k, .n = 1, .want = ENG_LOGITS_LAST,
+             .logits = mixed + (k + 1) * V},
+        };
+        ck_assert_int_eq(eng_forward(m, kv, w, step, 3, err, sizeof err), ENG_OK);
+    }
+    for (size_t r = 0; r < 4; r++)
+        ck_assert_msg(memcmp(alone + r * V, mixed + r * V, V * sizeof(float)) == 0,
+                      "row %zu differs alone and in a batch", r);
+    eng_kv_release(kv, &a);
+    eng_kv_release(kv, &b);
+    eng_kv_release(kv, &c);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), eng_kv_blocks_total(kv));
+    eng_workspace_free(w);
+    eng_kv_free(kv);
+    eng_model_free(m);
+    free(alone);
+    free(mixed);
+    free(junk);
+}
+END_TEST
+
+START_TEST(eng_forward_incremental_equals_full_prefill)
+{
+    eng_model *m = load("aligned");
+    size_t V = eng_model_config(m)->n_vocab;
+    float *full = malloc(10 * V * sizeof *full), *inc = malloc(10 * V * sizeof *inc);
+    eng_kv *kv;
+    eng_workspace *w;
+    eng_seq s = {0}, t = {0};
+    char err[256];
+    ck_assert_int_eq(eng_kv_new(m, 1 << 20, 4, &kv, err, sizeof err), ENG_OK);
+    ck_assert_int_eq(eng_workspace_new(m, 16, &w), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &s, 10), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &t, 10), ENG_OK);
+    eng_item it = {.seq = &s, .tokens = toks_a, .n = 10, .want = ENG_LOGITS_ALL, .logits = full};
+    ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
+    for (size_t k = 0; k < 10; k++) {
+        it = (eng_item){.seq = &t, .tokens = toks_a + k, .n = 1, .want = ENG_LOGITS_LAST,
+                        .logits = inc + k * V};
+        ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
+    }
+    ck_assert_mem_eq(full, inc, 10 * V * sizeof(float));
+    eng_kv_release(kv, &s);
+    eng_kv_release(kv, &t);
+    eng_workspace_free(w);
+    eng_kv_free(kv);
+    eng_model_free(m);
+    free(full);
+    free(inc);
+}
+END_TEST
+
+START_TEST(eng_model_layouts_give_identical_logits)
+{
+    synth("misaligned", "--misaligned", "--mask-buffers");
+    synth("prefixed", "--prefix", "transformer.");
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    eng_model *m = load("aligned");
+    ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+    run_alone(m, want);
+    eng_model_free(m);
+    const char *subs[] = {"misaligned", "prefixed"};
+    for (int i = 0; i < 2; i++) {
+        m = load(subs[i]);
+        if (i == 0) ck_assert_uint_gt(eng_model_copied_bytes(m), 0);
+        run_alone(m, got);
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s differs", subs[i]);
+        eng_model_free(m);
+    }
+    free(want);
+    free(got);
+}
+END_TEST
+
+START_TEST(eng_model_missing_or_misshapen_tensor_is_named)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/aligned/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f);
+    sft_tensor *t = malloc(n * sizeof *t);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(sft_tensor_at(f, i)->name, "h.1.mlp.c_fc.bias") != 0) t[k++] = *sft_tensor_at(f, i);
+    snprintf(p, sizeof p, "%s/missing", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/missing/model.safetensors", dir);
+    ck_assert_int_eq(sft_save(p, t, k, NULL, 0, NULL, err, sizeof err), SFT_OK);
+    eng_model *m = (eng_model *)1;
+    snprintf(p, sizeof p, "%s/missing", dir);
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EFORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, "missing tensor 'h.1.mlp.c_fc.bias'") != NULL, "%s", err);
+
+    /* A square matrix with the wrong shape: swap a bias for a 2-D tensor. */
+    static const int64_t bad_shape[] = {8, 8};
+    static float zeros[64];
+    for (size_t i = 0; i < k; i++)
+        if (strcmp(t[i].name, "h.0.attn.c_proj.bias") == 0) {
+            t[i].ndim = 2;
+            t[i].shape = bad_shape;
+            t[i].data = zeros;
+        }
+    snprintf(p, sizeof p, "%s/missing/model.safetensors", dir);
+    ck_assert_int_eq(sft_save(p, t, k, NULL, 0, NULL, err, sizeof err), SFT_OK);
+    snprintf(p, sizeof p, "%s/missing", dir);
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EFORMAT);
+    ck_assert_msg(strstr(err, "'h.0.attn.c_proj.bias' has shape [8, 8], expected [64]") != NULL,
+                  "%s", err);
+    ck_assert_int_eq(eng_model_load("/nonexistent", &m, err, sizeof err), ENG_EIO);
+    free(t);
+    sft_close(f);
+}
+END_TEST
+
+START_TEST(eng_kv_reserve_is_all_or_nothing)
+{
+    eng_model *m = load("aligned");
+    eng_kv *kv;
+    char err[256];
+    /* 2 layers x K,V x 4 positions x 64 floats = 4 KiB per block; 3 blocks. */
+    ck_assert_int_eq(eng_kv_new(m, 3 * 4096 + 100, 4, &kv, err, sizeof err), ENG_OK);
+    ck_assert_uint_eq(eng_kv_blocks_total(kv), 3);
+    eng_seq a = {0}, b = {0};
+    ck_assert_int_eq(eng_kv_reserve(kv, &a, 9), ENG_OK); /* 3 blocks */
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 0);
+    ck_assert_int_eq(eng_kv_reserve(kv, &b, 1), ENG_ENOMEM);
+    ck_assert_uint_eq(b.nblocks, 0);
+    ck_assert_int_eq(eng_kv_reserve(kv, &a, 13), ENG_ENOMEM); /* would need a 4th */
+    ck_assert_uint_eq(a.nblocks, 3);
+    eng_kv_release(kv, &a);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 3);
+    eng_kv *none;
+    ck_assert_int_eq(eng_kv_new(m, 100, 4, &none, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_null(none);
+    eng_kv_free(kv);
+    eng_model_free(m);
+}
+END_TEST
+
+START_TEST(eng_forward_rejects_bad_items_before_computing)
+{
+    eng_model *m = load("aligned");
+    eng_kv *kv;
+    eng_workspace *w;
+    eng_seq s = {0};
+    char err[256];
+    float logits[500];
+    ck_assert_int_eq(eng_kv_new(m, 1 << 20, 4, &kv, err, sizeof err), ENG_OK);
+    ck_assert_int_eq(eng_workspace_new(m, 4, &w), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &s, 4), ENG_OK);
+    static const int32_t bad[] = {1, 500}, many[] = {1, 2, 3, 4, 5};
+    eng_item it = {.seq = &s, .tokens = bad, .n = 2, .want = ENG_LOGITS_LAST, .logits = logits};
+    ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "token 500"));
+    it.tokens = many;
+    it.n = 5;
+    ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "reserved"));
+    ck_assert_uint_eq(s.len, 0);
+    eng_kv_release(kv, &s);
+    eng_workspace_free(w);
+    eng_kv_free(kv);
+    eng_model_free(m);
+}
+END_TEST
+
+START_TEST(eng_sample_greedy_topk_and_seed)
+{
+    float logits[6] = {1, 5, 5, 2, -1, 0};
+    char scratch[6 * ENG_SAMPLE_SCRATCH];
+    eng_rng r;
+    eng_rng_seed(&r, 1);
+    eng_sampling greedy = {.temperature = 0, .top_p = 1};
+    ck_assert_int_eq(eng_sample(logits, 6, &greedy, &r, scratch), 1); /* lowest id on ties */
+    eng_sampling top1 = {.temperature = 1, .top_k = 1, .top_p = 1};
+    for (int i = 0; i < 50; i++) {
+        float l[6] = {1, 2, 9, 2, -1, 0};
+        ck_assert_int_eq(eng_sample(l, 6, &top1, &r, scratch), 2);
+    }
+    /* top-k 2 of {id 1, id 2}: both appear, nothing else. */
+    eng_sampling top2 = {.temperature = 1, .top_k = 2, .top_p = 1};
+    int seen[6] = {0};
+    for (int i = 0; i < 400; i++) {
+        float l[6] = {1, 5, 5, 2, -1, 0};
+        seen[eng_sample(l, 6, &top2, &r, scratch)]++;
+    }
+    ck_assert(seen[1] > 100 && seen[2] > 100 && seen[0] + seen[3] + seen[4] + seen[5] == 0);
+    /* top-p 0.5 keeps only the dominant token. */
+    eng_sampling nucleus = {.temperature = 1, .top_p = 0.5f};
+    for (int i = 0; i < 50; i++) {
+        float l[6] = {0, 0, 10, 0, 0, 0};
+        ck_assert_int_eq(eng_sample(l, 6, &nucleus, &r, scratch), 2);
+    }
+    /* The same seed gives the same draws. */
+    eng_rng r1, r2;
+    eng_rng_seed(&r1, 42);
+    eng_rng_seed(&r2, 42);
+    eng_sampling t = {.temperature = 1.0f, .top_p = 1};
+    for (int i = 0; i < 100; i++) {
+        float l1[6] = {1, 1, 1, 1, 1, 1}, l2[6] = {1, 1, 1, 1, 1, 1};
+        ck_assert_int_eq(eng_sample(l1, 6, &t, &r1, scratch), eng_sample(l2, 6, &t, &r2, scratch));
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("eng_forward");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
+    tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
+    tcase_add_test(tc, eng_forward_rejects_bad_items_before_computing);
+    suite_add_tcase(s, tc);
+    /* Bitwise invariance: FAILS today and is registered in meson as an
+     * expected failure (should_fail), so that CI notices the day it passes.
+     * OpenBLAS 0.3.21's SGEMM gives a row different bits depending on the
+     * number of rows in the call and on the weights' alignment (checked with
+     * the Prescott, Haswell and SkylakeX kernels); the fix is a GEMM with a
+     * fixed reduction order per output element (issue 4). */
+    tc = tcase_create("invariance");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, eng_forward_is_batch_invariant_bitwise);
+    tcase_add_test(tc, eng_forward_incremental_equals_full_prefill);
+    tcase_add_test(tc, eng_model_layouts_give_identical_logits);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("eng_sample");
+    tcase_add_test(tc, eng_sample_greedy_topk_and_seed);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
