@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,9 +73,9 @@ int tool_generate(int argc, char **argv)
         switch (c) {
         case 'm': model_dir = optarg; break;
         case 'p': prompt = optarg; break;
-        case 'n': if (!parse_num(optarg, 0, 1e6, &ntok) || ntok != (long)ntok) goto bad; break;
+        case 'n': if (!parse_num(optarg, 0, 1e6, &ntok) || ntok != floor(ntok)) goto bad; break;
         case 't': if (!parse_num(optarg, 0, 100, &temp)) goto bad; break;
-        case 'k': if (!parse_num(optarg, 0, 1e7, &topk) || topk != (long)topk) goto bad; break;
+        case 'k': if (!parse_num(optarg, 0, 1e7, &topk) || topk != floor(topk)) goto bad; break;
         case 'P': if (!parse_num(optarg, 0, 1, &topp) || topp <= 0) goto bad; break;
         case 's': if (!parse_num(optarg, 0, 9007199254740992.0, &seed)) goto bad; break;
         case 'e': ignore_eos = 1; break;
