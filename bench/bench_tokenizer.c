@@ -40,8 +40,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    int runs = atoi(argv[3]);
-    for (int r = 0; r < runs; r++) {
+    long runs = strtol(argv[3], NULL, 10);
+    if (runs < 1 || runs > 1000) {
+        fprintf(stderr, "bench_tokenizer: RUNS must be 1..1000\n");
+        return 2;
+    }
+    for (long r = 0; r < runs; r++) {
         int32_t *ids;
         size_t n;
         double t0 = now_s();
