@@ -17,6 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
+
 static char dir[256];
 
 static void synth(const char *sub, const char *extra1, const char *extra2)
@@ -35,7 +38,7 @@ static void synth(const char *sub, const char *extra1, const char *extra2)
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/gpt2d-test-engine-XXXXXX");
+    mkdtemp_template(dir, sizeof dir, "/tmp/gpt2d-test-engine-");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     synth("aligned", NULL, NULL);
 }

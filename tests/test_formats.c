@@ -24,6 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
 /* ---- Allocation failure injection (curl's torture idea) ----------------- */
 
 void *__real_malloc(size_t n);
@@ -32,6 +34,7 @@ void *__real_aligned_alloc(size_t a, size_t n);
 void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t n, size_t m);
 void *__wrap_aligned_alloc(size_t a, size_t n);
+
 
 static long alloc_countdown = -1; /* -1: never fail; k: fail the k-th call from now */
 static long alloc_calls;
@@ -56,7 +59,7 @@ static char tmpdir[256];
 
 static void setup_dir(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gpt2d-test-formats-XXXXXX");
+    mkdtemp_template(tmpdir, sizeof tmpdir, "/tmp/gpt2d-test-formats-");
     ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
 

@@ -15,9 +15,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
 #ifndef GPT2D_VOCAB_DIR
 #error "GPT2D_VOCAB_DIR must name the directory with vocab.json and merges.txt"
 #endif
+
 
 static bpe *gpt2;
 
@@ -308,7 +311,7 @@ static char fixdir[256];
 
 static void fix_setup(void)
 {
-    snprintf(fixdir, sizeof fixdir, "/tmp/gpt2d-test-bpe-XXXXXX");
+    mkdtemp_template(fixdir, sizeof fixdir, "/tmp/gpt2d-test-bpe-");
     ck_assert_ptr_nonnull(mkdtemp(fixdir));
 }
 

@@ -119,7 +119,10 @@ int tool_generate(int argc, char **argv)
     if (nids == 0) {
         free(ids);
         ids = malloc(sizeof *ids);
-        if (ids == NULL) goto done;
+        if (ids == NULL) {
+            fprintf(stderr, "gpt2d generate: out of memory\n");
+            goto done;
+        }
         ids[0] = EOT;
         nids = 1;
     }
@@ -143,7 +146,10 @@ int tool_generate(int argc, char **argv)
     logits = malloc(cfg->n_vocab * sizeof *logits);
     scratch = malloc(cfg->n_vocab * ENG_SAMPLE_SCRATCH);
     out = malloc((want ? want : 1) * sizeof *out);
-    if (logits == NULL || scratch == NULL || out == NULL) goto done;
+    if (logits == NULL || scratch == NULL || out == NULL) {
+        fprintf(stderr, "gpt2d generate: out of memory\n");
+        goto done;
+    }
     eng_sampling sp = {.temperature = (float)temp, .top_k = (int)topk, .top_p = (float)topp};
     eng_rng rng;
     eng_rng_seed(&rng, (uint64_t)seed);
