@@ -104,9 +104,12 @@ typedef struct {
 
 typedef struct eng_workspace eng_workspace;
 
-/* Activation scratch for steps of up to max_rows rows; allocated once, so a
- * step never allocates. */
-eng_status eng_workspace_new(const eng_model *m, size_t max_rows, eng_workspace **out);
+/* Activation scratch for steps of up to max_rows rows, and the step's
+ * worker threads (threads in all, counting the thread that calls
+ * eng_forward; 0 means one per online CPU); allocated once, so a step never
+ * allocates. */
+eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads,
+                             eng_workspace **out);
 void eng_workspace_free(eng_workspace *w);
 
 /*

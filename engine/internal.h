@@ -45,6 +45,32 @@ static inline float *kv_at(const eng_kv *kv, const eng_seq *seq, size_t l, int k
     return kv->pool + off * kv->C;
 }
 
+/* ---- Worker threads (pool.c) ---- */
+
+typedef struct op_pool op_pool;
+/* fn(ctx, begin, end, tid): one contiguous range of [0, n) per thread. */
+typedef void (*op_task)(void *ctx, size_t begin, size_t end, size_t tid);
+op_pool *op_pool_new(size_t nthreads); /* NULL on failure */
+void op_pool_free(op_pool *p);
+size_t op_pool_size(const op_pool *p);
+/* Runs fn over [0, n) on every thread; returns when all are done.
+ * Thread: the one step thread. */
+void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
+
+/* ---- Kernels (ops.c); fixed reduction orders, see there ---- */
+
+void op_matmul(op_pool *pool, float *out, const float *in, const float *W, const float *b,
+               size_t T, size_t K, size_t N);
+void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, size_t T, size_t C,
+                size_t V);
+void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
+                  size_t T, size_t C, float eps);
+void op_gelu(op_pool *pool, float *x, size_t n);
+void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
+                  const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
+                  size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);
+float op_dot(const float *a, const float *b, size_t n);
+
 eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))

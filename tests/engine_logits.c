@@ -31,7 +31,7 @@ int main(int argc, char **argv)
     eng_workspace *w;
     eng_seq seq = {0};
     if (eng_kv_new(m, 64u << 20, 16, &kv, err, sizeof err) != ENG_OK
-        || eng_kv_reserve(kv, &seq, n) != ENG_OK || eng_workspace_new(m, n, &w) != ENG_OK) {
+        || eng_kv_reserve(kv, &seq, n) != ENG_OK || eng_workspace_new(m, n, 0, &w) != ENG_OK) {
         fprintf(stderr, "kv/workspace: %s\n", err);
         return 1;
     }

@@ -19,7 +19,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 gpt2d, engine_logits, size = sys.argv[1], sys.argv[2], sys.argv[3]
 ref = os.path.join(here, "reference", "gpt2_numpy.py")
 vocab = os.path.join(here, "..", "tokenizer", "data")
-shapes = {"tiny": (["--layers", "2", "--embd", "64", "--heads", "4", "--ctx", "128", "--seed", "4"], 1e-4, 12),
+shapes = {"tiny": (["--layers", "2", "--embd", "64", "--heads", "4", "--ctx", "128", "--seed", "3"], 1e-4, 12),
           "small": (["--seed", "11"], 1e-3, 8)}
 args, tol, ngen = shapes[size]
 V = 50257

@@ -138,7 +138,7 @@ int tool_generate(int argc, char **argv)
     if (eng_kv_new(m, (positions + block - 1) / block * per_block, block, &kv, err, sizeof err)
             != ENG_OK
         || eng_kv_reserve(kv, &seq, positions) != ENG_OK
-        || eng_workspace_new(m, PREFILL_CHUNK, &ws) != ENG_OK) {
+        || eng_workspace_new(m, PREFILL_CHUNK, 0, &ws) != ENG_OK) {
         fprintf(stderr, "gpt2d generate: cannot allocate the KV cache or workspace%s%s\n",
                 err[0] ? ": " : "", err);
         goto done;

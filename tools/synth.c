@@ -19,8 +19,8 @@
  * not near-ties; wpe is N(0, 0.01); biases are N(0, 0.02), not 0, and
  * layer-norm gains 1 + N(0, 0.1) and shifts N(0, 0.02), so that a forward
  * pass that drops any of them fails the reference test.
- * Each tensor has its own random stream (seed, tensor index), so the bytes
- * depend only on the options.
+ * Each tensor has its own random stream (seed, name), so the bytes depend
+ * only on the options, and the weights only on the shape options and seed.
  */
 #include "tools.h"
 
@@ -134,10 +134,15 @@ static double normal(eng_rng *r)
     return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
 }
 
-static void fill(float *dst, size_t count, const synth_spec *s, uint64_t seed, size_t index)
+/* The random stream of a tensor depends on the seed and its name without
+ * the prefix only, so --prefix, --mask-buffers and --misaligned change the
+ * layout of a file but never its weights. */
+static void fill(float *dst, size_t count, const synth_spec *s, uint64_t seed, size_t prefix_len)
 {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (const char *p = s->name + prefix_len; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
     eng_rng rng;
-    eng_rng_seed(&rng, seed * 0x100000001B3ull + index);
+    eng_rng_seed(&rng, seed ^ h);
     switch (s->kind) {
     case INIT_NORMAL:
         for (size_t i = 0; i < count; i++) dst[i] = (float)(s->std * normal(&rng));
@@ -265,7 +270,7 @@ int tool_synth(int argc, char **argv)
                 goto done;
             }
             bufs[i] = buf;
-            fill(buf, count, &specs[i], o.seed, i);
+            fill(buf, count, &specs[i], o.seed, strlen(o.prefix));
             if (specs[i].kind == INIT_MASK) mask = buf;
         }
         tensors[i] = (sft_tensor){.name = specs[i].name, .dtype = SFT_F32,

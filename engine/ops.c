@@ -1,0 +1,371 @@
+/*
+ * engine/ops.c: the kernels of a step, each with a fixed reduction order.
+ *
+ * Batch invariance: a sequence must get the same bits whether it runs alone
+ * or beside others. OpenBLAS's SGEMM does not give that here (a row's bits
+ * change with the number of rows and the weights' alignment), so the
+ * matmuls are our own: every output element is reduced in one order that
+ * depends only on K, never on T, on the tile it falls in, on the thread that
+ * computes it or on alignment:
+ *   op_matmul   out[t][n] = b[n], then += in[t][k] * W[k][n] for k = 0..K-1,
+ *               each step one fused multiply-add (vfmadd / fmaf);
+ *   op_lm_head  out[t][v] = dot(h[t], wte[v]): eight lanes, lane j summing
+ *               c = j, j+8, ... by FMA, then a fixed tree, then the tail;
+ *   attention   per row and head over its own positions in order.
+ * The AVX2 paths and the portable C paths perform the same operations in
+ * the same order, so they give the same bits too.
+ *
+ * Parallelism: op_pool_run splits columns (matmul), vocabulary rows
+ * (LM head), (row, head) pairs (attention) and rows (layer norm, GELU).
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#else
+#define HAVE_X86 0
+#endif
+
+static int use_avx2(void)
+{
+#if HAVE_X86
+    static int cached = -1; /* benign race: every thread computes the same value */
+    if (cached < 0) cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+/* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
+
+#define MM_COLS 32 /* columns per block: four 8-float vectors */
+#define MM_ROWS 3  /* rows per register tile (12 accumulators)  */
+
+typedef struct {
+    float *out;
+    const float *in, *W, *b;
+    size_t T, K, N;
+} mm_ctx;
+
+/* Portable: the same per-element order as the vector kernel. */
+static void mm_cols_c(const mm_ctx *c, size_t n0, size_t n1)
+{
+    for (size_t t = 0; t < c->T; t++) {
+        const float *x = c->in + t * c->K;
+        for (size_t n = n0; n < n1; n++) {
+            float acc = c->b[n];
+            for (size_t k = 0; k < c->K; k++) acc = fmaf(x[k], c->W[k * c->N + n], acc);
+            c->out[t * c->N + n] = acc;
+        }
+    }
+}
+
+#if HAVE_X86
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+mm_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, const size_t R)
+{
+    __m256 acc[MM_ROWS][4];
+    for (size_t r = 0; r < R; r++)
+        for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(c->b + n0 + 8 * v);
+    const float *w = c->W + n0;
+    for (size_t k = 0; k < c->K; k++, w += c->N) {
+        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+        __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+        for (size_t r = 0; r < R; r++) {
+            __m256 x = _mm256_broadcast_ss(c->in + (t0 + r) * c->K + k);
+            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
+            acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
+        }
+    }
+    for (size_t r = 0; r < R; r++)
+        for (size_t v = 0; v < 4; v++)
+            _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
+}
+
+__attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, size_t n0)
+{
+    size_t t = 0;
+    for (; t + 3 <= c->T; t += 3) mm_tile_avx2(c, t, n0, 3);
+    if (c->T - t == 2) mm_tile_avx2(c, t, n0, 2);
+    if (c->T - t == 1) mm_tile_avx2(c, t, n0, 1);
+}
+#endif
+
+static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    (void)tid;
+    const mm_ctx *c = arg;
+    for (size_t blk = begin; blk < end; blk++) {
+        size_t n0 = blk * MM_COLS, n1 = n0 + MM_COLS < c->N ? n0 + MM_COLS : c->N;
+#if HAVE_X86
+        if (n1 - n0 == MM_COLS && use_avx2()) {
+            mm_block_avx2(c, n0);
+            continue;
+        }
+#endif
+        mm_cols_c(c, n0, n1);
+    }
+}
+
+void op_matmul(op_pool *pool, float *out, const float *in, const float *W, const float *b,
+               size_t T, size_t K, size_t N)
+{
+    mm_ctx c = {out, in, W, b, T, K, N};
+    op_pool_run(pool, (N + MM_COLS - 1) / MM_COLS, mm_task, &c);
+}
+
+/* ---- dot products with a fixed order -------------------------------------- */
+
+/* The portable form of dot8: the exact operations of the vector code. */
+static float dot8_c(const float *a, const float *b, size_t n)
+{
+    float l[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
+    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+#if HAVE_X86
+__attribute__((target("avx2,fma"), always_inline)) static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));           /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) static float dot8_avx2(const float *a, const float *b,
+                                                            size_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* Four rows of h against two rows of wte at once: the same per-pair
+ * operations as dot8_avx2, eight accumulators in flight. */
+__attribute__((target("avx2,fma"))) static void dot_4x2_avx2(float *out, size_t ldo,
+                                                              const float *h, const float *w,
+                                                              size_t C)
+{
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= C; i += 8) {
+        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + C + i);
+        for (int r = 0; r < 4; r++) {
+            __m256 x = _mm256_loadu_ps(h + (size_t)r * C + i);
+            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < 2; v++) {
+            float s = hsum8(acc[r][v]);
+            for (size_t j = i; j < C; j++) s = fmaf(h[(size_t)r * C + j], w[(size_t)v * C + j], s);
+            out[(size_t)r * ldo + (size_t)v] = s;
+        }
+}
+#endif
+
+float op_dot(const float *a, const float *b, size_t n)
+{
+#if HAVE_X86
+    if (use_avx2()) return dot8_avx2(a, b, n);
+#endif
+    return dot8_c(a, b, n);
+}
+
+/* ---- LM head: logits (T,V) = h (T,C) @ wte^T ------------------------------ */
+
+#define LM_VROWS 64 /* vocabulary rows per task */
+
+typedef struct {
+    float *out;
+    const float *h, *wte;
+    size_t T, C, V;
+} lm_ctx;
+
+static void lm_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    (void)tid;
+    const lm_ctx *c = arg;
+    for (size_t blk = begin; blk < end; blk++) {
+        size_t v0 = blk * LM_VROWS, v1 = v0 + LM_VROWS < c->V ? v0 + LM_VROWS : c->V;
+        size_t v = v0;
+#if HAVE_X86
+        if (use_avx2()) {
+            for (; v + 2 <= v1; v += 2) {
+                size_t t = 0;
+                for (; t + 4 <= c->T; t += 4)
+                    dot_4x2_avx2(c->out + t * c->V + v, c->V, c->h + t * c->C, c->wte + v * c->C,
+                                 c->C);
+                for (; t < c->T; t++)
+                    for (size_t u = v; u < v + 2; u++)
+                        c->out[t * c->V + u] = dot8_avx2(c->h + t * c->C, c->wte + u * c->C, c->C);
+            }
+        }
+#endif
+        for (; v < v1; v++)
+            for (size_t t = 0; t < c->T; t++)
+                c->out[t * c->V + v] = op_dot(c->h + t * c->C, c->wte + v * c->C, c->C);
+    }
+}
+
+void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, size_t T, size_t C,
+                size_t V)
+{
+    lm_ctx c = {out, h, wte, T, C, V};
+    op_pool_run(pool, (V + LM_VROWS - 1) / LM_VROWS, lm_task, &c);
+}
+
+/* ---- Layer norm and GELU, by rows ----------------------------------------- */
+
+typedef struct {
+    float *out;
+    const float *in, *g, *b;
+    size_t C;
+    float eps;
+} ln_ctx;
+
+/* Mean and variance in double, so the result does not drift with width. */
+static void ln_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    (void)tid;
+    const ln_ctx *c = arg;
+    for (size_t t = begin; t < end; t++) {
+        const float *x = c->in + t * c->C;
+        float *y = c->out + t * c->C;
+        double mean = 0, var = 0;
+        for (size_t i = 0; i < c->C; i++) mean += x[i];
+        mean /= (double)c->C;
+        for (size_t i = 0; i < c->C; i++) var += (x[i] - mean) * (x[i] - mean);
+        var /= (double)c->C;
+        float rstd = (float)(1.0 / sqrt(var + c->eps));
+        float m = (float)mean;
+        for (size_t i = 0; i < c->C; i++) y[i] = (x[i] - m) * rstd * c->g[i] + c->b[i];
+    }
+}
+
+void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
+                  size_t T, size_t C, float eps)
+{
+    ln_ctx c = {out, in, g, b, C, eps};
+    op_pool_run(pool, T, ln_task, &c);
+}
+
+typedef struct {
+    float *x;
+    size_t n;
+} gelu_ctx;
+
+#define GELU_CHUNK 4096
+
+/* GELU, tanh approximation (GPT-2's "gelu_new"). */
+static void gelu_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    (void)tid;
+    const gelu_ctx *c = arg;
+    const float s = 0.7978845608028654f; /* sqrt(2 / pi) */
+    size_t i1 = end * GELU_CHUNK < c->n ? end * GELU_CHUNK : c->n;
+    for (size_t i = begin * GELU_CHUNK; i < i1; i++) {
+        float v = c->x[i];
+        c->x[i] = 0.5f * v * (1.0f + tanhf(s * (v + 0.044715f * v * v * v)));
+    }
+}
+
+void op_gelu(op_pool *pool, float *x, size_t n)
+{
+    gelu_ctx c = {x, n};
+    op_pool_run(pool, (n + GELU_CHUNK - 1) / GELU_CHUNK, gelu_task, &c);
+}
+
+/* ---- Attention -------------------------------------------------------------- */
+
+typedef struct {
+    float *att;
+    const float *qkv;
+    const eng_kv *kv;
+    const eng_item *items;
+    const size_t *row_item, *row_pos;
+    size_t l, NH, HS;
+    float *scores; /* nthreads x n_ctx */
+    size_t n_ctx;
+} att_ctx;
+
+#if HAVE_X86
+__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x,
+                                                           size_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+#endif
+
+/* y += a * x, one FMA per element (same bits on both paths). */
+static void axpy(float *y, float a, const float *x, size_t n)
+{
+#if HAVE_X86
+    if (use_avx2()) {
+        axpy_avx2(y, a, x, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* Causal attention of one (row, head) over the row's sequence, positions
+ * 0..p in order; K and V of this step's rows are already in the cache. */
+static void att_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    const att_ctx *c = arg;
+    size_t C = c->NH * c->HS;
+    float *scores = c->scores + tid * c->n_ctx;
+    float scale = 1.0f / sqrtf((float)c->HS);
+    for (size_t job = begin; job < end; job++) {
+        size_t t = job / c->NH, h = job % c->NH;
+        const eng_seq *seq = c->items[c->row_item[t]].seq;
+        size_t p = c->row_pos[t];
+        const float *q = c->qkv + t * 3 * C + h * c->HS;
+        float maxv = -INFINITY;
+        for (size_t s = 0; s <= p; s++) {
+            float d = op_dot(q, kv_at(c->kv, seq, c->l, 0, s) + h * c->HS, c->HS) * scale;
+            scores[s] = d;
+            if (d > maxv) maxv = d;
+        }
+        float sum = 0;
+        for (size_t s = 0; s <= p; s++) {
+            scores[s] = expf(scores[s] - maxv);
+            sum += scores[s];
+        }
+        float inv = 1.0f / sum;
+        float *o = c->att + t * C + h * c->HS;
+        memset(o, 0, c->HS * sizeof *o);
+        for (size_t s = 0; s <= p; s++)
+            axpy(o, scores[s] * inv, kv_at(c->kv, seq, c->l, 1, s) + h * c->HS, c->HS);
+    }
+}
+
+void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
+                  const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
+                  size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx)
+{
+    att_ctx c = {att, qkv, kv, items, row_item, row_pos, l, NH, HS, scores, n_ctx};
+    op_pool_run(pool, T * NH, att_task, &c);
+}
