@@ -28,6 +28,7 @@ struct eng_workspace {
     float *tmp;    /* (T, C)                 */
     float *fc;     /* (T, 4C)                */
     float *scores; /* (threads, n_ctx)       */
+    float *pack;   /* (threads, 4C + 6, 64): matmul strips and tails */
     float *lrows;  /* (LOGIT_ROWS, C)        */
     float *logits; /* (LOGIT_ROWS, V)        */
     size_t *pos;   /* (T) position of each row  */
@@ -65,11 +66,12 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->tmp = falloc(R * C);
     w->fc = falloc(R * 4 * C);
     w->scores = falloc(op_pool_size(w->pool) * c->n_ctx);
+    w->pack = falloc(op_pool_size(w->pool) * (4 * C + 6) * 64);
     w->lrows = falloc(LOGIT_ROWS * C);
     w->logits = falloc(LOGIT_ROWS * c->n_vocab);
     w->pos = malloc(R * sizeof *w->pos);
     w->item = malloc(R * sizeof *w->item);
-    if (!w->x || !w->ln || !w->qkv || !w->att || !w->tmp || !w->fc || !w->scores || !w->lrows
+    if (!w->x || !w->ln || !w->qkv || !w->att || !w->tmp || !w->fc || !w->scores || !w->pack || !w->lrows
         || !w->logits || !w->pos || !w->item) {
         eng_workspace_free(w);
         return ENG_ENOMEM;
@@ -89,6 +91,7 @@ void eng_workspace_free(eng_workspace *w)
     free(w->tmp);
     free(w->fc);
     free(w->scores);
+    free(w->pack);
     free(w->lrows);
     free(w->logits);
     free(w->pos);
@@ -162,7 +165,7 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
     for (size_t l = 0; l < c->n_layer; l++) {
         const gpt2_layer *L = &m->layers[l];
         op_layernorm(P, w->ln, w->x, L->ln1_g, L->ln1_b, T, C, c->ln_eps); /* (T,C)            */
-        op_matmul(P, w->qkv, w->ln, L->attn_w, L->attn_b, T, C, 3 * C);    /* (T,3C); W (C,3C) */
+        op_matmul(P, w->pack, w->qkv, w->ln, L->attn_w, L->attn_b, T, C, 3 * C);    /* (T,3C); W (C,3C) */
         for (size_t t = 0; t < T; t++) {                               /* K, V -> cache    */
             const eng_seq *seq = items[w->item[t]].seq;
             memcpy(kv_at(kv, seq, l, 0, w->pos[t]), w->qkv + t * 3 * C + C, C * sizeof(float));
@@ -171,12 +174,12 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         }
         op_attention(P, w->att, w->qkv, kv, items, w->item, w->pos, T, l, NH, HS, w->scores,
                      c->n_ctx);                                       /* (T,C) per sequence */
-        op_matmul(P, w->tmp, w->att, L->proj_w, L->proj_b, T, C, C);  /* (T,C)              */
+        op_matmul(P, w->pack, w->tmp, w->att, L->proj_w, L->proj_b, T, C, C);  /* (T,C)              */
         residual_add(w->x, w->tmp, T * C);
         op_layernorm(P, w->ln, w->x, L->ln2_g, L->ln2_b, T, C, c->ln_eps);
-        op_matmul(P, w->fc, w->ln, L->fc_w, L->fc_b, T, C, 4 * C);    /* (T,4C)             */
+        op_matmul(P, w->pack, w->fc, w->ln, L->fc_w, L->fc_b, T, C, 4 * C);    /* (T,4C)             */
         op_gelu(P, w->fc, T * 4 * C);
-        op_matmul(P, w->tmp, w->fc, L->fc2_w, L->fc2_b, T, 4 * C, C); /* (T,C)              */
+        op_matmul(P, w->pack, w->tmp, w->fc, L->fc2_w, L->fc2_b, T, 4 * C, C); /* (T,C)              */
         residual_add(w->x, w->tmp, T * C);
     }
 

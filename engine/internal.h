@@ -59,8 +59,9 @@ void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
 
 /* ---- Kernels (ops.c); fixed reduction orders, see there ---- */
 
-void op_matmul(op_pool *pool, float *out, const float *in, const float *W, const float *b,
-               size_t T, size_t K, size_t N);
+/* pack: per-thread scratch, threads x (K + 6) x 64 floats, 64-byte aligned. */
+void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const float *W,
+               const float *b, size_t T, size_t K, size_t N);
 void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, size_t T, size_t C,
                 size_t V);
 void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,

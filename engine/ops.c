@@ -21,6 +21,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,11 +31,36 @@
 #define HAVE_X86 0
 #endif
 
+/* GPT2D_KERNELS=portable or =avx2 caps the instruction set (for tests that
+ * compare the paths bit for bit, and for benchmarks). */
+static int kernels_allow(const char *level)
+{
+    const char *v = getenv("GPT2D_KERNELS");
+    if (v == NULL || *v == '\0') return 1;
+    if (strcmp(v, "portable") == 0) return 0;
+    return strcmp(v, "avx2") != 0 || strcmp(level, "avx2") == 0;
+}
+
+static int use_avx512(void)
+{
+#if HAVE_X86
+    static int cached = -1; /* benign race: every thread computes the same value */
+    if (cached < 0)
+        cached = kernels_allow("avx512") && __builtin_cpu_supports("avx512f")
+                 && __builtin_cpu_supports("fma");
+    return cached;
+#else
+    return 0;
+#endif
+}
+
 static int use_avx2(void)
 {
 #if HAVE_X86
     static int cached = -1; /* benign race: every thread computes the same value */
-    if (cached < 0) cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (cached < 0)
+        cached = kernels_allow("avx2") && __builtin_cpu_supports("avx2")
+                 && __builtin_cpu_supports("fma");
     return cached;
 #else
     return 0;
@@ -43,39 +69,72 @@ static int use_avx2(void)
 
 /* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
 
-#define MM_COLS 32 /* columns per block: four 8-float vectors */
-#define MM_ROWS 3  /* rows per register tile (12 accumulators)  */
+#define MM_COLS 32       /* columns per block: four 8-float vectors          */
+#define MM_ROWS 3        /* rows per register tile (12 accumulators)         */
+#define MM_STREAM_MAX 12 /* up to this many rows: stream W row by row        */
 
+/*
+ * Two loop orders, one arithmetic. Few rows (decode): W is streamed once, row
+ * k after row k, and every output row takes out += in[t][k] * W[k] with
+ * FMAs; the accumulators live in out (L1/L2). Many rows (prefill): a strip
+ * of 32 columns of W is packed into contiguous memory once, then register
+ * tiles of 3 rows x 32 columns run k = 0..K-1 over it. Either way each
+ * element is b[n] followed by one FMA per k in increasing k.
+ */
 typedef struct {
     float *out;
     const float *in, *W, *b;
     size_t T, K, N;
+    float *pack; /* per thread: K x MM_COLS floats */
 } mm_ctx;
 
-/* Portable: the same per-element order as the vector kernel. */
-static void mm_cols_c(const mm_ctx *c, size_t n0, size_t n1)
+static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
 {
-    for (size_t t = 0; t < c->T; t++) {
-        const float *x = c->in + t * c->K;
-        for (size_t n = n0; n < n1; n++) {
-            float acc = c->b[n];
-            for (size_t k = 0; k < c->K; k++) acc = fmaf(x[k], c->W[k * c->N + n], acc);
-            c->out[t * c->N + n] = acc;
+    for (size_t t = 0; t < c->T; t++) memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
+    for (size_t k = 0; k < c->K; k++) {
+        const float *w = c->W + k * c->N;
+        for (size_t t = 0; t < c->T; t++) {
+            float x = c->in[t * c->K + k], *o = c->out + t * c->N;
+            for (size_t n = n0; n < n1; n++) o[n] = fmaf(x, w[n], o[n]);
         }
     }
 }
 
 #if HAVE_X86
+__attribute__((target("avx2,fma"))) static void mm_stream_avx2(const mm_ctx *c, size_t n0,
+                                                                size_t n1)
+{
+    for (size_t t = 0; t < c->T; t++) memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
+    size_t nv = n0 + (n1 - n0) / 8 * 8;
+    for (size_t k = 0; k < c->K; k++) {
+        const float *w = c->W + k * c->N;
+        for (size_t t = 0; t < c->T; t++) {
+            float x = c->in[t * c->K + k], *o = c->out + t * c->N;
+            __m256 vx = _mm256_set1_ps(x);
+            size_t n = n0;
+            for (; n + 32 <= nv; n += 32) {
+                _mm256_storeu_ps(o + n, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n), _mm256_loadu_ps(o + n)));
+                _mm256_storeu_ps(o + n + 8, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n + 8), _mm256_loadu_ps(o + n + 8)));
+                _mm256_storeu_ps(o + n + 16, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n + 16), _mm256_loadu_ps(o + n + 16)));
+                _mm256_storeu_ps(o + n + 24, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n + 24), _mm256_loadu_ps(o + n + 24)));
+            }
+            for (; n < nv; n += 8)
+                _mm256_storeu_ps(o + n, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n), _mm256_loadu_ps(o + n)));
+            for (; n < n1; n++) o[n] = fmaf(x, w[n], o[n]);
+        }
+    }
+}
+
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-mm_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, const size_t R)
+mm_tile_avx2(const mm_ctx *c, const float *strip, size_t t0, size_t n0, const size_t R)
 {
     __m256 acc[MM_ROWS][4];
     for (size_t r = 0; r < R; r++)
         for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(c->b + n0 + 8 * v);
-    const float *w = c->W + n0;
-    for (size_t k = 0; k < c->K; k++, w += c->N) {
-        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-        __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+    const float *w = strip;
+    for (size_t k = 0; k < c->K; k++, w += MM_COLS) {
+        __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
+        __m256 w2 = _mm256_load_ps(w + 16), w3 = _mm256_load_ps(w + 24);
         for (size_t r = 0; r < R; r++) {
             __m256 x = _mm256_broadcast_ss(c->in + (t0 + r) * c->K + k);
             acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
@@ -89,35 +148,109 @@ mm_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, const size_t R)
             _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
 }
 
-__attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, size_t n0)
+__attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, size_t n0,
+                                                               float *strip)
 {
+    for (size_t k = 0; k < c->K; k++)
+        memcpy(strip + k * MM_COLS, c->W + k * c->N + n0, MM_COLS * sizeof(float));
     size_t t = 0;
-    for (; t + 3 <= c->T; t += 3) mm_tile_avx2(c, t, n0, 3);
-    if (c->T - t == 2) mm_tile_avx2(c, t, n0, 2);
-    if (c->T - t == 1) mm_tile_avx2(c, t, n0, 1);
+    for (; t + 3 <= c->T; t += 3) mm_tile_avx2(c, strip, t, n0, 3);
+    if (c->T - t == 2) mm_tile_avx2(c, strip, t, n0, 2);
+    if (c->T - t == 1) mm_tile_avx2(c, strip, t, n0, 1);
 }
 #endif
 
-static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
+/* AVX-512: register tiles of 6 rows x 64 columns (24 accumulators). A
+ * 512-bit FMA rounds each lane exactly as a 256-bit one or fmaf does, so
+ * the bits are those of the other paths. */
+#define MM512_COLS 64
+#define MM512_ROWS 6
+
+/* One register tile: rows x[0..5] (each K floats) against the packed strip,
+ * written to o[0..5] (row stride N). Fully unrolled so that the 24
+ * accumulators stay in registers. */
+__attribute__((target("avx512f"))) static void
+mm_tile6_avx512(float *const o[6], const float *const x[6], const float *strip, const float *b,
+                size_t K)
 {
-    (void)tid;
-    const mm_ctx *c = arg;
-    for (size_t blk = begin; blk < end; blk++) {
-        size_t n0 = blk * MM_COLS, n1 = n0 + MM_COLS < c->N ? n0 + MM_COLS : c->N;
-#if HAVE_X86
-        if (n1 - n0 == MM_COLS && use_avx2()) {
-            mm_block_avx2(c, n0);
-            continue;
+#define ACC(r)                                                                                   \
+    __m512 a##r##0 = _mm512_loadu_ps(b), a##r##1 = _mm512_loadu_ps(b + 16),                       \
+           a##r##2 = _mm512_loadu_ps(b + 32), a##r##3 = _mm512_loadu_ps(b + 48)
+    ACC(0); ACC(1); ACC(2); ACC(3); ACC(4); ACC(5);
+#undef ACC
+    const float *w = strip;
+    for (size_t k = 0; k < K; k++, w += MM512_COLS) {
+        __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
+        __m512 w2 = _mm512_load_ps(w + 32), w3 = _mm512_load_ps(w + 48);
+#define ROW(r)                                                                                   \
+    do {                                                                                         \
+        __m512 v = _mm512_set1_ps(x[r][k]);                                                      \
+        a##r##0 = _mm512_fmadd_ps(v, w0, a##r##0);                                               \
+        a##r##1 = _mm512_fmadd_ps(v, w1, a##r##1);                                               \
+        a##r##2 = _mm512_fmadd_ps(v, w2, a##r##2);                                               \
+        a##r##3 = _mm512_fmadd_ps(v, w3, a##r##3);                                               \
+    } while (0)
+        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
+#undef ROW
+    }
+#define OUT(r)                                                                                   \
+    do {                                                                                         \
+        _mm512_storeu_ps(o[r], a##r##0);                                                         \
+        _mm512_storeu_ps(o[r] + 16, a##r##1);                                                    \
+        _mm512_storeu_ps(o[r] + 32, a##r##2);                                                    \
+        _mm512_storeu_ps(o[r] + 48, a##r##3);                                                    \
+    } while (0)
+    OUT(0); OUT(1); OUT(2); OUT(3); OUT(4); OUT(5);
+#undef OUT
+}
+
+/* tail: per-thread scratch of 6 x 64 floats for the rows past the last full
+ * tile (their inputs repeat a real row; their outputs are dropped). */
+__attribute__((target("avx512f"))) static void mm_block_avx512(const mm_ctx *c, size_t n0,
+                                                                float *strip, float *tail)
+{
+    for (size_t k = 0; k < c->K; k++)
+        memcpy(strip + k * MM512_COLS, c->W + k * c->N + n0, MM512_COLS * sizeof(float));
+    for (size_t t = 0; t < c->T; t += MM512_ROWS) {
+        float *o[MM512_ROWS];
+        const float *x[MM512_ROWS];
+        for (size_t r = 0; r < MM512_ROWS; r++) {
+            int real = t + r < c->T;
+            x[r] = c->in + (real ? t + r : t) * c->K;
+            o[r] = real ? c->out + (t + r) * c->N + n0 : tail + r * MM512_COLS;
         }
-#endif
-        mm_cols_c(c, n0, n1);
+        mm_tile6_avx512(o, x, strip, c->b + n0, c->K);
     }
 }
 
-void op_matmul(op_pool *pool, float *out, const float *in, const float *W, const float *b,
-               size_t T, size_t K, size_t N)
+static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 {
-    mm_ctx c = {out, in, W, b, T, K, N};
+    const mm_ctx *c = arg;
+    size_t n0 = begin * MM_COLS, n1 = end * MM_COLS < c->N ? end * MM_COLS : c->N;
+#if HAVE_X86
+    if (use_avx2()) {
+        if (c->T <= MM_STREAM_MAX) {
+            mm_stream_avx2(c, n0, n1);
+            return;
+        }
+        size_t n = n0;
+        float *strip = c->pack + tid * (c->K + MM512_ROWS) * MM512_COLS;
+        if (use_avx512())
+            for (; n + MM512_COLS <= n1; n += MM512_COLS)
+                mm_block_avx512(c, n, strip, strip + c->K * MM512_COLS);
+        for (; n + MM_COLS <= n1; n += MM_COLS) mm_block_avx2(c, n, strip);
+        if (n < n1) mm_stream_c(c, n, n1);
+        return;
+    }
+#endif
+    (void)tid;
+    mm_stream_c(c, n0, n1);
+}
+
+void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const float *W,
+               const float *b, size_t T, size_t K, size_t N)
+{
+    mm_ctx c = {out, in, W, b, T, K, N, pack};
     op_pool_run(pool, (N + MM_COLS - 1) / MM_COLS, mm_task, &c);
 }
 
