@@ -19,7 +19,9 @@ typedef enum {
     ENG_EIO = 1,     /* a model file cannot be read                   */
     ENG_EFORMAT = 2, /* a tensor is missing, misshapen or mistyped    */
     ENG_ENOMEM = 3,  /* allocation failed, or the KV pool is too small */
-    ENG_EINVAL = 4   /* a caller's argument is out of range           */
+    ENG_EINVAL = 4,  /* a caller's argument is out of range           */
+    ENG_EFULL = 5,   /* the wait queue is full: try again later       */
+    ENG_ETOOBIG = 6  /* the request can never fit (context or pool)   */
 } eng_status;
 
 const char *eng_strerror(eng_status s);
@@ -125,10 +127,20 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
 
 /* ---- Sampling ------------------------------------------------------------ */
 
+/* One logit_bias entry: added to the token's logit before sampling. */
 typedef struct {
-    float temperature; /* 0: greedy                     */
-    int top_k;         /* 0: off                        */
-    float top_p;       /* 1: off                        */
+    int32_t token;
+    float bias; /* -100 .. 100 */
+} eng_bias;
+
+typedef struct {
+    float temperature;       /* 0: greedy                                  */
+    int top_k;               /* 0: off                                     */
+    float top_p;             /* 1: off                                     */
+    float presence_penalty;  /* -2 .. 2: minus this once a token appeared  */
+    float frequency_penalty; /* -2 .. 2: minus this per appearance         */
+    const eng_bias *bias;    /* logit_bias, nbias entries (copied at submit) */
+    size_t nbias;
 } eng_sampling;
 
 /* A per-request random stream (xoshiro256**). */
@@ -147,5 +159,117 @@ double eng_rng_uniform(eng_rng *r); /* [0, 1) */
  */
 #define ENG_SAMPLE_SCRATCH 8
 int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng, void *scratch);
+
+/* ---- The continuous-batching scheduler ----------------------------------- */
+
+/*
+ * The scheduler owns the running sequences, their KV blocks and a bounded
+ * FIFO wait queue. Each step takes every running sequence: decoding ones
+ * contribute one row, prefilling ones a chunk of their prompt, within a
+ * per-step token budget (decode rows first, so streams keep flowing while a
+ * long prompt is processed). A request is admitted only when the blocks for
+ * its prompt plus max_tokens can be reserved, all or nothing, so a running
+ * sequence never fails for memory; it joins at the next step and leaves the
+ * step after it finishes.
+ *
+ * Threads: eng_sched_plan and eng_sched_complete and every other function
+ * run on one thread (the server's loop thread); eng_sched_execute runs the
+ * planned step on any one thread (uv_queue_work) and touches only the
+ * step's rows, the KV contents and its own scratch. Between plan and
+ * complete, submit and cancel stay legal.
+ */
+typedef struct eng_sched eng_sched;
+
+typedef struct {
+    size_t kv_bytes;    /* KV pool budget                                  */
+    size_t block_len;   /* positions per KV block (16)                     */
+    size_t max_running; /* sequences in a step (64)                        */
+    size_t max_queue;   /* waiting requests before ENG_EFULL (256)          */
+    size_t step_tokens; /* rows per step: decode rows + prefill chunks (512) */
+    size_t threads;     /* step threads; 0 = one per CPU                   */
+} eng_sched_opts;
+
+typedef enum {
+    ENG_EV_TOKEN = 0,         /* a generated token                            */
+    ENG_EV_PROMPT_LOGPROB = 1, /* (echo) the logprob of prompt token index+1  */
+    ENG_EV_DONE = 2           /* the last event of a request                  */
+} eng_event_kind;
+
+typedef enum {
+    ENG_FINISH_LENGTH = 0,    /* max_tokens generated */
+    ENG_FINISH_EOS = 1,       /* end of text (50256)   */
+    ENG_FINISH_CANCELLED = 2, /* eng_sched_cancel      */
+    ENG_FINISH_ERROR = 3      /* the step failed; see message */
+} eng_finish;
+
+#define ENG_MAX_TOP 5
+
+typedef struct {
+    eng_event_kind kind;
+    uint64_t id;
+    int32_t token;              /* TOKEN, PROMPT_LOGPROB                     */
+    size_t index;               /* TOKEN: 0-based count; PROMPT: position    */
+    float logprob;              /* of token under the model's distribution   */
+    size_t ntop;                /* top alternatives (request's logprobs)     */
+    int32_t top_ids[ENG_MAX_TOP];
+    float top_logprobs[ENG_MAX_TOP];
+    eng_finish finish;          /* DONE                                      */
+    const char *message;        /* DONE with ENG_FINISH_ERROR                */
+} eng_event;
+
+/* Called on the thread of eng_sched_complete / eng_sched_cancel with each
+ * event of a request; after DONE it is never called again for that id. */
+typedef void (*eng_event_cb)(void *user, const eng_event *ev);
+
+typedef struct {
+    const int32_t *prompt; /* copied at submit; at least one token */
+    size_t nprompt;
+    size_t max_tokens;     /* >= 1 */
+    eng_sampling sampling; /* bias entries copied at submit */
+    uint64_t seed;
+    int ignore_eos;
+    int logprobs;          /* -1: none; 0..5: the chosen token's plus top N */
+    int echo;              /* 1: PROMPT_LOGPROB events for the prompt      */
+    eng_event_cb on_event;
+    void *user;
+} eng_request;
+
+eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *o, eng_sched **out, char *err,
+                         size_t errlen);
+/* Frees the scheduler; outstanding requests get no more events. */
+void eng_sched_free(eng_sched *s);
+
+/* Queues a request; *id names it in events and for cancel. ENG_EFULL when
+ * the queue is full; ENG_ETOOBIG when prompt + max_tokens exceed the context
+ * or the whole KV pool; ENG_EINVAL for a bad token or parameter (err says
+ * which). On error no event is ever delivered. */
+eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, char *err,
+                            size_t errlen);
+
+/* Cancels a request. Unless it is in the step now executing (then at that
+ * step's completion) it ends at once: its blocks return to the pool and its
+ * DONE (cancelled) event is delivered inside this call. Unknown ids are
+ * ignored. */
+void eng_sched_cancel(eng_sched *s, uint64_t id);
+
+/* Plans the next step (admission, batch); 1 if there is one to execute. */
+int eng_sched_plan(eng_sched *s);
+/* Executes the planned step: the forward pass and sampling. Thread: any. */
+void eng_sched_execute(eng_sched *s);
+/* Applies the executed step: delivers events, retires finished sequences. */
+void eng_sched_complete(eng_sched *s);
+/* plan + execute + complete on this thread; 1 if a step ran. */
+int eng_sched_step(eng_sched *s);
+
+typedef struct {
+    size_t running, queued;
+    size_t kv_blocks_used, kv_blocks_total;
+    size_t last_step_rows;     /* rows in the last step                 */
+    size_t last_step_seqs;     /* sequences in the last step            */
+    double last_step_seconds;  /* forward + sampling of the last step   */
+    uint64_t steps;
+} eng_sched_stats;
+
+void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);
 
 #endif

@@ -22,6 +22,8 @@ const char *eng_strerror(eng_status s)
     case ENG_EFORMAT: return "format error";
     case ENG_ENOMEM: return "out of memory";
     case ENG_EINVAL: return "invalid argument";
+    case ENG_EFULL: return "queue full";
+    case ENG_ETOOBIG: return "too big";
     }
     return "unknown status";
 }

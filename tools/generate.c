@@ -55,6 +55,37 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+typedef struct {
+    const bpe *tok;
+    int print;
+    int32_t *out;
+    size_t nout;
+    int done;
+    eng_finish finish;
+    char message[256];
+    double t0, t1; /* submit; first token (end of the prefill) */
+} gen_state;
+
+/* Scheduler events: tokens are printed as they come. */
+static void on_event(void *user, const eng_event *ev)
+{
+    gen_state *st = user;
+    if (ev->kind == ENG_EV_TOKEN) {
+        if (st->nout == 0) st->t1 = now_s();
+        st->out[st->nout++] = ev->token;
+        size_t len;
+        const char *b = bpe_token_bytes(st->tok, ev->token, &len);
+        if (st->print && b != NULL && !(ev->token == EOT)) {
+            fwrite(b, 1, len, stdout);
+            fflush(stdout);
+        }
+    } else if (ev->kind == ENG_EV_DONE) {
+        st->done = 1;
+        st->finish = ev->finish;
+        snprintf(st->message, sizeof st->message, "%s", ev->message ? ev->message : "");
+    }
+}
+
 int tool_generate(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -95,13 +126,10 @@ int tool_generate(int argc, char **argv)
     int rc = 1;
     bpe *tok = NULL;
     eng_model *m = NULL;
-    eng_kv *kv = NULL;
-    eng_workspace *ws = NULL;
-    eng_seq seq = {0};
-    int32_t *ids = NULL, *out = NULL;
-    float *logits = NULL;
-    void *scratch = NULL;
-    size_t nids = 0, nout = 0;
+    eng_sched *sch = NULL;
+    int32_t *ids = NULL;
+    size_t nids = 0;
+    gen_state st = {0};
     if (bpe_load_dir(model_dir, &tok, err, sizeof err) != BPE_OK
         || eng_model_load(model_dir, &m, err, sizeof err) != ENG_OK) {
         fprintf(stderr, "gpt2d generate: %s\n", err);
@@ -127,86 +155,63 @@ int tool_generate(int argc, char **argv)
         nids = 1;
     }
     size_t want = (size_t)ntok;
-    if (nids + want > cfg->n_ctx) {
-        fprintf(stderr, "gpt2d generate: the prompt (%zu tokens) plus --tokens %zu exceed the "
-                        "context of %zu\n", nids, want, cfg->n_ctx);
+    if (want == 0) {
+        fprintf(stderr, "gpt2d generate: --tokens must be at least 1\n");
         goto done;
     }
-    size_t positions = nids + want;
-    size_t block = 16;
-    size_t per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
-    if (eng_kv_new(m, (positions + block - 1) / block * per_block, block, &kv, err, sizeof err)
-            != ENG_OK
-        || eng_kv_reserve(kv, &seq, positions) != ENG_OK
-        || eng_workspace_new(m, PREFILL_CHUNK, 0, &ws) != ENG_OK) {
-        fprintf(stderr, "gpt2d generate: cannot allocate the KV cache or workspace%s%s\n",
-                err[0] ? ": " : "", err);
+    /* KV for exactly this one sequence. */
+    size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
+    eng_sched_opts so = {.kv_bytes = ((nids + want + block - 1) / block) * per_block,
+                         .block_len = block, .max_running = 1, .max_queue = 1,
+                         .step_tokens = PREFILL_CHUNK};
+    if (eng_sched_new(m, &so, &sch, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "gpt2d generate: %s\n", err);
         goto done;
     }
-    logits = malloc(cfg->n_vocab * sizeof *logits);
-    scratch = malloc(cfg->n_vocab * ENG_SAMPLE_SCRATCH);
-    out = malloc((want ? want : 1) * sizeof *out);
-    if (logits == NULL || scratch == NULL || out == NULL) {
+    st.tok = tok;
+    st.print = !ids_out;
+    st.out = malloc(want * sizeof *st.out);
+    if (st.out == NULL) {
         fprintf(stderr, "gpt2d generate: out of memory\n");
         goto done;
     }
-    eng_sampling sp = {.temperature = (float)temp, .top_k = (int)topk, .top_p = (float)topp};
-    eng_rng rng;
-    eng_rng_seed(&rng, (uint64_t)seed);
-
-    double t0 = now_s();
-    for (size_t at = 0; at < nids; at += PREFILL_CHUNK) {
-        size_t n = nids - at < PREFILL_CHUNK ? nids - at : PREFILL_CHUNK;
-        eng_item it = {.seq = &seq, .tokens = ids + at, .n = n,
-                       .want = at + n == nids ? ENG_LOGITS_LAST : ENG_LOGITS_NONE,
-                       .logits = logits};
-        if (eng_forward(m, kv, ws, &it, 1, err, sizeof err) != ENG_OK) {
-            fprintf(stderr, "gpt2d generate: %s\n", err);
-            goto done;
-        }
+    eng_request req = {.prompt = ids, .nprompt = nids, .max_tokens = want,
+                       .sampling = {.temperature = (float)temp, .top_k = (int)topk,
+                                    .top_p = (float)topp},
+                       .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .logprobs = -1,
+                       .on_event = on_event, .user = &st};
+    uint64_t id;
+    if (eng_sched_submit(sch, &req, &id, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "gpt2d generate: %s\n", err);
+        goto done;
     }
-    double t1 = now_s();
-    while (nout < want) {
-        int32_t next = eng_sample(logits, cfg->n_vocab, &sp, &rng, scratch);
-        out[nout++] = next;
-        if (next == EOT && !ignore_eos) break;
-        if (!ids_out) {
-            size_t len;
-            const char *b = bpe_token_bytes(tok, next, &len);
-            if (b != NULL) fwrite(b, 1, len, stdout);
-            fflush(stdout);
-        }
-        if (nout == want) break;
-        eng_item it = {.seq = &seq, .tokens = &out[nout - 1], .n = 1, .want = ENG_LOGITS_LAST,
-                       .logits = logits};
-        if (eng_forward(m, kv, ws, &it, 1, err, sizeof err) != ENG_OK) {
-            fprintf(stderr, "gpt2d generate: %s\n", err);
-            goto done;
-        }
+    st.t0 = now_s();
+    while (!st.done && eng_sched_step(sch)) {
     }
     double t2 = now_s();
+    if (st.finish == ENG_FINISH_ERROR) {
+        fprintf(stderr, "gpt2d generate: %s\n", st.message);
+        goto done;
+    }
     if (ids_out) {
         printf("{\"prompt\": [");
         for (size_t i = 0; i < nids; i++) printf(i ? ", %d" : "%d", ids[i]);
         printf("], \"generated\": [");
-        for (size_t i = 0; i < nout; i++) printf(i ? ", %d" : "%d", out[i]);
+        for (size_t i = 0; i < st.nout; i++) printf(i ? ", %d" : "%d", st.out[i]);
         printf("]}\n");
     } else {
         putchar('\n');
     }
+    double prefill = st.t1 - st.t0, decode = t2 - st.t1;
     fprintf(stderr, "gpt2d generate: prompt %zu tokens in %.3f s (%.1f tokens/s); %zu tokens in "
                     "%.3f s (%.1f tokens/s)\n",
-            nids, t1 - t0, (double)nids / (t1 - t0), nout, t2 - t1,
-            nout > 1 ? (double)(nout - 1) / (t2 - t1) : 0.0);
+            nids, prefill, (double)nids / prefill, st.nout, decode,
+            st.nout > 1 ? (double)(st.nout - 1) / decode : 0.0);
     rc = fflush(stdout) == 0 ? 0 : 1;
 done:
-    if (kv != NULL) eng_kv_release(kv, &seq);
-    free(scratch);
-    free(logits);
-    free(out);
+    free(st.out);
     free(ids);
-    eng_workspace_free(ws);
-    eng_kv_free(kv);
+    eng_sched_free(sch);
     eng_model_free(m);
     bpe_free(tok);
     return rc;

@@ -1,0 +1,467 @@
+/*
+ * engine/scheduler.c: continuous batching over the paged KV cache.
+ *
+ * Life of a request: submit -> waiting (bounded FIFO) -> admitted when the
+ * blocks for prompt + max_tokens are reserved (all or nothing) -> running:
+ * prefill chunks, then one decode row per step -> finished (length, end of
+ * text, cancelled) -> blocks released, DONE delivered.
+ *
+ * A step: plan (loop thread) builds the batch; execute (any thread) runs
+ * eng_forward and samples; complete (loop thread) appends the tokens,
+ * delivers events and retires finished sequences. Only the loop thread
+ * touches the queue, the running set and the block tables; execute reads
+ * the step's sequences and writes the KV blocks and the step's results.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EOT 50256
+/* Rows of prompt logits (echo) per step: bounds the logits buffer. */
+#define ECHO_ROWS 64
+
+typedef struct {
+    uint64_t id;
+    eng_request req;       /* prompt and bias point into the owned copies */
+    int32_t *tokens;       /* prompt then generated; capacity nprompt + max_tokens */
+    size_t ntokens;
+    size_t generated;
+    size_t prefilled;      /* prompt tokens in the cache */
+    eng_seq kv;
+    eng_rng rng;
+    int cancelled;
+    int in_step;
+    /* This step. */
+    size_t step_first, step_n; /* rows [first, first + n) of the prompt or the last token */
+    int step_samples;
+    size_t step_result, step_nresults; /* into s->results */
+} sch_seq;
+
+struct eng_sched {
+    const eng_model *m;
+    eng_sched_opts o;
+    eng_kv *kv;
+    eng_workspace *ws;
+    uint64_t next_id;
+    sch_seq **running;
+    size_t nrunning;
+    sch_seq **queue; /* ring */
+    size_t qhead, qlen;
+    /* The planned step. */
+    int planned, executed;
+    eng_item *items;
+    sch_seq **step_seqs;
+    size_t nitems, rows;
+    float *logits;      /* logit_rows x V */
+    size_t logit_rows;
+    eng_event *results; /* logit_rows */
+    size_t nresults;
+    eng_status step_rc;
+    char step_err[256];
+    /* Sampling scratch (execute). */
+    void *sample_scratch;
+    float *raw;         /* V: the logits before bias and penalties */
+    uint32_t *stamp;    /* V: presence marks */
+    uint32_t stamp_now;
+    eng_sched_stats stats;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sched **out,
+                         char *err, size_t errlen)
+{
+    *out = NULL;
+    eng_sched_opts o = *opts;
+    if (o.block_len == 0) o.block_len = 16;
+    if (o.max_running == 0) o.max_running = 64;
+    if (o.max_queue == 0) o.max_queue = 256;
+    if (o.step_tokens == 0) o.step_tokens = 512;
+    if (o.step_tokens < o.max_running)
+        return gpt2_fail(err, errlen, ENG_EINVAL,
+                         "the step token budget %zu is below the running limit %zu",
+                         o.step_tokens, o.max_running);
+    eng_sched *s = calloc(1, sizeof *s);
+    if (s == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+    s->m = m;
+    s->o = o;
+    s->next_id = 1;
+    size_t V = m->cfg.n_vocab;
+    eng_status rc = eng_kv_new(m, o.kv_bytes, o.block_len, &s->kv, err, errlen);
+    if (rc != ENG_OK) goto fail;
+    rc = eng_workspace_new(m, o.step_tokens, o.threads, &s->ws);
+    if (rc != ENG_OK) {
+        gpt2_fail(err, errlen, rc, "cannot allocate the step workspace");
+        goto fail;
+    }
+    s->logit_rows = o.max_running + ECHO_ROWS;
+    s->running = calloc(o.max_running, sizeof *s->running);
+    s->queue = calloc(o.max_queue, sizeof *s->queue);
+    s->items = calloc(o.max_running, sizeof *s->items);
+    s->step_seqs = calloc(o.max_running, sizeof *s->step_seqs);
+    s->logits = malloc(s->logit_rows * V * sizeof *s->logits);
+    s->results = calloc(s->logit_rows, sizeof *s->results);
+    s->sample_scratch = malloc(V * ENG_SAMPLE_SCRATCH);
+    s->raw = malloc(V * sizeof *s->raw);
+    s->stamp = calloc(V, sizeof *s->stamp);
+    if (!s->running || !s->queue || !s->items || !s->step_seqs || !s->logits || !s->results
+        || !s->sample_scratch || !s->raw || !s->stamp) {
+        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
+        goto fail;
+    }
+    s->stats.kv_blocks_total = eng_kv_blocks_total(s->kv);
+    *out = s;
+    return ENG_OK;
+fail:
+    eng_sched_free(s);
+    return rc;
+}
+
+static void seq_free(eng_sched *s, sch_seq *q)
+{
+    eng_kv_release(s->kv, &q->kv);
+    free(q->tokens);
+    free((void *)q->req.sampling.bias);
+    free(q);
+}
+
+void eng_sched_free(eng_sched *s)
+{
+    if (s == NULL) return;
+    for (size_t i = 0; i < s->nrunning; i++) seq_free(s, s->running[i]);
+    for (size_t i = 0; i < s->qlen; i++) seq_free(s, s->queue[(s->qhead + i) % s->o.max_queue]);
+    eng_workspace_free(s->ws);
+    eng_kv_free(s->kv);
+    free(s->running);
+    free(s->queue);
+    free(s->items);
+    free(s->step_seqs);
+    free(s->logits);
+    free(s->results);
+    free(s->sample_scratch);
+    free(s->raw);
+    free(s->stamp);
+    free(s);
+}
+
+eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, char *err,
+                            size_t errlen)
+{
+    const eng_config *c = &s->m->cfg;
+    if (r->nprompt == 0 || r->prompt == NULL)
+        return gpt2_fail(err, errlen, ENG_EINVAL, "the prompt has no tokens");
+    if (r->max_tokens == 0)
+        return gpt2_fail(err, errlen, ENG_EINVAL, "max_tokens must be at least 1");
+    if (r->on_event == NULL) return gpt2_fail(err, errlen, ENG_EINVAL, "no event callback");
+    for (size_t i = 0; i < r->nprompt; i++)
+        if (r->prompt[i] < 0 || (size_t)r->prompt[i] >= c->n_vocab)
+            return gpt2_fail(err, errlen, ENG_EINVAL, "prompt token %d is not in 0..%zu",
+                             r->prompt[i], c->n_vocab - 1);
+    for (size_t i = 0; i < r->sampling.nbias; i++)
+        if (r->sampling.bias[i].token < 0 || (size_t)r->sampling.bias[i].token >= c->n_vocab)
+            return gpt2_fail(err, errlen, ENG_EINVAL, "logit_bias token %d is not in 0..%zu",
+                             r->sampling.bias[i].token, c->n_vocab - 1);
+    if (r->logprobs > ENG_MAX_TOP)
+        return gpt2_fail(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
+                         ENG_MAX_TOP);
+    size_t total = r->nprompt + r->max_tokens;
+    if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
+        return gpt2_fail(err, errlen, ENG_ETOOBIG,
+                         "the prompt (%zu tokens) plus max_tokens (%zu) exceed the context of %zu",
+                         r->nprompt, r->max_tokens, c->n_ctx);
+    size_t blocks = (total + s->o.block_len - 1) / s->o.block_len;
+    if (blocks > eng_kv_blocks_total(s->kv))
+        return gpt2_fail(err, errlen, ENG_ETOOBIG,
+                         "the request needs %zu KV blocks; the pool has %zu", blocks,
+                         eng_kv_blocks_total(s->kv));
+    if (s->qlen == s->o.max_queue)
+        return gpt2_fail(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
+                         s->o.max_queue);
+    sch_seq *q = calloc(1, sizeof *q);
+    int32_t *tokens = malloc(total * sizeof *tokens);
+    eng_bias *bias = r->sampling.nbias ? malloc(r->sampling.nbias * sizeof *bias) : NULL;
+    if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)) {
+        free(q);
+        free(tokens);
+        free(bias);
+        return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+    }
+    memcpy(tokens, r->prompt, r->nprompt * sizeof *tokens);
+    if (bias) memcpy(bias, r->sampling.bias, r->sampling.nbias * sizeof *bias);
+    q->id = s->next_id++;
+    q->req = *r;
+    q->req.prompt = tokens;
+    q->req.sampling.bias = bias;
+    q->tokens = tokens;
+    q->ntokens = r->nprompt;
+    eng_rng_seed(&q->rng, r->seed);
+    s->queue[(s->qhead + s->qlen) % s->o.max_queue] = q;
+    s->qlen++;
+    *id = q->id;
+    return ENG_OK;
+}
+
+/* Removes q from the running set (order kept: admission order). */
+static void running_remove(eng_sched *s, sch_seq *q)
+{
+    for (size_t i = 0; i < s->nrunning; i++)
+        if (s->running[i] == q) {
+            memmove(s->running + i, s->running + i + 1, (s->nrunning - i - 1) * sizeof *s->running);
+            s->nrunning--;
+            return;
+        }
+}
+
+static void finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
+{
+    eng_event ev = {.kind = ENG_EV_DONE, .id = q->id, .finish = why, .message = message,
+                    .index = q->generated};
+    eng_event_cb cb = q->req.on_event;
+    void *user = q->req.user;
+    seq_free(s, q);
+    cb(user, &ev);
+}
+
+void eng_sched_cancel(eng_sched *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->qlen; i++) {
+        size_t at = (s->qhead + i) % s->o.max_queue;
+        sch_seq *q = s->queue[at];
+        if (q->id != id) continue;
+        for (size_t k = i; k + 1 < s->qlen; k++)
+            s->queue[(s->qhead + k) % s->o.max_queue] = s->queue[(s->qhead + k + 1) % s->o.max_queue];
+        s->qlen--;
+        finish(s, q, ENG_FINISH_CANCELLED, NULL);
+        return;
+    }
+    for (size_t i = 0; i < s->nrunning; i++) {
+        sch_seq *q = s->running[i];
+        if (q->id != id) continue;
+        if (q->in_step) {
+            q->cancelled = 1; /* retired by eng_sched_complete */
+            return;
+        }
+        running_remove(s, q);
+        finish(s, q, ENG_FINISH_CANCELLED, NULL);
+        return;
+    }
+}
+
+int eng_sched_plan(eng_sched *s)
+{
+    if (s->planned) return 1;
+    /* Admission, FIFO: the head waits until its blocks fit (no overtaking,
+     * so a large request is never starved by small ones). */
+    while (s->qlen > 0 && s->nrunning < s->o.max_running) {
+        sch_seq *q = s->queue[s->qhead];
+        if (eng_kv_reserve(s->kv, &q->kv, q->req.nprompt + q->req.max_tokens) != ENG_OK) break;
+        s->qhead = (s->qhead + 1) % s->o.max_queue;
+        s->qlen--;
+        s->running[s->nrunning++] = q;
+    }
+    /* The batch: decode rows first, then prefill chunks within the budget. */
+    size_t budget = s->o.step_tokens, logit_rows = 0, echo_rows = 0;
+    s->nitems = 0;
+    s->rows = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < s->nrunning; i++) {
+            sch_seq *q = s->running[i];
+            int decoding = q->prefilled == q->req.nprompt;
+            if (decoding != (pass == 0) || budget == 0) continue;
+            size_t n;
+            if (decoding) {
+                q->step_first = q->ntokens - 1;
+                n = 1;
+            } else {
+                q->step_first = q->prefilled;
+                n = q->req.nprompt - q->prefilled;
+                if (n > budget) n = budget;
+                if (q->req.echo) {
+                    if (echo_rows + n > ECHO_ROWS) n = ECHO_ROWS - echo_rows;
+                    if (n == 0) continue;
+                }
+            }
+            q->step_n = n;
+            q->step_samples = decoding || q->prefilled + n == q->req.nprompt;
+            eng_logits want = q->req.echo && !decoding ? ENG_LOGITS_ALL
+                              : q->step_samples        ? ENG_LOGITS_LAST
+                                                       : ENG_LOGITS_NONE;
+            size_t lrows = want == ENG_LOGITS_ALL ? n : want == ENG_LOGITS_LAST ? 1 : 0;
+            if (want == ENG_LOGITS_ALL) echo_rows += n;
+            s->items[s->nitems] = (eng_item){.seq = &q->kv, .tokens = q->tokens + q->step_first,
+                                             .n = n, .want = want,
+                                             .logits = s->logits + logit_rows * s->m->cfg.n_vocab};
+            s->step_seqs[s->nitems++] = q;
+            logit_rows += lrows;
+            budget -= n;
+            s->rows += n;
+            q->in_step = 1;
+        }
+    }
+    s->planned = s->nitems > 0;
+    return s->planned;
+}
+
+/* log-softmax facts of raw logits: the log of the partition function. */
+static double log_partition(const float *x, size_t V)
+{
+    float maxv = x[0];
+    for (size_t i = 1; i < V; i++)
+        if (x[i] > maxv) maxv = x[i];
+    double sum = 0;
+    for (size_t i = 0; i < V; i++) sum += exp((double)(x[i] - maxv));
+    return (double)maxv + log(sum);
+}
+
+/* The chosen token's logprob and the top n alternatives into ev. */
+static void fill_logprobs(eng_event *ev, const float *x, size_t V, int32_t chosen, int n)
+{
+    double lz = log_partition(x, V);
+    ev->logprob = (float)(x[chosen] - lz);
+    ev->ntop = n > 0 ? (size_t)n : 0;
+    for (size_t k = 0; k < ev->ntop; k++) {
+        /* Selection by repeated scans: n <= 5. Ties: lower id first. */
+        int32_t best = -1;
+        for (size_t i = 0; i < V; i++) {
+            int taken = 0;
+            for (size_t j = 0; j < k; j++) taken |= ev->top_ids[j] == (int32_t)i;
+            if (!taken && (best < 0 || x[i] > x[best])) best = (int32_t)i;
+        }
+        ev->top_ids[k] = best;
+        ev->top_logprobs[k] = (float)(x[best] - lz);
+    }
+}
+
+void eng_sched_execute(eng_sched *s)
+{
+    if (!s->planned) return;
+    double t0 = now_s();
+    size_t V = s->m->cfg.n_vocab;
+    s->nresults = 0;
+    s->step_rc = eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err,
+                             sizeof s->step_err);
+    if (s->step_rc == ENG_OK) {
+        for (size_t i = 0; i < s->nitems; i++) {
+            sch_seq *q = s->step_seqs[i];
+            eng_item *it = &s->items[i];
+            q->step_result = s->nresults;
+            float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
+            if (it->want == ENG_LOGITS_ALL) {
+                /* Echo: row j predicts prompt token step_first + j + 1. */
+                for (size_t j = 0; j < it->n; j++) {
+                    size_t pos = q->step_first + j + 1;
+                    if (pos >= q->req.nprompt) break;
+                    eng_event *ev = &s->results[s->nresults++];
+                    *ev = (eng_event){.kind = ENG_EV_PROMPT_LOGPROB, .id = q->id,
+                                      .token = q->tokens[pos], .index = pos};
+                    fill_logprobs(ev, it->logits + j * V, V, q->tokens[pos],
+                                  q->req.logprobs > 0 ? q->req.logprobs : 0);
+                }
+            }
+            if (q->step_samples) {
+                const eng_sampling *sp = &q->req.sampling;
+                if (q->req.logprobs >= 0) memcpy(s->raw, last, V * sizeof *last);
+                for (size_t b = 0; b < sp->nbias; b++) last[sp->bias[b].token] += sp->bias[b].bias;
+                if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
+                    /* Over the generated tokens (as vLLM does), not the prompt. */
+                    s->stamp_now++;
+                    for (size_t g = q->req.nprompt; g < q->ntokens; g++) {
+                        int32_t t = q->tokens[g];
+                        last[t] -= sp->frequency_penalty;
+                        if (s->stamp[t] != s->stamp_now) {
+                            s->stamp[t] = s->stamp_now;
+                            last[t] -= sp->presence_penalty;
+                        }
+                    }
+                }
+                int32_t tok = eng_sample(last, V, sp, &q->rng, s->sample_scratch);
+                eng_event *ev = &s->results[s->nresults++];
+                *ev = (eng_event){.kind = ENG_EV_TOKEN, .id = q->id, .token = tok,
+                                  .index = q->generated};
+                if (q->req.logprobs >= 0) fill_logprobs(ev, s->raw, V, tok, q->req.logprobs);
+            }
+            q->step_nresults = s->nresults - q->step_result;
+        }
+    }
+    s->stats.last_step_seconds = now_s() - t0;
+    s->executed = 1;
+}
+
+void eng_sched_complete(eng_sched *s)
+{
+    if (!s->planned) return;
+    s->planned = 0;
+    s->executed = 0;
+    s->stats.steps++;
+    s->stats.last_step_rows = s->rows;
+    s->stats.last_step_seqs = s->nitems;
+    for (size_t i = 0; i < s->nitems; i++) {
+        sch_seq *q = s->step_seqs[i];
+        /* in_step stays set while its events are delivered, so a cancel from
+         * inside a callback only marks it. */
+        if (q->cancelled) {
+            running_remove(s, q);
+            finish(s, q, ENG_FINISH_CANCELLED, NULL);
+            continue;
+        }
+        if (s->step_rc != ENG_OK) {
+            running_remove(s, q);
+            finish(s, q, ENG_FINISH_ERROR, s->step_err);
+            continue;
+        }
+        if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
+        eng_finish why = ENG_FINISH_LENGTH;
+        int done = 0;
+        for (size_t k = 0; k < q->step_nresults; k++) {
+            eng_event *ev = &s->results[q->step_result + k];
+            if (ev->kind == ENG_EV_TOKEN) {
+                q->tokens[q->ntokens++] = ev->token;
+                q->generated++;
+                if (ev->token == EOT && !q->req.ignore_eos) {
+                    done = 1;
+                    why = ENG_FINISH_EOS;
+                } else if (q->generated == q->req.max_tokens) {
+                    done = 1;
+                }
+            }
+            q->req.on_event(q->req.user, ev);
+            if (q->cancelled) break; /* cancelled from inside the callback */
+        }
+        if (q->cancelled) {
+            running_remove(s, q);
+            finish(s, q, ENG_FINISH_CANCELLED, NULL);
+        } else if (done) {
+            running_remove(s, q);
+            finish(s, q, why, NULL);
+        } else {
+            q->in_step = 0;
+        }
+    }
+    s->nitems = 0;
+}
+
+int eng_sched_step(eng_sched *s)
+{
+    if (!eng_sched_plan(s)) return 0;
+    eng_sched_execute(s);
+    eng_sched_complete(s);
+    return 1;
+}
+
+void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out)
+{
+    *out = s->stats;
+    out->running = s->nrunning;
+    out->queued = s->qlen;
+    out->kv_blocks_total = eng_kv_blocks_total(s->kv);
+    out->kv_blocks_used = out->kv_blocks_total - eng_kv_blocks_free(s->kv);
+}
