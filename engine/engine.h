@@ -114,6 +114,17 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
                              eng_workspace **out);
 void eng_workspace_free(eng_workspace *w);
 
+/* Where the steps' time went, cumulative seconds (for benchmarks). */
+typedef struct {
+    double matmul;    /* the four projections per layer            */
+    double attention; /* K/V into the cache and attention          */
+    double lm_head;   /* ln_f and logits = h @ wte^T               */
+    double other;     /* layer norms, GELU, residual adds          */
+    double sample;    /* sampling, logprobs (scheduler)            */
+} eng_times;
+
+void eng_workspace_times(const eng_workspace *w, eng_times *out);
+
 /*
  * One step: the rows of every item stacked into one [T, C] activation, so
  * each weight matrix is read once for the whole batch; attention per item
@@ -268,6 +279,7 @@ typedef struct {
     size_t last_step_seqs;     /* sequences in the last step            */
     double last_step_seconds;  /* forward + sampling of the last step   */
     uint64_t steps;
+    eng_times times;           /* cumulative, all steps                 */
 } eng_sched_stats;
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Rows per logits GEMM: V floats each, so 64 rows are 12.9 MB for GPT-2. */
@@ -20,6 +21,7 @@
 
 struct eng_workspace {
     size_t max_rows;
+    eng_times times; /* cumulative, for benchmarks */
     op_pool *pool;
     float *x;      /* (T, C) residual stream */
     float *ln;     /* (T, C)                 */
@@ -101,6 +103,26 @@ void eng_workspace_free(eng_workspace *w)
 
 /* ---- The step ------------------------------------------------------------ */
 
+static double clock_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Runs call and adds its wall time to w->times.slot. */
+#define TIMED(slot, call)                                                                        \
+    do {                                                                                         \
+        double t0_ = clock_s();                                                                  \
+        call;                                                                                    \
+        w->times.slot += clock_s() - t0_;                                                        \
+    } while (0)
+
+void eng_workspace_times(const eng_workspace *w, eng_times *out)
+{
+    *out = w->times;
+}
+
 static void residual_add(float *x, const float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
@@ -164,23 +186,25 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
     op_pool *P = w->pool;
     for (size_t l = 0; l < c->n_layer; l++) {
         const gpt2_layer *L = &m->layers[l];
-        op_layernorm(P, w->ln, w->x, L->ln1_g, L->ln1_b, T, C, c->ln_eps); /* (T,C)            */
-        op_matmul(P, w->pack, w->qkv, w->ln, L->attn_w, L->attn_b, T, C, 3 * C);    /* (T,3C); W (C,3C) */
-        for (size_t t = 0; t < T; t++) {                               /* K, V -> cache    */
+        TIMED(other, op_layernorm(P, w->ln, w->x, L->ln1_g, L->ln1_b, T, C, c->ln_eps));
+        TIMED(matmul, op_matmul(P, w->pack, w->qkv, w->ln, L->attn_w, L->attn_b, T, C, 3 * C));
+        double t0 = clock_s(); /* K, V rows -> the cache, then attention (T,C) */
+        for (size_t t = 0; t < T; t++) {
             const eng_seq *seq = items[w->item[t]].seq;
             memcpy(kv_at(kv, seq, l, 0, w->pos[t]), w->qkv + t * 3 * C + C, C * sizeof(float));
             memcpy(kv_at(kv, seq, l, 1, w->pos[t]), w->qkv + t * 3 * C + 2 * C,
                    C * sizeof(float));
         }
         op_attention(P, w->att, w->qkv, kv, items, w->item, w->pos, T, l, NH, HS, w->scores,
-                     c->n_ctx);                                       /* (T,C) per sequence */
-        op_matmul(P, w->pack, w->tmp, w->att, L->proj_w, L->proj_b, T, C, C);  /* (T,C)              */
-        residual_add(w->x, w->tmp, T * C);
-        op_layernorm(P, w->ln, w->x, L->ln2_g, L->ln2_b, T, C, c->ln_eps);
-        op_matmul(P, w->pack, w->fc, w->ln, L->fc_w, L->fc_b, T, C, 4 * C);    /* (T,4C)             */
-        op_gelu(P, w->fc, T * 4 * C);
-        op_matmul(P, w->pack, w->tmp, w->fc, L->fc2_w, L->fc2_b, T, 4 * C, C); /* (T,C)              */
-        residual_add(w->x, w->tmp, T * C);
+                     c->n_ctx);
+        w->times.attention += clock_s() - t0;
+        TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->att, L->proj_w, L->proj_b, T, C, C));
+        TIMED(other, residual_add(w->x, w->tmp, T * C));
+        TIMED(other, op_layernorm(P, w->ln, w->x, L->ln2_g, L->ln2_b, T, C, c->ln_eps));
+        TIMED(matmul, op_matmul(P, w->pack, w->fc, w->ln, L->fc_w, L->fc_b, T, C, 4 * C));
+        TIMED(other, op_gelu(P, w->fc, T * 4 * C));
+        TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->fc, L->fc2_w, L->fc2_b, T, 4 * C, C));
+        TIMED(other, residual_add(w->x, w->tmp, T * C));
     }
 
     /* Logits only for the rows that sample: gather them after ln_f, then
@@ -195,13 +219,13 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
             memcpy(w->lrows + k * C, w->x + (r + j) * C, C * sizeof(float));
             dest[k++] = items[i].logits + (items[i].want == ENG_LOGITS_ALL ? j * V : 0);
             if (k == LOGIT_ROWS) {
-                lm_head(w, m, dest, k);
+                TIMED(lm_head, lm_head(w, m, dest, k));
                 k = 0;
             }
         }
         r += n;
     }
-    if (k > 0) lm_head(w, m, dest, k);
+    if (k > 0) TIMED(lm_head, lm_head(w, m, dest, k));
     for (size_t i = 0; i < nitems; i++) items[i].seq->len += items[i].n;
     return ENG_OK;
 }

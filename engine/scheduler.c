@@ -349,6 +349,7 @@ void eng_sched_execute(eng_sched *s)
     s->nresults = 0;
     s->step_rc = eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err,
                              sizeof s->step_err);
+    double t_sample = now_s();
     if (s->step_rc == ENG_OK) {
         for (size_t i = 0; i < s->nitems; i++) {
             sch_seq *q = s->step_seqs[i];
@@ -392,7 +393,9 @@ void eng_sched_execute(eng_sched *s)
             q->step_nresults = s->nresults - q->step_result;
         }
     }
-    s->stats.last_step_seconds = now_s() - t0;
+    double t1 = now_s();
+    s->stats.times.sample += t1 - t_sample;
+    s->stats.last_step_seconds = t1 - t0;
     s->executed = 1;
 }
 
@@ -460,6 +463,9 @@ int eng_sched_step(eng_sched *s)
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out)
 {
     *out = s->stats;
+    double sample = s->stats.times.sample;
+    eng_workspace_times(s->ws, &out->times);
+    out->times.sample = sample;
     out->running = s->nrunning;
     out->queued = s->qlen;
     out->kv_blocks_total = eng_kv_blocks_total(s->kv);

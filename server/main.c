@@ -24,6 +24,8 @@ static const command commands[] = {
     {"tokenize", tool_tokenize, "text on stdin -> GPT-2 token ids (JSON)"},
     {"detokenize", tool_detokenize, "GPT-2 token ids (JSON) on stdin -> bytes"},
     {"generate", tool_generate, "continue a prompt with a model, offline"},
+    {"convert", tool_convert, "write an aligned copy of a safetensors file (maps without copying)"},
+    {"bench", tool_bench, "measure bandwidth, prefill and batched decode speed (JSON)"},
 };
 
 static void usage(FILE *out)

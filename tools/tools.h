@@ -12,5 +12,7 @@ int tool_synth(int argc, char **argv);
 int tool_tokenize(int argc, char **argv);
 int tool_detokenize(int argc, char **argv);
 int tool_generate(int argc, char **argv);
+int tool_convert(int argc, char **argv);
+int tool_bench(int argc, char **argv);
 
 #endif

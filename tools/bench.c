@@ -1,0 +1,367 @@
+/*
+ * tools/bench.c: `gpt2d bench --model DIR`, the engine's speed on this
+ * machine, as one JSON object:
+ *   - the machine: memory read bandwidth (all threads, 1 GiB) and OpenBLAS's
+ *     SGEMM rate (2048^3), measured in the same run;
+ *   - prefill: tokens/s for one 512-token prompt;
+ *   - decode at 1, 4, 16 and 64 concurrent sequences through the scheduler:
+ *     aggregate tokens/s over pure-decode steps, median step time, and, at
+ *     one sequence, the fraction of the bandwidth bound (every weight byte
+ *     read once per token);
+ *   - where step time goes (matmul, attention, LM head, the rest, sampling);
+ *   - peak RSS.
+ * A benchmark, never a test: numbers go to docs/benchmarks.md.
+ */
+#include "tools.h"
+
+#include "engine.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+    if (n == 0) return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- Memory bandwidth ------------------------------------------------------ */
+
+typedef struct {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_arg;
+
+static void *bw_read(void *arg)
+{
+    bw_arg *a = arg;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= a->n; i += 4) {
+        s0 += a->p[i];
+        s1 += a->p[i + 1];
+        s2 += a->p[i + 2];
+        s3 += a->p[i + 3];
+    }
+    a->sum = s0 ^ s1 ^ s2 ^ s3;
+    return NULL;
+}
+
+/* GB/s reading 1 GiB with nthreads threads; the best of 5 passes. */
+static double bandwidth(size_t nthreads)
+{
+    size_t bytes = (size_t)1 << 30, n = bytes / sizeof(uint64_t);
+    uint64_t *buf = malloc(bytes);
+    if (buf == NULL) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0;
+    pthread_t th[64];
+    bw_arg args[64];
+    if (nthreads > 64) nthreads = 64;
+    for (int pass = 0; pass < 5; pass++) {
+        double t0 = now_s();
+        for (size_t k = 0; k < nthreads; k++) {
+            args[k] = (bw_arg){buf + k * (n / nthreads), n / nthreads, 0};
+            pthread_create(&th[k], NULL, bw_read, &args[k]);
+        }
+        uint64_t x = 0;
+        for (size_t k = 0; k < nthreads; k++) {
+            pthread_join(th[k], NULL);
+            x ^= args[k].sum;
+        }
+        double dt = now_s() - t0;
+        if (x == 42) fprintf(stderr, "."); /* keeps the sums alive */
+        if ((double)bytes / dt / 1e9 > best) best = (double)bytes / dt / 1e9;
+    }
+    free(buf);
+    return best;
+}
+
+/* GFLOP/s of OpenBLAS SGEMM on 2048^3, the best of 3. */
+static double sgemm_rate(void)
+{
+    size_t n = 2048;
+    float *a = malloc(n * n * sizeof *a), *b = malloc(n * n * sizeof *b),
+          *c = malloc(n * n * sizeof *c);
+    if (!a || !b || !c) {
+        free(a);
+        free(b);
+        free(c);
+        return 0;
+    }
+    for (size_t i = 0; i < n * n; i++) {
+        a[i] = (float)(i % 7) * 0.1f;
+        b[i] = (float)(i % 5) * 0.1f;
+    }
+    double best = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)n,
+                    (blasint)n, 1.0f, a, (blasint)n, b, (blasint)n, 0.0f, c, (blasint)n);
+        double g = 2.0 * (double)n * (double)n * (double)n / (now_s() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* ---- Engine runs ------------------------------------------------------------- */
+
+typedef struct {
+    size_t tokens;
+    int done;
+} bench_req;
+
+static void on_event(void *user, const eng_event *ev)
+{
+    bench_req *r = user;
+    if (ev->kind == ENG_EV_TOKEN) r->tokens++;
+    if (ev->kind == ENG_EV_DONE) r->done = 1;
+}
+
+static long peak_rss_kb(void)
+{
+    FILE *fp = fopen("/proc/self/status", "r");
+    if (fp == NULL) return -1;
+    char line[256];
+    long v = -1;
+    while (fgets(line, sizeof line, fp) != NULL)
+        if (strncmp(line, "VmHWM:", 6) == 0) v = strtol(line + 6, NULL, 10);
+    fclose(fp);
+    return v;
+}
+
+typedef struct {
+    size_t seqs;
+    double tokens_per_s, step_ms;
+    size_t decode_steps;
+    eng_times times;
+} decode_result;
+
+/* nseq sequences of a 32-token prompt and gen new tokens each, run to the
+ * end; decode figures from the steps in which every row was a decode row. */
+static int run_decode(const eng_model *m, const eng_sched_opts *o, size_t nseq, size_t gen,
+                      decode_result *out, char *err, size_t errlen)
+{
+    eng_sched *s;
+    if (eng_sched_new(m, o, &s, err, errlen) != ENG_OK) return -1;
+    size_t V = eng_model_config(m)->n_vocab;
+    bench_req *reqs = calloc(nseq, sizeof *reqs);
+    double *steps = malloc(nseq * gen * sizeof *steps);
+    int32_t prompt[32];
+    int rc = -1;
+    if (reqs == NULL || steps == NULL) goto done;
+    for (size_t i = 0; i < nseq; i++) {
+        for (size_t k = 0; k < 32; k++) prompt[k] = (int32_t)((i * 131 + k * 17) % V);
+        eng_request r = {.prompt = prompt, .nprompt = 32, .max_tokens = gen,
+                         .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 1},
+                         .seed = i, .ignore_eos = 1, .logprobs = -1, .on_event = on_event,
+                         .user = &reqs[i]};
+        uint64_t id;
+        if (eng_sched_submit(s, &r, &id, err, errlen) != ENG_OK) goto done;
+    }
+    size_t nsteps = 0, decoded = 0;
+    double decode_time = 0;
+    eng_times t_before = {0};
+    int measuring = 0;
+    for (;;) {
+        eng_sched_stats before;
+        eng_sched_stats_get(s, &before);
+        if (!eng_sched_plan(s)) break;
+        double t0 = now_s();
+        eng_sched_execute(s);
+        double dt = now_s() - t0;
+        eng_sched_complete(s);
+        eng_sched_stats st;
+        eng_sched_stats_get(s, &st);
+        /* A pure decode step: as many rows as sequences, all of them running. */
+        if (st.last_step_rows == st.last_step_seqs && st.last_step_seqs == nseq) {
+            if (!measuring) {
+                t_before = before.times;
+                measuring = 1;
+            }
+            steps[nsteps++] = dt;
+            decoded += st.last_step_seqs;
+            decode_time += dt;
+            out->times = st.times;
+        }
+    }
+    out->times.matmul -= t_before.matmul;
+    out->times.attention -= t_before.attention;
+    out->times.lm_head -= t_before.lm_head;
+    out->times.other -= t_before.other;
+    out->times.sample -= t_before.sample;
+    out->seqs = nseq;
+    out->decode_steps = nsteps;
+    out->tokens_per_s = decode_time > 0 ? (double)decoded / decode_time : 0;
+    out->step_ms = median(steps, nsteps) * 1e3;
+    rc = 0;
+done:
+    free(steps);
+    free(reqs);
+    eng_sched_free(s);
+    return rc;
+}
+
+static double run_prefill(const eng_model *m, const eng_sched_opts *o, size_t n, int reps,
+                          char *err, size_t errlen)
+{
+    size_t V = eng_model_config(m)->n_vocab;
+    int32_t *prompt = malloc(n * sizeof *prompt);
+    double *t = malloc((size_t)reps * sizeof *t);
+    double result = -1;
+    if (prompt == NULL || t == NULL) goto done;
+    for (size_t k = 0; k < n; k++) prompt[k] = (int32_t)((k * 7919) % V);
+    for (int r = 0; r < reps; r++) {
+        eng_sched *s;
+        if (eng_sched_new(m, o, &s, err, errlen) != ENG_OK) goto done;
+        bench_req q = {0};
+        eng_request req = {.prompt = prompt, .nprompt = n, .max_tokens = 1, .logprobs = -1,
+                           .ignore_eos = 1, .on_event = on_event, .user = &q};
+        uint64_t id;
+        if (eng_sched_submit(s, &req, &id, err, errlen) != ENG_OK) {
+            eng_sched_free(s);
+            goto done;
+        }
+        double t0 = now_s();
+        while (eng_sched_step(s)) {
+        }
+        t[r] = now_s() - t0;
+        eng_sched_free(s);
+    }
+    result = (double)n / median(t, (size_t)reps);
+done:
+    free(prompt);
+    free(t);
+    return result;
+}
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out, "usage: gpt2d bench --model DIR [--threads N] [--tokens N]\n"
+                 "Measures memory bandwidth, SGEMM, prefill and batched decode; prints JSON.\n"
+                 "  --threads N   step threads (default: one per CPU)\n"
+                 "  --tokens N    tokens generated per sequence in the decode runs (64)\n");
+}
+
+int tool_bench(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"threads", required_argument, 0, 't'},
+                                             {"tokens", required_argument, 0, 'n'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *dir = NULL;
+    long threads = 0, gen = 64;
+    int c;
+    char *end;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': dir = optarg; break;
+        case 't':
+            errno = 0;
+            threads = strtol(optarg, &end, 10);
+            if (errno || *end || threads < 0 || threads > 256) goto bad;
+            break;
+        case 'n':
+            errno = 0;
+            gen = strtol(optarg, &end, 10);
+            if (errno || *end || gen < 2 || gen > 900) goto bad;
+            break;
+        case 'h': bench_usage(stdout); return 0;
+        default: goto bad;
+        }
+    }
+    if (dir == NULL || optind != argc) goto bad;
+
+    char err[512];
+    eng_model *m;
+    if (eng_model_load(dir, &m, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "gpt2d bench: %s\n", err);
+        return 1;
+    }
+    size_t nthreads = threads ? (size_t)threads : (size_t)sysconf(_SC_NPROCESSORS_ONLN);
+    const eng_config *cfg = eng_model_config(m);
+    double weight_bytes = (double)eng_model_params(m) * 4.0;
+    double bw = bandwidth(nthreads);
+    double gflops = sgemm_rate();
+    /* KV for 64 sequences of 32 + gen positions. */
+    size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
+    size_t blocks_per_seq = (32 + (size_t)gen + block - 1) / block + 1;
+    eng_sched_opts o = {.kv_bytes = 64 * blocks_per_seq * per_block + 40 * per_block,
+                        .block_len = block, .max_running = 64, .max_queue = 64,
+                        .step_tokens = 512, .threads = (size_t)threads};
+    int rc = 1;
+    double prefill = run_prefill(m, &o, 512 < cfg->n_ctx ? 512 : cfg->n_ctx - 1, 3, err, sizeof err);
+    if (prefill < 0) {
+        fprintf(stderr, "gpt2d bench: %s\n", err);
+        goto done;
+    }
+    static const size_t conc[] = {1, 4, 16, 64};
+    decode_result res[4];
+    for (size_t i = 0; i < 4; i++) {
+        if (run_decode(m, &o, conc[i], (size_t)gen, &res[i], err, sizeof err) != 0) {
+            fprintf(stderr, "gpt2d bench: %s\n", err);
+            goto done;
+        }
+    }
+    double bound = bw * 1e9 / weight_bytes;
+    printf("{\n  \"model\": {\"layers\": %zu, \"width\": %zu, \"vocab\": %zu, \"params\": %zu, "
+           "\"weight_bytes\": %.0f},\n",
+           cfg->n_layer, cfg->n_embd, cfg->n_vocab, eng_model_params(m), weight_bytes);
+    printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
+           "\"openblas_sgemm_gflop_s\": %.1f},\n",
+           nthreads, bw, gflops);
+    printf("  \"prefill_512\": {\"tokens_per_s\": %.1f, \"gflop_s\": %.1f},\n", prefill,
+           prefill * 2.0 * (double)eng_model_params(m) / 1e9);
+    printf("  \"decode_bandwidth_bound_tokens_per_s\": %.1f,\n  \"decode\": [\n", bound);
+    for (size_t i = 0; i < 4; i++) {
+        const eng_times *t = &res[i].times;
+        double total = t->matmul + t->attention + t->lm_head + t->other + t->sample;
+        if (total <= 0) total = 1;
+        printf("    {\"sequences\": %zu, \"tokens_per_s\": %.1f, \"step_ms_median\": %.2f, "
+               "\"steps\": %zu, \"vs_single\": %.2f, \"fraction_of_bandwidth_bound\": %.2f, "
+               "\"gflop_s\": %.1f, \"time_share\": {\"matmul\": %.2f, \"attention\": %.2f, "
+               "\"lm_head\": %.2f, \"other\": %.2f, \"sample\": %.2f}}%s\n",
+               res[i].seqs, res[i].tokens_per_s, res[i].step_ms, res[i].decode_steps,
+               res[i].tokens_per_s / res[0].tokens_per_s,
+               res[i].seqs == 1 ? res[i].tokens_per_s / bound : 0.0,
+               res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9,
+               t->matmul / total, t->attention / total, t->lm_head / total, t->other / total,
+               t->sample / total, i < 3 ? "," : "");
+    }
+    printf("  ],\n  \"peak_rss_mb\": %.1f\n}\n", (double)peak_rss_kb() / 1024.0);
+    rc = 0;
+done:
+    eng_model_free(m);
+    return rc;
+bad:
+    fprintf(stderr, "gpt2d bench: bad or missing option\n");
+    bench_usage(stderr);
+    return 2;
+}
