@@ -9,8 +9,8 @@
  * computes it or on alignment:
  *   op_matmul   out[t][n] = b[n], then += in[t][k] * W[k][n] for k = 0..K-1,
  *               each step one fused multiply-add (vfmadd / fmaf);
- *   op_lm_head  out[t][v] = dot(h[t], wte[v]): eight lanes, lane j summing
- *               c = j, j+8, ... by FMA, then a fixed tree, then the tail;
+ *   op_lm_head  out[t][v] = dot(h[t], wte[v]): sixteen lanes, lane j summing
+ *               c = j, j+16, ... by FMA, then a fixed tree, then the tail;
  *   attention   per row and head over its own positions in order.
  * The AVX2 paths and the portable C paths perform the same operations in
  * the same order, so they give the same bits too.
@@ -71,12 +71,12 @@ static int use_avx2(void)
 
 #define MM_COLS 32       /* columns per block: four 8-float vectors          */
 #define MM_ROWS 3        /* rows per register tile (12 accumulators)         */
-#define MM_STREAM_MAX 12 /* up to this many rows: stream W row by row        */
+#define MM_STREAM_MAX 48 /* up to this many rows: k-blocked tiles over W     */
 
 /*
- * Two loop orders, one arithmetic. Few rows (decode): W is streamed once, row
- * k after row k, and every output row takes out += in[t][k] * W[k] with
- * FMAs; the accumulators live in out (L1/L2). Many rows (prefill): a strip
+ * Two loop orders, one arithmetic. Few rows (decode): W is streamed once,
+ * KB rows at a time, in register tiles whose accumulators rest in out
+ * between k-blocks (kb_tile_*). Many rows (prefill): a strip
  * of 32 columns of W is packed into contiguous memory once, then register
  * tiles of 3 rows x 32 columns run k = 0..K-1 over it. Either way each
  * element is b[n] followed by one FMA per k in increasing k.
@@ -101,26 +101,100 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
 }
 
 #if HAVE_X86
-__attribute__((target("avx2,fma"))) static void mm_stream_avx2(const mm_ctx *c, size_t n0,
+/* k-blocked tiles for few rows: W is read straight from the weights, KB
+ * rows at a time (KB streams for the prefetcher), each tile of R rows x 32
+ * columns keeping its accumulators in registers for those KB steps and in
+ * out between them. A float stored and reloaded is exact, so this is still
+ * b[n] then one FMA per k in increasing k. */
+#define KB 16
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+kb_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const size_t R)
+{
+    __m256 acc[3][4];
+#pragma GCC unroll 3
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(src + 8 * v);
+    }
+    for (size_t k = kb; k < ke; k++) {
+        const float *w = c->W + k * c->N + n0;
+        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+        __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+#pragma GCC unroll 3
+        for (size_t r = 0; r < R; r++) {
+            __m256 x = _mm256_broadcast_ss(c->in + (t0 + r) * c->K + k);
+            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
+            acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
+        }
+    }
+#pragma GCC unroll 3
+    for (size_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++)
+            _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
+}
+
+__attribute__((target("avx2,fma"))) static void mm_kblock_avx2(const mm_ctx *c, size_t n0,
                                                                 size_t n1)
 {
-    for (size_t t = 0; t < c->T; t++) memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
-    size_t nv = n0 + (n1 - n0) / 8 * 8;
-    for (size_t k = 0; k < c->K; k++) {
-        const float *w = c->W + k * c->N;
-        for (size_t t = 0; t < c->T; t++) {
-            float x = c->in[t * c->K + k], *o = c->out + t * c->N;
-            __m256 vx = _mm256_set1_ps(x);
-            size_t n = n0;
-            for (; n + 32 <= nv; n += 32) {
-                _mm256_storeu_ps(o + n, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n), _mm256_loadu_ps(o + n)));
-                _mm256_storeu_ps(o + n + 8, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n + 8), _mm256_loadu_ps(o + n + 8)));
-                _mm256_storeu_ps(o + n + 16, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n + 16), _mm256_loadu_ps(o + n + 16)));
-                _mm256_storeu_ps(o + n + 24, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n + 24), _mm256_loadu_ps(o + n + 24)));
+    for (size_t kb = 0; kb < c->K; kb += KB) {
+        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        for (size_t n = n0; n + 32 <= n1; n += 32) {
+            size_t t = 0;
+            for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, t, n, kb, ke, 3);
+            if (c->T - t == 2) kb_tile_avx2(c, t, n, kb, ke, 2);
+            if (c->T - t == 1) kb_tile_avx2(c, t, n, kb, ke, 1);
+        }
+    }
+}
+
+__attribute__((target("avx512f"), always_inline)) static inline void
+kb_tile_avx512(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const size_t R)
+{
+    __m512 acc[6][2];
+#pragma GCC unroll 6
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+        acc[r][0] = _mm512_loadu_ps(src);
+        acc[r][1] = _mm512_loadu_ps(src + 16);
+    }
+    for (size_t k = kb; k < ke; k++) {
+        const float *w = c->W + k * c->N + n0;
+        __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+#pragma GCC unroll 6
+        for (size_t r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(c->in[(t0 + r) * c->K + k]);
+            acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (size_t r = 0; r < R; r++) {
+        _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0, acc[r][0]);
+        _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16, acc[r][1]);
+    }
+}
+
+__attribute__((target("avx512f"))) static void mm_kblock_avx512(const mm_ctx *c, size_t n0,
+                                                                 size_t n1)
+{
+    for (size_t kb = 0; kb < c->K; kb += KB) {
+        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        for (size_t n = n0; n + 32 <= n1; n += 32) {
+            size_t t = 0;
+            for (; t + 6 <= c->T; t += 6) kb_tile_avx512(c, t, n, kb, ke, 6);
+            switch (c->T - t) {
+            case 5: kb_tile_avx512(c, t, n, kb, ke, 5); break;
+            case 4: kb_tile_avx512(c, t, n, kb, ke, 4); break;
+            case 3: kb_tile_avx512(c, t, n, kb, ke, 3); break;
+            case 2: kb_tile_avx512(c, t, n, kb, ke, 2); break;
+            case 1: kb_tile_avx512(c, t, n, kb, ke, 1); break;
+            default: break;
             }
-            for (; n < nv; n += 8)
-                _mm256_storeu_ps(o + n, _mm256_fmadd_ps(vx, _mm256_loadu_ps(w + n), _mm256_loadu_ps(o + n)));
-            for (; n < n1; n++) o[n] = fmaf(x, w[n], o[n]);
         }
     }
 }
@@ -230,7 +304,12 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 #if HAVE_X86
     if (use_avx2()) {
         if (c->T <= MM_STREAM_MAX) {
-            mm_stream_avx2(c, n0, n1);
+            size_t nv = n0 + (n1 - n0) / 32 * 32;
+            if (use_avx512())
+                mm_kblock_avx512(c, n0, nv);
+            else
+                mm_kblock_avx2(c, n0, nv);
+            if (nv < n1) mm_stream_c(c, nv, n1);
             return;
         }
         size_t n = n0;
@@ -256,14 +335,22 @@ void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const fl
 
 /* ---- dot products with a fixed order -------------------------------------- */
 
-/* The portable form of dot8: the exact operations of the vector code. */
-static float dot8_c(const float *a, const float *b, size_t n)
+/*
+ * dot(a, b, n): sixteen lanes, lane j summing a[i] * b[i] for i = j, j + 16,
+ * ... by FMA from 0; then the pairs (l[j] + l[j + 8]); then the tree
+ * ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)); then the n % 16 tail
+ * by FMA in order. AVX-512 holds the lanes in one register, AVX2 in two,
+ * the portable code in an array: the same operations on every path.
+ */
+static float dot16_c(const float *a, const float *b, size_t n)
 {
-    float l[8] = {0};
+    float l[16] = {0};
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
-    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i + 16 <= n; i += 16)
+        for (size_t j = 0; j < 16; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
+    float m[8];
+    for (size_t j = 0; j < 8; j++) m[j] = l[j] + l[j + 8];
+    float s = ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]));
     for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
@@ -272,54 +359,94 @@ static float dot8_c(const float *a, const float *b, size_t n)
 __attribute__((target("avx2,fma"), always_inline)) static inline float hsum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));           /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s)); /* (m0+m4)+(m2+m6), (m1+m5)+(m3+m7) */
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
     return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) static float dot8_avx2(const float *a, const float *b,
-                                                            size_t n)
+__attribute__((target("avx2,fma"))) static float dot16_avx2(const float *a, const float *b,
+                                                             size_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
+    for (; i + 16 <= n; i += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+    }
+    float s = hsum8(_mm256_add_ps(lo, hi));
     for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 
-/* Four rows of h against two rows of wte at once: the same per-pair
- * operations as dot8_avx2, eight accumulators in flight. */
-__attribute__((target("avx2,fma"))) static void dot_4x2_avx2(float *out, size_t ldo,
-                                                              const float *h, const float *w,
-                                                              size_t C)
+__attribute__((target("avx512f"), always_inline)) static inline float hsum16(__m512 v)
 {
-    __m256 acc[4][2];
-    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 m = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+}
+
+/* Four rows of h against four rows of wte: 16 dot products at once, each
+ * with exactly dot16's operations. out[r * ldo + v]. */
+__attribute__((target("avx512f"))) static void dot_4x4_avx512(float *out, size_t ldo,
+                                                               const float *h, const float *w,
+                                                               size_t C)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
     size_t i = 0;
-    for (; i + 8 <= C; i += 8) {
-        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + C + i);
+    for (; i + 16 <= C; i += 16) {
+        __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + C + i);
+        __m512 w2 = _mm512_loadu_ps(w + 2 * C + i), w3 = _mm512_loadu_ps(w + 3 * C + i);
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            __m256 x = _mm256_loadu_ps(h + (size_t)r * C + i);
-            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+            __m512 x = _mm512_loadu_ps(h + (size_t)r * C + i);
+            acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(x, w2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(x, w3, acc[r][3]);
         }
     }
     for (int r = 0; r < 4; r++)
-        for (int v = 0; v < 2; v++) {
-            float s = hsum8(acc[r][v]);
+        for (int v = 0; v < 4; v++) {
+            float s = hsum16(acc[r][v]);
             for (size_t j = i; j < C; j++) s = fmaf(h[(size_t)r * C + j], w[(size_t)v * C + j], s);
             out[(size_t)r * ldo + (size_t)v] = s;
         }
+}
+
+/* One row of h against four rows of wte (decode). */
+__attribute__((target("avx512f"))) static void dot_1x4_avx512(float *out, const float *h,
+                                                               const float *w, size_t C)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 16 <= C; i += 16) {
+        __m512 x = _mm512_loadu_ps(h + i);
+        a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(w + i), a0);
+        a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(w + C + i), a1);
+        a2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(w + 2 * C + i), a2);
+        a3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(w + 3 * C + i), a3);
+    }
+    float s[4] = {hsum16(a0), hsum16(a1), hsum16(a2), hsum16(a3)};
+    for (int v = 0; v < 4; v++) {
+        for (size_t j = i; j < C; j++) s[v] = fmaf(h[j], w[(size_t)v * C + j], s[v]);
+        out[v] = s[v];
+    }
 }
 #endif
 
 float op_dot(const float *a, const float *b, size_t n)
 {
 #if HAVE_X86
-    if (use_avx2()) return dot8_avx2(a, b, n);
+    if (use_avx2()) return dot16_avx2(a, b, n);
 #endif
-    return dot8_c(a, b, n);
+    return dot16_c(a, b, n);
 }
 
 /* ---- LM head: logits (T,V) = h (T,C) @ wte^T ------------------------------ */
@@ -340,15 +467,15 @@ static void lm_task(void *arg, size_t begin, size_t end, size_t tid)
         size_t v0 = blk * LM_VROWS, v1 = v0 + LM_VROWS < c->V ? v0 + LM_VROWS : c->V;
         size_t v = v0;
 #if HAVE_X86
-        if (use_avx2()) {
-            for (; v + 2 <= v1; v += 2) {
+        if (use_avx512()) {
+            for (; v + 4 <= v1; v += 4) {
                 size_t t = 0;
                 for (; t + 4 <= c->T; t += 4)
-                    dot_4x2_avx2(c->out + t * c->V + v, c->V, c->h + t * c->C, c->wte + v * c->C,
-                                 c->C);
+                    dot_4x4_avx512(c->out + t * c->V + v, c->V, c->h + t * c->C,
+                                   c->wte + v * c->C, c->C);
                 for (; t < c->T; t++)
-                    for (size_t u = v; u < v + 2; u++)
-                        c->out[t * c->V + u] = dot8_avx2(c->h + t * c->C, c->wte + u * c->C, c->C);
+                    dot_1x4_avx512(c->out + t * c->V + v, c->h + t * c->C, c->wte + v * c->C,
+                                   c->C);
             }
         }
 #endif
@@ -363,6 +490,119 @@ void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, siz
 {
     lm_ctx c = {out, h, wte, T, C, V};
     op_pool_run(pool, (V + LM_VROWS - 1) / LM_VROWS, lm_task, &c);
+}
+
+/* ---- exp, tanh and GELU with one set of operations on every path ---------- */
+
+/*
+ * exp(x) for x in [-87, 88] (clamped): n = nearest(x log2 e), r = x - n ln 2
+ * (ln 2 in two parts), e^r by a degree-6 Horner polynomial with FMAs (error
+ * about 1 ulp on |r| <= ln2/2), times 2^n through the exponent bits. The
+ * AVX2 code performs the same operations, so both give the same bits; libm's
+ * expf would differ between its scalar and any vector form.
+ */
+#define EXP_LO -87.0f
+#define EXP_HI 88.0f
+static const float exp_c[7] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720};
+
+static float exp_c1(float x)
+{
+    x = x < EXP_LO ? EXP_LO : x > EXP_HI ? EXP_HI : x;
+    float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, x);
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = exp_c[6];
+    for (int k = 5; k >= 0; k--) p = fmaf(p, r, exp_c[k]);
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* GELU, tanh approximation (GPT-2's "gelu_new"), with
+ * tanh(u) = 1 - 2 / (exp(2u) + 1). */
+static float gelu_c1(float v)
+{
+    float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+    float t = 1.0f - 2.0f / (exp_c1(2.0f * u) + 1.0f);
+    return 0.5f * v * (1.0f + t);
+}
+
+#if HAVE_X86
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 exp_avx2(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(exp_c[6]);
+    for (int k = 5; k >= 0; k--) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_c[k]));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+__attribute__((target("avx2,fma"))) static void gelu_avx2(float *x, size_t n)
+{
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f),
+                 two = _mm256_set1_ps(2.0f), s = _mm256_set1_ps(0.7978845608028654f),
+                 a = _mm256_set1_ps(0.044715f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        /* the scalar expression, operation by operation: ((a * v) * v) * v */
+        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(a, v), v), v);
+        __m256 u = _mm256_mul_ps(s, _mm256_add_ps(v, cube));
+        __m256 e = exp_avx2(_mm256_mul_ps(two, u));
+        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, t)));
+    }
+    for (; i < n; i++) x[i] = gelu_c1(x[i]);
+}
+
+/* x[i] = exp(x[i] - m), returning the sum in lane order then the tail. */
+__attribute__((target("avx2,fma"))) static float exp_sub_sum_avx2(float *x, size_t n, float m)
+{
+    __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float s = hsum8(acc);
+    for (; i < n; i++) {
+        x[i] = exp_c1(x[i] - m);
+        s += x[i];
+    }
+    return s;
+}
+#endif
+
+/* The portable twin of exp_sub_sum_avx2: eight lanes, the same tree. */
+static float exp_sub_sum_c(float *x, size_t n, float m)
+{
+    float l[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            x[i + j] = exp_c1(x[i + j] - m);
+            l[j] += x[i + j];
+        }
+    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < n; i++) {
+        x[i] = exp_c1(x[i] - m);
+        s += x[i];
+    }
+    return s;
+}
+
+static float exp_sub_sum(float *x, size_t n, float m)
+{
+#if HAVE_X86
+    if (use_avx2()) return exp_sub_sum_avx2(x, n, m);
+#endif
+    return exp_sub_sum_c(x, n, m);
 }
 
 /* ---- Layer norm and GELU, by rows ----------------------------------------- */
@@ -407,17 +647,18 @@ typedef struct {
 
 #define GELU_CHUNK 4096
 
-/* GELU, tanh approximation (GPT-2's "gelu_new"). */
 static void gelu_task(void *arg, size_t begin, size_t end, size_t tid)
 {
     (void)tid;
     const gelu_ctx *c = arg;
-    const float s = 0.7978845608028654f; /* sqrt(2 / pi) */
-    size_t i1 = end * GELU_CHUNK < c->n ? end * GELU_CHUNK : c->n;
-    for (size_t i = begin * GELU_CHUNK; i < i1; i++) {
-        float v = c->x[i];
-        c->x[i] = 0.5f * v * (1.0f + tanhf(s * (v + 0.044715f * v * v * v)));
+    size_t i0 = begin * GELU_CHUNK, i1 = end * GELU_CHUNK < c->n ? end * GELU_CHUNK : c->n;
+#if HAVE_X86
+    if (use_avx2()) {
+        gelu_avx2(c->x + i0, i1 - i0);
+        return;
     }
+#endif
+    for (size_t i = i0; i < i1; i++) c->x[i] = gelu_c1(c->x[i]);
 }
 
 void op_gelu(op_pool *pool, float *x, size_t n)
@@ -482,11 +723,7 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
             scores[s] = d;
             if (d > maxv) maxv = d;
         }
-        float sum = 0;
-        for (size_t s = 0; s <= p; s++) {
-            scores[s] = expf(scores[s] - maxv);
-            sum += scores[s];
-        }
+        float sum = exp_sub_sum(scores, p + 1, maxv);
         float inv = 1.0f / sum;
         float *o = c->att + t * C + h * c->HS;
         memset(o, 0, c->HS * sizeof *o);

@@ -54,9 +54,33 @@ typedef struct {
     uint64_t sum;
 } bw_arg;
 
+/* Reads with the widest loads the engine uses (AVX2 where there is one): a
+ * scalar loop under-reports the bandwidth by about a quarter here. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static uint64_t bw_read_avx2(const uint64_t *p, size_t n)
+{
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        s0 = _mm256_xor_si256(s0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        s1 = _mm256_xor_si256(s1, _mm256_loadu_si256((const __m256i *)(p + i + 4)));
+        s2 = _mm256_xor_si256(s2, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
+        s3 = _mm256_xor_si256(s3, _mm256_loadu_si256((const __m256i *)(p + i + 12)));
+    }
+    __m256i s = _mm256_xor_si256(_mm256_xor_si256(s0, s1), _mm256_xor_si256(s2, s3));
+    return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
+}
+#endif
+
 static void *bw_read(void *arg)
 {
     bw_arg *a = arg;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2")) {
+        a->sum = bw_read_avx2(a->p, a->n);
+        return NULL;
+    }
+#endif
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i + 4 <= a->n; i += 4) {
         s0 += a->p[i];
