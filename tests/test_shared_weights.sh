@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/test_shared_weights.sh GPT2D HOLD_MODEL: two processes that map the
+# same aligned checkpoint share one copy of the weights in the page cache
+# (each one's Pss is about half the file), while a misaligned checkpoint
+# costs each process a private copy. Reads /proc/PID/smaps_rollup.
+set -euo pipefail
+gpt2d=$1 hold=$2
+dir=$(mktemp -d /tmp/gpt2d-pss-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+mkdir "$dir/mis" "$dir/al"
+# 4 layers of width 512 and GPT-2's vocabulary: ~154 MB of weights.
+"$gpt2d" synth "$dir/mis/model.safetensors" --layers 4 --embd 512 --heads 8 --misaligned --mask-buffers
+"$gpt2d" convert "$dir/mis/model.safetensors" "$dir/al/model.safetensors"
+cp "$dir/mis/config.json" "$dir/al/"
+"$gpt2d" inspect "$dir/al/model.safetensors" | grep -q ' 0 misaligned$' || fail "convert left misaligned tensors"
+weights_kb=$(( $(stat -c %s "$dir/al/model.safetensors") / 1024 ))
+
+field() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/smaps_rollup"; }
+
+measure() { # model dir -> "pss_a anon_a pss_b anon_b" (kB)
+    local fifo_a="$dir/in_a" fifo_b="$dir/in_b" out=""
+    mkfifo "$fifo_a" "$fifo_b"
+    "$hold" "$1" < "$fifo_a" > "$dir/ready_a" & local a=$!
+    exec 7>"$fifo_a"
+    "$hold" "$1" < "$fifo_b" > "$dir/ready_b" & local b=$!
+    exec 8>"$fifo_b"
+    pids+=("$a" "$b")
+    for _ in $(seq 600); do
+        grep -q ready "$dir/ready_a" 2>/dev/null && grep -q ready "$dir/ready_b" 2>/dev/null && break
+        sleep 0.1
+    done
+    grep -q ready "$dir/ready_a" && grep -q ready "$dir/ready_b" || fail "holders did not start"
+    out="$(field $a Pss) $(field $a Pss_Anon) $(field $b Pss) $(field $b Pss_Anon)"
+    exec 7>&- 8>&-
+    wait "$a" "$b"
+    rm -f "$fifo_a" "$fifo_b"
+    echo "$out"
+}
+
+read -r pa aa pb ab <<< "$(measure "$dir/al")"
+read -r ma mana mb manb <<< "$(measure "$dir/mis")"
+echo "weights ${weights_kb} kB"
+echo "aligned:    Pss ${pa} + ${pb} kB, of which private (Pss_Anon) ${aa} + ${ab} kB"
+echo "misaligned: Pss ${ma} + ${mb} kB, of which private (Pss_Anon) ${mana} + ${manb} kB"
+# Aligned: each holds about half of the shared file pages, little private.
+for p in "$pa" "$pb"; do
+    [ "$p" -lt $(( weights_kb * 3 / 4 )) ] || fail "aligned Pss $p kB is not shared (weights $weights_kb kB)"
+done
+for p in "$aa" "$ab"; do
+    [ "$p" -lt $(( weights_kb / 5 )) ] || fail "aligned private memory $p kB"
+done
+# Misaligned: each holds a private copy.
+for p in "$mana" "$manb"; do
+    [ "$p" -gt $(( weights_kb * 9 / 10 )) ] || fail "misaligned private memory $p kB is not a full copy"
+done
+echo "shared weights: ok"
