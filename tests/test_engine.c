@@ -142,33 +142,35 @@ START_TEST(eng_forward_is_batch_invariant_bitwise)
 }
 END_TEST
 
-/* 40 tokens: a full prefill takes the packed-tile matmul (more than 12
- * rows), a decode the streaming one; both must give the same bits. */
-static const int32_t toks_long[40] = {3, 141, 59, 26, 5, 358, 97, 93, 238, 46, 1, 2, 3, 4,
+/* 60 tokens: a full prefill takes the packed-tile matmul (more than 48
+ * rows), a decode the k-blocked one; both must give the same bits. */
+static const int32_t toks_long[60] = {3, 141, 59, 26, 5, 358, 97, 93, 238, 46, 1, 2, 3, 4,
                                       5, 6, 7, 8, 9, 10, 400, 401, 402, 403, 404, 405, 406,
-                                      407, 408, 409, 499, 0, 17, 17, 17, 250, 251, 252, 253, 254};
+                                      407, 408, 409, 499, 0, 17, 17, 17, 250, 251, 252, 253, 254,
+                                      60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73,
+                                      74, 75, 76, 77, 78, 79};
 
 START_TEST(eng_forward_incremental_equals_full_prefill)
 {
     eng_model *m = load("aligned");
     size_t V = eng_model_config(m)->n_vocab;
-    float *full = malloc(40 * V * sizeof *full), *inc = malloc(40 * V * sizeof *inc);
+    float *full = malloc(60 * V * sizeof *full), *inc = malloc(60 * V * sizeof *inc);
     eng_kv *kv;
     eng_workspace *w;
     eng_seq s = {0}, t = {0};
     char err[256];
     ck_assert_int_eq(eng_kv_new(m, 1 << 20, 4, &kv, err, sizeof err), ENG_OK);
-    ck_assert_int_eq(eng_workspace_new(m, 48, 2, &w), ENG_OK);
-    ck_assert_int_eq(eng_kv_reserve(kv, &s, 40), ENG_OK);
-    ck_assert_int_eq(eng_kv_reserve(kv, &t, 40), ENG_OK);
-    eng_item it = {.seq = &s, .tokens = toks_long, .n = 40, .want = ENG_LOGITS_ALL, .logits = full};
+    ck_assert_int_eq(eng_workspace_new(m, 64, 2, &w), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &s, 60), ENG_OK);
+    ck_assert_int_eq(eng_kv_reserve(kv, &t, 60), ENG_OK);
+    eng_item it = {.seq = &s, .tokens = toks_long, .n = 60, .want = ENG_LOGITS_ALL, .logits = full};
     ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
-    for (size_t k = 0; k < 40; k++) {
+    for (size_t k = 0; k < 60; k++) {
         it = (eng_item){.seq = &t, .tokens = toks_long + k, .n = 1, .want = ENG_LOGITS_LAST,
                         .logits = inc + k * V};
         ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
     }
-    ck_assert_mem_eq(full, inc, 40 * V * sizeof(float));
+    ck_assert_mem_eq(full, inc, 60 * V * sizeof(float));
     eng_kv_release(kv, &s);
     eng_kv_release(kv, &t);
     eng_workspace_free(w);

@@ -47,13 +47,18 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
             ok = False
     # The portable C kernels and the AVX2-only kernels must give the very
     # bits of the default (widest) ones: every path has one reduction order.
-    base = subprocess.run([engine_logits, "all", d] + sids, capture_output=True, check=True).stdout
-    for level in ("avx2", "portable"):
-        other = subprocess.run([engine_logits, "all", d] + sids, capture_output=True, check=True,
-                               env=dict(os.environ, GPT2D_KERNELS=level)).stdout
-        same = other == base
-        print(f"GPT2D_KERNELS={level}: {'bitwise identical' if same else 'DIFFERENT'}")
-        ok = ok and same
+    # 60 tokens take the packed matmul tiles (more than 48 rows), 19 the
+    # k-blocked ones.
+    for probe in (sids, (sids * 4)[:60]):
+        base = subprocess.run([engine_logits, "all", d] + probe, capture_output=True,
+                              check=True).stdout
+        for level in ("avx2", "portable"):
+            other = subprocess.run([engine_logits, "all", d] + probe, capture_output=True,
+                                   check=True, env=dict(os.environ, GPT2D_KERNELS=level)).stdout
+            same = other == base
+            print(f"{len(probe)} tokens, GPT2D_KERNELS={level}: "
+                  f"{'bitwise identical' if same else 'DIFFERENT'}")
+            ok = ok and same
     greedy_ref = json.loads(subprocess.run([ref, "greedy", d, str(ngen)] + sids,
                                            capture_output=True, check=True).stdout)
     out = json.loads(subprocess.run([gpt2d, "generate", "--model", d, "--prompt", prompt,
