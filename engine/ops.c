@@ -706,6 +706,53 @@ static void axpy(float *y, float a, const float *x, size_t n)
 
 /* Causal attention of one (row, head) over the row's sequence, positions
  * 0..p in order; K and V of this step's rows are already in the cache. */
+#if HAVE_X86
+/* Head size 64 (every GPT-2): q and the output row stay in four registers
+ * for the whole row; the same operations as op_dot and axpy per element. */
+__attribute__((target("avx512f"))) static float att_scores64_avx512(float *scores,
+                                                                     const float *q,
+                                                                     const att_ctx *c,
+                                                                     const eng_seq *seq,
+                                                                     size_t h, size_t p,
+                                                                     float scale)
+{
+    __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32),
+           q3 = _mm512_loadu_ps(q + 48);
+    float maxv = -INFINITY;
+    for (size_t s = 0; s <= p; s++) {
+        const float *k = kv_at(c->kv, seq, c->l, 0, s) + h * 64;
+        __m512 acc = _mm512_fmadd_ps(q0, _mm512_loadu_ps(k), _mm512_setzero_ps());
+        acc = _mm512_fmadd_ps(q1, _mm512_loadu_ps(k + 16), acc);
+        acc = _mm512_fmadd_ps(q2, _mm512_loadu_ps(k + 32), acc);
+        acc = _mm512_fmadd_ps(q3, _mm512_loadu_ps(k + 48), acc);
+        float d = hsum16(acc) * scale;
+        scores[s] = d;
+        if (d > maxv) maxv = d;
+    }
+    return maxv;
+}
+
+__attribute__((target("avx512f"))) static void att_av64_avx512(float *o, const float *scores,
+                                                                float inv, const att_ctx *c,
+                                                                const eng_seq *seq, size_t h,
+                                                                size_t p)
+{
+    __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+    for (size_t s = 0; s <= p; s++) {
+        const float *v = kv_at(c->kv, seq, c->l, 1, s) + h * 64;
+        __m512 w = _mm512_set1_ps(scores[s] * inv);
+        o0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v), o0);
+        o1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16), o1);
+        o2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 32), o2);
+        o3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 48), o3);
+    }
+    _mm512_storeu_ps(o, o0);
+    _mm512_storeu_ps(o + 16, o1);
+    _mm512_storeu_ps(o + 32, o2);
+    _mm512_storeu_ps(o + 48, o3);
+}
+#endif
+
 static void att_task(void *arg, size_t begin, size_t end, size_t tid)
 {
     const att_ctx *c = arg;
@@ -717,6 +764,15 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
         const eng_seq *seq = c->items[c->row_item[t]].seq;
         size_t p = c->row_pos[t];
         const float *q = c->qkv + t * 3 * C + h * c->HS;
+        float *o = c->att + t * C + h * c->HS;
+#if HAVE_X86
+        if (c->HS == 64 && use_avx512()) {
+            float mx = att_scores64_avx512(scores, q, c, seq, h, p, scale);
+            float inv64 = 1.0f / exp_sub_sum(scores, p + 1, mx);
+            att_av64_avx512(o, scores, inv64, c, seq, h, p);
+            continue;
+        }
+#endif
         float maxv = -INFINITY;
         for (size_t s = 0; s <= p; s++) {
             float d = op_dot(q, kv_at(c->kv, seq, c->l, 0, s) + h * c->HS, c->HS) * scale;
@@ -725,7 +781,6 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
         }
         float sum = exp_sub_sum(scores, p + 1, maxv);
         float inv = 1.0f / sum;
-        float *o = c->att + t * C + h * c->HS;
         memset(o, 0, c->HS * sizeof *o);
         for (size_t s = 0; s <= p; s++)
             axpy(o, scores[s] * inv, kv_at(c->kv, seq, c->l, 1, s) + h * c->HS, c->HS);

@@ -48,15 +48,24 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
     # The portable C kernels and the AVX2-only kernels must give the very
     # bits of the default (widest) ones: every path has one reduction order.
     # 60 tokens take the packed matmul tiles (more than 48 rows), 19 the
-    # k-blocked ones.
-    for probe in (sids, (sids * 4)[:60]):
-        base = subprocess.run([engine_logits, "all", d] + probe, capture_output=True,
+    # k-blocked ones; a second model has GPT-2's head size of 64, which has
+    # its own attention kernel.
+    d64 = os.path.join(d, "hs64")
+    os.mkdir(d64)
+    subprocess.run([gpt2d, "synth", os.path.join(d64, "model.safetensors"), "--layers", "2",
+                    "--embd", "128", "--heads", "2", "--ctx", "128", "--vocab", "700"],
+                   check=True)
+    probes = [(d, sids), (d, (sids * 4)[:60]),
+              (d64, [str(int(i) % 700) for i in (sids * 4)[:60]])]
+    for model_dir, probe in probes:
+        base = subprocess.run([engine_logits, "all", model_dir] + probe, capture_output=True,
                               check=True).stdout
         for level in ("avx2", "portable"):
-            other = subprocess.run([engine_logits, "all", d] + probe, capture_output=True,
-                                   check=True, env=dict(os.environ, GPT2D_KERNELS=level)).stdout
+            other = subprocess.run([engine_logits, "all", model_dir] + probe,
+                                   capture_output=True, check=True,
+                                   env=dict(os.environ, GPT2D_KERNELS=level)).stdout
             same = other == base
-            print(f"{len(probe)} tokens, GPT2D_KERNELS={level}: "
+            print(f"{os.path.basename(model_dir)} {len(probe)} tokens, GPT2D_KERNELS={level}: "
                   f"{'bitwise identical' if same else 'DIFFERENT'}")
             ok = ok and same
     greedy_ref = json.loads(subprocess.run([ref, "greedy", d, str(ngen)] + sids,

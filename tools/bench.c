@@ -62,10 +62,10 @@ __attribute__((target("avx2"))) static uint64_t bw_read_avx2(const uint64_t *p, 
 {
     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
     for (size_t i = 0; i + 16 <= n; i += 16) {
-        s0 = _mm256_xor_si256(s0, _mm256_loadu_si256((const __m256i *)(p + i)));
-        s1 = _mm256_xor_si256(s1, _mm256_loadu_si256((const __m256i *)(p + i + 4)));
-        s2 = _mm256_xor_si256(s2, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
-        s3 = _mm256_xor_si256(s3, _mm256_loadu_si256((const __m256i *)(p + i + 12)));
+        s0 = _mm256_xor_si256(s0, _mm256_loadu_si256((const void *)(p + i)));
+        s1 = _mm256_xor_si256(s1, _mm256_loadu_si256((const void *)(p + i + 4)));
+        s2 = _mm256_xor_si256(s2, _mm256_loadu_si256((const void *)(p + i + 8)));
+        s3 = _mm256_xor_si256(s3, _mm256_loadu_si256((const void *)(p + i + 12)));
     }
     __m256i s = _mm256_xor_si256(_mm256_xor_si256(s0, s1), _mm256_xor_si256(s2, s3));
     return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
