@@ -204,6 +204,76 @@ START_TEST(eng_model_layouts_give_identical_logits)
 }
 END_TEST
 
+/* Rewrites DIR/aligned's weights as F16 (or BF16) into DIR/half and, with
+ * the same values widened back, as F32 into DIR/rounded: the two must give
+ * identical logits, since the loader's conversion is exact. */
+static void write_half_pair(sft_dtype half)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/aligned/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f);
+    sft_tensor *h = calloc(n, sizeof *h), *r = calloc(n, sizeof *r);
+    void **bufs = calloc(2 * n, sizeof *bufs);
+    for (size_t i = 0; i < n; i++) {
+        const sft_tensor *t = sft_tensor_at(f, i);
+        size_t count = sft_tensor_numel(t);
+        uint16_t *hb = malloc(count * 2 + 2);
+        float *rb = malloc(count * 4 + 4);
+        const float *src = t->data;
+        for (size_t k = 0; k < count; k++) {
+            uint32_t bits;
+            memcpy(&bits, &src[k], 4);
+            /* BF16 by truncation; F16 round to nearest even. */
+            hb[k] = half == SFT_F16 ? sft_f32_to_f16(src[k]) : (uint16_t)(bits >> 16);
+            rb[k] = half == SFT_F16 ? sft_f16_to_f32(hb[k]) : sft_bf16_to_f32(hb[k]);
+        }
+        h[i] = *t;
+        h[i].dtype = half;
+        h[i].data = hb;
+        r[i] = *t;
+        r[i].data = rb;
+        bufs[2 * i] = hb;
+        bufs[2 * i + 1] = rb;
+    }
+    snprintf(p, sizeof p, "%s/half", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/rounded", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/half/model.safetensors", dir);
+    ck_assert_int_eq(sft_save(p, h, n, NULL, 0, NULL, err, sizeof err), SFT_OK);
+    snprintf(p, sizeof p, "%s/rounded/model.safetensors", dir);
+    ck_assert_int_eq(sft_save(p, r, n, NULL, 0, NULL, err, sizeof err), SFT_OK);
+    for (size_t i = 0; i < 2 * n; i++) free(bufs[i]);
+    free(bufs);
+    free(h);
+    free(r);
+    sft_close(f);
+}
+
+START_TEST(eng_model_half_precision_loads_exactly)
+{
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    sft_dtype kinds[2] = {SFT_F16, SFT_BF16};
+    for (int k = 0; k < 2; k++) {
+        write_half_pair(kinds[k]);
+        eng_model *m = load("rounded");
+        run_alone(m, want);
+        eng_model_free(m);
+        m = load("half");
+        ck_assert_uint_gt(eng_model_copied_bytes(m), 0); /* converted into a slab */
+        run_alone(m, got);
+        eng_model_free(m);
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s logits differ",
+                      sft_dtype_name(kinds[k]));
+    }
+    free(want);
+    free(got);
+}
+END_TEST
+
 START_TEST(eng_model_missing_or_misshapen_tensor_is_named)
 {
     char p[320], err[512];
@@ -346,6 +416,7 @@ int main(void)
     tcase_add_test(tc, eng_forward_is_batch_invariant_bitwise);
     tcase_add_test(tc, eng_forward_incremental_equals_full_prefill);
     tcase_add_test(tc, eng_model_layouts_give_identical_logits);
+    tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
     tcase_add_test(tc, eng_forward_rejects_bad_items_before_computing);

@@ -407,6 +407,50 @@ START_TEST(sched_echo_logprobs_bias_and_penalties)
 }
 END_TEST
 
+START_TEST(sched_end_of_text_ends_unless_ignored)
+{
+    /* A model with GPT-2's vocabulary, so that 50256 exists; a +100 bias
+     * makes it the first token. */
+    char sub[320], out[400], err[512];
+    snprintf(sub, sizeof sub, "%s/eot", dir);
+    mkdir(sub, 0755);
+    snprintf(out, sizeof out, "%s/model.safetensors", sub);
+    char *argv[] = {"synth", out, "--layers", "1", "--embd", "64", "--heads", "4", "--ctx",
+                    "64", "--seed", "2"};
+    ck_assert_int_eq(tool_synth(12, argv), 0);
+    eng_model *m;
+    ck_assert_msg(eng_model_load(sub, &m, err, sizeof err) == ENG_OK, "%s", err);
+    eng_sched_opts o = {.kv_bytes = 1 << 20, .block_len = 16, .max_running = 4,
+                        .max_queue = 4, .step_tokens = 64, .threads = 2};
+    eng_sched *s;
+    ck_assert_int_eq(eng_sched_new(m, &o, &s, err, sizeof err), ENG_OK);
+    static rec stop, go;
+    memset(&stop, 0, sizeof stop);
+    memset(&go, 0, sizeof go);
+    int32_t p[3] = {464, 3616, 286};
+    eng_bias eot = {.token = 50256, .bias = 100.0f};
+    eng_request q = {.prompt = p, .nprompt = 3, .max_tokens = 5, .logprobs = -1,
+                     .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 1, .bias = &eot,
+                                  .nbias = 1},
+                     .on_event = on_event, .user = &stop};
+    ck_assert_int_eq(eng_sched_submit(s, &q, &stop.id, err, sizeof err), ENG_OK);
+    q.ignore_eos = 1;
+    q.user = &go;
+    ck_assert_int_eq(eng_sched_submit(s, &q, &go.id, err, sizeof err), ENG_OK);
+    while (eng_sched_step(s)) {
+    }
+    ck_assert_uint_eq(stop.n, 1);
+    ck_assert_int_eq(stop.tokens[0], 50256);
+    ck_assert_int_eq(stop.finish, ENG_FINISH_EOS);
+    ck_assert_uint_eq(go.n, 5);
+    ck_assert_int_eq(go.finish, ENG_FINISH_LENGTH);
+    for (size_t k = 0; k < 5; k++) ck_assert_int_eq(go.tokens[k], 50256);
+    assert_idle(s);
+    eng_sched_free(s);
+    eng_model_free(m);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -420,6 +464,7 @@ int main(void)
     tcase_add_test(tc, sched_queue_overflow_and_impossible_requests_are_refused);
     tcase_add_test(tc, sched_chunked_prefill_keeps_decoders_flowing);
     tcase_add_test(tc, sched_echo_logprobs_bias_and_penalties);
+    tcase_add_test(tc, sched_end_of_text_ends_unless_ignored);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
