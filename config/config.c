@@ -1,0 +1,329 @@
+/*
+ * config/config.c: see config.h. One table describes every key: its type,
+ * range, default (as text, parsed by the same code as any other value) and
+ * meaning.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { K_STR, K_PORT, K_SIZE, K_SECONDS, K_BOOL, K_APIKEY, K_LEVEL } kind;
+
+typedef struct {
+    const char *key;
+    kind k;
+    size_t off, size;    /* field offset; buffer size for strings */
+    double min, max;     /* numbers */
+    const char *def;     /* the default, as text ("" for none) */
+    const char *help;
+} spec;
+
+#define F(field) offsetof(cfg_config, field), sizeof(((cfg_config *)0)->field)
+
+static const spec specs[] = {
+    {"host", K_STR, F(host), 0, 0, "127.0.0.1", "address to listen on"},
+    {"port", K_PORT, F(port), 0, 65535, "8080", "TCP port to listen on (0: any free port)"},
+    {"max_connections", K_SIZE, F(max_connections), 1, 1000000, "1024",
+     "concurrent HTTP connections; LimitNOFILE must exceed it"},
+    {"connection_timeout", K_SECONDS, F(connection_timeout_s), 1, 86400, "60",
+     "seconds an idle keep-alive connection is kept"},
+    {"model", K_STR, F(model_dir), 0, 0, "",
+     "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
+    {"model_name", K_STR, F(model_name), 0, 0, "gpt2",
+     "the model id clients send and /v1/models lists"},
+    {"threads", K_SIZE, F(threads), 0, 1024, "0", "engine threads (0: one per CPU)"},
+    {"kv_cache_mb", K_SIZE, F(kv_cache_mb), 1, 1048576, "2048",
+     "memory for the paged KV cache, in MiB"},
+    {"kv_block", K_SIZE, F(kv_block), 1, 4096, "16", "positions per KV cache block"},
+    {"max_running", K_SIZE, F(max_running), 1, 4096, "64", "sequences decoded together per step"},
+    {"step_tokens", K_SIZE, F(step_tokens), 1, 65536, "512",
+     "rows per step: decode rows plus prefill chunks (bounds decode latency)"},
+    {"max_queue", K_SIZE, F(max_queue), 0, 1000000, "256",
+     "requests waiting for admission before new ones get 429"},
+    {"queue_timeout", K_SECONDS, F(queue_timeout_s), 0, 86400, "60",
+     "seconds a request may wait for admission before it gets 503"},
+    {"max_body_bytes", K_SIZE, F(max_body_bytes), 64, 1073741824, "1048576",
+     "largest request body; larger ones get 413"},
+    {"max_prompt_tokens", K_SIZE, F(max_prompt_tokens), 1, 1048576, "1024",
+     "longest prompt in tokens"},
+    {"max_tokens_limit", K_SIZE, F(max_tokens_limit), 1, 1048576, "1024",
+     "largest max_tokens a request may ask for"},
+    {"max_n", K_SIZE, F(max_n), 1, 128, "16", "largest n and best_of"},
+    {"api_key", K_APIKEY, F(api_keys), 0, 0, "",
+     "a Bearer key clients must send (repeat for several; none: no authentication)"},
+    {"auth_open_health", K_BOOL, F(auth_open_health), 0, 1, "true",
+     "whether /health, /ready and /metrics are open without a key"},
+    {"shutdown_timeout", K_SECONDS, F(shutdown_timeout_s), 0, 86400, "30",
+     "seconds in-flight requests get to finish after SIGTERM"},
+    {"log_level", K_LEVEL, F(log_level), 0, 0, "info", "error, warn, info or debug"},
+};
+
+#undef F
+
+#define NSPECS (sizeof specs / sizeof specs[0])
+
+const char *cfg_strerror(cfg_status s)
+{
+    switch (s) {
+    case CFG_OK: return "ok";
+    case CFG_EIO: return "I/O error";
+    case CFG_ESYNTAX: return "syntax error";
+    case CFG_EKEY: return "unknown key";
+    case CFG_EVALUE: return "bad value";
+    }
+    return "unknown status";
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static cfg_status fail(char *err, size_t errlen, cfg_status s, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return s;
+}
+
+static const spec *find(const char *key)
+{
+    for (size_t i = 0; i < NSPECS; i++)
+        if (strcmp(specs[i].key, key) == 0) return &specs[i];
+    return NULL;
+}
+
+static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, const char *origin,
+                           char *err, size_t errlen)
+{
+    void *field = (char *)c + sp->off; /* written with memcpy: no alignment casts */
+    char *end;
+    switch (sp->k) {
+    case K_STR:
+    case K_LEVEL:
+        if (strlen(value) >= sp->size)
+            return fail(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,
+                        sp->key, sp->size - 1);
+        if (sp->k == K_LEVEL && strcmp(value, "error") != 0 && strcmp(value, "warn") != 0
+            && strcmp(value, "info") != 0 && strcmp(value, "debug") != 0)
+            return fail(err, errlen, CFG_EVALUE,
+                        "%s: %s must be error, warn, info or debug, not '%s'", origin, sp->key,
+                        value);
+        memcpy(field, value, strlen(value) + 1);
+        return CFG_OK;
+    case K_APIKEY: {
+        if (*value == '\0') return CFG_OK; /* the empty default: no key */
+        if (c->n_api_keys == CFG_MAX_KEYS)
+            return fail(err, errlen, CFG_EVALUE, "%s: more than %d api_key values", origin,
+                        CFG_MAX_KEYS);
+        if (strlen(value) >= sizeof c->api_keys[0] || strlen(value) < 8)
+            return fail(err, errlen, CFG_EVALUE, "%s: an api_key must be 8 to %zu characters",
+                        origin, sizeof c->api_keys[0] - 1);
+        for (const char *p = value; *p; p++)
+            if (*p <= ' ' || *p > '~')
+                return fail(err, errlen, CFG_EVALUE,
+                            "%s: an api_key must be printable ASCII without spaces", origin);
+        memcpy(c->api_keys[c->n_api_keys++], value, strlen(value) + 1);
+        return CFG_OK;
+    }
+    case K_BOOL:
+        if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "1") == 0)
+            memcpy(field, &(int){1}, sizeof(int));
+        else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0
+                 || strcmp(value, "0") == 0)
+            memcpy(field, &(int){0}, sizeof(int));
+        else
+            return fail(err, errlen, CFG_EVALUE, "%s: %s must be true or false, not '%s'",
+                        origin, sp->key, value);
+        return CFG_OK;
+    case K_PORT:
+    case K_SIZE: {
+        errno = 0;
+        if (*value == '\0' || *value == '-' || *value == '+') goto bad_number;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (errno != 0 || *end != '\0' || (double)v < sp->min || (double)v > sp->max)
+            goto bad_number;
+        if (sp->k == K_PORT)
+            memcpy(field, &(uint16_t){(uint16_t)v}, sizeof(uint16_t));
+        else
+            memcpy(field, &(size_t){(size_t)v}, sizeof(size_t));
+        return CFG_OK;
+    }
+    case K_SECONDS: {
+        errno = 0;
+        double v = strtod(value, &end);
+        if (*value == '\0' || errno != 0 || *end != '\0' || !isfinite(v) || v < sp->min
+            || v > sp->max)
+            goto bad_number;
+        memcpy(field, &v, sizeof v);
+        return CFG_OK;
+    }
+    }
+    return fail(err, errlen, CFG_EKEY, "%s: %s", origin, sp->key);
+bad_number:
+    return fail(err, errlen, CFG_EVALUE, "%s: %s must be a number from %.0f to %.0f, not '%s'",
+                origin, sp->key, sp->min, sp->max, value);
+}
+
+void cfg_defaults(cfg_config *c)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < NSPECS; i++) {
+        char err[128];
+        /* The table's defaults are valid by construction (cfg tests check). */
+        (void)set_spec(c, &specs[i], specs[i].def, "default", err, sizeof err);
+    }
+}
+
+cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char *origin,
+                   char *err, size_t errlen)
+{
+    const spec *sp = find(key);
+    if (sp == NULL) return fail(err, errlen, CFG_EKEY, "%s: unknown key '%s'", origin, key);
+    return set_spec(c, sp, value, origin, err, errlen);
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t') s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n')) e--;
+    *e = '\0';
+    return s;
+}
+
+cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errlen)
+{
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL) return fail(err, errlen, CFG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char line[8192], origin[CFG_STR_MAX + 32];
+    size_t lineno = 0;
+    cfg_status rc = CFG_OK;
+    while (fgets(line, sizeof line, fp) != NULL) {
+        lineno++;
+        snprintf(origin, sizeof origin, "%s:%zu", path, lineno);
+        if (strchr(line, '\n') == NULL && !feof(fp)) {
+            rc = fail(err, errlen, CFG_ESYNTAX, "%s: line longer than %zu bytes", origin,
+                      sizeof line - 2);
+            break;
+        }
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#') continue;
+        char *eq = strchr(s, '=');
+        if (eq == NULL) {
+            rc = fail(err, errlen, CFG_ESYNTAX, "%s: expected key = value", origin);
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        if (*key == '\0') {
+            rc = fail(err, errlen, CFG_ESYNTAX, "%s: missing key before '='", origin);
+            break;
+        }
+        size_t vlen = strlen(value);
+        if (vlen >= 2 && value[0] == '"' && value[vlen - 1] == '"') { /* "quoted value" */
+            value[vlen - 1] = '\0';
+            value++;
+        }
+        rc = cfg_set(c, key, value, origin, err, errlen);
+        if (rc != CFG_OK) break;
+    }
+    if (rc == CFG_OK && ferror(fp)) rc = fail(err, errlen, CFG_EIO, "%s: read error", path);
+    fclose(fp);
+    return rc;
+}
+
+cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char *err,
+                          size_t errlen)
+{
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
+            return fail(err, errlen, CFG_ESYNTAX, "unexpected argument '%s'", a);
+        char key[128];
+        const char *value;
+        const char *eq = strchr(a, '=');
+        size_t klen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (klen >= sizeof key) return fail(err, errlen, CFG_EKEY, "unknown option '%s'", a);
+        memcpy(key, a + 2, klen);
+        key[klen] = '\0';
+        for (char *p = key; *p; p++)
+            if (*p == '-') *p = '_'; /* --max-queue is max_queue */
+        if (eq != NULL) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return fail(err, errlen, CFG_EVALUE, "--%s needs a value", a + 2);
+            value = argv[++i];
+        }
+        char origin[160];
+        snprintf(origin, sizeof origin, "--%s", a + 2);
+        if (eq != NULL) origin[2 + klen] = '\0';
+        cfg_status rc;
+        if (strcmp(key, "config") == 0)
+            rc = cfg_load_file(c, value, err, errlen);
+        else if (find(key) == NULL)
+            rc = fail(err, errlen, CFG_EKEY, "unknown option '%s'", origin);
+        else
+            rc = cfg_set(c, key, value, origin, err, errlen);
+        if (rc != CFG_OK) return rc;
+    }
+    return CFG_OK;
+}
+
+cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
+{
+    if (c->model_dir[0] == '\0')
+        return fail(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
+    if (c->step_tokens < c->max_running)
+        return fail(err, errlen, CFG_EVALUE,
+                    "step_tokens (%zu) must be at least max_running (%zu): every running "
+                    "sequence needs a row in each step",
+                    c->step_tokens, c->max_running);
+    return CFG_OK;
+}
+
+static const char *kind_name(kind k)
+{
+    switch (k) {
+    case K_STR: return "string";
+    case K_PORT: return "port";
+    case K_SIZE: return "integer";
+    case K_SECONDS: return "seconds";
+    case K_BOOL: return "bool";
+    case K_APIKEY: return "string, repeatable";
+    case K_LEVEL: return "level";
+    }
+    return "?";
+}
+
+void cfg_print_help(FILE *out)
+{
+    for (size_t i = 0; i < NSPECS; i++) {
+        const spec *sp = &specs[i];
+        char opt[64];
+        snprintf(opt, sizeof opt, "--%s", sp->key);
+        for (char *p = opt + 2; *p; p++)
+            if (*p == '_') *p = '-';
+        fprintf(out, "  %-24s %s (%s; default: %s)\n", opt, sp->help, kind_name(sp->k),
+                sp->def[0] ? sp->def : "none");
+    }
+    fprintf(out, "  %-24s read a config file (key = value lines) at this point\n", "--config FILE");
+}
+
+void cfg_print_defaults(FILE *out)
+{
+    fprintf(out, "# gpt2d configuration: every key with its default.\n"
+                 "# Command-line options (--key value) override this file.\n");
+    for (size_t i = 0; i < NSPECS; i++) {
+        const spec *sp = &specs[i];
+        fprintf(out, "\n# %s (%s)\n%s%s = %s\n", sp->help, kind_name(sp->k),
+                sp->def[0] ? "" : "# ", sp->key, sp->def[0] ? sp->def : "...");
+    }
+}

@@ -1,0 +1,97 @@
+/*
+ * config/config.h: gpt2d serve's configuration, one validated struct.
+ *
+ * Sources, lowest first: built-in defaults < a config file (`key = value`
+ * lines, `#` comments, blank lines) < the command line (`--key value` or
+ * `--key=value`; every key is also a long option). An unknown key or a bad
+ * value is an error whose message names the key and where it came from
+ * (`FILE:LINE` or `--key`). The table of keys is the one place that knows
+ * them: the parser, `gpt2d serve --help` and docs/operations.md all come
+ * from it.
+ *
+ * Prefix: cfg_. Knows nothing of HTTP or the engine. Thread: any (no state).
+ */
+#ifndef GPT2D_CONFIG_CONFIG_H
+#define GPT2D_CONFIG_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    CFG_OK = 0,
+    CFG_EIO = 1,     /* the file cannot be read                  */
+    CFG_ESYNTAX = 2, /* a line that is not `key = value`          */
+    CFG_EKEY = 3,    /* an unknown key                            */
+    CFG_EVALUE = 4   /* a value of the wrong type or out of range */
+} cfg_status;
+
+#define CFG_MAX_KEYS 16   /* API keys */
+#define CFG_STR_MAX 4096  /* paths and other strings */
+
+typedef struct {
+    /* Listening */
+    char host[256];
+    uint16_t port;
+    size_t max_connections;
+    double connection_timeout_s; /* idle keep-alive connections */
+    /* The model */
+    char model_dir[CFG_STR_MAX];
+    char model_name[128];        /* the `model` clients must send */
+    /* The engine */
+    size_t threads;              /* 0: one per CPU */
+    size_t kv_cache_mb;
+    size_t kv_block;             /* positions per KV block */
+    size_t max_running;          /* sequences per step */
+    size_t step_tokens;          /* rows per step (prefill chunk budget) */
+    size_t max_queue;            /* waiting requests before 429 */
+    double queue_timeout_s;      /* longest wait for admission before 503 */
+    /* Request limits */
+    size_t max_body_bytes;
+    size_t max_prompt_tokens;
+    size_t max_tokens_limit;     /* ceiling for `max_tokens` */
+    size_t max_n;                /* ceiling for `n` and `best_of` */
+    /* Access */
+    char api_keys[CFG_MAX_KEYS][128];
+    size_t n_api_keys;
+    int auth_open_health;        /* 1: /health, /ready, /metrics need no key */
+    /* Operation */
+    double shutdown_timeout_s;
+    char log_level[16];          /* error, warn, info, debug */
+} cfg_config;
+
+const char *cfg_strerror(cfg_status s);
+
+/* Fills c with the built-in defaults. */
+void cfg_defaults(cfg_config *c);
+
+/*
+ * Sets one key from text. origin names where the value came from, for the
+ * message ("/etc/gpt2d/gpt2d.conf:12" or "--port"). `api_key` may be given
+ * several times (each adds a key); every other key replaces its value.
+ */
+cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char *origin,
+                   char *err, size_t errlen);
+
+/* Reads a config file into c (on top of what c holds). Borrows path. */
+cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errlen);
+
+/*
+ * Applies command-line options argv[first..argc) (`--key value`,
+ * `--key=value`); `--config FILE` is read in place, so later options win.
+ * Stops at the first error.
+ */
+cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char *err,
+                          size_t errlen);
+
+/* Cross-key checks (e.g. step_tokens >= max_running). */
+cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen);
+
+/* Every key with its type, default and meaning, one per line. */
+void cfg_print_help(FILE *out);
+
+/* The config file form of every key and its default (the shipped
+ * deploy/gpt2d.conf is this output). */
+void cfg_print_defaults(FILE *out);
+
+#endif

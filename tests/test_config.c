@@ -1,0 +1,209 @@
+/* tests/test_config.c: config/ (defaults < file < command line). */
+#include "config.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static char path[256];
+
+static void write_conf(const char *text)
+{
+    mkdtemp_template(path, sizeof path, "/tmp/gpt2d-test-cfg-");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static void drop_conf(void)
+{
+    unlink(path);
+}
+
+START_TEST(cfg_defaults_are_the_documented_ones)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    ck_assert_str_eq(c.host, "127.0.0.1");
+    ck_assert_uint_eq(c.port, 8080);
+    ck_assert_str_eq(c.model_name, "gpt2");
+    ck_assert_uint_eq(c.max_queue, 256);
+    ck_assert_uint_eq(c.n_api_keys, 0);
+    ck_assert_int_eq(c.auth_open_health, 1);
+    ck_assert(c.shutdown_timeout_s == 30.0);
+    ck_assert_str_eq(c.log_level, "info");
+}
+END_TEST
+
+START_TEST(cfg_print_defaults_reads_back_to_the_defaults)
+{
+    char *buf;
+    size_t len;
+    FILE *mem = open_memstream(&buf, &len);
+    cfg_print_defaults(mem);
+    fclose(mem);
+    write_conf(buf);
+    free(buf);
+    cfg_config a, b;
+    cfg_defaults(&a);
+    memset(&b, 0x5A, sizeof b);
+    cfg_defaults(&b);
+    char err[256];
+    ck_assert_msg(cfg_load_file(&b, path, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_mem_eq(&a, &b, sizeof a);
+    drop_conf();
+}
+END_TEST
+
+START_TEST(cfg_load_file_reads_keys_comments_and_quotes)
+{
+    write_conf("# a comment\n\n  port = 9001  \r\nhost=\"0.0.0.0\"\nmax_queue = 3\n"
+               "api_key = secret-key-1\napi_key = secret-key-2\nqueue_timeout = 2.5\n"
+               "auth_open_health = false\nmodel = /srv/models/gpt2\n");
+    cfg_config c;
+    cfg_defaults(&c);
+    char err[256];
+    ck_assert_msg(cfg_load_file(&c, path, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_uint_eq(c.port, 9001);
+    ck_assert_str_eq(c.host, "0.0.0.0");
+    ck_assert_uint_eq(c.max_queue, 3);
+    ck_assert_uint_eq(c.n_api_keys, 2);
+    ck_assert_str_eq(c.api_keys[1], "secret-key-2");
+    ck_assert(c.queue_timeout_s == 2.5);
+    ck_assert_int_eq(c.auth_open_health, 0);
+    ck_assert_str_eq(c.model_dir, "/srv/models/gpt2");
+    drop_conf();
+}
+END_TEST
+
+static const struct {
+    const char *text;
+    cfg_status status;
+    const char *words;
+} bad_files[] = {
+    {"port = 8080\nbogus = 1\n", CFG_EKEY, ":2: unknown key 'bogus'"},
+    {"port = 70000\n", CFG_EVALUE, ":1: port must be a number from 0 to 65535, not '70000'"},
+    {"port = -1\n", CFG_EVALUE, "port must be a number"},
+    {"max_queue = 1e3\n", CFG_EVALUE, "max_queue"},
+    {"max_running = 0\n", CFG_EVALUE, "max_running"},
+    {"threads = 12abc\n", CFG_EVALUE, "threads"},
+    {"queue_timeout = nan\n", CFG_EVALUE, "queue_timeout"},
+    {"auth_open_health = maybe\n", CFG_EVALUE, "true or false"},
+    {"log_level = loud\n", CFG_EVALUE, "error, warn, info or debug"},
+    {"api_key = short\n", CFG_EVALUE, "8 to"},
+    {"api_key = has space\n", CFG_EVALUE, "printable ASCII without spaces"},
+    {"\n\njust words\n", CFG_ESYNTAX, ":3: expected key = value"},
+    {" = 5\n", CFG_ESYNTAX, "missing key"},
+};
+
+START_TEST(cfg_load_file_errors_name_the_line)
+{
+    write_conf(bad_files[_i].text);
+    cfg_config c;
+    cfg_defaults(&c);
+    char err[512];
+    ck_assert_int_eq(cfg_load_file(&c, path, err, sizeof err), bad_files[_i].status);
+    ck_assert_msg(strstr(err, bad_files[_i].words) != NULL, "'%s' lacks '%s'", err,
+                  bad_files[_i].words);
+    ck_assert_msg(strstr(err, path) != NULL, "'%s' lacks the file", err);
+    drop_conf();
+}
+END_TEST
+
+START_TEST(cfg_parse_args_defaults_then_file_then_options)
+{
+    write_conf("port = 9001\nmax_queue = 3\n");
+    char *argv[] = {"serve", "--max-queue=7", "--config", path, "--host", "::1",
+                    "--model", "/m", "--max_running", "8"};
+    cfg_config c;
+    cfg_defaults(&c);
+    char err[256];
+    ck_assert_msg(cfg_parse_args(&c, 10, argv, 1, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_uint_eq(c.port, 9001);     /* from the file */
+    ck_assert_uint_eq(c.max_queue, 3);   /* the file came after --max-queue=7 */
+    ck_assert_str_eq(c.host, "::1");
+    ck_assert_uint_eq(c.max_running, 8);
+    ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_OK);
+    drop_conf();
+}
+END_TEST
+
+START_TEST(cfg_parse_args_errors)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    char err[256];
+    char *a1[] = {"serve", "--bogus", "1"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, a1, 1, err, sizeof err), CFG_EKEY);
+    ck_assert_ptr_nonnull(strstr(err, "--bogus"));
+    char *a2[] = {"serve", "--port"};
+    ck_assert_int_eq(cfg_parse_args(&c, 2, a2, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "needs a value"));
+    char *a3[] = {"serve", "--port=abc"};
+    ck_assert_int_eq(cfg_parse_args(&c, 2, a3, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "--port: port must be"));
+    char *a4[] = {"serve", "stray"};
+    ck_assert_int_eq(cfg_parse_args(&c, 2, a4, 1, err, sizeof err), CFG_ESYNTAX);
+    char *a5[] = {"serve", "--config", "/nonexistent/gpt2d.conf"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, a5, 1, err, sizeof err), CFG_EIO);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/gpt2d.conf"));
+}
+END_TEST
+
+START_TEST(cfg_validate_cross_checks)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    char err[256];
+    ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "model"));
+    ck_assert_int_eq(cfg_set(&c, "model", "/m", "test", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&c, "step_tokens", "8", "test", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "step_tokens (8) must be at least max_running (64)"));
+    for (int i = 0; i < 16; i++) ck_assert_int_eq(cfg_set(&c, "api_key", "abcdefgh", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&c, "api_key", "abcdefgh", "t", err, sizeof err), CFG_EVALUE);
+    for (int s = 0; s <= CFG_EVALUE; s++) ck_assert_str_ne(cfg_strerror((cfg_status)s), "unknown status");
+}
+END_TEST
+
+START_TEST(cfg_print_help_lists_every_key)
+{
+    char *buf;
+    size_t len;
+    FILE *mem = open_memstream(&buf, &len);
+    cfg_print_help(mem);
+    fclose(mem);
+    static const char *keys[] = {"--host", "--port", "--model ", "--kv-cache-mb", "--max-queue",
+                                 "--api-key", "--shutdown-timeout", "--config FILE"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        ck_assert_msg(strstr(buf, keys[i]) != NULL, "help lacks %s", keys[i]);
+    free(buf);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("cfg");
+    tcase_add_test(tc, cfg_defaults_are_the_documented_ones);
+    tcase_add_test(tc, cfg_print_defaults_reads_back_to_the_defaults);
+    tcase_add_test(tc, cfg_load_file_reads_keys_comments_and_quotes);
+    tcase_add_loop_test(tc, cfg_load_file_errors_name_the_line, 0,
+                        (int)(sizeof bad_files / sizeof bad_files[0]));
+    tcase_add_test(tc, cfg_parse_args_defaults_then_file_then_options);
+    tcase_add_test(tc, cfg_parse_args_errors);
+    tcase_add_test(tc, cfg_validate_cross_checks);
+    tcase_add_test(tc, cfg_print_help_lists_every_key);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
