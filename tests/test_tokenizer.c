@@ -608,6 +608,129 @@ START_TEST(utf8_stream_random_bytes_match_the_reference)
 }
 END_TEST
 
+/* ---- Stop strings ---------------------------------------------------------- */
+
+/* Feeds pieces; returns everything released (including the final flush). */
+static size_t stop_run(const char *const *stops, size_t nstops, const char *const *pieces,
+                       size_t npieces, char *out, int *stopped)
+{
+    size_t lens[8];
+    for (size_t i = 0; i < nstops; i++) lens[i] = strlen(stops[i]);
+    stop_matcher *m = stop_new(stops, lens, nstops);
+    ck_assert_ptr_nonnull(m);
+    size_t o = 0;
+    *stopped = 0;
+    for (size_t i = 0; i < npieces; i++) {
+        int st;
+        size_t w = stop_feed(m, pieces[i], strlen(pieces[i]), out + o, &st);
+        ck_assert(w != (size_t)-1);
+        o += w;
+        if (st) *stopped = 1;
+    }
+    o += stop_flush(m, out + o);
+    out[o] = '\0';
+    stop_free(m);
+    return o;
+}
+
+START_TEST(stop_feed_spanning_tokens_never_leaks)
+{
+    char out[256];
+    int stopped;
+    static const char *const s1[] = {"\n\n"};
+    static const char *const p1[] = {"Hello", "\n", "\nWorld"};
+    stop_run(s1, 1, p1, 3, out, &stopped);
+    ck_assert_str_eq(out, "Hello");
+    ck_assert(stopped);
+
+    /* A partial match is held, then released when it turns out not to be one. */
+    static const char *const s2[] = {"END"};
+    size_t lens[] = {3};
+    stop_matcher *m = stop_new(s2, lens, 1);
+    int st;
+    ck_assert_uint_eq(stop_feed(m, "abcE", 4, out, &st), 3);
+    ck_assert_uint_eq(stop_held(m), 1);
+    ck_assert_uint_eq(stop_feed(m, "N", 1, out, &st), 0);
+    ck_assert_uint_eq(stop_held(m), 2);
+    ck_assert_uint_eq(stop_feed(m, "x", 1, out, &st), 3);
+    ck_assert_mem_eq(out, "ENx", 3);
+    ck_assert(!st);
+    stop_free(m);
+
+    /* The earliest occurrence wins among several stop strings. */
+    static const char *const s3[] = {"bc", "abcd"};
+    static const char *const p3[] = {"xa", "bcd"};
+    stop_run(s3, 2, p3, 2, out, &stopped);
+    ck_assert_str_eq(out, "x");
+    /* Multi-byte stop strings across pieces; nothing after a stop. */
+    static const char *const s4[] = {"日本"};
+    static const char *const p4[] = {"x日", "本y", "more"};
+    stop_run(s4, 1, p4, 3, out, &stopped);
+    ck_assert_str_eq(out, "x");
+    /* No stop: everything comes out, the held tail at the flush. */
+    static const char *const p5[] = {"a\n", "b\n"};
+    stop_run(s1, 1, p5, 2, out, &stopped);
+    ck_assert_str_eq(out, "a\nb\n");
+    ck_assert(!stopped);
+    /* Empty stop strings are ignored. */
+    static const char *const s6[] = {""};
+    static const char *const p6[] = {"abc"};
+    stop_run(s6, 1, p6, 1, out, &stopped);
+    ck_assert_str_eq(out, "abc");
+}
+END_TEST
+
+START_TEST(stop_feed_random_pieces_match_a_reference)
+{
+    uint64_t x = 12345;
+#define NEXT() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    char text[64], out[256];
+    for (int iter = 0; iter < 20000; iter++) {
+        size_t n = NEXT() % 40;
+        for (size_t i = 0; i < n; i++) text[i] = "ab\nc"[NEXT() % 4];
+        text[n] = '\0';
+        char stop_a[5], stop_b[5];
+        size_t la = 1 + NEXT() % 4, lb = 1 + NEXT() % 4;
+        for (size_t i = 0; i < la; i++) stop_a[i] = "ab\nc"[NEXT() % 4];
+        for (size_t i = 0; i < lb; i++) stop_b[i] = "ab\nc"[NEXT() % 4];
+        stop_a[la] = stop_b[lb] = '\0';
+        int has_stop = strstr(text, stop_a) != NULL || strstr(text, stop_b) != NULL;
+        /* Feed in random pieces. */
+        char piece_store[64][64];
+        const char *pieces[64];
+        size_t np = 0, pos = 0;
+        while (pos < n) {
+            size_t k = 1 + NEXT() % 5;
+            if (k > n - pos) k = n - pos;
+            memcpy(piece_store[np], text + pos, k);
+            piece_store[np][k] = '\0';
+            pieces[np] = piece_store[np];
+            np++;
+            pos += k;
+        }
+        const char *stops[2] = {stop_a, stop_b};
+        int stopped;
+        stop_run(stops, 2, pieces, np, out, &stopped);
+        /* Streaming semantics: generation stops at the first piece after
+         * which some stop string is present; the released text is a prefix
+         * of the text, contains no stop string, and (after a stop) is
+         * followed in the text by one. Without a stop it is all the text. */
+        size_t on = strlen(out);
+        ck_assert_msg(on <= n && memcmp(out, text, on) == 0, "'%s' is not a prefix of '%s'",
+                      out, text);
+        ck_assert(strstr(out, stop_a) == NULL && strstr(out, stop_b) == NULL);
+        ck_assert_int_eq(stopped, has_stop);
+        if (stopped)
+            ck_assert_msg(strncmp(text + on, stop_a, la) == 0 || strncmp(text + on, stop_b, lb) == 0,
+                          "text '%s' stops '%s' '%s': '%s' is not followed by a stop", text,
+                          stop_a, stop_b, out);
+        else
+            ck_assert_uint_eq(on, n);
+    }
+#undef NEXT
+}
+END_TEST
+
 static Suite *bpe_suite(void)
 {
     Suite *s = suite_create("tokenizer");
@@ -639,6 +762,11 @@ static Suite *bpe_suite(void)
     tcase_add_loop_test(tc, bpe_load_malformed_files, 0,
                         (int)(sizeof bad_file_cases / sizeof bad_file_cases[0]));
     tcase_add_test(tc, bpe_load_missing_files);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("stop_feed");
+    tcase_add_test(tc, stop_feed_spanning_tokens_never_leaks);
+    tcase_add_test(tc, stop_feed_random_pieces_match_a_reference);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("utf8_stream");

@@ -9,7 +9,8 @@
  * allocates itself). Encoding is ordinary: "<|endoftext|>" in the text is
  * encoded as the characters it is made of, and id 50256 decodes to that text.
  *
- * Prefixes: bpe_ (the tokenizer), utf8_ (the stream decoder).
+ * Prefixes: bpe_ (the tokenizer), utf8_ (the stream decoder), stop_ (the
+ * stop-string matcher).
  */
 #ifndef GPT2D_TOKENIZER_TOKENIZER_H
 #define GPT2D_TOKENIZER_TOKENIZER_H
@@ -129,6 +130,35 @@ size_t utf8_stream_flush(utf8_stream *s, char *out);
 
 /* Bytes held back, waiting for the rest of a character (0 to 3). */
 size_t utf8_stream_pending(const utf8_stream *s);
+
+/* ---- Stop strings --------------------------------------------------------- */
+
+/*
+ * Holds back streamed text that could still turn into a stop string, so that
+ * no part of one is ever released, even when it spans tokens. Thread:
+ * whoever owns it.
+ */
+typedef struct stop_matcher stop_matcher;
+
+/* Copies the n stop strings (byte strings of the given lengths; empty ones
+ * are ignored). NULL when out of memory. Free with stop_free. */
+stop_matcher *stop_new(const char *const *stops, const size_t *lens, size_t n);
+void stop_free(stop_matcher *m); /* accepts NULL */
+
+/*
+ * Feeds n bytes of text; writes the text that is now safe to release to out
+ * (room for stop_held(m) + n bytes) and returns its length. *stopped becomes
+ * 1 when a stop string has completed: out then holds the text before its
+ * first occurrence, and every later feed releases nothing. (size_t)-1 when
+ * out of memory.
+ */
+size_t stop_feed(stop_matcher *m, const char *in, size_t n, char *out, int *stopped);
+
+/* At the end of generation: releases what is held (nothing after a stop). */
+size_t stop_flush(stop_matcher *m, char *out);
+
+/* Bytes held back now (less than the longest stop string). */
+size_t stop_held(const stop_matcher *m);
 
 /* 1 when p[0..n) is valid UTF-8 (RFC 3629: no overlongs, no surrogates,
  * nothing above U+10FFFF). */
