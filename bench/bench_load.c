@@ -32,7 +32,8 @@ static long status_kb(const char *key)
     long v = -1;
     size_t klen = strlen(key);
     while (fgets(line, sizeof line, fp) != NULL)
-        if (strncmp(line, key, klen) == 0 && line[klen] == ':') v = strtol(line + klen + 1, NULL, 10);
+        if (strncmp(line, key, klen) == 0 && line[klen] == ':')
+            v = strtol(line + klen + 1, NULL, 10);
     fclose(fp);
     return v;
 }

@@ -16,9 +16,9 @@ typedef enum { K_STR, K_PORT, K_SIZE, K_SECONDS, K_BOOL, K_APIKEY, K_LEVEL } kin
 typedef struct {
     const char *key;
     kind k;
-    size_t off, size;    /* field offset; buffer size for strings */
-    double min, max;     /* numbers */
-    const char *def;     /* the default, as text ("" for none) */
+    size_t off, size; /* field offset; buffer size for strings */
+    double min, max;  /* numbers */
+    const char *def;  /* the default, as text ("" for none) */
     const char *help;
 } spec;
 
@@ -81,7 +81,8 @@ const char *cfg_strerror(cfg_status s)
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
-static cfg_status fail(char *err, size_t errlen, cfg_status s, const char *fmt, ...)
+static cfg_status
+fail(char *err, size_t errlen, cfg_status s, const char *fmt, ...)
 {
     if (err != NULL && errlen > 0) {
         va_list ap;
@@ -108,8 +109,8 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
     case K_STR:
     case K_LEVEL:
         if (strlen(value) >= sp->size)
-            return fail(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,
-                        sp->key, sp->size - 1);
+            return fail(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin, sp->key,
+                        sp->size - 1);
         if (sp->k == K_LEVEL && strcmp(value, "error") != 0 && strcmp(value, "warn") != 0
             && strcmp(value, "info") != 0 && strcmp(value, "debug") != 0)
             return fail(err, errlen, CFG_EVALUE,
@@ -135,12 +136,11 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
     case K_BOOL:
         if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "1") == 0)
             memcpy(field, &(int){1}, sizeof(int));
-        else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0
-                 || strcmp(value, "0") == 0)
+        else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 || strcmp(value, "0") == 0)
             memcpy(field, &(int){0}, sizeof(int));
         else
-            return fail(err, errlen, CFG_EVALUE, "%s: %s must be true or false, not '%s'",
-                        origin, sp->key, value);
+            return fail(err, errlen, CFG_EVALUE, "%s: %s must be true or false, not '%s'", origin,
+                        sp->key, value);
         return CFG_OK;
     case K_PORT:
     case K_SIZE: {
@@ -181,8 +181,8 @@ void cfg_defaults(cfg_config *c)
     }
 }
 
-cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char *origin,
-                   char *err, size_t errlen)
+cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char *origin, char *err,
+                   size_t errlen)
 {
     const spec *sp = find(key);
     if (sp == NULL) return fail(err, errlen, CFG_EKEY, "%s: unknown key '%s'", origin, key);
@@ -239,8 +239,7 @@ cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errl
     return rc;
 }
 
-cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char *err,
-                          size_t errlen)
+cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char *err, size_t errlen)
 {
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
@@ -258,8 +257,7 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
         if (eq != NULL) {
             value = eq + 1;
         } else {
-            if (i + 1 >= argc)
-                return fail(err, errlen, CFG_EVALUE, "--%s needs a value", a + 2);
+            if (i + 1 >= argc) return fail(err, errlen, CFG_EVALUE, "--%s needs a value", a + 2);
             value = argv[++i];
         }
         char origin[160];
@@ -323,7 +321,7 @@ void cfg_print_defaults(FILE *out)
                  "# Command-line options (--key value) override this file.\n");
     for (size_t i = 0; i < NSPECS; i++) {
         const spec *sp = &specs[i];
-        fprintf(out, "\n# %s (%s)\n%s%s = %s\n", sp->help, kind_name(sp->k),
-                sp->def[0] ? "" : "# ", sp->key, sp->def[0] ? sp->def : "...");
+        fprintf(out, "\n# %s (%s)\n%s%s = %s\n", sp->help, kind_name(sp->k), sp->def[0] ? "" : "# ",
+                sp->key, sp->def[0] ? sp->def : "...");
     }
 }

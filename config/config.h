@@ -26,8 +26,8 @@ typedef enum {
     CFG_EVALUE = 4   /* a value of the wrong type or out of range */
 } cfg_status;
 
-#define CFG_MAX_KEYS 16   /* API keys */
-#define CFG_STR_MAX 4096  /* paths and other strings */
+#define CFG_MAX_KEYS 16  /* API keys */
+#define CFG_STR_MAX 4096 /* paths and other strings */
 
 typedef struct {
     /* Listening */
@@ -37,27 +37,27 @@ typedef struct {
     double connection_timeout_s; /* idle keep-alive connections */
     /* The model */
     char model_dir[CFG_STR_MAX];
-    char model_name[128];        /* the `model` clients must send */
+    char model_name[128]; /* the `model` clients must send */
     /* The engine */
-    size_t threads;              /* 0: one per CPU */
+    size_t threads; /* 0: one per CPU */
     size_t kv_cache_mb;
-    size_t kv_block;             /* positions per KV block */
-    size_t max_running;          /* sequences per step */
-    size_t step_tokens;          /* rows per step (prefill chunk budget) */
-    size_t max_queue;            /* waiting requests before 429 */
-    double queue_timeout_s;      /* longest wait for admission before 503 */
+    size_t kv_block;        /* positions per KV block */
+    size_t max_running;     /* sequences per step */
+    size_t step_tokens;     /* rows per step (prefill chunk budget) */
+    size_t max_queue;       /* waiting requests before 429 */
+    double queue_timeout_s; /* longest wait for admission before 503 */
     /* Request limits */
     size_t max_body_bytes;
     size_t max_prompt_tokens;
-    size_t max_tokens_limit;     /* ceiling for `max_tokens` */
-    size_t max_n;                /* ceiling for `n` and `best_of` */
+    size_t max_tokens_limit; /* ceiling for `max_tokens` */
+    size_t max_n;            /* ceiling for `n` and `best_of` */
     /* Access */
     char api_keys[CFG_MAX_KEYS][128];
     size_t n_api_keys;
-    int auth_open_health;        /* 1: /health, /ready, /metrics need no key */
+    int auth_open_health; /* 1: /health, /ready, /metrics need no key */
     /* Operation */
     double shutdown_timeout_s;
-    char log_level[16];          /* error, warn, info, debug */
+    char log_level[16]; /* error, warn, info, debug */
 } cfg_config;
 
 const char *cfg_strerror(cfg_status s);
@@ -70,8 +70,8 @@ void cfg_defaults(cfg_config *c);
  * message ("/etc/gpt2d/gpt2d.conf:12" or "--port"). `api_key` may be given
  * several times (each adds a key); every other key replaces its value.
  */
-cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char *origin,
-                   char *err, size_t errlen);
+cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char *origin, char *err,
+                   size_t errlen);
 
 /* Reads a config file into c (on top of what c holds). Borrows path. */
 cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errlen);

@@ -78,8 +78,8 @@ size_t eng_kv_block_len(const eng_kv *kv);
 typedef struct {
     int32_t *blocks; /* block ids, owned (released by eng_kv_release) */
     size_t nblocks;
-    size_t len;      /* positions already in the cache */
-    size_t cap;      /* positions the reserved blocks hold */
+    size_t len; /* positions already in the cache */
+    size_t cap; /* positions the reserved blocks hold */
 } eng_seq;
 
 /* Reserves blocks so that seq can hold `positions` positions in all. All or
@@ -201,9 +201,9 @@ typedef struct {
 } eng_sched_opts;
 
 typedef enum {
-    ENG_EV_TOKEN = 0,         /* a generated token                            */
+    ENG_EV_TOKEN = 0,          /* a generated token                            */
     ENG_EV_PROMPT_LOGPROB = 1, /* (echo) the logprob of prompt token index+1  */
-    ENG_EV_DONE = 2           /* the last event of a request                  */
+    ENG_EV_DONE = 2            /* the last event of a request                  */
 } eng_event_kind;
 
 typedef enum {
@@ -218,14 +218,14 @@ typedef enum {
 typedef struct {
     eng_event_kind kind;
     uint64_t id;
-    int32_t token;              /* TOKEN, PROMPT_LOGPROB                     */
-    size_t index;               /* TOKEN: 0-based count; PROMPT: position    */
-    float logprob;              /* of token under the model's distribution   */
-    size_t ntop;                /* top alternatives (request's logprobs)     */
+    int32_t token; /* TOKEN, PROMPT_LOGPROB                     */
+    size_t index;  /* TOKEN: 0-based count; PROMPT: position    */
+    float logprob; /* of token under the model's distribution   */
+    size_t ntop;   /* top alternatives (request's logprobs)     */
     int32_t top_ids[ENG_MAX_TOP];
     float top_logprobs[ENG_MAX_TOP];
-    eng_finish finish;          /* DONE                                      */
-    const char *message;        /* DONE with ENG_FINISH_ERROR                */
+    eng_finish finish;   /* DONE                                      */
+    const char *message; /* DONE with ENG_FINISH_ERROR                */
 } eng_event;
 
 /* Called on the thread of eng_sched_complete / eng_sched_cancel with each
@@ -239,8 +239,8 @@ typedef struct {
     eng_sampling sampling; /* bias entries copied at submit */
     uint64_t seed;
     int ignore_eos;
-    int logprobs;          /* -1: none; 0..5: the chosen token's plus top N */
-    int echo;              /* 1: PROMPT_LOGPROB events for the prompt      */
+    int logprobs; /* -1: none; 0..5: the chosen token's plus top N */
+    int echo;     /* 1: PROMPT_LOGPROB events for the prompt      */
     eng_event_cb on_event;
     void *user;
 } eng_request;
@@ -275,11 +275,11 @@ int eng_sched_step(eng_sched *s);
 typedef struct {
     size_t running, queued;
     size_t kv_blocks_used, kv_blocks_total;
-    size_t last_step_rows;     /* rows in the last step                 */
-    size_t last_step_seqs;     /* sequences in the last step            */
-    double last_step_seconds;  /* forward + sampling of the last step   */
+    size_t last_step_rows;    /* rows in the last step                 */
+    size_t last_step_seqs;    /* sequences in the last step            */
+    double last_step_seconds; /* forward + sampling of the last step   */
     uint64_t steps;
-    eng_times times;           /* cumulative, all steps                 */
+    eng_times times; /* cumulative, all steps                 */
 } eng_sched_stats;
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);

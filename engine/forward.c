@@ -73,8 +73,8 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->logits = falloc(LOGIT_ROWS * c->n_vocab);
     w->pos = malloc(R * sizeof *w->pos);
     w->item = malloc(R * sizeof *w->item);
-    if (!w->x || !w->ln || !w->qkv || !w->att || !w->tmp || !w->fc || !w->scores || !w->pack || !w->lrows
-        || !w->logits || !w->pos || !w->item) {
+    if (!w->x || !w->ln || !w->qkv || !w->att || !w->tmp || !w->fc || !w->scores || !w->pack
+        || !w->lrows || !w->logits || !w->pos || !w->item) {
         eng_workspace_free(w);
         return ENG_ENOMEM;
     }
@@ -111,11 +111,11 @@ static double clock_s(void)
 }
 
 /* Runs call and adds its wall time to w->times.slot. */
-#define TIMED(slot, call)                                                                        \
-    do {                                                                                         \
-        double t0_ = clock_s();                                                                  \
-        call;                                                                                    \
-        w->times.slot += clock_s() - t0_;                                                        \
+#define TIMED(slot, call)                                                                          \
+    do {                                                                                           \
+        double t0_ = clock_s();                                                                    \
+        call;                                                                                      \
+        w->times.slot += clock_s() - t0_;                                                          \
     } while (0)
 
 void eng_workspace_times(const eng_workspace *w, eng_times *out)
@@ -149,8 +149,7 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
     size_t T = 0;
     for (size_t i = 0; i < nitems; i++) {
         const eng_item *it = &items[i];
-        if (it->n == 0)
-            return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu has no tokens", i);
+        if (it->n == 0) return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu has no tokens", i);
         if (it->seq->len + it->n > c->n_ctx)
             return gpt2_fail(err, errlen, ENG_EINVAL,
                              "item %zu: positions up to %zu are past the context of %zu", i,
@@ -163,8 +162,8 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
             return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu: no logits buffer", i);
         for (size_t k = 0; k < it->n; k++)
             if (it->tokens[k] < 0 || (size_t)it->tokens[k] >= V)
-                return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu: token %d is not in 0..%zu",
-                                 i, it->tokens[k], V - 1);
+                return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu: token %d is not in 0..%zu", i,
+                                 it->tokens[k], V - 1);
         T += it->n;
     }
     if (T > w->max_rows)
@@ -192,8 +191,7 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         for (size_t t = 0; t < T; t++) {
             const eng_seq *seq = items[w->item[t]].seq;
             memcpy(kv_at(kv, seq, l, 0, w->pos[t]), w->qkv + t * 3 * C + C, C * sizeof(float));
-            memcpy(kv_at(kv, seq, l, 1, w->pos[t]), w->qkv + t * 3 * C + 2 * C,
-                   C * sizeof(float));
+            memcpy(kv_at(kv, seq, l, 1, w->pos[t]), w->qkv + t * 3 * C + 2 * C, C * sizeof(float));
         }
         op_attention(P, w->att, w->qkv, kv, items, w->item, w->pos, T, l, NH, HS, w->scores,
                      c->n_ctx);
@@ -214,7 +212,9 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
     r = 0;
     for (size_t i = 0; i < nitems; i++) {
         size_t n = items[i].n;
-        size_t first = items[i].want == ENG_LOGITS_ALL ? 0 : items[i].want == ENG_LOGITS_LAST ? n - 1 : n;
+        size_t first = items[i].want == ENG_LOGITS_ALL    ? 0
+                       : items[i].want == ENG_LOGITS_LAST ? n - 1
+                                                          : n;
         for (size_t j = first; j < n; j++) {
             memcpy(w->lrows + k * C, w->x + (r + j) * C, C * sizeof(float));
             dest[k++] = items[i].logits + (items[i].want == ENG_LOGITS_ALL ? j * V : 0);

@@ -18,12 +18,12 @@ typedef struct {
 
 struct eng_model {
     eng_config cfg;
-    const float *wte;     /* (V, C); also the LM head, transposed */
-    const float *wpe;     /* (n_ctx, C)                           */
-    gpt2_layer *layers;   /* [L]                                  */
+    const float *wte;   /* (V, C); also the LM head, transposed */
+    const float *wpe;   /* (n_ctx, C)                           */
+    gpt2_layer *layers; /* [L]                                  */
     const float *lnf_g, *lnf_b;
-    sft_data *data;       /* keeps the mapping and copies alive   */
-    float *converted;     /* F16/BF16 tensors as F32, or NULL     */
+    sft_data *data;   /* keeps the mapping and copies alive   */
+    float *converted; /* F16/BF16 tensors as F32, or NULL     */
     size_t copied;
     size_t params;
 };
@@ -32,7 +32,7 @@ struct eng_kv {
     size_t block_len; /* positions per block                         */
     size_t nblocks;
     size_t L, C;
-    float *pool;      /* nblocks x L x 2 x block_len x C              */
+    float *pool; /* nblocks x L x 2 x block_len x C              */
     int32_t *free_list;
     size_t nfree;
 };

@@ -50,9 +50,18 @@ void eng_kv_free(eng_kv *kv)
     free(kv);
 }
 
-size_t eng_kv_blocks_total(const eng_kv *kv) { return kv->nblocks; }
-size_t eng_kv_blocks_free(const eng_kv *kv) { return kv->nfree; }
-size_t eng_kv_block_len(const eng_kv *kv) { return kv->block_len; }
+size_t eng_kv_blocks_total(const eng_kv *kv)
+{
+    return kv->nblocks;
+}
+size_t eng_kv_blocks_free(const eng_kv *kv)
+{
+    return kv->nfree;
+}
+size_t eng_kv_block_len(const eng_kv *kv)
+{
+    return kv->block_len;
+}
 
 eng_status eng_kv_reserve(eng_kv *kv, eng_seq *seq, size_t positions)
 {

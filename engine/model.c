@@ -48,9 +48,18 @@ void eng_model_free(eng_model *m)
     free(m);
 }
 
-const eng_config *eng_model_config(const eng_model *m) { return &m->cfg; }
-size_t eng_model_copied_bytes(const eng_model *m) { return m->copied; }
-size_t eng_model_params(const eng_model *m) { return m->params; }
+const eng_config *eng_model_config(const eng_model *m)
+{
+    return &m->cfg;
+}
+size_t eng_model_copied_bytes(const eng_model *m)
+{
+    return m->copied;
+}
+size_t eng_model_params(const eng_model *m)
+{
+    return m->params;
+}
 
 typedef struct {
     const sft_file *f;
@@ -115,10 +124,10 @@ static eng_status bind_all(binder *b, eng_model *m)
     const eng_config *c = &m->cfg;
     size_t C = c->n_embd;
     eng_status rc;
-#define B(dst, name, ndim, d0, d1)                                                               \
-    do {                                                                                         \
-        rc = bind(b, dst, name, ndim, d0, d1);                                                   \
-        if (rc != ENG_OK) return rc;                                                             \
+#define B(dst, name, ndim, d0, d1)                                                                 \
+    do {                                                                                           \
+        rc = bind(b, dst, name, ndim, d0, d1);                                                     \
+        if (rc != ENG_OK) return rc;                                                               \
     } while (0)
     B(&m->wte, "wte.weight", 2, c->n_vocab, C);
     B(&m->wpe, "wpe.weight", 2, c->n_ctx, C);
@@ -205,8 +214,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     char e[512];
     sft_status ss = sft_open(path, SFT_LOAD_MMAP, &f, e, sizeof e);
     if (ss != SFT_OK)
-        return gpt2_fail(err, errlen, ss == SFT_ENOMEM ? ENG_ENOMEM : ss == SFT_EIO ? ENG_EIO
-                                                                                   : ENG_EFORMAT,
+        return gpt2_fail(err, errlen,
+                         ss == SFT_ENOMEM ? ENG_ENOMEM
+                         : ss == SFT_EIO  ? ENG_EIO
+                                          : ENG_EFORMAT,
                          "%s", e);
     eng_model *m = calloc(1, sizeof *m);
     eng_status rc = ENG_OK;
@@ -224,8 +235,9 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     snprintf(nm, sizeof nm, "%swpe.weight", b.prefix);
     const sft_tensor *wpe = sft_find(f, nm);
     if (wte == NULL || wte->ndim != 2 || wpe == NULL || wpe->ndim != 2) {
-        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s: missing or misshapen %swte.weight / %swpe.weight",
-                       path, b.prefix, b.prefix);
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT,
+                       "%s: missing or misshapen %swte.weight / %swpe.weight", path, b.prefix,
+                       b.prefix);
         goto done;
     }
     m->cfg.n_vocab = (size_t)wte->shape[0];

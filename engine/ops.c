@@ -21,6 +21,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,14 +42,19 @@ static int kernels_allow(const char *level)
     return strcmp(v, "avx2") != 0 || strcmp(level, "avx2") == 0;
 }
 
+/* The answers are cached in atomics (relaxed: every thread that races to
+ * fill them computes the same value). */
 static int use_avx512(void)
 {
 #if HAVE_X86
-    static int cached = -1; /* benign race: every thread computes the same value */
-    if (cached < 0)
-        cached = kernels_allow("avx512") && __builtin_cpu_supports("avx512f")
-                 && __builtin_cpu_supports("fma");
-    return cached;
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = kernels_allow("avx512") && __builtin_cpu_supports("avx512f")
+            && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 #else
     return 0;
 #endif
@@ -57,11 +63,14 @@ static int use_avx512(void)
 static int use_avx2(void)
 {
 #if HAVE_X86
-    static int cached = -1; /* benign race: every thread computes the same value */
-    if (cached < 0)
-        cached = kernels_allow("avx2") && __builtin_cpu_supports("avx2")
-                 && __builtin_cpu_supports("fma");
-    return cached;
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = kernels_allow("avx2") && __builtin_cpu_supports("avx2")
+            && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 #else
     return 0;
 #endif
@@ -90,7 +99,8 @@ typedef struct {
 
 static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
 {
-    for (size_t t = 0; t < c->T; t++) memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
+    for (size_t t = 0; t < c->T; t++)
+        memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
     for (size_t k = 0; k < c->K; k++) {
         const float *w = c->W + k * c->N;
         for (size_t t = 0; t < c->T; t++) {
@@ -139,7 +149,7 @@ kb_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const 
 }
 
 __attribute__((target("avx2,fma"))) static void mm_kblock_avx2(const mm_ctx *c, size_t n0,
-                                                                size_t n1)
+                                                               size_t n1)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
@@ -180,7 +190,7 @@ kb_tile_avx512(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, cons
 }
 
 __attribute__((target("avx512f"))) static void mm_kblock_avx512(const mm_ctx *c, size_t n0,
-                                                                 size_t n1)
+                                                                size_t n1)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
@@ -223,7 +233,7 @@ mm_tile_avx2(const mm_ctx *c, const float *strip, size_t t0, size_t n0, const si
 }
 
 __attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, size_t n0,
-                                                               float *strip)
+                                                              float *strip)
 {
     for (size_t k = 0; k < c->K; k++)
         memcpy(strip + k * MM_COLS, c->W + k * c->N + n0, MM_COLS * sizeof(float));
@@ -245,45 +255,61 @@ __attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, s
  * rows of the packed strip, starting from init[r] (the bias, or the partial
  * sums from the previous k-block) and written to o[0..5]. Fully unrolled so
  * that the 24 accumulators stay in registers. */
-__attribute__((target("avx512f"))) static void
-mm_tile6_avx512(float *const o[6], const float *const x[6], const float *strip,
-                const float *const init[6], size_t K)
+__attribute__((target("avx512f"))) static void mm_tile6_avx512(float *const o[6],
+                                                               const float *const x[6],
+                                                               const float *strip,
+                                                               const float *const init[6], size_t K)
 {
-#define ACC(r)                                                                                   \
-    __m512 a##r##0 = _mm512_loadu_ps(init[r]), a##r##1 = _mm512_loadu_ps(init[r] + 16),         \
+#define ACC(r)                                                                                     \
+    __m512 a##r##0 = _mm512_loadu_ps(init[r]), a##r##1 = _mm512_loadu_ps(init[r] + 16),            \
            a##r##2 = _mm512_loadu_ps(init[r] + 32), a##r##3 = _mm512_loadu_ps(init[r] + 48)
-    ACC(0); ACC(1); ACC(2); ACC(3); ACC(4); ACC(5);
+    ACC(0);
+    ACC(1);
+    ACC(2);
+    ACC(3);
+    ACC(4);
+    ACC(5);
 #undef ACC
     const float *w = strip;
     for (size_t k = 0; k < K; k++, w += MM512_COLS) {
         __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
         __m512 w2 = _mm512_load_ps(w + 32), w3 = _mm512_load_ps(w + 48);
-#define ROW(r)                                                                                   \
-    do {                                                                                         \
-        __m512 v = _mm512_set1_ps(x[r][k]);                                                      \
-        a##r##0 = _mm512_fmadd_ps(v, w0, a##r##0);                                               \
-        a##r##1 = _mm512_fmadd_ps(v, w1, a##r##1);                                               \
-        a##r##2 = _mm512_fmadd_ps(v, w2, a##r##2);                                               \
-        a##r##3 = _mm512_fmadd_ps(v, w3, a##r##3);                                               \
+#define ROW(r)                                                                                     \
+    do {                                                                                           \
+        __m512 v = _mm512_set1_ps(x[r][k]);                                                        \
+        a##r##0 = _mm512_fmadd_ps(v, w0, a##r##0);                                                 \
+        a##r##1 = _mm512_fmadd_ps(v, w1, a##r##1);                                                 \
+        a##r##2 = _mm512_fmadd_ps(v, w2, a##r##2);                                                 \
+        a##r##3 = _mm512_fmadd_ps(v, w3, a##r##3);                                                 \
     } while (0)
-        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
+        ROW(0);
+        ROW(1);
+        ROW(2);
+        ROW(3);
+        ROW(4);
+        ROW(5);
 #undef ROW
     }
-#define OUT(r)                                                                                   \
-    do {                                                                                         \
-        _mm512_storeu_ps(o[r], a##r##0);                                                         \
-        _mm512_storeu_ps(o[r] + 16, a##r##1);                                                    \
-        _mm512_storeu_ps(o[r] + 32, a##r##2);                                                    \
-        _mm512_storeu_ps(o[r] + 48, a##r##3);                                                    \
+#define OUT(r)                                                                                     \
+    do {                                                                                           \
+        _mm512_storeu_ps(o[r], a##r##0);                                                           \
+        _mm512_storeu_ps(o[r] + 16, a##r##1);                                                      \
+        _mm512_storeu_ps(o[r] + 32, a##r##2);                                                      \
+        _mm512_storeu_ps(o[r] + 48, a##r##3);                                                      \
     } while (0)
-    OUT(0); OUT(1); OUT(2); OUT(3); OUT(4); OUT(5);
+    OUT(0);
+    OUT(1);
+    OUT(2);
+    OUT(3);
+    OUT(4);
+    OUT(5);
 #undef OUT
 }
 
 /* tail: per-thread scratch of 6 x 64 floats for the rows past the last full
  * tile (their inputs repeat a real row; their outputs are dropped). */
 __attribute__((target("avx512f"))) static void mm_block_avx512(const mm_ctx *c, size_t n0,
-                                                                float *strip, float *tail)
+                                                               float *strip, float *tail)
 {
     for (size_t k = 0; k < c->K; k++)
         memcpy(strip + k * MM512_COLS, c->W + k * c->N + n0, MM512_COLS * sizeof(float));
@@ -373,7 +399,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline float hsum8(__m
 }
 
 __attribute__((target("avx2,fma"))) static float dot16_avx2(const float *a, const float *b,
-                                                             size_t n)
+                                                            size_t n)
 {
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     size_t i = 0;
@@ -398,9 +424,8 @@ __attribute__((target("avx512f"), always_inline)) static inline float hsum16(__m
 
 /* Four rows of h against four rows of wte: 16 dot products at once, each
  * with exactly dot16's operations. out[r * ldo + v]. */
-__attribute__((target("avx512f"))) static void dot_4x4_avx512(float *out, size_t ldo,
-                                                               const float *h, const float *w,
-                                                               size_t C)
+__attribute__((target("avx512f"))) static void
+dot_4x4_avx512(float *out, size_t ldo, const float *h, const float *w, size_t C)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -430,7 +455,7 @@ __attribute__((target("avx512f"))) static void dot_4x4_avx512(float *out, size_t
 
 /* One row of h against four rows of wte (decode). */
 __attribute__((target("avx512f"))) static void dot_1x4_avx512(float *out, const float *h,
-                                                               const float *w, size_t C)
+                                                              const float *w, size_t C)
 {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
@@ -479,11 +504,10 @@ static void lm_task(void *arg, size_t begin, size_t end, size_t tid)
             for (; v + 4 <= v1; v += 4) {
                 size_t t = 0;
                 for (; t + 4 <= c->T; t += 4)
-                    dot_4x4_avx512(c->out + t * c->V + v, c->V, c->h + t * c->C,
-                                   c->wte + v * c->C, c->C);
-                for (; t < c->T; t++)
-                    dot_1x4_avx512(c->out + t * c->V + v, c->h + t * c->C, c->wte + v * c->C,
+                    dot_4x4_avx512(c->out + t * c->V + v, c->V, c->h + t * c->C, c->wte + v * c->C,
                                    c->C);
+                for (; t < c->T; t++)
+                    dot_1x4_avx512(c->out + t * c->V + v, c->h + t * c->C, c->wte + v * c->C, c->C);
             }
         }
 #endif
@@ -546,7 +570,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 exp_avx2
     r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
     __m256 p = _mm256_set1_ps(exp_c[6]);
     for (int k = 5; k >= 0; k--) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_c[k]));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i bits =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
@@ -690,12 +715,13 @@ typedef struct {
 
 #if HAVE_X86
 __attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x,
-                                                           size_t n)
+                                                          size_t n)
 {
     __m256 va = _mm256_set1_ps(a);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 #endif
@@ -717,12 +743,10 @@ static void axpy(float *y, float a, const float *x, size_t n)
 #if HAVE_X86
 /* Head size 64 (every GPT-2): q and the output row stay in four registers
  * for the whole row; the same operations as op_dot and axpy per element. */
-__attribute__((target("avx512f"))) static float att_scores64_avx512(float *scores,
-                                                                     const float *q,
-                                                                     const att_ctx *c,
-                                                                     const eng_seq *seq,
-                                                                     size_t h, size_t p,
-                                                                     float scale)
+__attribute__((target("avx512f"))) static float att_scores64_avx512(float *scores, const float *q,
+                                                                    const att_ctx *c,
+                                                                    const eng_seq *seq, size_t h,
+                                                                    size_t p, float scale)
 {
     __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32),
            q3 = _mm512_loadu_ps(q + 48);
@@ -741,9 +765,9 @@ __attribute__((target("avx512f"))) static float att_scores64_avx512(float *score
 }
 
 __attribute__((target("avx512f"))) static void att_av64_avx512(float *o, const float *scores,
-                                                                float inv, const att_ctx *c,
-                                                                const eng_seq *seq, size_t h,
-                                                                size_t p)
+                                                               float inv, const att_ctx *c,
+                                                               const eng_seq *seq, size_t h,
+                                                               size_t p)
 {
     __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
     for (size_t s = 0; s <= p; s++) {

@@ -26,11 +26,11 @@
 
 typedef struct {
     uint64_t id;
-    eng_request req;       /* prompt and bias point into the owned copies */
-    int32_t *tokens;       /* prompt then generated; capacity nprompt + max_tokens */
+    eng_request req; /* prompt and bias point into the owned copies */
+    int32_t *tokens; /* prompt then generated; capacity nprompt + max_tokens */
     size_t ntokens;
     size_t generated;
-    size_t prefilled;      /* prompt tokens in the cache */
+    size_t prefilled; /* prompt tokens in the cache */
     eng_seq kv;
     eng_rng rng;
     int cancelled;
@@ -56,7 +56,7 @@ struct eng_sched {
     eng_item *items;
     sch_seq **step_seqs;
     size_t nitems, rows;
-    float *logits;      /* logit_rows x V */
+    float *logits; /* logit_rows x V */
     size_t logit_rows;
     eng_event *results; /* logit_rows */
     size_t nresults;
@@ -64,8 +64,8 @@ struct eng_sched {
     char step_err[256];
     /* Sampling scratch (execute). */
     void *sample_scratch;
-    float *raw;         /* V: the logits before bias and penalties */
-    uint32_t *stamp;    /* V: presence marks */
+    float *raw;      /* V: the logits before bias and penalties */
+    uint32_t *stamp; /* V: presence marks */
     uint32_t stamp_now;
     eng_sched_stats stats;
 };
@@ -77,8 +77,8 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sched **out,
-                         char *err, size_t errlen)
+eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sched **out, char *err,
+                         size_t errlen)
 {
     *out = NULL;
     eng_sched_opts o = *opts;
@@ -88,8 +88,8 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.step_tokens == 0) o.step_tokens = 512;
     if (o.step_tokens < o.max_running)
         return gpt2_fail(err, errlen, ENG_EINVAL,
-                         "the step token budget %zu is below the running limit %zu",
-                         o.step_tokens, o.max_running);
+                         "the step token budget %zu is below the running limit %zu", o.step_tokens,
+                         o.max_running);
     eng_sched *s = calloc(1, sizeof *s);
     if (s == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;
@@ -223,8 +223,8 @@ static void running_remove(eng_sched *s, sch_seq *q)
 
 static void finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
 {
-    eng_event ev = {.kind = ENG_EV_DONE, .id = q->id, .finish = why, .message = message,
-                    .index = q->generated};
+    eng_event ev = {
+        .kind = ENG_EV_DONE, .id = q->id, .finish = why, .message = message, .index = q->generated};
     eng_event_cb cb = q->req.on_event;
     void *user = q->req.user;
     seq_free(s, q);
@@ -238,7 +238,8 @@ void eng_sched_cancel(eng_sched *s, uint64_t id)
         sch_seq *q = s->queue[at];
         if (q->id != id) continue;
         for (size_t k = i; k + 1 < s->qlen; k++)
-            s->queue[(s->qhead + k) % s->o.max_queue] = s->queue[(s->qhead + k + 1) % s->o.max_queue];
+            s->queue[(s->qhead + k) % s->o.max_queue] =
+                s->queue[(s->qhead + k + 1) % s->o.max_queue];
         s->qlen--;
         finish(s, q, ENG_FINISH_CANCELLED, NULL);
         return;
@@ -297,8 +298,10 @@ int eng_sched_plan(eng_sched *s)
                                                        : ENG_LOGITS_NONE;
             size_t lrows = want == ENG_LOGITS_ALL ? n : want == ENG_LOGITS_LAST ? 1 : 0;
             if (want == ENG_LOGITS_ALL) echo_rows += n;
-            s->items[s->nitems] = (eng_item){.seq = &q->kv, .tokens = q->tokens + q->step_first,
-                                             .n = n, .want = want,
+            s->items[s->nitems] = (eng_item){.seq = &q->kv,
+                                             .tokens = q->tokens + q->step_first,
+                                             .n = n,
+                                             .want = want,
                                              .logits = s->logits + logit_rows * s->m->cfg.n_vocab};
             s->step_seqs[s->nitems++] = q;
             logit_rows += lrows;
@@ -347,8 +350,8 @@ void eng_sched_execute(eng_sched *s)
     double t0 = now_s();
     size_t V = s->m->cfg.n_vocab;
     s->nresults = 0;
-    s->step_rc = eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err,
-                             sizeof s->step_err);
+    s->step_rc =
+        eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err, sizeof s->step_err);
     double t_sample = now_s();
     if (s->step_rc == ENG_OK) {
         for (size_t i = 0; i < s->nitems; i++) {
@@ -362,8 +365,10 @@ void eng_sched_execute(eng_sched *s)
                     size_t pos = q->step_first + j + 1;
                     if (pos >= q->req.nprompt) break;
                     eng_event *ev = &s->results[s->nresults++];
-                    *ev = (eng_event){.kind = ENG_EV_PROMPT_LOGPROB, .id = q->id,
-                                      .token = q->tokens[pos], .index = pos};
+                    *ev = (eng_event){.kind = ENG_EV_PROMPT_LOGPROB,
+                                      .id = q->id,
+                                      .token = q->tokens[pos],
+                                      .index = pos};
                     fill_logprobs(ev, it->logits + j * V, V, q->tokens[pos],
                                   q->req.logprobs > 0 ? q->req.logprobs : 0);
                 }
@@ -386,8 +391,8 @@ void eng_sched_execute(eng_sched *s)
                 }
                 int32_t tok = eng_sample(last, V, sp, &q->rng, s->sample_scratch);
                 eng_event *ev = &s->results[s->nresults++];
-                *ev = (eng_event){.kind = ENG_EV_TOKEN, .id = q->id, .token = tok,
-                                  .index = q->generated};
+                *ev = (eng_event){
+                    .kind = ENG_EV_TOKEN, .id = q->id, .token = tok, .index = q->generated};
                 if (q->req.logprobs >= 0) fill_logprobs(ev, s->raw, V, tok, q->req.logprobs);
             }
             q->step_nresults = s->nresults - q->step_result;

@@ -36,9 +36,9 @@
 
 struct sft_data {
     atomic_int refs;
-    void *map;      /* PROT_READ mapping of the whole file, or NULL */
+    void *map; /* PROT_READ mapping of the whole file, or NULL */
     size_t map_len;
-    void *slab;     /* aligned heap copies, or NULL */
+    void *slab; /* aligned heap copies, or NULL */
 };
 
 struct sft_file {
@@ -49,7 +49,7 @@ struct sft_file {
     size_t n;
     sft_tensor *tensors; /* name order */
     size_t nmeta;
-    sft_meta *meta;      /* key order */
+    sft_meta *meta; /* key order */
     sft_data *data;
     size_t copied;
 };
@@ -58,9 +58,9 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_table[SFT_DTYPE_COUNT] = {
-    [SFT_F32] = {"F32", 4}, [SFT_F64] = {"F64", 8}, [SFT_I64] = {"I64", 8},
+    [SFT_F32] = {"F32", 4},   [SFT_F64] = {"F64", 8}, [SFT_I64] = {"I64", 8},
     [SFT_BOOL] = {"BOOL", 1}, [SFT_F16] = {"F16", 2}, [SFT_BF16] = {"BF16", 2},
-    [SFT_I32] = {"I32", 4}, [SFT_I16] = {"I16", 2}, [SFT_I8] = {"I8", 1},
+    [SFT_I32] = {"I32", 4},   [SFT_I16] = {"I16", 2}, [SFT_I8] = {"I8", 1},
     [SFT_U8] = {"U8", 1},
 };
 
@@ -103,8 +103,8 @@ const char *sft_strerror(sft_status s)
 #if defined(__GNUC__)
 __attribute__((format(printf, 5, 6)))
 #endif
-static sft_status fail(char *err, size_t errlen, sft_status s, const char *path, const char *fmt,
-                       ...)
+static sft_status
+fail(char *err, size_t errlen, sft_status s, const char *path, const char *fmt, ...)
 {
     if (err != NULL && errlen > 0) {
         int k = snprintf(err, errlen, "%s: ", path);
@@ -397,8 +397,7 @@ static sft_status parse_entry(const sft_file *f, sft_tensor *t, const json_t *v,
 
     if (json_array_size(jo) != 2)
         return fail(err, errlen, SFT_EFORMAT, f->path,
-                    "tensor '%s': data_offsets has %zu elements, not 2", name,
-                    json_array_size(jo));
+                    "tensor '%s': data_offsets has %zu elements, not 2", name, json_array_size(jo));
     int64_t b, e;
     if (!json_nonneg(json_array_get(jo, 0), &b) || !json_nonneg(json_array_get(jo, 1), &e))
         return fail(err, errlen, SFT_EFORMAT, f->path,
@@ -447,8 +446,8 @@ static sft_status check_layout(const sft_file *f, uint64_t data_len, char *err, 
         }
         if (t->begin != pos) {
             rc = fail(err, errlen, SFT_EFORMAT, f->path,
-                      "tensor '%s' starts at %llu but the previous one ended at %llu (%s)",
-                      t->name, (unsigned long long)t->begin, (unsigned long long)pos,
+                      "tensor '%s' starts at %llu but the previous one ended at %llu (%s)", t->name,
+                      (unsigned long long)t->begin, (unsigned long long)pos,
                       t->begin > pos ? "a gap" : "an overlap");
             goto done;
         }
@@ -463,8 +462,7 @@ done:
     return rc;
 }
 
-static sft_status parse_header(sft_file *f, const char *text, size_t len, char *err,
-                               size_t errlen)
+static sft_status parse_header(sft_file *f, const char *text, size_t len, char *err, size_t errlen)
 {
     size_t valid = utf8_valid_prefix((const unsigned char *)text, len);
     if (valid != len)
@@ -601,8 +599,7 @@ static sft_status load_data(sft_file *f, int fd, const struct stat *before, char
     } else {
         for (size_t i = 0; i < f->n; i++) need[i] = f->tensors[i].nbytes > 0;
         if (!alloc_slab(f, need)) {
-            rc = fail(err, errlen, SFT_ENOMEM, f->path, "cannot allocate %s",
-                      "the tensor data");
+            rc = fail(err, errlen, SFT_ENOMEM, f->path, "cannot allocate %s", "the tensor data");
             goto done;
         }
     }
@@ -636,8 +633,7 @@ done:
     return rc;
 }
 
-sft_status sft_open(const char *path, sft_load_mode mode, sft_file **out, char *err,
-                    size_t errlen)
+sft_status sft_open(const char *path, sft_load_mode mode, sft_file **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (err != NULL && errlen > 0) err[0] = '\0';
@@ -690,9 +686,9 @@ sft_status sft_open(const char *path, sft_load_mode mode, sft_file **out, char *
     f->header_len = load_le64(lenbuf);
     /* Compared as N <= size - 8 (size >= 8 checked above): N + 8 could wrap. */
     if (f->header_len > SFT_MAX_HEADER) {
-        rc = fail(err, errlen, SFT_ETOOBIG, path,
-                  "header length %llu is over the limit of %u bytes",
-                  (unsigned long long)f->header_len, SFT_MAX_HEADER);
+        rc =
+            fail(err, errlen, SFT_ETOOBIG, path, "header length %llu is over the limit of %u bytes",
+                 (unsigned long long)f->header_len, SFT_MAX_HEADER);
         goto fail;
     }
     if (f->header_len > f->file_size - 8) {
@@ -730,7 +726,10 @@ fail:
     return rc;
 }
 
-size_t sft_count(const sft_file *f) { return f->n; }
+size_t sft_count(const sft_file *f)
+{
+    return f->n;
+}
 
 const sft_tensor *sft_tensor_at(const sft_file *f, size_t i)
 {
@@ -752,17 +751,35 @@ const sft_meta *sft_metadata(const sft_file *f, size_t *n)
 const char *sft_metadata_get(const sft_file *f, const char *key)
 {
     sft_meta k = {.key = key};
-    const sft_meta *m = f->nmeta ? bsearch(&k, f->meta, f->nmeta, sizeof *f->meta,
-                                           cmp_meta_keys) : NULL;
+    const sft_meta *m =
+        f->nmeta ? bsearch(&k, f->meta, f->nmeta, sizeof *f->meta, cmp_meta_keys) : NULL;
     return m ? m->value : NULL;
 }
 
-uint64_t sft_header_len(const sft_file *f) { return f->header_len; }
-uint64_t sft_data_start(const sft_file *f) { return 8 + f->header_len; }
-uint64_t sft_file_size(const sft_file *f) { return f->file_size; }
-sft_load_mode sft_mode(const sft_file *f) { return f->mode; }
-size_t sft_copied_bytes(const sft_file *f) { return f->copied; }
-const char *sft_path(const sft_file *f) { return f->path; }
+uint64_t sft_header_len(const sft_file *f)
+{
+    return f->header_len;
+}
+uint64_t sft_data_start(const sft_file *f)
+{
+    return 8 + f->header_len;
+}
+uint64_t sft_file_size(const sft_file *f)
+{
+    return f->file_size;
+}
+sft_load_mode sft_mode(const sft_file *f)
+{
+    return f->mode;
+}
+size_t sft_copied_bytes(const sft_file *f)
+{
+    return f->copied;
+}
+const char *sft_path(const sft_file *f)
+{
+    return f->path;
+}
 
 /* ---- Conversions -------------------------------------------------------- */
 
@@ -868,8 +885,8 @@ static int cmp_index_by_name(const void *a, const void *b, void *ctx)
 /* Validates the writer input; fills order[] with the tensor indices in name
  * order and nbytes[] with each tensor's size. */
 static sft_status validate_save(const char *path, const sft_tensor *t, size_t n,
-                                const sft_meta *meta, size_t nmeta, size_t *order,
-                                size_t *nbytes, char *err, size_t errlen)
+                                const sft_meta *meta, size_t nmeta, size_t *order, size_t *nbytes,
+                                char *err, size_t errlen)
 {
     for (size_t i = 0; i < n; i++) {
         if (t[i].name == NULL)
@@ -878,8 +895,7 @@ static sft_status validate_save(const char *path, const sft_tensor *t, size_t n,
             return fail(err, errlen, SFT_EINVAL, path, "tensor %zu: the name is not valid UTF-8",
                         i);
         if (strcmp(t[i].name, METADATA_KEY) == 0)
-            return fail(err, errlen, SFT_EINVAL, path, "a tensor cannot be named %s",
-                        METADATA_KEY);
+            return fail(err, errlen, SFT_EINVAL, path, "a tensor cannot be named %s", METADATA_KEY);
         if ((unsigned)t[i].dtype >= SFT_DTYPE_COUNT)
             return fail(err, errlen, SFT_ETYPE, path, "tensor '%s': unknown dtype %d", t[i].name,
                         (int)t[i].dtype);
@@ -940,7 +956,8 @@ static char *build_header(const sft_tensor *t, size_t n, const sft_meta *meta, s
             json_decref(offs);
             goto done;
         }
-        for (size_t d = 0; d < t[i].ndim; d++) json_array_append_new(shape, json_integer(t[i].shape[d]));
+        for (size_t d = 0; d < t[i].ndim; d++)
+            json_array_append_new(shape, json_integer(t[i].shape[d]));
         json_array_append_new(offs, json_integer((json_int_t)pos));
         pos += nbytes[i];
         json_array_append_new(offs, json_integer((json_int_t)pos));

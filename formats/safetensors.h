@@ -26,12 +26,12 @@
 /* Status codes; never renumbered. */
 typedef enum {
     SFT_OK = 0,
-    SFT_EIO = 1,      /* open/read/write/fsync/rename failed (errno in the message) */
-    SFT_EFORMAT = 2,  /* the bytes are not a valid safetensors file            */
-    SFT_ETYPE = 3,    /* a dtype this reader does not know, or a wrong dtype    */
-    SFT_ETOOBIG = 4,  /* a header over SFT_MAX_HEADER, or a size past SIZE_MAX  */
-    SFT_ENOMEM = 5,   /* an allocation or mmap failed                           */
-    SFT_EINVAL = 6    /* the caller passed something invalid (writer input)     */
+    SFT_EIO = 1,     /* open/read/write/fsync/rename failed (errno in the message) */
+    SFT_EFORMAT = 2, /* the bytes are not a valid safetensors file            */
+    SFT_ETYPE = 3,   /* a dtype this reader does not know, or a wrong dtype    */
+    SFT_ETOOBIG = 4, /* a header over SFT_MAX_HEADER, or a size past SIZE_MAX  */
+    SFT_ENOMEM = 5,  /* an allocation or mmap failed                           */
+    SFT_EINVAL = 6   /* the caller passed something invalid (writer input)     */
 } sft_status;
 
 /* The safetensors crate's bound on the header, which bounds the allocation
@@ -65,7 +65,7 @@ typedef enum {
  * valid while the file is open or while a reference from sft_data_ref is
  * held. As writer input (sft_save) every pointer is borrowed for the call. */
 typedef struct {
-    const char *name;     /* NUL-terminated UTF-8                               */
+    const char *name; /* NUL-terminated UTF-8                               */
     sft_dtype dtype;
     size_t ndim;          /* 0 for a scalar                                     */
     const int64_t *shape; /* ndim dimensions, each >= 0                         */
@@ -111,8 +111,7 @@ const char *sft_strerror(sft_status s);
  * same size and modification time as at the start. Writes to a mapped page
  * fault (PROT_READ): weights are never modified in place.
  */
-sft_status sft_open(const char *path, sft_load_mode mode, sft_file **out, char *err,
-                    size_t errlen);
+sft_status sft_open(const char *path, sft_load_mode mode, sft_file **out, char *err, size_t errlen);
 
 /* Closes f; the tensor bytes live on while an sft_data reference is held.
  * Accepts NULL. */
@@ -137,11 +136,11 @@ const sft_meta *sft_metadata(const sft_file *f, size_t *n);
 const char *sft_metadata_get(const sft_file *f, const char *key);
 
 /* Facts about the file itself. */
-uint64_t sft_header_len(const sft_file *f);   /* N                           */
-uint64_t sft_data_start(const sft_file *f);   /* 8 + N                       */
+uint64_t sft_header_len(const sft_file *f); /* N                           */
+uint64_t sft_data_start(const sft_file *f); /* 8 + N                       */
 uint64_t sft_file_size(const sft_file *f);
 sft_load_mode sft_mode(const sft_file *f);
-size_t sft_copied_bytes(const sft_file *f);   /* bytes held in the heap slab */
+size_t sft_copied_bytes(const sft_file *f); /* bytes held in the heap slab */
 const char *sft_path(const sft_file *f);
 
 /*

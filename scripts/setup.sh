@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
     build-essential meson ninja-build pkg-config clang   # toolchain, libFuzzer
+    clang-format git                                     # the format check
     libjansson-dev check                                 # JSON, unit tests
     libmicrohttpd-dev libuv1-dev libopenblas-dev         # server, loop, BLAS
     libsystemd-dev systemd                               # sd_notify, systemd tools

@@ -3,7 +3,8 @@
 # every test. This is the README's test command and what CI runs.
 #   1. release-like build (-O2 -g, warnings are errors), all meson tests
 #   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-#   3. every libFuzzer target for FUZZ_SECONDS (default 60) each
+#   3. the engine and scheduler tests under ThreadSanitizer
+#   4. every libFuzzer target for FUZZ_SECONDS (default 60) each
 # --quick runs step 1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,9 @@ scripts/setup.sh
 # package-lock.json). A failure here fails the run: those tests must not be
 # skipped in CI.
 (cd tests/differential && npm ci --no-audit --no-fund --loglevel=error)
+
+echo "== formatting (.clang-format, Debian 12's clang-format 14)"
+git ls-files '*.c' '*.h' ':!tokenizer/unicode_classes.h' | xargs clang-format --dry-run --Werror
 
 echo "== build and test (build/)"
 [ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized
@@ -30,6 +34,12 @@ meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --print-errorlogs --num-processes 2
+
+echo "== ThreadSanitizer (build-tsan/): the worker pool and the scheduler"
+[ -f build-tsan/build.ninja ] ||
+    CC=clang meson setup build-tsan --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
+meson compile -C build-tsan
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs engine engine-portable scheduler
 
 echo "== fuzzing (build-fuzz/), ${FUZZ_SECONDS:-60} s per target"
 [ -f build-fuzz/build.ninja ] ||

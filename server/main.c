@@ -33,8 +33,7 @@ static void usage(FILE *out)
     fprintf(out, "usage: gpt2d COMMAND [ARGS...]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "  %-12s %s\n  %-12s %s\n\n", "help", "this list", "version",
-            "print the version");
+    fprintf(out, "  %-12s %s\n  %-12s %s\n\n", "help", "this list", "version", "print the version");
     fprintf(out, "`gpt2d COMMAND --help` describes a command.\n");
 }
 

@@ -37,11 +37,15 @@ int main(int argc, char **argv)
     }
     float *logits = malloc(n * V * sizeof *logits);
     if (all) {
-        eng_item it = {.seq = &seq, .tokens = ids, .n = n, .want = ENG_LOGITS_ALL, .logits = logits};
+        eng_item it = {
+            .seq = &seq, .tokens = ids, .n = n, .want = ENG_LOGITS_ALL, .logits = logits};
         if (eng_forward(m, kv, w, &it, 1, err, sizeof err) != ENG_OK) goto fail;
     } else {
         for (size_t i = 0; i < n; i++) {
-            eng_item it = {.seq = &seq, .tokens = ids + i, .n = 1, .want = ENG_LOGITS_LAST,
+            eng_item it = {.seq = &seq,
+                           .tokens = ids + i,
+                           .n = 1,
+                           .want = ENG_LOGITS_LAST,
                            .logits = logits + i * V};
             if (eng_forward(m, kv, w, &it, 1, err, sizeof err) != ENG_OK) goto fail;
         }

@@ -118,14 +118,14 @@ END_TEST
 START_TEST(cfg_parse_args_defaults_then_file_then_options)
 {
     write_conf("port = 9001\nmax_queue = 3\n");
-    char *argv[] = {"serve", "--max-queue=7", "--config", path, "--host", "::1",
-                    "--model", "/m", "--max_running", "8"};
+    char *argv[] = {"serve", "--max-queue=7", "--config", path, "--host", "::1", "--model",
+                    "/m",    "--max_running", "8"};
     cfg_config c;
     cfg_defaults(&c);
     char err[256];
     ck_assert_msg(cfg_parse_args(&c, 10, argv, 1, err, sizeof err) == CFG_OK, "%s", err);
-    ck_assert_uint_eq(c.port, 9001);     /* from the file */
-    ck_assert_uint_eq(c.max_queue, 3);   /* the file came after --max-queue=7 */
+    ck_assert_uint_eq(c.port, 9001);   /* from the file */
+    ck_assert_uint_eq(c.max_queue, 3); /* the file came after --max-queue=7 */
     ck_assert_str_eq(c.host, "::1");
     ck_assert_uint_eq(c.max_running, 8);
     ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_OK);
@@ -166,9 +166,11 @@ START_TEST(cfg_validate_cross_checks)
     ck_assert_int_eq(cfg_set(&c, "step_tokens", "8", "test", err, sizeof err), CFG_OK);
     ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_EVALUE);
     ck_assert_ptr_nonnull(strstr(err, "step_tokens (8) must be at least max_running (64)"));
-    for (int i = 0; i < 16; i++) ck_assert_int_eq(cfg_set(&c, "api_key", "abcdefgh", "t", err, sizeof err), CFG_OK);
+    for (int i = 0; i < 16; i++)
+        ck_assert_int_eq(cfg_set(&c, "api_key", "abcdefgh", "t", err, sizeof err), CFG_OK);
     ck_assert_int_eq(cfg_set(&c, "api_key", "abcdefgh", "t", err, sizeof err), CFG_EVALUE);
-    for (int s = 0; s <= CFG_EVALUE; s++) ck_assert_str_ne(cfg_strerror((cfg_status)s), "unknown status");
+    for (int s = 0; s <= CFG_EVALUE; s++)
+        ck_assert_str_ne(cfg_strerror((cfg_status)s), "unknown status");
 }
 END_TEST
 
@@ -179,8 +181,8 @@ START_TEST(cfg_print_help_lists_every_key)
     FILE *mem = open_memstream(&buf, &len);
     cfg_print_help(mem);
     fclose(mem);
-    static const char *keys[] = {"--host", "--port", "--model ", "--kv-cache-mb", "--max-queue",
-                                 "--api-key", "--shutdown-timeout", "--config FILE"};
+    static const char *keys[] = {"--host",      "--port",    "--model ",           "--kv-cache-mb",
+                                 "--max-queue", "--api-key", "--shutdown-timeout", "--config FILE"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         ck_assert_msg(strstr(buf, keys[i]) != NULL, "help lacks %s", keys[i]);
     free(buf);

@@ -19,7 +19,6 @@
 
 #include "testutil.h"
 
-
 static char dir[256];
 
 static void synth(const char *sub, const char *extra1, const char *extra2)
@@ -28,8 +27,8 @@ static void synth(const char *sub, const char *extra1, const char *extra2)
     snprintf(out, sizeof out, "%s/%s", dir, sub);
     mkdir(out, 0755);
     snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, sub);
-    char *argv[16] = {"synth", out, "--layers", "2", "--embd", "64", "--heads", "4", "--ctx",
-                      "64", "--vocab", "500", "--seed", "5"};
+    char *argv[16] = {"synth", out,     "--layers", "2",       "--embd", "64",     "--heads",
+                      "4",     "--ctx", "64",       "--vocab", "500",    "--seed", "5"};
     int argc = 14;
     if (extra1) argv[argc++] = (char *)extra1;
     if (extra2) argv[argc++] = (char *)extra2;
@@ -78,7 +77,10 @@ static void run_alone(eng_model *m, float *out)
     eng_item it = {.seq = &s, .tokens = toks_a, .n = 7, .want = ENG_LOGITS_LAST, .logits = out};
     ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
     for (size_t k = 0; k < 3; k++) {
-        it = (eng_item){.seq = &s, .tokens = toks_a + 7 + k, .n = 1, .want = ENG_LOGITS_LAST,
+        it = (eng_item){.seq = &s,
+                        .tokens = toks_a + 7 + k,
+                        .n = 1,
+                        .want = ENG_LOGITS_LAST,
                         .logits = out + (k + 1) * V};
         ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
     }
@@ -119,9 +121,15 @@ START_TEST(eng_forward_is_batch_invariant_bitwise)
     for (size_t k = 0; k < 3; k++) {
         eng_item step[3] = {
             {.seq = &c, .tokens = toks_b + 6 + k, .n = 1, .want = ENG_LOGITS_LAST, .logits = junk},
-            {.seq = &b, .tokens = toks_b + 3 + 2 * k, .n = 2, .want = ENG_LOGITS_ALL,
+            {.seq = &b,
+             .tokens = toks_b + 3 + 2 * k,
+             .n = 2,
+             .want = ENG_LOGITS_ALL,
              .logits = junk + V},
-            {.seq = &a, .tokens = toks_a + 7 + k, .n = 1, .want = ENG_LOGITS_LAST,
+            {.seq = &a,
+             .tokens = toks_a + 7 + k,
+             .n = 1,
+             .want = ENG_LOGITS_LAST,
              .logits = mixed + (k + 1) * V},
         };
         ck_assert_int_eq(eng_forward(m, kv, w, step, 3, err, sizeof err), ENG_OK);
@@ -144,11 +152,10 @@ END_TEST
 
 /* 60 tokens: a full prefill takes the packed-tile matmul (more than 48
  * rows), a decode the k-blocked one; both must give the same bits. */
-static const int32_t toks_long[60] = {3, 141, 59, 26, 5, 358, 97, 93, 238, 46, 1, 2, 3, 4,
-                                      5, 6, 7, 8, 9, 10, 400, 401, 402, 403, 404, 405, 406,
-                                      407, 408, 409, 499, 0, 17, 17, 17, 250, 251, 252, 253, 254,
-                                      60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73,
-                                      74, 75, 76, 77, 78, 79};
+static const int32_t toks_long[60] = {
+    3,   141, 59,  26,  5,   358, 97,  93,  238, 46,  1,   2,  3,  4,  5,  6,   7,   8,   9,   10,
+    400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 499, 0,  17, 17, 17, 250, 251, 252, 253, 254,
+    60,  61,  62,  63,  64,  65,  66,  67,  68,  69,  70,  71, 72, 73, 74, 75,  76,  77,  78,  79};
 
 START_TEST(eng_forward_incremental_equals_full_prefill)
 {
@@ -166,7 +173,10 @@ START_TEST(eng_forward_incremental_equals_full_prefill)
     eng_item it = {.seq = &s, .tokens = toks_long, .n = 60, .want = ENG_LOGITS_ALL, .logits = full};
     ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
     for (size_t k = 0; k < 60; k++) {
-        it = (eng_item){.seq = &t, .tokens = toks_long + k, .n = 1, .want = ENG_LOGITS_LAST,
+        it = (eng_item){.seq = &t,
+                        .tokens = toks_long + k,
+                        .n = 1,
+                        .want = ENG_LOGITS_LAST,
                         .logits = inc + k * V};
         ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
     }
@@ -284,7 +294,8 @@ START_TEST(eng_model_missing_or_misshapen_tensor_is_named)
     sft_tensor *t = malloc(n * sizeof *t);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strcmp(sft_tensor_at(f, i)->name, "h.1.mlp.c_fc.bias") != 0) t[k++] = *sft_tensor_at(f, i);
+        if (strcmp(sft_tensor_at(f, i)->name, "h.1.mlp.c_fc.bias") != 0)
+            t[k++] = *sft_tensor_at(f, i);
     snprintf(p, sizeof p, "%s/missing", dir);
     mkdir(p, 0755);
     snprintf(p, sizeof p, "%s/missing/model.safetensors", dir);

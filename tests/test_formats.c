@@ -35,7 +35,6 @@ void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t n, size_t m);
 void *__wrap_aligned_alloc(size_t a, size_t n);
 
-
 static long alloc_countdown = -1; /* -1: never fail; k: fail the k-th call from now */
 static long alloc_calls;
 
@@ -46,8 +45,14 @@ static int alloc_should_fail(void)
     return alloc_countdown-- == 0;
 }
 
-void *__wrap_malloc(size_t n) { return alloc_should_fail() ? NULL : __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t m) { return alloc_should_fail() ? NULL : __real_calloc(n, m); }
+void *__wrap_malloc(size_t n)
+{
+    return alloc_should_fail() ? NULL : __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t m)
+{
+    return alloc_should_fail() ? NULL : __real_calloc(n, m);
+}
 void *__wrap_aligned_alloc(size_t a, size_t n)
 {
     return alloc_should_fail() ? NULL : __real_aligned_alloc(a, n);
@@ -155,8 +160,9 @@ static const float ones4[] = {1, 1, 1, 1};
 START_TEST(sft_save_seed_example_has_exact_bytes)
 {
     /* xxd of the chapter's t.safetensors: a = arange(3) I64, b = ones(2,2) F32. */
-    static const char header[] = "{\"a\":{\"data_offsets\":[0,24],\"dtype\":\"I64\",\"shape\":[3]},"
-                                 "\"b\":{\"data_offsets\":[24,40],\"dtype\":\"F32\",\"shape\":[2,2]}}";
+    static const char header[] =
+        "{\"a\":{\"data_offsets\":[0,24],\"dtype\":\"I64\",\"shape\":[3]},"
+        "\"b\":{\"data_offsets\":[24,40],\"dtype\":\"F32\",\"shape\":[2,2]}}";
     ck_assert_uint_eq(strlen(header), 112);
     unsigned char want[160] = {0x70};
     memcpy(want + 8, header, 112);
@@ -215,11 +221,9 @@ START_TEST(sft_save_misaligned_starts_data_at_8k_plus_3)
     sft_tensor t = {.name = "w", .dtype = SFT_F32, .ndim = 1, .shape = s2, .data = v};
     sft_save_opts o = {.data_misalign = 3};
     char err[256];
-    ck_assert_int_eq(sft_save(tpath("m.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
-                     SFT_OK);
+    ck_assert_int_eq(sft_save(tpath("m.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err), SFT_OK);
     sft_file *f;
-    ck_assert_int_eq(sft_open(tpath("m.safetensors"), SFT_LOAD_MMAP, &f, err, sizeof err),
-                     SFT_OK);
+    ck_assert_int_eq(sft_open(tpath("m.safetensors"), SFT_LOAD_MMAP, &f, err, sizeof err), SFT_OK);
     ck_assert_uint_eq(sft_data_start(f) % 8, 3);
     const sft_tensor *w = sft_find(f, "w");
     ck_assert_int_eq(w->mapped, 0);
@@ -270,8 +274,9 @@ START_TEST(sft_open_round_trips_every_dtype)
                      SFT_OK);
     for (int mode = 0; mode < 2; mode++) {
         sft_file *f = NULL;
-        ck_assert_msg(sft_open(tpath("all.safetensors"), (sft_load_mode)mode, &f, err,
-                               sizeof err) == SFT_OK, "%s", err);
+        ck_assert_msg(sft_open(tpath("all.safetensors"), (sft_load_mode)mode, &f, err, sizeof err)
+                          == SFT_OK,
+                      "%s", err);
         ck_assert_uint_eq(sft_count(f), nin);
         for (size_t i = 0; i < nin; i++) {
             const sft_tensor *t = sft_find(f, in[i].name);
@@ -285,8 +290,10 @@ START_TEST(sft_open_round_trips_every_dtype)
             }
             ck_assert_uint_eq(t->nbytes, numel * sft_dtype_size(in[i].dtype));
             ck_assert_uint_eq(sft_tensor_numel(t), numel);
-            if (t->nbytes) ck_assert_mem_eq(t->data, in[i].data, t->nbytes);
-            else ck_assert_ptr_null(t->data);
+            if (t->nbytes)
+                ck_assert_mem_eq(t->data, in[i].data, t->nbytes);
+            else
+                ck_assert_ptr_null(t->data);
         }
         size_t nm;
         const sft_meta *m = sft_metadata(f, &nm);
@@ -374,27 +381,33 @@ static const bad_header bad_headers[] = {
      "{\"a\":" T("\"F32\"", "[1]", "[0,4]") ",\"b\":" T("\"F32\"", "[2]", "[8,16]") "}",
      SFT_EFORMAT, "a gap"},
     {"overlap",
-     "{\"a\":" T("\"F32\"", "[2]", "[0,8]") ",\"b\":" T("\"F32\"", "[2]", "[4,12]")
-     ",\"c\":" T("\"F32\"", "[1]", "[12,16]") "}",
+     "{\"a\":" T("\"F32\"", "[2]", "[0,8]") ",\"b\":" T("\"F32\"", "[2]", "[4,12]") ",\"c\":" T(
+         "\"F32\"", "[1]", "[12,16]") "}",
      SFT_EFORMAT, "an overlap"},
     {"shape count overflows",
      E(T("\"F32\"", "[9223372036854775807,9223372036854775807]", "[0,16]")), SFT_EFORMAT,
      "overflows"},
     {"end offset 2^64-1", E(T("\"U8\"", "[16]", "[0,18446744073709551615]")), SFT_EFORMAT,
      "not valid JSON"},
-    {"metadata not an object", "{\"__metadata__\":\"x\"," "\"a\":" T("\"U8\"", "[16]", "[0,16]") "}",
+    {"metadata not an object",
+     "{\"__metadata__\":\"x\","
+     "\"a\":" T("\"U8\"", "[16]", "[0,16]") "}",
      SFT_EFORMAT, "__metadata__ is not"},
-    {"metadata value a number", "{\"__metadata__\":{\"k\":1}," "\"a\":" T("\"U8\"", "[16]", "[0,16]") "}",
+    {"metadata value a number",
+     "{\"__metadata__\":{\"k\":1},"
+     "\"a\":" T("\"U8\"", "[16]", "[0,16]") "}",
      SFT_EFORMAT, "value of 'k'"},
-    {"metadata nested", "{\"__metadata__\":{\"k\":{}}," "\"a\":" T("\"U8\"", "[16]", "[0,16]") "}",
+    {"metadata nested",
+     "{\"__metadata__\":{\"k\":{}},"
+     "\"a\":" T("\"U8\"", "[16]", "[0,16]") "}",
      SFT_EFORMAT, "value of 'k'"},
     {"entry not an object", "{\"a\":5}", SFT_EFORMAT, "entry is not a JSON object"},
     /* gpt2d's additions. */
     {"unknown dtype", E(T("\"F8_E4M3\"", "[16]", "[0,16]")), SFT_ETYPE, "'F8_E4M3'"},
     {"lowercase dtype", E(T("\"f32\"", "[4]", "[0,16]")), SFT_ETYPE, "'f32'"},
     {"duplicate names",
-     "{\"a\":" T("\"U8\"", "[8]", "[0,8]") ",\"a\":" T("\"U8\"", "[8]", "[8,16]") "}",
-     SFT_EFORMAT, "duplicate"},
+     "{\"a\":" T("\"U8\"", "[8]", "[0,8]") ",\"a\":" T("\"U8\"", "[8]", "[8,16]") "}", SFT_EFORMAT,
+     "duplicate"},
     {"trailing bytes", E(T("\"F32\"", "[3]", "[0,12]")), SFT_EFORMAT, "trailing"},
     {"end past the data", E(T("\"F32\"", "[8]", "[0,32]")), SFT_EFORMAT, "past the data"},
     {"end offset INT64_MAX", E(T("\"U8\"", "[9223372036854775807]", "[0,9223372036854775807]")),
@@ -419,14 +432,13 @@ START_TEST(sft_open_bad_header_is_rejected)
     for (int mode = 0; mode < 2; mode++) {
         sft_file *f = (sft_file *)1;
         char err[512];
-        sft_status s = sft_open(header_file(b->header, 16), (sft_load_mode)mode, &f, err,
-                                sizeof err);
+        sft_status s =
+            sft_open(header_file(b->header, 16), (sft_load_mode)mode, &f, err, sizeof err);
         ck_assert_msg(s == b->status, "%s: status %d, want %d (%s)", b->what, s, b->status, err);
         ck_assert_ptr_null(f);
         ck_assert_msg(strstr(err, b->words) != NULL, "%s: message '%s' lacks '%s'", b->what, err,
                       b->words);
-        ck_assert_msg(strstr(err, tmpdir) != NULL, "%s: message '%s' lacks the path", b->what,
-                      err);
+        ck_assert_msg(strstr(err, tmpdir) != NULL, "%s: message '%s' lacks the path", b->what, err);
         ck_assert_ptr_null(strchr(err, '\n'));
     }
 }
@@ -515,11 +527,10 @@ static const char *three_tensors(const char *name, unsigned misalign, float *val
 {
     static const int64_t s1000[] = {1000};
     for (int i = 0; i < 3000; i++) vals[i] = (float)i * 0.5f - 7.0f;
-    sft_tensor t[3] = {{.name = "a", .dtype = SFT_F32, .ndim = 1, .shape = s1000, .data = vals},
-                       {.name = "b", .dtype = SFT_F32, .ndim = 1, .shape = s1000,
-                        .data = vals + 1000},
-                       {.name = "c", .dtype = SFT_F32, .ndim = 1, .shape = s1000,
-                        .data = vals + 2000}};
+    sft_tensor t[3] = {
+        {.name = "a", .dtype = SFT_F32, .ndim = 1, .shape = s1000, .data = vals},
+        {.name = "b", .dtype = SFT_F32, .ndim = 1, .shape = s1000, .data = vals + 1000},
+        {.name = "c", .dtype = SFT_F32, .ndim = 1, .shape = s1000, .data = vals + 2000}};
     sft_save_opts o = {.data_misalign = misalign};
     char err[256];
     ck_assert_int_eq(sft_save(tpath(name), t, 3, NULL, 0, &o, err, sizeof err), SFT_OK);
@@ -673,8 +684,8 @@ START_TEST(sft_save_rejected_input_leaves_the_target_untouched)
     unsigned char *old = read_bytes(p, &n);
     static const float v[3] = {1, 2, 3};
     char err[256];
-    sft_tensor t = {.name = "__metadata__", .dtype = SFT_F32, .ndim = 1, .shape = shape_3,
-                    .data = v};
+    sft_tensor t = {
+        .name = "__metadata__", .dtype = SFT_F32, .ndim = 1, .shape = shape_3, .data = v};
     ck_assert_int_eq(sft_save(p, &t, 1, NULL, 0, NULL, err, sizeof err), SFT_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "__metadata__"));
     assert_untouched(p, old, n);

@@ -25,8 +25,8 @@ static void setup(void)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char out[320];
     snprintf(out, sizeof out, "%s/model.safetensors", dir);
-    char *argv[] = {"synth", out, "--layers", "2", "--embd", "64", "--heads", "4", "--ctx",
-                    "256", "--vocab", "600", "--seed", "9"};
+    char *argv[] = {"synth", out,     "--layers", "2",       "--embd", "64",     "--heads",
+                    "4",     "--ctx", "256",      "--vocab", "600",    "--seed", "9"};
     ck_assert_int_eq(tool_synth(14, argv), 0);
     char err[512];
     ck_assert_msg(eng_model_load(dir, &model, err, sizeof err) == ENG_OK, "%s", err);
@@ -98,7 +98,7 @@ typedef struct {
     size_t first_token_step; /* driver step count when the first token came */
     driver *d;
     eng_sched *s;
-    size_t cancel_after;     /* cancel from the callback after this many tokens */
+    size_t cancel_after; /* cancel from the callback after this many tokens */
 } rec;
 
 static void on_event(void *user, const eng_event *ev)
@@ -123,9 +123,12 @@ static void on_event(void *user, const eng_event *ev)
 static eng_sched *make_sched(size_t blocks, size_t max_running, size_t max_queue,
                              size_t step_tokens)
 {
-    eng_sched_opts o = {.kv_bytes = blocks * block_bytes(), .block_len = 16,
-                        .max_running = max_running, .max_queue = max_queue,
-                        .step_tokens = step_tokens, .threads = 2};
+    eng_sched_opts o = {.kv_bytes = blocks * block_bytes(),
+                        .block_len = 16,
+                        .max_running = max_running,
+                        .max_queue = max_queue,
+                        .step_tokens = step_tokens,
+                        .threads = 2};
     eng_sched *s;
     char err[256];
     ck_assert_msg(eng_sched_new(model, &o, &s, err, sizeof err) == ENG_OK, "%s", err);
@@ -142,10 +145,15 @@ static void submit(eng_sched *s, rec *r, size_t nprompt, size_t max_tokens, unsi
 {
     int32_t p[256];
     prompt_of(p, nprompt, salt);
-    eng_request q = {.prompt = p, .nprompt = nprompt, .max_tokens = max_tokens,
+    eng_request q = {.prompt = p,
+                     .nprompt = nprompt,
+                     .max_tokens = max_tokens,
                      .sampling = {.temperature = temperature, .top_k = 40, .top_p = 0.95f},
-                     .seed = salt, .ignore_eos = 1, .logprobs = 0,
-                     .on_event = on_event, .user = r};
+                     .seed = salt,
+                     .ignore_eos = 1,
+                     .logprobs = 0,
+                     .on_event = on_event,
+                     .user = r};
     char err[256];
     r->s = s;
     ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
@@ -208,7 +216,8 @@ START_TEST(sched_same_seed_same_tokens_alone_or_batched)
     driver d = {.s = s};
     ck_assert_int_eq(uv_loop_init(&d.loop), 0);
     for (unsigned i = 0; i < 10; i++) submit(s, &noise[i], 3 + i * 9, 25, 7 + i, 1.0f);
-    for (unsigned i = 0; i < 6; i++) submit(s, &batched[i], 5 + i * 17, 20, 100 + i, i % 2 ? 0.8f : 0.0f);
+    for (unsigned i = 0; i < 6; i++)
+        submit(s, &batched[i], 5 + i * 17, 20, 100 + i, i % 2 ? 0.8f : 0.0f);
     drive(&d);
     for (unsigned i = 0; i < 6; i++) {
         ck_assert_uint_eq(alone[i].n, 20);
@@ -230,7 +239,7 @@ START_TEST(sched_cancel_waiting_running_and_from_callback)
     static rec r[6];
     memset(r, 0, sizeof r);
     for (unsigned i = 0; i < 6; i++) submit(s, &r[i], 20, 30, i, 0.8f);
-    r[1].cancel_after = 3;   /* cancels itself from its own callback */
+    r[1].cancel_after = 3;        /* cancels itself from its own callback */
     eng_sched_cancel(s, r[5].id); /* still waiting: ends at once */
     ck_assert_uint_eq(r[5].done_count, 1);
     ck_assert_int_eq(r[5].finish, ENG_FINISH_CANCELLED);
@@ -290,8 +299,12 @@ START_TEST(sched_queue_overflow_and_impossible_requests_are_refused)
     for (unsigned i = 0; i < 3; i++) submit(s, &r[i], 10, 5, i, 0.0f);
     int32_t p[300];
     prompt_of(p, 300, 1);
-    eng_request q = {.prompt = p, .nprompt = 10, .max_tokens = 5, .logprobs = -1,
-                     .on_event = on_event, .user = &r[3]};
+    eng_request q = {.prompt = p,
+                     .nprompt = 10,
+                     .max_tokens = 5,
+                     .logprobs = -1,
+                     .on_event = on_event,
+                     .user = &r[3]};
     uint64_t id;
     char err[256];
     ck_assert_int_eq(eng_sched_submit(s, &q, &id, err, sizeof err), ENG_EFULL);
@@ -375,8 +388,14 @@ START_TEST(sched_echo_logprobs_bias_and_penalties)
     char err[256];
     /* Echo: one PROMPT_LOGPROB per prompt token after the first; greedy
      * chooses the top alternative. */
-    eng_request q = {.prompt = p, .nprompt = 30, .max_tokens = 6, .logprobs = 3, .echo = 1,
-                     .ignore_eos = 1, .on_event = on_event, .user = &e};
+    eng_request q = {.prompt = p,
+                     .nprompt = 30,
+                     .max_tokens = 6,
+                     .logprobs = 3,
+                     .echo = 1,
+                     .ignore_eos = 1,
+                     .on_event = on_event,
+                     .user = &e};
     ck_assert_int_eq(eng_sched_submit(s, &q, &e.id, err, sizeof err), ENG_OK);
     q.echo = 0;
     q.user = &g;
@@ -393,8 +412,8 @@ START_TEST(sched_echo_logprobs_bias_and_penalties)
     q.sampling = (eng_sampling){.temperature = 0, .top_p = 1, .bias = &bias, .nbias = 1};
     ck_assert_int_eq(eng_sched_submit(s, &q, &biased.id, err, sizeof err), ENG_OK);
     q.user = &pen;
-    q.sampling = (eng_sampling){.temperature = 0, .top_p = 1, .presence_penalty = 2.0f,
-                                .frequency_penalty = 2.0f};
+    q.sampling = (eng_sampling){
+        .temperature = 0, .top_p = 1, .presence_penalty = 2.0f, .frequency_penalty = 2.0f};
     ck_assert_int_eq(eng_sched_submit(s, &q, &pen.id, err, sizeof err), ENG_OK);
     while (eng_sched_step(s)) {
     }
@@ -415,13 +434,17 @@ START_TEST(sched_end_of_text_ends_unless_ignored)
     snprintf(sub, sizeof sub, "%s/eot", dir);
     mkdir(sub, 0755);
     snprintf(out, sizeof out, "%s/model.safetensors", sub);
-    char *argv[] = {"synth", out, "--layers", "1", "--embd", "64", "--heads", "4", "--ctx",
-                    "64", "--seed", "2"};
+    char *argv[] = {"synth",   out, "--layers", "1",  "--embd", "64",
+                    "--heads", "4", "--ctx",    "64", "--seed", "2"};
     ck_assert_int_eq(tool_synth(12, argv), 0);
     eng_model *m;
     ck_assert_msg(eng_model_load(sub, &m, err, sizeof err) == ENG_OK, "%s", err);
-    eng_sched_opts o = {.kv_bytes = 1 << 20, .block_len = 16, .max_running = 4,
-                        .max_queue = 4, .step_tokens = 64, .threads = 2};
+    eng_sched_opts o = {.kv_bytes = 1 << 20,
+                        .block_len = 16,
+                        .max_running = 4,
+                        .max_queue = 4,
+                        .step_tokens = 64,
+                        .threads = 2};
     eng_sched *s;
     ck_assert_int_eq(eng_sched_new(m, &o, &s, err, sizeof err), ENG_OK);
     static rec stop, go;
@@ -429,10 +452,14 @@ START_TEST(sched_end_of_text_ends_unless_ignored)
     memset(&go, 0, sizeof go);
     int32_t p[3] = {464, 3616, 286};
     eng_bias eot = {.token = 50256, .bias = 100.0f};
-    eng_request q = {.prompt = p, .nprompt = 3, .max_tokens = 5, .logprobs = -1,
-                     .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 1, .bias = &eot,
-                                  .nbias = 1},
-                     .on_event = on_event, .user = &stop};
+    eng_request q = {
+        .prompt = p,
+        .nprompt = 3,
+        .max_tokens = 5,
+        .logprobs = -1,
+        .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 1, .bias = &eot, .nbias = 1},
+        .on_event = on_event,
+        .user = &stop};
     ck_assert_int_eq(eng_sched_submit(s, &q, &stop.id, err, sizeof err), ENG_OK);
     q.ignore_eos = 1;
     q.user = &go;

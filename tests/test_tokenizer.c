@@ -21,7 +21,6 @@
 #error "GPT2D_VOCAB_DIR must name the directory with vocab.json and merges.txt"
 #endif
 
-
 static bpe *gpt2;
 
 static void load_gpt2(void)
@@ -54,10 +53,10 @@ static void assert_ids(const bpe *t, const char *text, size_t len, const int32_t
     free(ids);
 }
 
-#define IDS(text, ...)                                                                           \
-    do {                                                                                         \
-        static const int32_t want_[] = {__VA_ARGS__};                                            \
-        assert_ids(gpt2, text, strlen(text), want_, sizeof want_ / sizeof want_[0]);             \
+#define IDS(text, ...)                                                                             \
+    do {                                                                                           \
+        static const int32_t want_[] = {__VA_ARGS__};                                              \
+        assert_ids(gpt2, text, strlen(text), want_, sizeof want_ / sizeof want_[0]);               \
     } while (0)
 
 START_TEST(bpe_encode_seed_examples)
@@ -125,12 +124,12 @@ static void split_str(const char *text, size_t n, char *out, size_t cap)
     }
 }
 
-#define SPLIT(text, want)                                                                        \
-    do {                                                                                         \
-        char got_[512];                                                                          \
-        split_str(text, sizeof(text) - 1, got_, sizeof got_);                                    \
-        ck_assert_msg(strcmp(got_, want) == 0, "split of '%s' is '%s', want '%s'", text, got_,   \
-                      want);                                                                     \
+#define SPLIT(text, want)                                                                          \
+    do {                                                                                           \
+        char got_[512];                                                                            \
+        split_str(text, sizeof(text) - 1, got_, sizeof got_);                                      \
+        ck_assert_msg(strcmp(got_, want) == 0, "split of '%s' is '%s', want '%s'", text, got_,     \
+                      want);                                                                       \
     } while (0)
 
 START_TEST(bpe_split_next_seed_examples)
@@ -155,13 +154,13 @@ START_TEST(bpe_split_next_contractions_and_spaces)
     SPLIT("' s", "'| s");
     SPLIT("!!'s", "!!'|s");
     SPLIT(" 's", " '|s");
-    SPLIT("x\u3000y", "x|\u3000|y");       /* ideographic space: not an ASCII space */
-    SPLIT("x \u00a0y", "x| |\u00a0|y");     /* NBSP cannot lead a word */
+    SPLIT("x\u3000y", "x|\u3000|y");    /* ideographic space: not an ASCII space */
+    SPLIT("x \u00a0y", "x| |\u00a0|y"); /* NBSP cannot lead a word */
     SPLIT("\t\t", "\t\t");
     SPLIT("a\r\n", "a|\r\n");
-    SPLIT("x\xff\xfey", "x|\xff\xfe|y");    /* invalid bytes are "other" */
-    SPLIT("1\xe6\x97", "1|\xe6\x97");       /* a truncated character too */
-    SPLIT("Ⅻ½²", "Ⅻ½²");                    /* numbers of other kinds */
+    SPLIT("x\xff\xfey", "x|\xff\xfe|y");                  /* invalid bytes are "other" */
+    SPLIT("1\xe6\x97", "1|\xe6\x97");                     /* a truncated character too */
+    SPLIT("Ⅻ½²", "Ⅻ½²");                                  /* numbers of other kinds */
     SPLIT("e\xcc\x81t\xcc\x81", "e|\xcc\x81|t|\xcc\x81"); /* combining marks are Mn: other */
 }
 END_TEST
@@ -214,7 +213,8 @@ END_TEST
 
 START_TEST(bpe_decode_round_trips_invalid_utf8)
 {
-    static const char text[] = "ok \xff\xfe\x80 \xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xe6\x97 end\x00x";
+    static const char text[] =
+        "ok \xff\xfe\x80 \xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xe6\x97 end\x00x";
     int32_t *ids;
     size_t n;
     ck_assert_int_eq(bpe_encode(gpt2, text, sizeof text - 1, &ids, &n, NULL, 0), BPE_OK);
@@ -268,7 +268,9 @@ END_TEST
 /* Many threads share one tokenizer: each encodes the same texts and must get
  * what one thread gets. Run under ASan (and TSan by hand) in CI. */
 static const char *const thread_texts[] = {
-    "Hello, world! don't we'll", "año €5 日本語 👩‍👩‍👧", "    indented\n\tcode();\n",
+    "Hello, world! don't we'll",
+    "año €5 日本語 👩‍👩‍👧",
+    "    indented\n\tcode();\n",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 };
 
@@ -282,8 +284,10 @@ static void *encode_many(void *arg)
             if (bpe_encode(gpt2, thread_texts[i], strlen(thread_texts[i]), &ids, &n, NULL, 0)
                 != BPE_OK)
                 return (void *)1;
-            if (rep == 0) counts[i] = n;
-            else if (counts[i] != n) return (void *)1;
+            if (rep == 0)
+                counts[i] = n;
+            else if (counts[i] != n)
+                return (void *)1;
             free(ids);
         }
     }
@@ -295,7 +299,8 @@ START_TEST(bpe_encode_is_safe_from_many_threads)
     size_t want[4], got[8][4];
     ck_assert_ptr_null(encode_many(want));
     pthread_t th[8];
-    for (int i = 0; i < 8; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, encode_many, got[i]), 0);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, encode_many, got[i]), 0);
     for (int i = 0; i < 8; i++) {
         void *rc;
         ck_assert_int_eq(pthread_join(th[i], &rc), 0);
@@ -352,7 +357,8 @@ static bpe *load_fixture(const char *vocab, const char *merges)
     return t;
 }
 
-#define TINY_VOCAB "{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4, \"hel\": 5, \"a\": 6, \"aa\": 7}"
+#define TINY_VOCAB                                                                                 \
+    "{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4, \"hel\": 5, \"a\": 6, \"aa\": 7}"
 
 START_TEST(bpe_merges_follow_their_rank)
 {
@@ -367,8 +373,7 @@ END_TEST
 START_TEST(bpe_merges_lower_rank_wins_over_earlier_position)
 {
     /* e l (0), h e (1): rank decides, not position -> [h][el] */
-    bpe *t = load_fixture("{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4}",
-                          "e l\r\nh e\r\n");
+    bpe *t = load_fixture("{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4}", "e l\r\nh e\r\n");
     static const int32_t want[] = {0, 4};
     assert_ids(t, "hel", 3, want, 2);
     bpe_free(t);
@@ -428,7 +433,8 @@ static const bad_files bad_file_cases[] = {
     {"character outside the byte symbols", "{\"a\": 0, \"\xe2\x82\xac\": 1}", "", BPE_EFORMAT,
      "outside the 256 byte symbols"},
     {"raw space in a token", "{\"a b\": 0}", "", BPE_EFORMAT, "outside the 256 byte symbols"},
-    {"merges line with one symbol", "{\"a\": 0}", "a\n", BPE_EFORMAT, ":1: \"a\" is not two symbols"},
+    {"merges line with one symbol", "{\"a\": 0}", "a\n", BPE_EFORMAT,
+     ":1: \"a\" is not two symbols"},
     {"merges line with three symbols", "{\"a\": 0}", "#version: 0.2\na a a\n", BPE_EFORMAT,
      ":2: \"a a a\" is not two symbols"},
     {"merges line with two spaces", "{\"a\": 0}", "a  a\n", BPE_EFORMAT, "not two symbols"},
@@ -486,12 +492,22 @@ static size_t ref_decode(const unsigned char *p, size_t n, char *out)
             out[o++] = (char)c;
             i++;
             continue;
-        } else if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c >= 0xE0 && c <= 0xEF) { need = 2; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
-        else if (c >= 0xF0 && c <= 0xF4) { need = 3; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
-        else need = 0;
+        } else if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            lo = c == 0xE0 ? 0xA0 : 0x80;
+            hi = c == 0xED ? 0x9F : 0xBF;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            lo = c == 0xF0 ? 0x90 : 0x80;
+            hi = c == 0xF4 ? 0x8F : 0xBF;
+        } else
+            need = 0;
         size_t k = 1;
-        while (k <= need && i + k < n && p[i + k] >= (k == 1 ? lo : 0x80) && p[i + k] <= (k == 1 ? hi : 0xBF)) k++;
+        while (k <= need && i + k < n && p[i + k] >= (k == 1 ? lo : 0x80)
+               && p[i + k] <= (k == 1 ? hi : 0xBF))
+            k++;
         if (need > 0 && k == need + 1) {
             memcpy(out + o, p + i, k);
             o += k;
@@ -526,7 +542,10 @@ static size_t stream_decode(const unsigned char *p, size_t n, const size_t *cuts
 
 START_TEST(utf8_stream_every_split_of_multibyte_characters)
 {
-    static const char text[] = "a\xc3\xa9" "b\xe6\x97\xa5" "c\xf0\x9f\x98\x80" "d\xe2\x82\xac";
+    static const char text[] = "a\xc3\xa9"
+                               "b\xe6\x97\xa5"
+                               "c\xf0\x9f\x98\x80"
+                               "d\xe2\x82\xac";
     size_t n = sizeof text - 1;
     char out[256];
     for (size_t a = 0; a <= n; a++) {
@@ -555,11 +574,14 @@ START_TEST(utf8_stream_invalid_input_matches_python_replace)
     } cases[] = {
         {"\xff", "\xef\xbf\xbd"},
         {"\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd"},
-        {"\xe6\x97" "A", "\xef\xbf\xbd" "A"},              /* truncated: one U+FFFD */
+        {"\xe6\x97"
+         "A",
+         "\xef\xbf\xbd"
+         "A"},                                                    /* truncated: one U+FFFD */
         {"\xe0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* overlong: three */
         {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* surrogate: three */
         {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
-        {"\xf0\x9f\x98", "\xef\xbf\xbd"},                  /* dangling at the end: flush */
+        {"\xf0\x9f\x98", "\xef\xbf\xbd"}, /* dangling at the end: flush */
         {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},
         {"a\xf0\x9f\x98\xe6\x97\xa5", "a\xef\xbf\xbd\xe6\x97\xa5"},
     };
@@ -590,16 +612,28 @@ START_TEST(utf8_stream_random_bytes_match_the_reference)
             x ^= x >> 7;
             x ^= x << 17;
             /* Bias toward the interesting bytes. */
-            static const unsigned char pool[] = {0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0,
-                                                 0xC2, 0xDF, 0xE0, 0xE6, 0xED, 0xEF, 0xF0, 0xF4,
-                                                 0xF5, 0xFF};
+            static const unsigned char pool[] = {0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0,
+                                                 0xBF, 0xC0, 0xC2, 0xDF, 0xE0, 0xE6,
+                                                 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF};
             in[i] = (x >> 8) % 3 ? pool[(x >> 16) % sizeof pool] : (unsigned char)(x >> 24);
         }
         size_t cuts[3];
         for (int c = 0; c < 3; c++) cuts[c] = n ? (size_t)((x >> (10 * c)) % (n + 1)) : 0;
-        if (cuts[0] > cuts[1]) { size_t t = cuts[0]; cuts[0] = cuts[1]; cuts[1] = t; }
-        if (cuts[1] > cuts[2]) { size_t t = cuts[1]; cuts[1] = cuts[2]; cuts[2] = t; }
-        if (cuts[0] > cuts[1]) { size_t t = cuts[0]; cuts[0] = cuts[1]; cuts[1] = t; }
+        if (cuts[0] > cuts[1]) {
+            size_t t = cuts[0];
+            cuts[0] = cuts[1];
+            cuts[1] = t;
+        }
+        if (cuts[1] > cuts[2]) {
+            size_t t = cuts[1];
+            cuts[1] = cuts[2];
+            cuts[2] = t;
+        }
+        if (cuts[0] > cuts[1]) {
+            size_t t = cuts[0];
+            cuts[0] = cuts[1];
+            cuts[1] = t;
+        }
         size_t na = stream_decode(in, n, cuts, 3, a);
         size_t nb = ref_decode(in, n, b);
         ck_assert_uint_eq(na, nb);
@@ -716,14 +750,15 @@ START_TEST(stop_feed_random_pieces_match_a_reference)
          * of the text, contains no stop string, and (after a stop) is
          * followed in the text by one. Without a stop it is all the text. */
         size_t on = strlen(out);
-        ck_assert_msg(on <= n && memcmp(out, text, on) == 0, "'%s' is not a prefix of '%s'",
-                      out, text);
+        ck_assert_msg(on <= n && memcmp(out, text, on) == 0, "'%s' is not a prefix of '%s'", out,
+                      text);
         ck_assert(strstr(out, stop_a) == NULL && strstr(out, stop_b) == NULL);
         ck_assert_int_eq(stopped, has_stop);
         if (stopped)
-            ck_assert_msg(strncmp(text + on, stop_a, la) == 0 || strncmp(text + on, stop_b, lb) == 0,
-                          "text '%s' stops '%s' '%s': '%s' is not followed by a stop", text,
-                          stop_a, stop_b, out);
+            ck_assert_msg(strncmp(text + on, stop_a, la) == 0
+                              || strncmp(text + on, stop_b, lb) == 0,
+                          "text '%s' stops '%s' '%s': '%s' is not followed by a stop", text, stop_a,
+                          stop_b, out);
         else
             ck_assert_uint_eq(on, n);
     }

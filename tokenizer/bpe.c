@@ -41,8 +41,8 @@ typedef struct {
 } str_slot;
 
 struct bpe {
-    size_t vocab_size;   /* max id + 1 */
-    uint32_t *tok_off;   /* [vocab_size + 1]: bytes of id i are tok_bytes[off[i], off[i+1]) */
+    size_t vocab_size; /* max id + 1 */
+    uint32_t *tok_off; /* [vocab_size + 1]: bytes of id i are tok_bytes[off[i], off[i+1]) */
     unsigned char *present;
     char *tok_bytes;
     int32_t byte_id[256]; /* the token of each single byte, -1 if none */
@@ -69,7 +69,8 @@ const char *bpe_strerror(bpe_status s)
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
-static bpe_status fail(char *err, size_t errlen, bpe_status s, const char *fmt, ...)
+static bpe_status
+fail(char *err, size_t errlen, bpe_status s, const char *fmt, ...)
 {
     if (err != NULL && errlen > 0) {
         va_list ap;
@@ -260,12 +261,11 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
     if (ids == NULL || offs == NULL) goto nomem;
     json_object_foreach(root, key, val)
     {
-        if (!json_is_integer(val) || json_integer_value(val) < 0)
-            {
-                rc = fail(err, errlen, BPE_EFORMAT,
-                          "%s: the id of token \"%s\" is not a non-negative integer", path, key);
-                goto done;
-            }
+        if (!json_is_integer(val) || json_integer_value(val) < 0) {
+            rc = fail(err, errlen, BPE_EFORMAT,
+                      "%s: the id of token \"%s\" is not a non-negative integer", path, key);
+            goto done;
+        }
         if (json_integer_value(val) > BPE_MAX_ID) {
             rc = fail(err, errlen, BPE_ETOOBIG, "%s: the id %lld of token \"%s\" is over %d", path,
                       (long long)json_integer_value(val), key, BPE_MAX_ID);
@@ -302,9 +302,10 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
         }
         long nb = symbols_to_bytes(sym, key, strlen(key), bytes + used);
         if (nb <= 0) {
-            rc = fail(err, errlen, BPE_EFORMAT,
-                      "%s: token \"%s\" (id %d) is empty or has a character outside the 256 byte symbols",
-                      path, key, id);
+            rc = fail(
+                err, errlen, BPE_EFORMAT,
+                "%s: token \"%s\" (id %d) is empty or has a character outside the 256 byte symbols",
+                path, key, id);
             goto done;
         }
         t->present[id] = 1;
@@ -380,8 +381,8 @@ static bpe_status load_merges(bpe *t, const char *path, const int16_t sym[0x144]
         const char *space = memchr(line, ' ', n);
         if (space == NULL || space == line || space == line + n - 1
             || memchr(space + 1, ' ', (size_t)(line + n - space - 1)) != NULL) {
-            rc = fail(err, errlen, BPE_EFORMAT, "%s:%zu: \"%.*s\" is not two symbols", path,
-                      lineno, (int)(n > 80 ? 80 : n), line);
+            rc = fail(err, errlen, BPE_EFORMAT, "%s:%zu: \"%.*s\" is not two symbols", path, lineno,
+                      (int)(n > 80 ? 80 : n), line);
             goto done;
         }
         size_t nl = (size_t)(space - line), nr = n - nl - 1;
@@ -389,16 +390,19 @@ static bpe_status load_merges(bpe *t, const char *path, const int16_t sym[0x144]
         long br = bl < 0 ? -1 : symbols_to_bytes(sym, space + 1, nr, buf + bl);
         if (bl < 0 || br < 0) {
             rc = fail(err, errlen, BPE_EFORMAT,
-                      "%s:%zu: \"%.*s\" has a character outside the 256 byte symbols", path,
-                      lineno, (int)(n > 80 ? 80 : n), line);
+                      "%s:%zu: \"%.*s\" has a character outside the 256 byte symbols", path, lineno,
+                      (int)(n > 80 ? 80 : n), line);
             goto done;
         }
         int32_t left = str_find(t, buf, (size_t)bl);
         int32_t right = str_find(t, buf + bl, (size_t)br);
         int32_t merged = str_find(t, buf, (size_t)(bl + br));
         if (left < 0 || right < 0 || merged < 0) {
-            rc = fail(err, errlen, BPE_EFORMAT, "%s:%zu: the %s of \"%.*s\" is not in the vocabulary",
-                      path, lineno, left < 0 ? "left part" : right < 0 ? "right part" : "result",
+            rc = fail(err, errlen, BPE_EFORMAT,
+                      "%s:%zu: the %s of \"%.*s\" is not in the vocabulary", path, lineno,
+                      left < 0    ? "left part"
+                      : right < 0 ? "right part"
+                                  : "result",
                       (int)(n > 80 ? 80 : n), line);
             goto done;
         }
@@ -457,8 +461,14 @@ bpe_status bpe_load_dir(const char *dir, bpe **out, char *err, size_t errlen)
     return rc;
 }
 
-size_t bpe_vocab_size(const bpe *t) { return t->vocab_size; }
-size_t bpe_merge_count(const bpe *t) { return t->nmerges; }
+size_t bpe_vocab_size(const bpe *t)
+{
+    return t->vocab_size;
+}
+size_t bpe_merge_count(const bpe *t)
+{
+    return t->nmerges;
+}
 
 /* ---- Encoding ----------------------------------------------------------- */
 

@@ -89,7 +89,7 @@ size_t bpe_split_next(const char *text, size_t n, size_t pos)
         last = i;
         i += len;
     }
-    if (i == n) return n;       /* 5: the run ends the text            */
+    if (i == n) return n;        /* 5: the run ends the text            */
     if (last > pos) return last; /* 5: give back the last character    */
     return i;                    /* 6: a single character before text  */
 }

@@ -21,8 +21,8 @@
 /* Status codes; never renumbered. */
 typedef enum {
     BPE_OK = 0,
-    BPE_EIO = 1,      /* a file cannot be opened or read                      */
-    BPE_EFORMAT = 2,  /* vocab.json or merges.txt is malformed                */
+    BPE_EIO = 1,     /* a file cannot be opened or read                      */
+    BPE_EFORMAT = 2, /* vocab.json or merges.txt is malformed                */
     BPE_ENOMEM = 3,
     BPE_EUNKNOWN = 4, /* an id not in the vocabulary, or text with a byte
                        * the vocabulary cannot represent                      */

@@ -141,8 +141,8 @@ static double sgemm_rate(void)
     double best = 0;
     for (int pass = 0; pass < 3; pass++) {
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)n,
-                    (blasint)n, 1.0f, a, (blasint)n, b, (blasint)n, 0.0f, c, (blasint)n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)n, (blasint)n,
+                    1.0f, a, (blasint)n, b, (blasint)n, 0.0f, c, (blasint)n);
         double g = 2.0 * (double)n * (double)n * (double)n / (now_s() - t0) / 1e9;
         if (g > best) best = g;
     }
@@ -200,9 +200,14 @@ static int run_decode(const eng_model *m, const eng_sched_opts *o, size_t nseq, 
     if (reqs == NULL || steps == NULL) goto done;
     for (size_t i = 0; i < nseq; i++) {
         for (size_t k = 0; k < 32; k++) prompt[k] = (int32_t)((i * 131 + k * 17) % V);
-        eng_request r = {.prompt = prompt, .nprompt = 32, .max_tokens = gen,
+        eng_request r = {.prompt = prompt,
+                         .nprompt = 32,
+                         .max_tokens = gen,
                          .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 1},
-                         .seed = i, .ignore_eos = 1, .logprobs = -1, .on_event = on_event,
+                         .seed = i,
+                         .ignore_eos = 1,
+                         .logprobs = -1,
+                         .on_event = on_event,
                          .user = &reqs[i]};
         uint64_t id;
         if (eng_sched_submit(s, &r, &id, err, errlen) != ENG_OK) goto done;
@@ -263,8 +268,13 @@ static double run_prefill(const eng_model *m, const eng_sched_opts *o, size_t n,
         eng_sched *s;
         if (eng_sched_new(m, o, &s, err, errlen) != ENG_OK) goto done;
         bench_req q = {0};
-        eng_request req = {.prompt = prompt, .nprompt = n, .max_tokens = 1, .logprobs = -1,
-                           .ignore_eos = 1, .on_event = on_event, .user = &q};
+        eng_request req = {.prompt = prompt,
+                           .nprompt = n,
+                           .max_tokens = 1,
+                           .logprobs = -1,
+                           .ignore_eos = 1,
+                           .on_event = on_event,
+                           .user = &q};
         uint64_t id;
         if (eng_sched_submit(s, &req, &id, err, errlen) != ENG_OK) {
             eng_sched_free(s);
@@ -340,10 +350,14 @@ int tool_bench(int argc, char **argv)
     size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
     size_t blocks_per_seq = (32 + (size_t)gen + block - 1) / block + 1;
     eng_sched_opts o = {.kv_bytes = 64 * blocks_per_seq * per_block + 40 * per_block,
-                        .block_len = block, .max_running = 64, .max_queue = 64,
-                        .step_tokens = 512, .threads = (size_t)threads};
+                        .block_len = block,
+                        .max_running = 64,
+                        .max_queue = 64,
+                        .step_tokens = 512,
+                        .threads = (size_t)threads};
     int rc = 1;
-    double prefill = run_prefill(m, &o, 512 < cfg->n_ctx ? 512 : cfg->n_ctx - 1, 3, err, sizeof err);
+    double prefill =
+        run_prefill(m, &o, 512 < cfg->n_ctx ? 512 : cfg->n_ctx - 1, 3, err, sizeof err);
     if (prefill < 0) {
         fprintf(stderr, "gpt2d bench: %s\n", err);
         goto done;
@@ -379,9 +393,9 @@ int tool_bench(int argc, char **argv)
                res[i].seqs, res[i].tokens_per_s, res[i].step_ms, res[i].decode_steps,
                res[i].tokens_per_s / res[0].tokens_per_s,
                res[i].seqs == 1 ? res[i].tokens_per_s / bound : 0.0,
-               res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9,
-               t->matmul / total, t->attention / total, t->lm_head / total, t->other / total,
-               t->sample / total, i < 3 ? "," : "");
+               res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9, t->matmul / total,
+               t->attention / total, t->lm_head / total, t->other / total, t->sample / total,
+               i < 3 ? "," : "");
     }
     printf("  ],\n  \"peak_rss_mb\": %.1f\n}\n", (double)peak_rss_kb() / 1024.0);
     rc = 0;

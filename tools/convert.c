@@ -53,8 +53,9 @@ int tool_convert(int argc, char **argv)
         fprintf(stderr, "gpt2d convert: %s\n", err);
         rc = 1;
     } else {
-        fprintf(stderr, "gpt2d convert: %zu tensors; data now starts at an 8-byte boundary "
-                        "(was byte %llu)\n",
+        fprintf(stderr,
+                "gpt2d convert: %zu tensors; data now starts at an 8-byte boundary "
+                "(was byte %llu)\n",
                 n, (unsigned long long)sft_data_start(f));
     }
     free(t);

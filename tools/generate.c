@@ -22,20 +22,19 @@
 
 static void gen_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: gpt2d generate --model DIR [options]\n"
-            "Continues a prompt with the model in DIR (model.safetensors, vocab.json,\n"
-            "merges.txt, optional config.json). The continuation goes to stdout as raw\n"
-            "bytes, tokens per second to stderr.\n"
-            "  --prompt TEXT       the prompt (\"The meaning of life is\"; an empty prompt\n"
-            "                      starts from <|endoftext|>)\n"
-            "  --tokens N          tokens to generate (60)\n"
-            "  --temperature T     0 is greedy (0.8)\n"
-            "  --top-k K           0 is off (40)\n"
-            "  --top-p P           1 is off (1)\n"
-            "  --seed S            random seed (42)\n"
-            "  --ignore-eos        do not stop at <|endoftext|>\n"
-            "  --ids               print {\"prompt\": [...], \"generated\": [...]} instead\n");
+    fprintf(out, "usage: gpt2d generate --model DIR [options]\n"
+                 "Continues a prompt with the model in DIR (model.safetensors, vocab.json,\n"
+                 "merges.txt, optional config.json). The continuation goes to stdout as raw\n"
+                 "bytes, tokens per second to stderr.\n"
+                 "  --prompt TEXT       the prompt (\"The meaning of life is\"; an empty prompt\n"
+                 "                      starts from <|endoftext|>)\n"
+                 "  --tokens N          tokens to generate (60)\n"
+                 "  --temperature T     0 is greedy (0.8)\n"
+                 "  --top-k K           0 is off (40)\n"
+                 "  --top-p P           1 is off (1)\n"
+                 "  --seed S            random seed (42)\n"
+                 "  --ignore-eos        do not stop at <|endoftext|>\n"
+                 "  --ids               print {\"prompt\": [...], \"generated\": [...]} instead\n");
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out)
@@ -88,13 +87,17 @@ static void on_event(void *user, const eng_event *ev)
 
 int tool_generate(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
-        {"tokens", required_argument, 0, 'n'},      {"temperature", required_argument, 0, 't'},
-        {"top-k", required_argument, 0, 'k'},       {"top-p", required_argument, 0, 'P'},
-        {"seed", required_argument, 0, 's'},        {"ignore-eos", no_argument, 0, 'e'},
-        {"ids", no_argument, 0, 'i'},               {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"prompt", required_argument, 0, 'p'},
+                                             {"tokens", required_argument, 0, 'n'},
+                                             {"temperature", required_argument, 0, 't'},
+                                             {"top-k", required_argument, 0, 'k'},
+                                             {"top-p", required_argument, 0, 'P'},
+                                             {"seed", required_argument, 0, 's'},
+                                             {"ignore-eos", no_argument, 0, 'e'},
+                                             {"ids", no_argument, 0, 'i'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = "The meaning of life is";
     double ntok = 60, temp = 0.8, topk = 40, topp = 1, seed = 42;
     int ignore_eos = 0, ids_out = 0, c;
@@ -104,11 +107,21 @@ int tool_generate(int argc, char **argv)
         switch (c) {
         case 'm': model_dir = optarg; break;
         case 'p': prompt = optarg; break;
-        case 'n': if (!parse_num(optarg, 0, 1e6, &ntok) || ntok != floor(ntok)) goto bad; break;
-        case 't': if (!parse_num(optarg, 0, 100, &temp)) goto bad; break;
-        case 'k': if (!parse_num(optarg, 0, 1e7, &topk) || topk != floor(topk)) goto bad; break;
-        case 'P': if (!parse_num(optarg, 0, 1, &topp) || topp <= 0) goto bad; break;
-        case 's': if (!parse_num(optarg, 0, 9007199254740992.0, &seed)) goto bad; break;
+        case 'n':
+            if (!parse_num(optarg, 0, 1e6, &ntok) || ntok != floor(ntok)) goto bad;
+            break;
+        case 't':
+            if (!parse_num(optarg, 0, 100, &temp)) goto bad;
+            break;
+        case 'k':
+            if (!parse_num(optarg, 0, 1e7, &topk) || topk != floor(topk)) goto bad;
+            break;
+        case 'P':
+            if (!parse_num(optarg, 0, 1, &topp) || topp <= 0) goto bad;
+            break;
+        case 's':
+            if (!parse_num(optarg, 0, 9007199254740992.0, &seed)) goto bad;
+            break;
         case 'e': ignore_eos = 1; break;
         case 'i': ids_out = 1; break;
         case 'h': gen_usage(stdout); return 0;
@@ -137,8 +150,9 @@ int tool_generate(int argc, char **argv)
     }
     const eng_config *cfg = eng_model_config(m);
     if (eng_model_copied_bytes(m) > 0)
-        fprintf(stderr, "gpt2d generate: copied %.1f MB of misaligned or half-precision weights "
-                        "(`gpt2d convert` writes an aligned file that maps without copying)\n",
+        fprintf(stderr,
+                "gpt2d generate: copied %.1f MB of misaligned or half-precision weights "
+                "(`gpt2d convert` writes an aligned file that maps without copying)\n",
                 (double)eng_model_copied_bytes(m) / 1e6);
     if (bpe_encode(tok, prompt, strlen(prompt), &ids, &nids, err, sizeof err) != BPE_OK) {
         fprintf(stderr, "gpt2d generate: %s\n", err);
@@ -162,7 +176,9 @@ int tool_generate(int argc, char **argv)
     /* KV for exactly this one sequence. */
     size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
     eng_sched_opts so = {.kv_bytes = ((nids + want + block - 1) / block) * per_block,
-                         .block_len = block, .max_running = 1, .max_queue = 1,
+                         .block_len = block,
+                         .max_running = 1,
+                         .max_queue = 1,
                          .step_tokens = PREFILL_CHUNK};
     if (eng_sched_new(m, &so, &sch, err, sizeof err) != ENG_OK) {
         fprintf(stderr, "gpt2d generate: %s\n", err);
@@ -175,11 +191,16 @@ int tool_generate(int argc, char **argv)
         fprintf(stderr, "gpt2d generate: out of memory\n");
         goto done;
     }
-    eng_request req = {.prompt = ids, .nprompt = nids, .max_tokens = want,
-                       .sampling = {.temperature = (float)temp, .top_k = (int)topk,
-                                    .top_p = (float)topp},
-                       .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .logprobs = -1,
-                       .on_event = on_event, .user = &st};
+    eng_request req = {
+        .prompt = ids,
+        .nprompt = nids,
+        .max_tokens = want,
+        .sampling = {.temperature = (float)temp, .top_k = (int)topk, .top_p = (float)topp},
+        .seed = (uint64_t)seed,
+        .ignore_eos = ignore_eos,
+        .logprobs = -1,
+        .on_event = on_event,
+        .user = &st};
     uint64_t id;
     if (eng_sched_submit(sch, &req, &id, err, sizeof err) != ENG_OK) {
         fprintf(stderr, "gpt2d generate: %s\n", err);
@@ -203,8 +224,9 @@ int tool_generate(int argc, char **argv)
         putchar('\n');
     }
     double prefill = st.t1 - st.t0, decode = t2 - st.t1;
-    fprintf(stderr, "gpt2d generate: prompt %zu tokens in %.3f s (%.1f tokens/s); %zu tokens in "
-                    "%.3f s (%.1f tokens/s)\n",
+    fprintf(stderr,
+            "gpt2d generate: prompt %zu tokens in %.3f s (%.1f tokens/s); %zu tokens in "
+            "%.3f s (%.1f tokens/s)\n",
             nids, prefill, (double)nids / prefill, st.nout, decode,
             st.nout > 1 ? (double)(st.nout - 1) / decode : 0.0);
     rc = fflush(stdout) == 0 ? 0 : 1;

@@ -48,13 +48,14 @@ static int print_json(const sft_file *f)
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);
         json_t *shape = json_array();
-        for (size_t d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        for (size_t d = 0; d < t->ndim; d++)
+            json_array_append_new(shape, json_integer(t->shape[d]));
         int a = is_aligned(f, t);
         aligned += (size_t)a;
-        json_array_append_new(list, json_pack("{s:s, s:s, s:o, s:[I,I], s:b}", "name", t->name,
-                                              "dtype", sft_dtype_name(t->dtype), "shape", shape,
-                                              "data_offsets", (json_int_t)t->begin,
-                                              (json_int_t)t->end, "aligned", a));
+        json_array_append_new(list,
+                              json_pack("{s:s, s:s, s:o, s:[I,I], s:b}", "name", t->name, "dtype",
+                                        sft_dtype_name(t->dtype), "shape", shape, "data_offsets",
+                                        (json_int_t)t->begin, (json_int_t)t->end, "aligned", a));
     }
     json_object_set_new(root, "path", json_string(sft_path(f)));
     json_object_set_new(root, "file_size", json_integer((json_int_t)sft_file_size(f)));
@@ -82,8 +83,7 @@ static void print_table(const sft_file *f)
     printf("metadata   ");
     if (nmeta == 0) printf(" (none)");
     for (size_t i = 0; i < nmeta; i++) printf(" %s=%s", m[i].key, m[i].value);
-    printf("\n\n%-40s %-5s %-22s %-26s %s\n", "name", "dtype", "shape", "data_offsets",
-           "aligned");
+    printf("\n\n%-40s %-5s %-22s %-26s %s\n", "name", "dtype", "shape", "data_offsets", "aligned");
     size_t aligned = 0, elements = 0;
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);

@@ -54,21 +54,20 @@ typedef struct {
 
 static void synth_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: gpt2d synth OUT [options]\n"
-            "Writes a GPT-2 checkpoint with random weights in the Hugging Face layout to OUT\n"
-            "(a .safetensors file) and config.json beside it. Defaults are GPT-2 small.\n"
-            "  --layers L        transformer blocks (12)\n"
-            "  --embd C          width (768)\n"
-            "  --heads H         attention heads, C %% H == 0 (12)\n"
-            "  --ctx N           context length (1024)\n"
-            "  --vocab V         vocabulary size (50257)\n"
-            "  --seed S          random seed (1)\n"
-            "  --misaligned      start the data at byte 4k+3, like the published file\n"
-            "  --mask-buffers    add the h.{i}.attn.bias causal-mask buffers\n"
-            "  --prefix P        prepend P to every name (e.g. transformer.)\n"
-            "  --lm-head         add lm_head.weight (a copy of wte, as state_dict() has)\n"
-            "  --help            this text\n");
+    fprintf(out, "usage: gpt2d synth OUT [options]\n"
+                 "Writes a GPT-2 checkpoint with random weights in the Hugging Face layout to OUT\n"
+                 "(a .safetensors file) and config.json beside it. Defaults are GPT-2 small.\n"
+                 "  --layers L        transformer blocks (12)\n"
+                 "  --embd C          width (768)\n"
+                 "  --heads H         attention heads, C %% H == 0 (12)\n"
+                 "  --ctx N           context length (1024)\n"
+                 "  --vocab V         vocabulary size (50257)\n"
+                 "  --seed S          random seed (1)\n"
+                 "  --misaligned      start the data at byte 4k+3, like the published file\n"
+                 "  --mask-buffers    add the h.{i}.attn.bias causal-mask buffers\n"
+                 "  --prefix P        prepend P to every name (e.g. transformer.)\n"
+                 "  --lm-head         add lm_head.weight (a copy of wte, as state_dict() has)\n"
+                 "  --help            this text\n");
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out)
@@ -117,8 +116,7 @@ static size_t build_specs(synth_spec *specs, const synth_opts *o)
         add(specs, &n, o, L("ln_2.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){C});
         add(specs, &n, o, L("mlp.c_fc.weight"), INIT_NORMAL, in_c, 2, (int64_t[]){C, 4 * C});
         add(specs, &n, o, L("mlp.c_fc.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){4 * C});
-        add(specs, &n, o, L("mlp.c_proj.weight"), INIT_NORMAL, in_4c, 2,
-            (int64_t[]){4 * C, C});
+        add(specs, &n, o, L("mlp.c_proj.weight"), INIT_NORMAL, in_4c, 2, (int64_t[]){4 * C, C});
         add(specs, &n, o, L("mlp.c_proj.bias"), INIT_NORMAL, 0.02, 1, (int64_t[]){C});
 #undef L
     }
@@ -140,7 +138,8 @@ static double normal(eng_rng *r)
 static void fill(float *dst, size_t count, const synth_spec *s, uint64_t seed, size_t prefix_len)
 {
     uint64_t h = 0xCBF29CE484222325ull;
-    for (const char *p = s->name + prefix_len; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
+    for (const char *p = s->name + prefix_len; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
     eng_rng rng;
     eng_rng_seed(&rng, seed ^ h);
     switch (s->kind) {
@@ -195,8 +194,13 @@ static int write_config(const char *out_path, const synth_opts *o)
 
 int tool_synth(int argc, char **argv)
 {
-    synth_opts o = {.layers = 12, .embd = 768, .heads = 12, .ctx = 1024, .vocab = 50257,
-                    .seed = 1, .prefix = ""};
+    synth_opts o = {.layers = 12,
+                    .embd = 768,
+                    .heads = 12,
+                    .ctx = 1024,
+                    .vocab = 50257,
+                    .seed = 1,
+                    .prefix = ""};
     static const struct option longopts[] = {
         {"layers", required_argument, 0, 'l'}, {"embd", required_argument, 0, 'c'},
         {"heads", required_argument, 0, 'H'},  {"ctx", required_argument, 0, 'n'},
@@ -210,11 +214,21 @@ int tool_synth(int argc, char **argv)
     long v;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
-        case 'l': if (!parse_long(optarg, 1, 1000, &o.layers)) goto bad_value; break;
-        case 'c': if (!parse_long(optarg, 1, 65536, &o.embd)) goto bad_value; break;
-        case 'H': if (!parse_long(optarg, 1, 65536, &o.heads)) goto bad_value; break;
-        case 'n': if (!parse_long(optarg, 1, 1 << 20, &o.ctx)) goto bad_value; break;
-        case 'v': if (!parse_long(optarg, 1, 1 << 24, &o.vocab)) goto bad_value; break;
+        case 'l':
+            if (!parse_long(optarg, 1, 1000, &o.layers)) goto bad_value;
+            break;
+        case 'c':
+            if (!parse_long(optarg, 1, 65536, &o.embd)) goto bad_value;
+            break;
+        case 'H':
+            if (!parse_long(optarg, 1, 65536, &o.heads)) goto bad_value;
+            break;
+        case 'n':
+            if (!parse_long(optarg, 1, 1 << 20, &o.ctx)) goto bad_value;
+            break;
+        case 'v':
+            if (!parse_long(optarg, 1, 1 << 24, &o.vocab)) goto bad_value;
+            break;
         case 's':
             if (!parse_long(optarg, 0, INT64_MAX, &v)) goto bad_value;
             o.seed = (uint64_t)v;
@@ -228,8 +242,7 @@ int tool_synth(int argc, char **argv)
             break;
         case 'h': synth_usage(stdout); return 0;
         default:
-            fprintf(stderr, "gpt2d synth: unknown option or missing value: %s\n",
-                    argv[optind - 1]);
+            fprintf(stderr, "gpt2d synth: unknown option or missing value: %s\n", argv[optind - 1]);
             synth_usage(stderr);
             return 2;
         }
@@ -273,8 +286,11 @@ int tool_synth(int argc, char **argv)
             fill(buf, count, &specs[i], o.seed, strlen(o.prefix));
             if (specs[i].kind == INIT_MASK) mask = buf;
         }
-        tensors[i] = (sft_tensor){.name = specs[i].name, .dtype = SFT_F32,
-                                  .ndim = specs[i].ndim, .shape = specs[i].shape, .data = buf};
+        tensors[i] = (sft_tensor){.name = specs[i].name,
+                                  .dtype = SFT_F32,
+                                  .ndim = specs[i].ndim,
+                                  .shape = specs[i].shape,
+                                  .data = buf};
     }
     if (o.lm_head) {
         synth_spec *s = &specs[n];
@@ -282,8 +298,11 @@ int tool_synth(int argc, char **argv)
         s->ndim = 2;
         s->shape[0] = o.vocab;
         s->shape[1] = o.embd;
-        tensors[n] = (sft_tensor){.name = s->name, .dtype = SFT_F32, .ndim = 2,
-                                  .shape = s->shape, .data = tensors[0].data};
+        tensors[n] = (sft_tensor){.name = s->name,
+                                  .dtype = SFT_F32,
+                                  .ndim = 2,
+                                  .shape = s->shape,
+                                  .data = tensors[0].data};
         n++;
     }
 

@@ -24,10 +24,11 @@
 static void tok_usage(FILE *out, const char *cmd)
 {
     if (strcmp(cmd, "tokenize") == 0)
-        fprintf(out, "usage: gpt2d tokenize --model DIR [--jsonl]\n"
-                     "Reads raw bytes on stdin and prints their GPT-2 token ids as a JSON array.\n"
-                     "  --model DIR   directory with vocab.json and merges.txt\n"
-                     "  --jsonl       every stdin line is a JSON string; print one array per line\n");
+        fprintf(out,
+                "usage: gpt2d tokenize --model DIR [--jsonl]\n"
+                "Reads raw bytes on stdin and prints their GPT-2 token ids as a JSON array.\n"
+                "  --model DIR   directory with vocab.json and merges.txt\n"
+                "  --jsonl       every stdin line is a JSON string; print one array per line\n");
     else
         fprintf(out, "usage: gpt2d detokenize --model DIR\n"
                      "Reads a JSON array of token ids on stdin and writes their bytes to stdout.\n"
@@ -88,8 +89,8 @@ static int encode_jsonl(const bpe *t, const char *text, size_t len)
         }
         int32_t *ids;
         size_t nids;
-        bpe_status s = bpe_encode(t, json_string_value(v), json_string_length(v), &ids, &nids,
-                                  err, sizeof err);
+        bpe_status s = bpe_encode(t, json_string_value(v), json_string_length(v), &ids, &nids, err,
+                                  sizeof err);
         json_decref(v);
         if (s != BPE_OK) {
             fprintf(stderr, "gpt2d tokenize: stdin:%zu: %s\n", lineno, err);
@@ -200,5 +201,11 @@ bad:
     return 2;
 }
 
-int tool_tokenize(int argc, char **argv) { return run(argc, argv, 1); }
-int tool_detokenize(int argc, char **argv) { return run(argc, argv, 0); }
+int tool_tokenize(int argc, char **argv)
+{
+    return run(argc, argv, 1);
+}
+int tool_detokenize(int argc, char **argv)
+{
+    return run(argc, argv, 0);
+}
