@@ -1,0 +1,208 @@
+/* tests/test_oai.c: the completions request parser (server/oai.c). */
+#include "oai.h"
+
+#include <check.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const oai_limits lim = {.vocab_size = 50257,
+                               .max_tokens_limit = 1024,
+                               .max_n = 8,
+                               .max_stop_bytes = 64,
+                               .max_prompts = 16};
+
+static oai_request parse_ok(const char *body)
+{
+    oai_request r;
+    oai_error e;
+    ck_assert_msg(oai_parse_completion(body, strlen(body), &lim, &r, &e) == 0, "%s: %s", body,
+                  e.message);
+    return r;
+}
+
+START_TEST(oai_parse_defaults)
+{
+    oai_request r = parse_ok("{\"model\": \"gpt2\", \"prompt\": \"Hello\"}");
+    ck_assert_str_eq(r.model, "gpt2");
+    ck_assert_uint_eq(r.nprompts, 1);
+    ck_assert_str_eq(r.prompts[0].text, "Hello");
+    ck_assert_uint_eq(r.max_tokens, 16);
+    ck_assert(r.temperature == 1.0 && r.top_p == 1.0);
+    ck_assert_uint_eq(r.n, 1);
+    ck_assert_uint_eq(r.best_of, 1);
+    ck_assert_int_eq(r.logprobs, -1);
+    ck_assert(!r.stream && !r.echo && !r.has_seed);
+    oai_request_free(&r);
+    /* No prompt: the spec's default, <|endoftext|>. */
+    r = parse_ok("{\"model\": \"gpt2\"}");
+    ck_assert_str_eq(r.prompts[0].text, "<|endoftext|>");
+    oai_request_free(&r);
+}
+END_TEST
+
+START_TEST(oai_parse_every_prompt_shape)
+{
+    oai_request r = parse_ok("{\"model\":\"m\",\"prompt\":[\"a\",\"b\\u0000c\"]}");
+    ck_assert_uint_eq(r.nprompts, 2);
+    ck_assert_uint_eq(r.prompts[1].text_len, 3); /* NUL kept */
+    oai_request_free(&r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[15496, 11, 50256]}");
+    ck_assert_uint_eq(r.nprompts, 1);
+    ck_assert_uint_eq(r.prompts[0].nids, 3);
+    ck_assert_int_eq(r.prompts[0].ids[2], 50256);
+    oai_request_free(&r);
+    r = parse_ok("{\"model\":\"m\",\"prompt\":[[1,2],[3]]}");
+    ck_assert_uint_eq(r.nprompts, 2);
+    ck_assert_uint_eq(r.prompts[1].nids, 1);
+    oai_request_free(&r);
+}
+END_TEST
+
+START_TEST(oai_parse_every_field)
+{
+    oai_request r = parse_ok(
+        "{\"model\":\"m\",\"prompt\":\"x\",\"max_tokens\":5,\"temperature\":0,\"top_p\":0.5,"
+        "\"top_k\":40,\"n\":2,\"best_of\":3,\"stop\":[\"\\n\\n\",\"END\",\"\"],"
+        "\"presence_penalty\":-2,\"frequency_penalty\":1.5,\"logit_bias\":{\"50256\":-100,"
+        "\"11\":2.5},\"seed\":-7,\"logprobs\":5,\"echo\":true,\"user\":\"u\","
+        "\"ignore_eos\":true,\"timeout\":30,\"unknown_field\":{\"ignored\":1}}");
+    ck_assert_uint_eq(r.max_tokens, 5);
+    ck_assert(r.temperature == 0 && r.top_p == 0.5);
+    ck_assert_int_eq(r.top_k, 40);
+    ck_assert_uint_eq(r.n, 2);
+    ck_assert_uint_eq(r.best_of, 3);
+    ck_assert_uint_eq(r.nstop, 2); /* the empty one is dropped */
+    ck_assert_str_eq(r.stop[1], "END");
+    ck_assert(r.presence_penalty == -2 && r.frequency_penalty == 1.5);
+    ck_assert_uint_eq(r.nbias, 2);
+    ck_assert(r.has_seed && r.seed == (uint64_t)-7);
+    ck_assert_int_eq(r.logprobs, 5);
+    ck_assert(r.echo && r.ignore_eos && r.timeout_s == 30);
+    oai_request_free(&r);
+    r = parse_ok("{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                 "\"stop\":\"\\n\"}");
+    ck_assert(r.stream && r.include_usage);
+    ck_assert_uint_eq(r.nstop, 1);
+    oai_request_free(&r);
+}
+END_TEST
+
+static const struct {
+    const char *body, *param, *words;
+} bad[] = {
+    {"not json", "", "not valid JSON"},
+    {"[1]", "", "must be a JSON object"},
+    {"{\"prompt\":\"x\"}", "model", "'model' is required"},
+    {"{\"model\":5}", "model", "'model' is required"},
+    {"{\"model\":\"m\",\"suffix\":\"x\"}", "suffix", "not supported"},
+    {"{\"model\":\"m\",\"prompt\":5}", "prompt", "got an integer"},
+    {"{\"model\":\"m\",\"prompt\":[]}", "prompt", "empty list"},
+    {"{\"model\":\"m\",\"prompt\":[[]]}", "prompt", "empty list of tokens"},
+    {"{\"model\":\"m\",\"prompt\":[50257]}", "prompt", "token id from 0 to 50256"},
+    {"{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt", "a string where a token id"},
+    {"{\"model\":\"m\",\"prompt\":[\"a\",[1]]}", "prompt", "mixes kinds"},
+    {"{\"model\":\"m\",\"max_tokens\":0}", "max_tokens", "from 1 to 1024, got 0"},
+    {"{\"model\":\"m\",\"max_tokens\":5000}", "max_tokens", "got 5000"},
+    {"{\"model\":\"m\",\"max_tokens\":\"5\"}", "max_tokens", "got a string"},
+    {"{\"model\":\"m\",\"max_tokens\":5.5}", "max_tokens", "got a number"},
+    {"{\"model\":\"m\",\"temperature\":2.5}", "temperature", "from 0 to 2, got 2.5"},
+    {"{\"model\":\"m\",\"temperature\":true}", "temperature", "got a boolean"},
+    {"{\"model\":\"m\",\"top_p\":0}", "top_p", "above 0"},
+    {"{\"model\":\"m\",\"top_p\":1.5}", "top_p", "got 1.5"},
+    {"{\"model\":\"m\",\"n\":0}", "n", "from 1 to 8"},
+    {"{\"model\":\"m\",\"n\":9}", "n", "got 9"},
+    {"{\"model\":\"m\",\"n\":3,\"best_of\":2}", "best_of", "at least 'n'"},
+    {"{\"model\":\"m\",\"best_of\":2,\"stream\":true}", "best_of", "cannot be used with 'stream'"},
+    {"{\"model\":\"m\",\"stream\":\"yes\"}", "stream", "must be a boolean"},
+    {"{\"model\":\"m\",\"stream_options\":{\"include_usage\":true}}", "stream_options",
+     "only allowed when 'stream' is true"},
+    {"{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}",
+     "stream_options.include_usage", "must be a boolean"},
+    {"{\"model\":\"m\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "at most 4"},
+    {"{\"model\":\"m\",\"stop\":[1]}", "stop", "must be strings"},
+    {"{\"model\":\"m\",\"stop\":5}", "stop", "a string or a list"},
+    {"{\"model\":\"m\",\"presence_penalty\":-3}", "presence_penalty", "from -2 to 2"},
+    {"{\"model\":\"m\",\"frequency_penalty\":2.01}", "frequency_penalty", "from -2 to 2"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"abc\":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"50257\":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"5\":101}}", "logit_bias", "from -100 to 100"},
+    {"{\"model\":\"m\",\"logit_bias\":[1]}", "logit_bias", "must be an object"},
+    {"{\"model\":\"m\",\"seed\":1.5}", "seed", "must be an integer"},
+    {"{\"model\":\"m\",\"logprobs\":6}", "logprobs", "from 0 to 5, got 6"},
+    {"{\"model\":\"m\",\"echo\":1}", "echo", "must be a boolean"},
+    {"{\"model\":\"m\",\"user\":5}", "user", "must be a string"},
+    {"{\"model\":\"m\",\"timeout\":-1}", "timeout", "from 0 to 86400"},
+    {"{\"model\":\"m\",\"model\":\"n\"}", "", "not valid JSON"},
+};
+
+START_TEST(oai_parse_bad_requests_name_the_parameter)
+{
+    oai_request r;
+    oai_error e;
+    const char *body = bad[_i].body;
+    ck_assert_int_eq(oai_parse_completion(body, strlen(body), &lim, &r, &e), -1);
+    ck_assert_int_eq(e.status, 400);
+    ck_assert_str_eq(e.type, "invalid_request_error");
+    ck_assert_msg(strcmp(e.param, bad[_i].param) == 0, "%s: param '%s', want '%s'", body, e.param,
+                  bad[_i].param);
+    ck_assert_msg(strstr(e.message, bad[_i].words) != NULL, "%s: '%s' lacks '%s'", body, e.message,
+                  bad[_i].words);
+    ck_assert_ptr_null(r.model);
+    ck_assert_ptr_null(r.prompts);
+    /* The error body has OpenAI's shape, all four keys present. */
+    char *js = oai_error_json(&e);
+    json_t *j = json_loads(js, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    json_t *inner = json_object_get(j, "error");
+    ck_assert(json_is_string(json_object_get(inner, "message")));
+    ck_assert(json_is_string(json_object_get(inner, "type")));
+    ck_assert_ptr_nonnull(json_object_get(inner, "param"));
+    ck_assert_ptr_nonnull(json_object_get(inner, "code"));
+    ck_assert(e.param[0] ? json_is_string(json_object_get(inner, "param"))
+                         : json_is_null(json_object_get(inner, "param")));
+    json_decref(j);
+    free(js);
+}
+END_TEST
+
+START_TEST(oai_parse_hostile_bodies_fail_cleanly)
+{
+    /* Deep nesting, huge arrays of prompts, odd bytes. */
+    size_t depth = 50000;
+    char *deep = malloc(depth * 2 + 64);
+    size_t n = (size_t)snprintf(deep, 64, "{\"model\":\"m\",\"prompt\":");
+    for (size_t i = 0; i < depth; i++) deep[n++] = '[';
+    for (size_t i = 0; i < depth; i++) deep[n++] = ']';
+    deep[n++] = '}';
+    oai_request r;
+    oai_error e;
+    ck_assert_int_eq(oai_parse_completion(deep, n, &lim, &r, &e), -1);
+    free(deep);
+    const char many[] = "{\"model\":\"m\",\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+                        "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}";
+    ck_assert_int_eq(oai_parse_completion(many, sizeof many - 1, &lim, &r, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.message, "limit is 16"));
+    const char bytes[] = "{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}";
+    ck_assert_int_eq(oai_parse_completion(bytes, sizeof bytes - 1, &lim, &r, &e), -1);
+    ck_assert_int_eq(oai_parse_completion("", 0, &lim, &r, &e), -1);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("oai");
+    TCase *tc = tcase_create("oai_parse_completion");
+    tcase_add_test(tc, oai_parse_defaults);
+    tcase_add_test(tc, oai_parse_every_prompt_shape);
+    tcase_add_test(tc, oai_parse_every_field);
+    tcase_add_loop_test(tc, oai_parse_bad_requests_name_the_parameter, 0,
+                        (int)(sizeof bad / sizeof bad[0]));
+    tcase_add_test(tc, oai_parse_hostile_bodies_fail_cleanly);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
