@@ -3,6 +3,7 @@
  * is, with the HTTP boundary, the only place that decides exit codes
  * (STYLE.md G5).
  */
+#include "server.h"
 #include "tools.h"
 
 #include <stdio.h>
@@ -19,6 +20,7 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"serve", srv_main, "serve the model over HTTP (OpenAI-compatible /v1/completions)"},
     {"inspect", tool_inspect, "validate a safetensors file and list its tensors"},
     {"synth", tool_synth, "write a random-weight GPT-2 checkpoint in the Hugging Face layout"},
     {"tokenize", tool_tokenize, "text on stdin -> GPT-2 token ids (JSON)"},

@@ -1,0 +1,1095 @@
+/*
+ * server/server.c: the daemon. Where a request goes:
+ *
+ *   socket -> libmicrohttpd (on the loop thread) -> on_request: route, body
+ *   -> completions: oai_parse_completion -> tokenize -> eng_sched_submit
+ *      (one engine request per prompt x n) -> the connection is suspended
+ *   -> a step on the work queue (kick/work_cb/after_cb)
+ *   -> on_event (loop thread): token bytes -> UTF-8 stream decoder -> stop
+ *      matcher -> the choice's text, or an SSE chunk -> resume the connection
+ *   -> libmicrohttpd sends the JSON body, or the chunks as they come
+ *
+ * Lifetimes: a request (srv_req) is freed when its connection is done and
+ * every engine request it made has delivered DONE, whichever comes last; a
+ * client that goes away cancels its engine requests.
+ */
+#include "server.h"
+
+#include "config.h"
+#include "engine.h"
+#include "oai.h"
+#include "tokenizer.h"
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <uv.h>
+
+#ifndef GPT2D_BUILD_VERSION
+#define GPT2D_BUILD_VERSION "dev"
+#endif
+
+#define EOT 50256
+
+typedef struct srv srv;
+typedef struct srv_req srv_req;
+
+/* One completion choice: one engine request. */
+typedef struct {
+    srv_req *req;
+    size_t index;  /* choices[index] */
+    size_t prompt; /* which prompt */
+    uint64_t id;   /* engine request id */
+    int live;      /* submitted, DONE not yet delivered */
+    int done;
+    const char *finish; /* "stop" or "length" */
+    int stopped;        /* a stop string ended it */
+    utf8_stream utf8;
+    stop_matcher *stop;
+    char *text; /* non-streaming: the whole text */
+    size_t text_len, text_cap;
+    size_t tokens;
+} srv_choice;
+
+struct srv_req {
+    srv *s;
+    struct MHD_Connection *conn;
+    int suspended, conn_done, responded;
+    int cancelling; /* inside on_completed's cancel loop: do not free yet */
+    char method[8], url[64];
+    enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } route;
+    char *body;
+    size_t body_len, body_cap;
+    int too_large;
+    oai_request oreq;
+    int32_t **prompt_ids;
+    size_t *prompt_len;
+    size_t nprompts;
+    srv_choice *choices;
+    size_t nchoices, nlive, ndone;
+    char id[40];
+    long long created;
+    double t_start;
+    /* Streaming: SSE bytes waiting to be sent. */
+    char *out;
+    size_t out_len, out_cap, out_off;
+    int stream_end;
+    int error_status; /* a failure after submission (non-streaming) */
+    char error_msg[256];
+};
+
+struct srv {
+    cfg_config cfg;
+    uv_loop_t *loop;
+    struct MHD_Daemon *mhd;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    uv_work_t work;
+    int in_flight, draining;
+    double drain_started;
+    bpe *tok;
+    eng_model *model;
+    eng_sched *sched;
+    char fingerprint[32];
+    uint64_t next_id;
+    size_t active; /* requests alive */
+    /* Metrics (loop thread only). */
+    uint64_t requests[6]; /* by status class: 1xx..5xx, [0] other */
+    uint64_t completions_ok, prompt_tokens, completion_tokens, aborted;
+};
+
+static void log_line(const char *level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static void log_line(const char *level, const char *fmt, ...)
+{
+    char ts[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fprintf(stderr, "%s %s ", ts, level);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- Driving libmicrohttpd from the loop ----------------------------------- */
+
+static void mhd_run(srv *s);
+
+static void on_timer(uv_timer_t *t)
+{
+    mhd_run(t->data);
+}
+
+static void on_poll(uv_poll_t *p, int status, int events)
+{
+    (void)status;
+    (void)events;
+    mhd_run(p->data);
+}
+
+/* Runs libmicrohttpd and re-arms its timeout. */
+static void mhd_run(srv *s)
+{
+    if (s->mhd == NULL) return;
+    MHD_run(s->mhd);
+    MHD_UNSIGNED_LONG_LONG ms;
+    if (MHD_get_timeout(s->mhd, &ms) == MHD_YES)
+        uv_timer_start(&s->timer, on_timer, ms > 1000 ? 1000 : ms, 0);
+    else
+        uv_timer_start(&s->timer, on_timer, 1000, 0);
+}
+
+static void resume(srv_req *r)
+{
+    if (r->suspended && !r->conn_done) {
+        r->suspended = 0;
+        MHD_resume_connection(r->conn);
+    }
+}
+
+/* ---- Driving the scheduler ------------------------------------------------- */
+
+static void kick(srv *s);
+
+static void work_cb(uv_work_t *w)
+{
+    eng_sched_execute(((srv *)w->data)->sched);
+}
+
+static void after_cb(uv_work_t *w, int status)
+{
+    (void)status;
+    srv *s = w->data;
+    s->in_flight = 0;
+    eng_sched_complete(s->sched); /* events: on_event */
+    kick(s);
+    mhd_run(s); /* serve the connections the events resumed */
+}
+
+static void kick(srv *s)
+{
+    if (s->in_flight || !eng_sched_plan(s->sched)) return;
+    s->in_flight = 1;
+    s->work.data = s;
+    if (uv_queue_work(s->loop, &s->work, work_cb, after_cb) != 0) {
+        /* Cannot happen with a live loop; run it here rather than stall. */
+        eng_sched_execute(s->sched);
+        s->in_flight = 0;
+        eng_sched_complete(s->sched);
+    }
+}
+
+/* ---- Requests -------------------------------------------------------------- */
+
+static void req_free(srv_req *r)
+{
+    for (size_t i = 0; i < r->nchoices; i++) {
+        stop_free(r->choices[i].stop);
+        free(r->choices[i].text);
+    }
+    free(r->choices);
+    for (size_t i = 0; i < r->nprompts; i++) free(r->prompt_ids[i]);
+    free(r->prompt_ids);
+    free(r->prompt_len);
+    oai_request_free(&r->oreq);
+    free(r->body);
+    free(r->out);
+    r->s->active--;
+    free(r);
+}
+
+static void req_maybe_free(srv_req *r)
+{
+    if (r->conn_done && r->nlive == 0) req_free(r);
+}
+
+static int append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *b = realloc(*buf, c);
+        if (b == NULL) return -1;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+static void sse_event(srv_req *r, json_t *obj)
+{
+    char *js = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    if (js == NULL) return;
+    append(&r->out, &r->out_len, &r->out_cap, "data: ", 6);
+    append(&r->out, &r->out_len, &r->out_cap, js, strlen(js));
+    append(&r->out, &r->out_len, &r->out_cap, "\n\n", 2);
+    free(js);
+}
+
+static json_t *completion_base(const srv_req *r)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", "text_completion",
+                     "created", (json_int_t)r->created, "model", r->s->cfg.model_name,
+                     "system_fingerprint", r->s->fingerprint);
+}
+
+/* A streamed piece of one choice's text (finish NULL while it goes on). */
+static void sse_choice(srv_req *r, const srv_choice *c, const char *text, size_t n,
+                       const char *finish)
+{
+    json_t *o = completion_base(r);
+    json_t *ch = json_pack("{s:s%, s:I, s:n, s:o}", "text", text, n, "index", (json_int_t)c->index,
+                           "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(o, "choices", json_pack("[o]", ch));
+    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
+    sse_event(r, o);
+}
+
+static size_t usage_completion(const srv_req *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nchoices; i++) n += r->choices[i].tokens;
+    return n;
+}
+
+static size_t usage_prompt(const srv_req *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nprompts; i++) n += r->prompt_len[i];
+    return n;
+}
+
+/* Text that the decoder and the stop matcher released for choice c. */
+static void choice_text(srv_choice *c, const char *p, size_t n)
+{
+    srv_req *r = c->req;
+    if (n == 0) return;
+    if (r->oreq.stream)
+        sse_choice(r, c, p, n, NULL);
+    else
+        append(&c->text, &c->text_len, &c->text_cap, p, n);
+}
+
+/* Feeds decoded text through the stop matcher. */
+static void choice_feed(srv_choice *c, const char *p, size_t n)
+{
+    if (c->stopped) return;
+    if (c->stop == NULL) {
+        choice_text(c, p, n);
+        return;
+    }
+    char *out = malloc(stop_held(c->stop) + n + 1);
+    if (out == NULL) return;
+    int stopped = 0;
+    size_t w = stop_feed(c->stop, p, n, out, &stopped);
+    if (w != (size_t)-1) choice_text(c, out, w);
+    free(out);
+    if (stopped) {
+        c->stopped = 1;
+        eng_sched_cancel(c->req->s->sched, c->id); /* DONE follows */
+    }
+}
+
+static void finish_stream(srv_req *r)
+{
+    if (r->oreq.include_usage) {
+        size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r);
+        json_t *o = completion_base(r);
+        json_object_set_new(o, "choices", json_array());
+        json_object_set_new(o, "usage",
+                            json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt,
+                                      "completion_tokens", (json_int_t)ct, "total_tokens",
+                                      (json_int_t)(pt + ct)));
+        sse_event(r, o);
+    }
+    append(&r->out, &r->out_len, &r->out_cap, "data: [DONE]\n\n", 14);
+    r->stream_end = 1;
+}
+
+static void on_event(void *user, const eng_event *ev)
+{
+    srv_choice *c = user;
+    srv_req *r = c->req;
+    if (ev->kind == ENG_EV_TOKEN) {
+        c->tokens++;
+        if (ev->token == EOT && !r->oreq.ignore_eos) return; /* not text */
+        size_t len;
+        const char *b = bpe_token_bytes(r->s->tok, ev->token, &len);
+        if (b == NULL) return;
+        char buf[UTF8_STREAM_MAX_OUT(256)];
+        if (len > 256) len = 256; /* GPT-2 tokens are at most 128 bytes */
+        size_t n = utf8_stream_feed(&c->utf8, b, len, buf);
+        choice_feed(c, buf, n);
+    } else if (ev->kind == ENG_EV_DONE) {
+        c->live = 0;
+        r->nlive--;
+        if (!c->stopped) {
+            char tail[4];
+            size_t n = utf8_stream_flush(&c->utf8, tail);
+            choice_feed(c, tail, n);
+            if (c->stop != NULL && !c->stopped) {
+                char *out = malloc(stop_held(c->stop) + 1);
+                if (out != NULL) {
+                    choice_text(c, out, stop_flush(c->stop, out));
+                    free(out);
+                }
+            }
+        }
+        if (ev->finish == ENG_FINISH_ERROR && r->error_status == 0) {
+            r->error_status = 500;
+            snprintf(r->error_msg, sizeof r->error_msg, "generation failed: %s",
+                     ev->message ? ev->message : "unknown error");
+        }
+        c->finish = c->stopped || ev->finish == ENG_FINISH_EOS ? "stop" : "length";
+        c->done = 1;
+        r->ndone++;
+        if (r->oreq.stream && !r->conn_done) sse_choice(r, c, "", 0, c->finish);
+        if (r->ndone == r->nchoices && r->oreq.stream) finish_stream(r);
+    }
+    if (r->conn_done) {
+        if (!r->cancelling) req_maybe_free(r);
+    } else {
+        resume(r);
+    }
+}
+
+/* ---- Responses --------------------------------------------------------------- */
+
+static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, const char *body,
+                                 const char *retry_after)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (resp == NULL) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    if (retry_after != NULL) MHD_add_response_header(resp, "Retry-After", retry_after);
+    enum MHD_Result rc = MHD_queue_response(conn, status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result send_error(srv_req *r, int status, const char *type, const char *code,
+                                  const char *param, const char *retry_after, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 7, 8)))
+#endif
+    ;
+
+static enum MHD_Result send_error(srv_req *r, int status, const char *type, const char *code,
+                                  const char *param, const char *retry_after, const char *fmt, ...)
+{
+    oai_error e;
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    oai_error_set(&e, status, type, code, param, "%s", msg);
+    char *js = oai_error_json(&e);
+    r->responded = 1;
+    enum MHD_Result rc =
+        send_json(r->conn, (unsigned)status, js ? js : "{\"error\":{}}", retry_after);
+    free(js);
+    return rc;
+}
+
+static enum MHD_Result send_oai_error(srv_req *r, const oai_error *e)
+{
+    char *js = oai_error_json(e);
+    r->responded = 1;
+    enum MHD_Result rc = send_json(r->conn, (unsigned)e->status, js ? js : "{}", NULL);
+    free(js);
+    return rc;
+}
+
+static enum MHD_Result send_completion(srv_req *r)
+{
+    if (r->error_status != 0)
+        return send_error(r, r->error_status, "server_error", NULL, NULL, NULL, "%s", r->error_msg);
+    json_t *o = completion_base(r);
+    json_t *choices = json_array();
+    for (size_t i = 0; i < r->nchoices; i++) {
+        srv_choice *c = &r->choices[i];
+        json_t *text;
+        if (r->oreq.echo) {
+            const oai_prompt *p = &r->oreq.prompts[c->prompt];
+            char *pt = NULL;
+            size_t plen = 0;
+            if (p->text != NULL) {
+                pt = p->text;
+                plen = p->text_len;
+            } else {
+                bpe_decode(r->s->tok, p->ids, p->nids, &pt, &plen, NULL, 0);
+            }
+            /* The prompt as text: bytes made valid UTF-8 like the output. */
+            char *joined = malloc(UTF8_STREAM_MAX_OUT(plen) + c->text_len + 1);
+            size_t jn = 0;
+            if (joined != NULL) {
+                utf8_stream u;
+                utf8_stream_init(&u);
+                jn = utf8_stream_feed(&u, pt ? pt : "", plen, joined);
+                jn += utf8_stream_flush(&u, joined + jn);
+                memcpy(joined + jn, c->text ? c->text : "", c->text_len);
+                jn += c->text_len;
+            }
+            text = json_stringn(joined ? joined : "", jn);
+            free(joined);
+            if (p->text == NULL) free(pt);
+        } else {
+            text = json_stringn(c->text ? c->text : "", c->text_len);
+        }
+        json_array_append_new(choices, json_pack("{s:o, s:I, s:n, s:s}", "text", text, "index",
+                                                 (json_int_t)c->index, "logprobs", "finish_reason",
+                                                 c->finish));
+    }
+    json_object_set_new(o, "choices", choices);
+    size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r);
+    json_object_set_new(o, "usage",
+                        json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt,
+                                  "completion_tokens", (json_int_t)ct, "total_tokens",
+                                  (json_int_t)(pt + ct)));
+    char *js = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    r->responded = 1;
+    enum MHD_Result rc = send_json(r->conn, 200, js ? js : "{}", NULL);
+    free(js);
+    return rc;
+}
+
+/* The SSE body, chunk by chunk as on_event produces it. */
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    srv_req *r = cls;
+    if (r->out_off < r->out_len) {
+        size_t n = r->out_len - r->out_off;
+        if (n > max) n = max;
+        memcpy(buf, r->out + r->out_off, n);
+        r->out_off += n;
+        if (r->out_off == r->out_len) r->out_off = r->out_len = 0;
+        return (ssize_t)n;
+    }
+    if (r->stream_end) return MHD_CONTENT_READER_END_OF_STREAM;
+    /* Nothing yet: sleep until on_event resumes us (no busy polling). */
+    r->suspended = 1;
+    MHD_suspend_connection(r->conn);
+    return 0;
+}
+
+/* ---- Routes ------------------------------------------------------------------ */
+
+/* GET /metrics: Prometheus text format. */
+static enum MHD_Result route_metrics(srv_req *r)
+{
+    srv *s = r->s;
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    if (m == NULL) return MHD_NO;
+    fprintf(m, "# HELP gpt2d_requests_total HTTP requests by status class.\n"
+               "# TYPE gpt2d_requests_total counter\n");
+    for (int c = 1; c <= 5; c++)
+        fprintf(m, "gpt2d_requests_total{status=\"%dxx\"} %llu\n", c,
+                (unsigned long long)s->requests[c]);
+    fprintf(m,
+            "# TYPE gpt2d_requests_aborted_total counter\ngpt2d_requests_aborted_total %llu\n"
+            "# TYPE gpt2d_prompt_tokens_total counter\ngpt2d_prompt_tokens_total %llu\n"
+            "# TYPE gpt2d_completion_tokens_total counter\ngpt2d_completion_tokens_total %llu\n"
+            "# HELP gpt2d_running_sequences Sequences in the running batch.\n"
+            "# TYPE gpt2d_running_sequences gauge\ngpt2d_running_sequences %zu\n"
+            "# TYPE gpt2d_queued_requests gauge\ngpt2d_queued_requests %zu\n"
+            "# TYPE gpt2d_kv_blocks_used gauge\ngpt2d_kv_blocks_used %zu\n"
+            "# TYPE gpt2d_kv_blocks_total gauge\ngpt2d_kv_blocks_total %zu\n"
+            "# TYPE gpt2d_steps_total counter\ngpt2d_steps_total %llu\n"
+            "# TYPE gpt2d_last_step_rows gauge\ngpt2d_last_step_rows %zu\n"
+            "# TYPE gpt2d_last_step_seconds gauge\ngpt2d_last_step_seconds %.6f\n",
+            (unsigned long long)s->aborted, (unsigned long long)s->prompt_tokens,
+            (unsigned long long)s->completion_tokens, st.running, st.queued, st.kv_blocks_used,
+            st.kv_blocks_total, (unsigned long long)st.steps, st.last_step_rows,
+            st.last_step_seconds);
+    fclose(m);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(buf);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+    r->responded = 1;
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result route_models(srv_req *r)
+{
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
+                          r->s->cfg.model_name, "object", "model", "created", (json_int_t)0,
+                          "owned_by", "gpt2d");
+    char *js = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    r->responded = 1;
+    enum MHD_Result rc = send_json(r->conn, 200, js ? js : "{}", NULL);
+    free(js);
+    return rc;
+}
+
+/* Retry-After for 429/503: the time the queue ahead needs at the measured
+ * step rate, at least a second. */
+static void retry_after(const srv *s, char *buf, size_t len)
+{
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    double step = st.last_step_seconds > 0 ? st.last_step_seconds : 0.05;
+    double secs = (double)(st.queued + 1) * step * 16;
+    if (secs < 1) secs = 1;
+    if (secs > 60) secs = 60;
+    snprintf(buf, len, "%.0f", secs);
+}
+
+static enum MHD_Result route_completions(srv_req *r)
+{
+    srv *s = r->s;
+    const eng_config *mc = eng_model_config(s->model);
+    oai_limits lim = {.vocab_size = mc->n_vocab,
+                      .max_tokens_limit = s->cfg.max_tokens_limit,
+                      .max_n = s->cfg.max_n,
+                      .max_stop_bytes = 256,
+                      .max_prompts = 64};
+    oai_error e;
+    if (oai_parse_completion(r->body ? r->body : "", r->body_len, &lim, &r->oreq, &e) != 0)
+        return send_oai_error(r, &e);
+    oai_request *q = &r->oreq;
+    if (strcmp(q->model, s->cfg.model_name) != 0)
+        return send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                          "The model '%s' does not exist; this server serves '%s'", q->model,
+                          s->cfg.model_name);
+    if (q->logprobs >= 0 || q->best_of > q->n)
+        return send_error(
+            r, 400, "invalid_request_error", NULL, q->logprobs >= 0 ? "logprobs" : "best_of", NULL,
+            "'%s' is not supported by this server yet", q->logprobs >= 0 ? "logprobs" : "best_of");
+    /* Tokenize every prompt and check it against the context. */
+    r->nprompts = q->nprompts;
+    r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);
+    r->prompt_len = calloc(q->nprompts, sizeof *r->prompt_len);
+    if (r->prompt_ids == NULL || r->prompt_len == NULL)
+        return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < q->nprompts; i++) {
+        const oai_prompt *p = &q->prompts[i];
+        if (p->text != NULL) {
+            char err[256];
+            if (bpe_encode(s->tok, p->text, p->text_len, &r->prompt_ids[i], &r->prompt_len[i], err,
+                           sizeof err)
+                != BPE_OK)
+                return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", err);
+        } else {
+            r->prompt_ids[i] = malloc(p->nids * sizeof(int32_t));
+            if (r->prompt_ids[i] == NULL)
+                return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+            memcpy(r->prompt_ids[i], p->ids, p->nids * sizeof(int32_t));
+            r->prompt_len[i] = p->nids;
+        }
+        if (r->prompt_len[i] == 0)
+            return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
+                              "prompt %zu is empty", i);
+        if (r->prompt_len[i] > s->cfg.max_prompt_tokens)
+            return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
+                              "prompt %zu has %zu tokens; the limit is %zu", i, r->prompt_len[i],
+                              s->cfg.max_prompt_tokens);
+        if (r->prompt_len[i] + q->max_tokens > mc->n_ctx)
+            return send_error(
+                r, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", NULL,
+                "This model's maximum context length is %zu tokens, however you "
+                "requested %zu tokens (%zu in your prompt; %zu for the "
+                "completion). Please reduce your prompt; or completion length.",
+                mc->n_ctx, r->prompt_len[i] + q->max_tokens, r->prompt_len[i], q->max_tokens);
+    }
+    /* One engine request per prompt and choice. */
+    r->nchoices = q->nprompts * q->n;
+    r->choices = calloc(r->nchoices, sizeof *r->choices);
+    if (r->choices == NULL)
+        return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    eng_bias *bias = NULL;
+    if (q->nbias > 0) {
+        bias = malloc(q->nbias * sizeof *bias);
+        if (bias == NULL)
+            return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        for (size_t i = 0; i < q->nbias; i++)
+            bias[i] = (eng_bias){q->bias[i].token, q->bias[i].bias};
+    }
+    const char *stops[OAI_MAX_STOP];
+    for (size_t i = 0; i < q->nstop; i++) stops[i] = q->stop[i];
+    uint64_t base_seed = q->has_seed ? q->seed : (uint64_t)time(NULL) ^ (s->next_id * 7919);
+    for (size_t i = 0; i < r->nchoices; i++) {
+        srv_choice *c = &r->choices[i];
+        c->req = r;
+        c->index = i;
+        c->prompt = i / q->n;
+        utf8_stream_init(&c->utf8);
+        if (q->nstop > 0 && (c->stop = stop_new(stops, q->stop_len, q->nstop)) == NULL) {
+            free(bias);
+            return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        }
+        eng_request er = {
+            .prompt = r->prompt_ids[c->prompt],
+            .nprompt = r->prompt_len[c->prompt],
+            .max_tokens = q->max_tokens,
+            .sampling = {.temperature = (float)q->temperature,
+                         .top_k = q->top_k,
+                         .top_p = (float)q->top_p,
+                         .presence_penalty = (float)q->presence_penalty,
+                         .frequency_penalty = (float)q->frequency_penalty,
+                         .bias = bias,
+                         .nbias = q->nbias},
+            .seed = base_seed + i,
+            .ignore_eos = q->ignore_eos,
+            .logprobs = -1,
+            .on_event = on_event,
+            .user = c,
+        };
+        char err[256];
+        eng_status st = eng_sched_submit(s->sched, &er, &c->id, err, sizeof err);
+        if (st != ENG_OK) {
+            free(bias);
+            /* Nothing half-admitted: cancel what this request already queued. */
+            for (size_t k = 0; k < i; k++) eng_sched_cancel(s->sched, r->choices[k].id);
+            char ra[16];
+            retry_after(s, ra, sizeof ra);
+            if (st == ENG_EFULL)
+                return send_error(r, 429, "rate_limit_exceeded", "rate_limit_exceeded", NULL, ra,
+                                  "The server is busy (%s); retry after %s s", err, ra);
+            if (st == ENG_ETOOBIG)
+                return send_error(r, 400, "invalid_request_error", "context_length_exceeded",
+                                  "max_tokens", NULL, "%s", err);
+            return send_error(r, 400, "invalid_request_error", NULL, NULL, NULL, "%s", err);
+        }
+        c->live = 1;
+        r->nlive++;
+    }
+    free(bias);
+    kick(s);
+    if (q->stream) {
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, r, NULL);
+        if (resp == NULL) return MHD_NO;
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        r->responded = 1;
+        enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+        MHD_destroy_response(resp);
+        return rc;
+    }
+    r->suspended = 1;
+    MHD_suspend_connection(r->conn);
+    return MHD_YES;
+}
+
+static enum MHD_Result route_tokenize(srv_req *r, int encode)
+{
+    json_error_t jerr;
+    json_t *o = json_loadb(r->body ? r->body : "", r->body_len, JSON_ALLOW_NUL, &jerr);
+    enum MHD_Result rc;
+    char err[256];
+    if (o == NULL || !json_is_object(o)) {
+        json_decref(o);
+        return send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                          "the body must be a JSON object");
+    }
+    if (encode) {
+        json_t *p = json_object_get(o, "prompt");
+        if (!json_is_string(p)) {
+            json_decref(o);
+            return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
+                              "'prompt' must be a string");
+        }
+        int32_t *ids;
+        size_t n;
+        if (bpe_encode(r->s->tok, json_string_value(p), json_string_length(p), &ids, &n, err,
+                       sizeof err)
+            != BPE_OK) {
+            json_decref(o);
+            return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", err);
+        }
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+        free(ids);
+        json_t *res = json_pack("{s:o, s:I}", "tokens", arr, "count", (json_int_t)n);
+        char *js = json_dumps(res, JSON_COMPACT);
+        json_decref(res);
+        r->responded = 1;
+        rc = send_json(r->conn, 200, js ? js : "{}", NULL);
+        free(js);
+    } else {
+        json_t *t = json_object_get(o, "tokens");
+        size_t n = json_array_size(t);
+        int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+        if (!json_is_array(t) || ids == NULL) {
+            free(ids);
+            json_decref(o);
+            return send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL,
+                              "'tokens' must be a list of token ids");
+        }
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(t, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0
+                || json_integer_value(v) > INT32_MAX) {
+                free(ids);
+                json_decref(o);
+                return send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL,
+                                  "'tokens' entry %zu is not a token id", i);
+            }
+            ids[i] = (int32_t)json_integer_value(v);
+        }
+        char *bytes;
+        size_t nb;
+        if (bpe_decode(r->s->tok, ids, n, &bytes, &nb, err, sizeof err) != BPE_OK) {
+            free(ids);
+            json_decref(o);
+            return send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL, "%s", err);
+        }
+        free(ids);
+        /* Bytes to valid UTF-8 (a split character becomes U+FFFD). */
+        char *text = malloc(UTF8_STREAM_MAX_OUT(nb));
+        utf8_stream u;
+        utf8_stream_init(&u);
+        size_t tn = text ? utf8_stream_feed(&u, bytes, nb, text) : 0;
+        if (text) tn += utf8_stream_flush(&u, text + tn);
+        json_t *res = json_pack("{s:s%}", "prompt", text ? text : "", tn);
+        free(text);
+        free(bytes);
+        char *js = json_dumps(res, JSON_COMPACT);
+        json_decref(res);
+        r->responded = 1;
+        rc = send_json(r->conn, 200, js ? js : "{}", NULL);
+        free(js);
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* Constant-time comparison of a presented key with the configured ones. */
+static int key_ok(const srv *s, const char *auth)
+{
+    if (s->cfg.n_api_keys == 0) return 1;
+    if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0) return 0;
+    const char *k = auth + 7;
+    size_t klen = strlen(k);
+    int ok = 0;
+    for (size_t i = 0; i < s->cfg.n_api_keys; i++) {
+        const char *want = s->cfg.api_keys[i];
+        size_t wlen = strlen(want);
+        unsigned diff = (unsigned)(klen ^ wlen);
+        for (size_t j = 0; j < wlen; j++)
+            diff |= (unsigned char)want[j] ^ (unsigned char)(j < klen ? k[j] : 0);
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    srv *s = cls;
+    srv_req *r = *con_cls;
+    if (r == NULL) {
+        r = calloc(1, sizeof *r);
+        if (r == NULL) return MHD_NO;
+        r->s = s;
+        r->conn = conn;
+        r->t_start = now_s();
+        r->created = (long long)time(NULL);
+        snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
+                 (unsigned long long)(s->next_id++ & 0xFFFFFF));
+        snprintf(r->method, sizeof r->method, "%s", method);
+        snprintf(r->url, sizeof r->url, "%s", url);
+        s->active++;
+        *con_cls = r;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        if (!r->too_large) {
+            if (r->body_len + *upload_data_size > s->cfg.max_body_bytes)
+                r->too_large = 1;
+            else if (append(&r->body, &r->body_len, &r->body_cap, upload_data, *upload_data_size)
+                     != 0)
+                r->too_large = 1;
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->responded) return MHD_YES;
+    if (r->nchoices > 0 && !r->oreq.stream) {
+        if (r->ndone < r->nchoices) { /* woken early: keep waiting */
+            r->suspended = 1;
+            MHD_suspend_connection(conn);
+            return MHD_YES;
+        }
+        return send_completion(r);
+    }
+    int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
+    int open_route =
+        strcmp(url, "/health") == 0 || strcmp(url, "/ready") == 0 || strcmp(url, "/metrics") == 0;
+    if (!(open_route && s->cfg.auth_open_health)
+        && !key_ok(s, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization")))
+        return send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
+                          "Incorrect or missing API key (Authorization: Bearer ...)");
+    if (r->too_large)
+        return send_error(r, 413, "invalid_request_error", NULL, NULL, NULL,
+                          "The request body is over the limit of %zu bytes", s->cfg.max_body_bytes);
+    if (strcmp(url, "/health") == 0) {
+        if (!get) goto method;
+        r->responded = 1;
+        return send_json(conn, 200, "{\"status\":\"ok\"}", NULL);
+    }
+    if (strcmp(url, "/ready") == 0) {
+        if (!get) goto method;
+        r->responded = 1;
+        return s->draining ? send_json(conn, 503, "{\"status\":\"draining\"}", NULL)
+                           : send_json(conn, 200, "{\"status\":\"ready\"}", NULL);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        if (!get) goto method;
+        return route_metrics(r);
+    }
+    if (strcmp(url, "/v1/models") == 0) {
+        if (!get) goto method;
+        return route_models(r);
+    }
+    if (strcmp(url, "/v1/completions") == 0) {
+        if (!post) goto method;
+        if (s->draining)
+            return send_error(r, 503, "server_error", "server_draining", NULL, "5",
+                              "The server is shutting down; retry on another replica");
+        return route_completions(r);
+    }
+    if (strcmp(url, "/tokenize") == 0 || strcmp(url, "/detokenize") == 0) {
+        if (!post) goto method;
+        return route_tokenize(r, url[1] == 't');
+    }
+    return send_error(r, 404, "invalid_request_error", NULL, NULL, NULL, "Unknown route %s %s",
+                      method, url);
+method:
+    return send_error(r, 405, "invalid_request_error", NULL, NULL, NULL,
+                      "Method %s is not allowed on %s", method, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    srv_req *r = *con_cls;
+    if (r == NULL) return;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    unsigned status = ci ? ci->http_status : 0;
+    log_line("info",
+             "access %s %s status=%u id=%s prompt_tokens=%zu completion_tokens=%zu "
+             "duration_ms=%.1f%s",
+             r->method, r->url, status, r->id, usage_prompt(r), usage_completion(r),
+             (now_s() - r->t_start) * 1e3,
+             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " aborted=1");
+    srv *s = r->s;
+    s->requests[status >= 100 && status < 600 ? status / 100 : 0]++;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) s->aborted++;
+    s->prompt_tokens += usage_prompt(r) * (r->oreq.n ? r->oreq.n : 1);
+    s->completion_tokens += usage_completion(r);
+    r->conn_done = 1;
+    *con_cls = NULL;
+    /* The client went away (or the response is sent): stop what still runs.
+     * A cancel may deliver DONE at once, so r is freed only after the loop. */
+    r->cancelling = 1;
+    for (size_t i = 0; i < r->nchoices; i++)
+        if (r->choices[i].live) eng_sched_cancel(r->s->sched, r->choices[i].id);
+    r->cancelling = 0;
+    req_maybe_free(r);
+}
+
+/* ---- Start-up and shutdown --------------------------------------------------- */
+
+static void close_all(srv *s);
+
+static void drain_check(uv_timer_t *t)
+{
+    srv *s = t->data;
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    if ((st.running == 0 && st.queued == 0 && !s->in_flight)
+        || now_s() - s->drain_started > s->cfg.shutdown_timeout_s)
+        close_all(s);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    srv *s = h->data;
+    if (s->draining) return;
+    s->draining = 1;
+    s->drain_started = now_s();
+    log_line("info", "signal %d: draining (shutdown_timeout %.0f s)", signum,
+             s->cfg.shutdown_timeout_s);
+    /* The listener stays open while draining: /ready answers 503 (load
+     * balancers take the replica out) and new completions get 503 with
+     * Retry-After, while the running ones finish. */
+    uv_timer_start(&s->drain_timer, drain_check, 0, 50);
+}
+
+static void close_all(srv *s)
+{
+    uv_timer_stop(&s->drain_timer);
+    uv_close((uv_handle_t *)&s->drain_timer, NULL);
+    uv_timer_stop(&s->timer);
+    uv_close((uv_handle_t *)&s->timer, NULL);
+    uv_poll_stop(&s->poll);
+    uv_close((uv_handle_t *)&s->poll, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+}
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out, "usage: gpt2d serve --model DIR [options]\n"
+                 "Serves the model over HTTP (OpenAI-compatible POST /v1/completions).\n"
+                 "Every option is also a config-file key (key = value):\n");
+    cfg_print_help(out);
+}
+
+int srv_main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0) {
+            serve_usage(stdout);
+            return 0;
+        }
+    srv s;
+    memset(&s, 0, sizeof s);
+    char err[1024];
+    cfg_defaults(&s.cfg);
+    if (cfg_parse_args(&s.cfg, argc, argv, 1, err, sizeof err) != CFG_OK) {
+        fprintf(stderr, "gpt2d serve: %s\n", err);
+        return 2;
+    }
+    if (cfg_validate(&s.cfg, err, sizeof err) != CFG_OK) {
+        fprintf(stderr, "gpt2d serve: %s\n", err);
+        return 2;
+    }
+    int rc = 1;
+    log_line("info", "loading %s", s.cfg.model_dir);
+    if (bpe_load_dir(s.cfg.model_dir, &s.tok, err, sizeof err) != BPE_OK
+        || eng_model_load(s.cfg.model_dir, &s.model, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "gpt2d serve: %s\n", err);
+        goto done;
+    }
+    if (eng_model_copied_bytes(s.model) > 0)
+        log_line("warn",
+                 "copied %.1f MB of misaligned or half-precision weights; "
+                 "`gpt2d convert` writes a file that maps without copying",
+                 (double)eng_model_copied_bytes(s.model) / 1e6);
+    eng_sched_opts so = {.kv_bytes = s.cfg.kv_cache_mb << 20,
+                         .block_len = s.cfg.kv_block,
+                         .max_running = s.cfg.max_running,
+                         .max_queue = s.cfg.max_queue,
+                         .step_tokens = s.cfg.step_tokens,
+                         .threads = s.cfg.threads};
+    if (eng_sched_new(s.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "gpt2d serve: %s\n", err);
+        goto done;
+    }
+    const eng_config *mc = eng_model_config(s.model);
+    /* system_fingerprint: changes with the build and with the weights file. */
+    {
+        char path[CFG_STR_MAX + 32];
+        snprintf(path, sizeof path, "%s/model.safetensors", s.cfg.model_dir);
+        struct stat st;
+        uint64_t h = 0xCBF29CE484222325ull;
+        const char *build = __DATE__ " " __TIME__ " " GPT2D_BUILD_VERSION;
+        for (const char *p = build; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
+        if (stat(path, &st) == 0) {
+            uint64_t parts[3] = {(uint64_t)st.st_size, (uint64_t)st.st_mtim.tv_sec,
+                                 (uint64_t)st.st_ino};
+            for (int i = 0; i < 3; i++) h = (h ^ parts[i]) * 0x100000001B3ull;
+        }
+        snprintf(s.fingerprint, sizeof s.fingerprint, "fp_%012llx",
+                 (unsigned long long)(h & 0xFFFFFFFFFFFFull));
+    }
+    s.loop = uv_default_loop();
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+    if (uv_ip4_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in *)&ss) != 0) {
+        if (uv_ip6_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in6 *)&ss) != 0) {
+            fprintf(stderr, "gpt2d serve: host '%s' is not an IPv4 or IPv6 address\n", s.cfg.host);
+            goto done;
+        }
+        flags |= MHD_USE_IPv6;
+    }
+    s.mhd = MHD_start_daemon(flags, s.cfg.port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
+                             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
+                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s,
+                             MHD_OPTION_END);
+    if (s.mhd == NULL) {
+        fprintf(stderr, "gpt2d serve: cannot listen on %s:%u (in use, or not allowed)\n",
+                s.cfg.host, s.cfg.port);
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_BIND_PORT);
+    uv_poll_init(s.loop, &s.poll, di->epoll_fd);
+    s.poll.data = &s;
+    uv_poll_start(&s.poll, UV_READABLE, on_poll);
+    uv_timer_init(s.loop, &s.timer);
+    s.timer.data = &s;
+    uv_timer_init(s.loop, &s.drain_timer);
+    s.drain_timer.data = &s;
+    uv_signal_init(s.loop, &s.sigterm);
+    uv_signal_init(s.loop, &s.sigint);
+    s.sigterm.data = s.sigint.data = &s;
+    uv_signal_start(&s.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s.sigint, on_signal, SIGINT);
+    signal(SIGPIPE, SIG_IGN);
+    log_line("info", "serving %s (%zu layers, width %zu) on http://%s:%u", s.cfg.model_name,
+             mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
+    mhd_run(&s);
+    uv_run(s.loop, UV_RUN_DEFAULT);
+    MHD_stop_daemon(s.mhd);
+    s.mhd = NULL;
+    log_line("info", "stopped");
+    rc = 0;
+done:
+    eng_sched_free(s.sched);
+    eng_model_free(s.model);
+    bpe_free(s.tok);
+    if (s.loop != NULL) uv_loop_close(s.loop);
+    return rc;
+}

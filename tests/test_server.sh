@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# tests/test_server.sh GPT2D: gpt2d serve on loopback, driven by curl, a
+# Python SSE parser and the official OpenAI Node client, on a tiny `gpt2d
+# synth` checkpoint with the real GPT-2 tokenizer.
+set -euo pipefail
+gpt2d=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d /tmp/gpt2d-server-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+[ -n "${KEEP:-}" ] && trap - EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+
+mkdir -p "$dir/model"
+"$gpt2d" synth "$dir/model/model.safetensors" --layers 2 --embd 64 --heads 4 --ctx 128 --seed 3
+cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/model/"
+# A slower model (GPT-2-small width, 4 layers) for the queue and drain tests,
+# where generation must outlast the requests that probe it.
+mkdir -p "$dir/slow"
+"$gpt2d" synth "$dir/slow/model.safetensors" --layers 4 --seed 4
+cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/slow/"
+
+start() { # name, model, options... -> sets $port; the server log is $dir/name.log
+    local name=$1 model=$2; shift 2
+    "$gpt2d" serve --model "$dir/$model" --port 0 "$@" > "$dir/$name.log" 2>&1 &
+    pids+=($!)
+    last_pid=$!
+    for _ in $(seq 100); do
+        port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$name.log")
+        [ -n "$port" ] && return 0
+        sleep 0.1
+    done
+    fail "$name did not start"
+}
+post() { curl -s -m 30 "http://127.0.0.1:$port$1" -H 'Content-Type: application/json' -d "$2"; }
+status() { curl -s -o /dev/null -w '%{http_code}' -m 30 "$@"; }
+
+start main model
+base="http://127.0.0.1:$port"
+[ "$(curl -s "$base/health")" = '{"status":"ok"}' ] || fail health
+[ "$(status "$base/ready")" = 200 ] || fail ready
+python3 - "$(curl -s "$base/v1/models")" <<'PY' || fail models
+import json, sys
+d = json.loads(sys.argv[1]); assert d["object"] == "list" and d["data"][0]["id"] == "gpt2", d
+PY
+
+# Greedy text through the API equals gpt2d generate.
+prompt='Hello, my name is'
+"$gpt2d" generate --model "$dir/model" --prompt "$prompt" --tokens 12 --temperature 0 --ignore-eos 2>/dev/null > "$dir/gen.txt"
+post /v1/completions "{\"model\":\"gpt2\",\"prompt\":\"$prompt\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}" > "$dir/c.json"
+python3 - "$dir/gen.txt" "$dir/c.json" <<'PY' || fail "greedy text differs from gpt2d generate"
+import json, sys
+gen = open(sys.argv[1], "rb").read().rstrip(b"\n").decode("utf-8", "replace")
+c = json.load(open(sys.argv[2]))
+assert c["choices"][0]["text"] == gen, (c["choices"][0]["text"], gen)
+assert c["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}, c["usage"]
+assert c["choices"][0]["finish_reason"] == "length"
+assert c["id"].startswith("cmpl-") and c["system_fingerprint"].startswith("fp_")
+PY
+
+# Streaming: SSE framing by a real parser; the same text; one finish chunk; usage.
+curl -sN -m 30 -D "$dir/h.txt" "$base/v1/completions" -d "{\"model\":\"gpt2\",\"prompt\":\"$prompt\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" > "$dir/s.txt"
+grep -qi '^content-type: text/event-stream' "$dir/h.txt" || fail "stream content type"
+grep -qi '^x-accel-buffering: no' "$dir/h.txt" || fail "X-Accel-Buffering"
+python3 - "$dir/s.txt" "$dir/c.json" <<'PY' || fail "stream"
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+assert raw.endswith("data: [DONE]\n\n"), raw[-80:]
+events = [e for e in raw.split("\n\n") if e]
+data = []
+for e in events:
+    assert e.startswith("data: ") and "\n" not in e, repr(e)
+    data.append(e[6:])
+assert data[-1] == "[DONE]"
+chunks = [json.loads(d) for d in data[:-1]]
+text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+want = json.load(open(sys.argv[2]))["choices"][0]["text"]
+assert text == want, (text, want)
+fin = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+assert len(fin) == 1 and fin[0]["choices"][0]["finish_reason"] == "length"
+assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+PY
+
+# Seeded sampling is reproducible; n and prompt arrays make choices; echo.
+a=$(post /v1/completions '{"model":"gpt2","prompt":"Once","max_tokens":10,"temperature":1,"seed":5}')
+b=$(post /v1/completions '{"model":"gpt2","prompt":"Once","max_tokens":10,"temperature":1,"seed":5}')
+python3 - "$a" "$b" <<'PY' || fail "seeded sampling"
+import json, sys
+a, b = (json.loads(x)["choices"][0]["text"] for x in sys.argv[1:])
+assert a == b, (a, b)
+PY
+python3 - "$(post /v1/completions '{"model":"gpt2","prompt":["One","Two"],"n":2,"max_tokens":3,"seed":1}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":[15496,11],"max_tokens":2,"echo":true,"temperature":0}')" <<'PY' || fail "n, prompt arrays, echo"
+import json, sys
+d = json.loads(sys.argv[1])
+assert [c["index"] for c in d["choices"]] == [0, 1, 2, 3], d
+assert d["usage"]["completion_tokens"] == 12 and d["usage"]["prompt_tokens"] == 4, d["usage"]
+e = json.loads(sys.argv[2])
+assert e["choices"][0]["text"].startswith("Hello,"), e
+PY
+
+# A stop string that spans tokens never reaches the client.
+python3 - "$gpt2d" "$dir" "$base" <<'PY' || fail "stop string"
+import json, subprocess, sys, urllib.request
+gpt2d, d, base = sys.argv[1:]
+ids = json.loads(subprocess.run([gpt2d, "generate", "--model", d + "/model", "--prompt", "Hello, my name is",
+                                 "--tokens", "6", "--temperature", "0", "--ignore-eos", "--ids"],
+                                capture_output=True, check=True).stdout)["generated"]
+pieces = [subprocess.run([gpt2d, "detokenize", "--model", d + "/model"], input=json.dumps([i]).encode(),
+                         capture_output=True, check=True).stdout.decode("utf-8", "replace") for i in ids]
+stop = pieces[2][-2:] + pieces[3][:2]          # spans the third and fourth tokens
+full = "".join(pieces)
+want = full[:full.index(stop)]
+for stream in (False, True):
+    body = json.dumps({"model": "gpt2", "prompt": "Hello, my name is", "max_tokens": 6, "temperature": 0,
+                       "ignore_eos": True, "stop": [stop], "stream": stream}).encode()
+    raw = urllib.request.urlopen(urllib.request.Request(base + "/v1/completions", body)).read().decode()
+    if stream:
+        chunks = [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
+    else:
+        c = json.loads(raw)["choices"][0]
+        text, finish = c["text"], [c["finish_reason"]]
+    assert text == want, (stream, text, want, stop)
+    assert finish == ["stop"], finish
+PY
+
+# Bytes that are not whole characters become U+FFFD, never invalid JSON.
+python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"x","max_tokens":3,"temperature":0,"logit_bias":{"17312":100}}')" <<'PY' || fail "partial UTF-8"
+import json, sys
+t = json.loads(sys.argv[1])["choices"][0]["text"]
+assert t == bytes.fromhex("e69ce69ce69c").decode("utf-8", "replace"), repr(t)
+PY
+
+# 16 concurrent streams, each exactly its max_tokens.
+for i in $(seq 16); do
+    curl -sN -m 60 "$base/v1/completions" -d "{\"model\":\"gpt2\",\"prompt\":\"Stream $i\",\"max_tokens\":$((20 + i)),\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" > "$dir/par$i.txt" &
+done
+wait $(jobs -p | grep -v "${pids[0]}") 2>/dev/null || true
+for i in $(seq 16); do
+    python3 - "$dir/par$i.txt" "$((20 + i))" <<'PY' || fail "stream $i"
+import json, sys
+raw = open(sys.argv[1]).read()
+assert raw.endswith("data: [DONE]\n\n")
+last = json.loads([e for e in raw.split("\n\n") if e.startswith("data: {")][-1][6:])
+assert last["usage"]["completion_tokens"] == int(sys.argv[2]), last
+PY
+done
+
+# A client that disconnects mid-stream frees its sequence and KV blocks.
+curl -sN -m 0.2 "$base/v1/completions" -d '{"model":"gpt2","prompt":"Bye","max_tokens":120,"ignore_eos":true,"stream":true}' > /dev/null || true
+for _ in $(seq 50); do
+    m=$(curl -s "$base/metrics")
+    echo "$m" | grep -q '^gpt2d_running_sequences 0$' && echo "$m" | grep -q '^gpt2d_kv_blocks_used 0$' && break
+    sleep 0.1
+done
+echo "$m" | grep -q '^gpt2d_running_sequences 0$' || fail "running sequences after disconnect"
+echo "$m" | grep -q '^gpt2d_kv_blocks_used 0$' || fail "KV blocks after disconnect"
+
+# Bad input: each with its status and an OpenAI error body.
+check() { # status, method, path, body, [curl args...]
+    local want=$1 method=$2 path=$3 body=$4; shift 4
+    local got
+    got=$(curl -s -o "$dir/err.json" -w '%{http_code}' -X "$method" "$base$path" ${body:+-d "$body"} "$@")
+    [ "$got" = "$want" ] || fail "$method $path $body: status $got, want $want"
+    python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["error"]; assert set(e) == {"message","type","param","code"}, e' "$dir/err.json" \
+        || fail "$method $path: not an OpenAI error body: $(cat "$dir/err.json")"
+}
+check 400 POST /v1/completions '{"model":'
+check 400 POST /v1/completions '{"model":"gpt2","max_tokens":"x"}'
+check 400 POST /v1/completions '{"model":"gpt2","suffix":"x"}'
+check 400 POST /v1/completions "{\"model\":\"gpt2\",\"prompt\":\"$(python3 -c "print('a '*120)")\",\"max_tokens\":20}"
+check 404 POST /v1/completions '{"model":"gpt-4","prompt":"x"}'
+check 404 GET /v1/nothing ''
+check 405 GET /v1/completions ''
+check 405 POST /v1/models '{}'
+head -c 2000000 /dev/zero | tr '\0' 'a' > "$dir/big.txt"
+check 413 POST /v1/completions "" --data-binary @"$dir/big.txt"
+
+# The official OpenAI client (Node), pointed at the base URL.
+if [ -d "$here/differential/node_modules/openai" ]; then
+    node "$here/differential/openai_client.mjs" "$base/v1" || fail "openai client"
+else
+    echo "openai client: npm package missing (scripts/test.sh installs it)" >&2; exit 77
+fi
+
+# Authentication, and 429 with Retry-After when the queue is full.
+start auth slow --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
+base="http://127.0.0.1:$port"
+check 401 GET /v1/models ''
+check 401 GET /v1/models '' -H 'Authorization: Bearer wrong-key-123'
+[ "$(status -H 'Authorization: Bearer secret-key-123' "$base/v1/models")" = 200 ] || fail "good key refused"
+[ "$(status "$base/health")" = 200 ] || fail "health needs no key"
+busy=()
+for i in 1 2; do
+    curl -sN -m 60 -H 'Authorization: Bearer secret-key-123' "$base/v1/completions" -d '{"model":"gpt2","prompt":"x","max_tokens":120,"ignore_eos":true,"stream":true}' > /dev/null &
+    busy+=($!)
+done
+sleep 0.3
+check 429 POST /v1/completions '{"model":"gpt2","prompt":"y"}' -H 'Authorization: Bearer secret-key-123' -D "$dir/h429.txt"
+grep -qi '^retry-after: [0-9]' "$dir/h429.txt" || fail "429 without Retry-After"
+wait "${busy[@]}"
+
+# SIGTERM: /ready turns 503, the running stream finishes, exit 0.
+curl -sN -m 60 -H 'Authorization: Bearer secret-key-123' "$base/v1/completions" -d '{"model":"gpt2","prompt":"z","max_tokens":100,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}' > "$dir/drain.txt" &
+drain=$!
+sleep 0.2
+kill -TERM "$last_pid"
+sleep 0.05
+[ "$(status "$base/ready")" = 503 ] || fail "/ready is not 503 while draining"
+check 503 POST /v1/completions '{"model":"gpt2","prompt":"late"}' -H 'Authorization: Bearer secret-key-123'
+wait "$drain" || true
+wait "$last_pid"; rc=$?
+[ "$rc" = 0 ] || fail "exit status $rc after SIGTERM"
+grep -q '"completion_tokens":100' "$dir/drain.txt" || fail "the stream did not finish during the drain"
+grep -q 'draining' "$dir/auth.log" || fail "no drain in the log"
+echo "server: ok"
