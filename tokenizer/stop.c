@@ -82,7 +82,7 @@ static size_t partial_tail(const stop_matcher *m, const char *p, size_t n)
 size_t stop_feed(stop_matcher *m, const char *in, size_t n, char *out, int *stopped)
 {
     *stopped = m->stopped;
-    if (m->stopped) return 0;
+    if (m->stopped || n == 0) return 0;
     if (!ensure(m, m->held + n)) return (size_t)-1;
     memcpy(m->buf + m->held, in, n);
     size_t len = m->held + n;
@@ -114,7 +114,7 @@ size_t stop_feed(stop_matcher *m, const char *in, size_t n, char *out, int *stop
 size_t stop_flush(stop_matcher *m, char *out)
 {
     size_t n = m->stopped ? 0 : m->held;
-    memcpy(out, m->buf, n);
+    if (n > 0) memcpy(out, m->buf, n);
     m->held = 0;
     return n;
 }
