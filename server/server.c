@@ -52,9 +52,17 @@ typedef struct {
     int stopped;        /* a stop string ended it */
     utf8_stream utf8;
     stop_matcher *stop;
-    char *text; /* non-streaming: the whole text */
+    char *text; /* non-streaming: the whole text; streaming: this chunk's */
     size_t text_len, text_cap;
     size_t tokens;
+    /* logprobs: {tokens, token_logprobs, top_logprobs, text_offset}; for a
+     * stream, the entries of the chunk being built. NULL when not asked. */
+    json_t *lp;
+    utf8_stream off_utf8; /* text_offset: characters before each token, */
+    size_t off_chars;     /* counted from the start of the prompt        */
+    size_t prompt_fed;    /* prompt tokens counted into off_chars so far */
+    double lp_sum;        /* best_of: the sum and count of the chosen    */
+    size_t lp_n;          /* tokens' logprobs                            */
 } srv_choice;
 
 struct srv_req {
@@ -209,6 +217,7 @@ static void req_free(srv_req *r)
     for (size_t i = 0; i < r->nchoices; i++) {
         stop_free(r->choices[i].stop);
         free(r->choices[i].text);
+        json_decref(r->choices[i].lp);
     }
     free(r->choices);
     for (size_t i = 0; i < r->nprompts; i++) free(r->prompt_ids[i]);
@@ -286,15 +295,86 @@ static size_t usage_prompt(const srv_req *r)
     return n;
 }
 
+/* ---- logprobs --------------------------------------------------------------- */
+
+static json_t *lp_new(void)
+{
+    return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                     "text_offset");
+}
+
+/* A token as text: its bytes when they are whole UTF-8, else OpenAI's
+ * "bytes:\xe6\x97" spelling. */
+static json_t *token_json(const srv *s, int32_t id)
+{
+    size_t len;
+    const char *b = bpe_token_bytes(s->tok, id, &len);
+    if (b == NULL) return json_string("");
+    if (utf8_valid(b, len)) return json_stringn(b, len);
+    char buf[6 + 4 * 256 + 1];
+    size_t o = (size_t)snprintf(buf, sizeof buf, "bytes:");
+    for (size_t i = 0; i < len && i < 256; i++)
+        o += (size_t)snprintf(buf + o, sizeof buf - o, "\\x%02x", (unsigned char)b[i]);
+    return json_stringn(buf, o);
+}
+
+/* Counts token id into the character offset; returns the offset before it. */
+static size_t offset_feed(srv_choice *c, int32_t id)
+{
+    size_t before = c->off_chars, len;
+    const char *b = bpe_token_bytes(c->req->s->tok, id, &len);
+    if (b == NULL) return before;
+    char out[UTF8_STREAM_MAX_OUT(256)];
+    size_t n = utf8_stream_feed(&c->off_utf8, b, len > 256 ? 256 : len, out);
+    for (size_t i = 0; i < n; i++) c->off_chars += ((unsigned char)out[i] & 0xC0) != 0x80;
+    return before;
+}
+
+/* Appends one token's entry (logprob NULL for the first prompt token). */
+static void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset)
+{
+    srv *s = c->req->s;
+    json_array_append_new(json_object_get(c->lp, "tokens"), token_json(s, id));
+    json_array_append_new(json_object_get(c->lp, "token_logprobs"),
+                          ev ? json_real(ev->logprob) : json_null());
+    json_t *top = json_null();
+    if (ev != NULL && c->req->oreq.logprobs > 0) {
+        top = json_object();
+        for (size_t k = 0; k < ev->ntop; k++) {
+            json_t *t = token_json(s, ev->top_ids[k]);
+            json_object_set_new(top, json_string_value(t), json_real(ev->top_logprobs[k]));
+            json_decref(t);
+        }
+    }
+    json_array_append_new(json_object_get(c->lp, "top_logprobs"), top);
+    json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)offset));
+}
+
+/* Streaming: sends the chunk built for choice c (its text and logprobs). */
+static void chunk_flush(srv_choice *c)
+{
+    srv_req *r = c->req;
+    int has_lp = c->lp != NULL && json_array_size(json_object_get(c->lp, "tokens")) > 0;
+    if (c->text_len == 0 && !has_lp) return;
+    json_t *o = completion_base(r);
+    json_t *ch =
+        json_pack("{s:s%, s:I, s:O, s:n}", "text", c->text ? c->text : "", c->text_len, "index",
+                  (json_int_t)c->index, "logprobs", has_lp ? c->lp : json_null(), "finish_reason");
+    json_object_set_new(o, "choices", json_pack("[o]", ch));
+    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
+    sse_event(r, o);
+    c->text_len = 0;
+    if (has_lp) {
+        json_decref(c->lp);
+        c->lp = lp_new();
+    }
+}
+
 /* Text that the decoder and the stop matcher released for choice c. */
 static void choice_text(srv_choice *c, const char *p, size_t n)
 {
-    srv_req *r = c->req;
     if (n == 0) return;
-    if (r->oreq.stream)
-        sse_choice(r, c, p, n, NULL);
-    else
-        append(&c->text, &c->text_len, &c->text_cap, p, n);
+    append(&c->text, &c->text_len, &c->text_cap, p, n);
 }
 
 /* Feeds decoded text through the stop matcher. */
@@ -337,16 +417,32 @@ static void on_event(void *user, const eng_event *ev)
 {
     srv_choice *c = user;
     srv_req *r = c->req;
-    if (ev->kind == ENG_EV_TOKEN) {
+    int stream = r->oreq.stream && !r->conn_done;
+    if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
+        /* Prompt positions arrive in order; count the tokens before them. */
+        while (c->prompt_fed < ev->index) offset_feed(c, r->prompt_ids[c->prompt][c->prompt_fed++]);
+        size_t off = offset_feed(c, ev->token);
+        c->prompt_fed++;
+        if (c->lp != NULL) lp_add(c, ev->token, ev, off);
+        if (stream) chunk_flush(c);
+    } else if (ev->kind == ENG_EV_TOKEN) {
         c->tokens++;
-        if (ev->token == EOT && !r->oreq.ignore_eos) return; /* not text */
+        c->lp_sum += ev->logprob;
+        c->lp_n++;
+        while (c->prompt_fed < r->prompt_len[c->prompt])
+            offset_feed(c, r->prompt_ids[c->prompt][c->prompt_fed++]);
+        size_t off = offset_feed(c, ev->token);
+        int eot = ev->token == EOT && !r->oreq.ignore_eos;
+        if (c->lp != NULL && !c->stopped) lp_add(c, ev->token, ev, off);
         size_t len;
-        const char *b = bpe_token_bytes(r->s->tok, ev->token, &len);
-        if (b == NULL) return;
-        char buf[UTF8_STREAM_MAX_OUT(256)];
-        if (len > 256) len = 256; /* GPT-2 tokens are at most 128 bytes */
-        size_t n = utf8_stream_feed(&c->utf8, b, len, buf);
-        choice_feed(c, buf, n);
+        const char *b = eot ? NULL : bpe_token_bytes(r->s->tok, ev->token, &len);
+        if (b != NULL) {
+            char buf[UTF8_STREAM_MAX_OUT(256)];
+            if (len > 256) len = 256; /* GPT-2 tokens are at most 128 bytes */
+            size_t n = utf8_stream_feed(&c->utf8, b, len, buf);
+            choice_feed(c, buf, n);
+        }
+        if (stream) chunk_flush(c);
     } else if (ev->kind == ENG_EV_DONE) {
         c->live = 0;
         r->nlive--;
@@ -370,7 +466,10 @@ static void on_event(void *user, const eng_event *ev)
         c->finish = c->stopped || ev->finish == ENG_FINISH_EOS ? "stop" : "length";
         c->done = 1;
         r->ndone++;
-        if (r->oreq.stream && !r->conn_done) sse_choice(r, c, "", 0, c->finish);
+        if (stream) {
+            chunk_flush(c);
+            sse_choice(r, c, "", 0, c->finish);
+        }
         if (r->ndone == r->nchoices && r->oreq.stream) finish_stream(r);
     }
     if (r->conn_done) {
@@ -436,8 +535,27 @@ static enum MHD_Result send_completion(srv_req *r)
         return send_error(r, r->error_status, "server_error", NULL, NULL, NULL, "%s", r->error_msg);
     json_t *o = completion_base(r);
     json_t *choices = json_array();
-    for (size_t i = 0; i < r->nchoices; i++) {
-        srv_choice *c = &r->choices[i];
+    size_t n = r->oreq.n, best_of = r->oreq.best_of;
+    for (size_t i = 0; i < r->nprompts * n; i++) {
+        /* best_of: the n candidates of this prompt with the highest mean
+         * token logprob, best first (a stable selection: ties keep order). */
+        size_t pi = i / n, k = i % n;
+        srv_choice *c = &r->choices[pi * best_of + k];
+        if (best_of > n) {
+            srv_choice *cand[128];
+            for (size_t j = 0; j < best_of; j++) cand[j] = &r->choices[pi * best_of + j];
+            for (size_t a = 0; a <= k; a++)
+                for (size_t b = a + 1; b < best_of; b++) {
+                    double ma = cand[a]->lp_n ? cand[a]->lp_sum / (double)cand[a]->lp_n : -1e30;
+                    double mb = cand[b]->lp_n ? cand[b]->lp_sum / (double)cand[b]->lp_n : -1e30;
+                    if (mb > ma) {
+                        srv_choice *t = cand[a];
+                        cand[a] = cand[b];
+                        cand[b] = t;
+                    }
+                }
+            c = cand[k];
+        }
         json_t *text;
         if (r->oreq.echo) {
             const oai_prompt *p = &r->oreq.prompts[c->prompt];
@@ -466,12 +584,13 @@ static enum MHD_Result send_completion(srv_req *r)
         } else {
             text = json_stringn(c->text ? c->text : "", c->text_len);
         }
-        json_array_append_new(choices, json_pack("{s:o, s:I, s:n, s:s}", "text", text, "index",
-                                                 (json_int_t)c->index, "logprobs", "finish_reason",
-                                                 c->finish));
+        json_array_append_new(choices,
+                              json_pack("{s:o, s:I, s:O, s:s}", "text", text, "index",
+                                        (json_int_t)i, "logprobs", c->lp ? c->lp : json_null(),
+                                        "finish_reason", c->finish));
     }
     json_object_set_new(o, "choices", choices);
-    size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r);
+    size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r); /* all candidates */
     json_object_set_new(o, "usage",
                         json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt,
                                   "completion_tokens", (json_int_t)ct, "total_tokens",
@@ -593,10 +712,6 @@ static enum MHD_Result route_completions(srv_req *r)
         return send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                           "The model '%s' does not exist; this server serves '%s'", q->model,
                           s->cfg.model_name);
-    if (q->logprobs >= 0 || q->best_of > q->n)
-        return send_error(
-            r, 400, "invalid_request_error", NULL, q->logprobs >= 0 ? "logprobs" : "best_of", NULL,
-            "'%s' is not supported by this server yet", q->logprobs >= 0 ? "logprobs" : "best_of");
     /* Tokenize every prompt and check it against the context. */
     r->nprompts = q->nprompts;
     r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);
@@ -633,8 +748,8 @@ static enum MHD_Result route_completions(srv_req *r)
                 "completion). Please reduce your prompt; or completion length.",
                 mc->n_ctx, r->prompt_len[i] + q->max_tokens, r->prompt_len[i], q->max_tokens);
     }
-    /* One engine request per prompt and choice. */
-    r->nchoices = q->nprompts * q->n;
+    /* One engine request per prompt and candidate (best_of >= n of them). */
+    r->nchoices = q->nprompts * q->best_of;
     r->choices = calloc(r->nchoices, sizeof *r->choices);
     if (r->choices == NULL)
         return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
@@ -653,8 +768,21 @@ static enum MHD_Result route_completions(srv_req *r)
         srv_choice *c = &r->choices[i];
         c->req = r;
         c->index = i;
-        c->prompt = i / q->n;
+        c->prompt = i / q->best_of;
         utf8_stream_init(&c->utf8);
+        utf8_stream_init(&c->off_utf8);
+        if (q->logprobs >= 0) {
+            c->lp = lp_new();
+            if (c->lp == NULL) {
+                free(bias);
+                return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+            }
+            if (q->echo) { /* the first prompt token has no logprob */
+                lp_add(c, r->prompt_ids[c->prompt][0], NULL,
+                       offset_feed(c, r->prompt_ids[c->prompt][0]));
+                c->prompt_fed = 1;
+            }
+        }
         if (q->nstop > 0 && (c->stop = stop_new(stops, q->stop_len, q->nstop)) == NULL) {
             free(bias);
             return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
@@ -672,7 +800,11 @@ static enum MHD_Result route_completions(srv_req *r)
                          .nbias = q->nbias},
             .seed = base_seed + i,
             .ignore_eos = q->ignore_eos,
-            .logprobs = -1,
+            /* best_of ranks candidates by their tokens' mean logprob */
+            .logprobs = q->logprobs >= 0    ? q->logprobs
+                        : q->best_of > q->n ? 0
+                                            : -1,
+            .echo = q->echo && q->logprobs >= 0,
             .on_event = on_event,
             .user = c,
         };
@@ -696,6 +828,27 @@ static enum MHD_Result route_completions(srv_req *r)
         r->nlive++;
     }
     free(bias);
+    if (q->stream && q->echo)
+        for (size_t i = 0; i < r->nchoices; i++) {
+            srv_choice *c = &r->choices[i];
+            char *pt = NULL;
+            size_t plen = 0;
+            if (bpe_decode(s->tok, r->prompt_ids[c->prompt], r->prompt_len[c->prompt], &pt, &plen,
+                           NULL, 0)
+                == BPE_OK) {
+                char *t = malloc(UTF8_STREAM_MAX_OUT(plen));
+                if (t != NULL) {
+                    utf8_stream u;
+                    utf8_stream_init(&u);
+                    size_t tn = utf8_stream_feed(&u, pt, plen, t);
+                    tn += utf8_stream_flush(&u, t + tn);
+                    choice_text(c, t, tn);
+                    chunk_flush(c);
+                    free(t);
+                }
+            }
+            free(pt);
+        }
     kick(s);
     if (q->stream) {
         struct MHD_Response *resp =

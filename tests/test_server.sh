@@ -101,6 +101,32 @@ e = json.loads(sys.argv[2])
 assert e["choices"][0]["text"].startswith("Hello,"), e
 PY
 
+# logprobs: the chosen token and the top alternatives; echo with the prompt's
+# (the first one null); text_offset from the start of the prompt; a token that
+# is not whole UTF-8 written as bytes:\xNN; best_of picks n of best_of.
+python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"Hello, 日本","max_tokens":4,"temperature":0,"logprobs":3,"echo":true}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":"Hello there","max_tokens":3,"temperature":0,"logprobs":2}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":"Hi","max_tokens":5,"n":2,"best_of":4,"seed":9}')" <<'PY' || fail "logprobs, echo, best_of"
+import json, sys
+e = json.loads(sys.argv[1])["choices"][0]
+lp = e["logprobs"]
+assert e["text"].startswith("Hello, 日本"), e["text"]
+assert len(lp["tokens"]) == 7 + 4, lp["tokens"]          # 7 prompt tokens, 4 generated
+assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+assert "bytes:\\x97" in lp["tokens"], lp["tokens"]   # a middle byte of 日 (" 日" is " \xe6", "\x97", "\xa5")
+assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+assert lp["text_offset"][7] == len("Hello, 日本"), lp["text_offset"]
+for i in range(1, len(lp["tokens"])):
+    assert lp["token_logprobs"][i] <= 0 and len(lp["top_logprobs"][i]) == 3
+for i in range(7, 11):  # greedy: the chosen token is the most likely one
+    assert lp["token_logprobs"][i] >= max(lp["top_logprobs"][i].values()) - 1e-5, i
+g = json.loads(sys.argv[2])["choices"][0]["logprobs"]
+assert len(g["tokens"]) == 3 and g["text_offset"][0] == len("Hello there"), g
+b = json.loads(sys.argv[3])
+assert len(b["choices"]) == 2 and [c["index"] for c in b["choices"]] == [0, 1], b
+assert b["usage"]["completion_tokens"] == 4 * 5, b["usage"]
+PY
+
 # A stop string that spans tokens never reaches the client.
 python3 - "$gpt2d" "$dir" "$base" <<'PY' || fail "stop string"
 import json, subprocess, sys, urllib.request
