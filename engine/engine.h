@@ -263,6 +263,9 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
  * ignored. */
 void eng_sched_cancel(eng_sched *s, uint64_t id);
 
+/* 1 while request id waits in the queue (not yet admitted). */
+int eng_sched_waiting(const eng_sched *s, uint64_t id);
+
 /* Plans the next step (admission, batch); 1 if there is one to execute. */
 int eng_sched_plan(eng_sched *s);
 /* Executes the planned step: the forward pass and sampling. Thread: any. */

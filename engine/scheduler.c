@@ -257,6 +257,13 @@ void eng_sched_cancel(eng_sched *s, uint64_t id)
     }
 }
 
+int eng_sched_waiting(const eng_sched *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->qlen; i++)
+        if (s->queue[(s->qhead + i) % s->o.max_queue]->id == id) return 1;
+    return 0;
+}
+
 int eng_sched_plan(eng_sched *s)
 {
     if (s->planned) return 1;

@@ -88,8 +88,9 @@ struct srv_req {
     char *out;
     size_t out_len, out_cap, out_off;
     int stream_end;
-    int error_status; /* a failure after submission (non-streaming) */
+    int error_status; /* a failure after submission */
     char error_msg[256];
+    srv_req *prev, *next; /* the list of requests with engine work */
 };
 
 struct srv {
@@ -109,6 +110,8 @@ struct srv {
     char fingerprint[32];
     uint64_t next_id;
     size_t active; /* requests alive */
+    srv_req *head; /* requests with engine work (for the 1 s tick) */
+    uv_timer_t tick;
     /* Metrics (loop thread only). */
     uint64_t requests[6]; /* by status class: 1xx..5xx, [0] other */
     uint64_t completions_ok, prompt_tokens, completion_tokens, aborted;
@@ -212,8 +215,19 @@ static void kick(srv *s)
 
 /* ---- Requests -------------------------------------------------------------- */
 
+static void req_unlink(srv_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (r->s->head == r)
+        r->s->head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
 static void req_free(srv_req *r)
 {
+    req_unlink(r);
     for (size_t i = 0; i < r->nchoices; i++) {
         stop_free(r->choices[i].stop);
         free(r->choices[i].text);
@@ -399,7 +413,17 @@ static void choice_feed(srv_choice *c, const char *p, size_t n)
 
 static void finish_stream(srv_req *r)
 {
-    if (r->oreq.include_usage) {
+    if (r->error_status != 0) { /* after the headers: an error event, then [DONE] */
+        oai_error e;
+        oai_error_set(&e, r->error_status, "server_error", NULL, NULL, "%s", r->error_msg);
+        char *js = oai_error_json(&e);
+        if (js != NULL) {
+            append(&r->out, &r->out_len, &r->out_cap, "data: ", 6);
+            append(&r->out, &r->out_len, &r->out_cap, js, strlen(js));
+            append(&r->out, &r->out_len, &r->out_cap, "\n\n", 2);
+            free(js);
+        }
+    } else if (r->oreq.include_usage) {
         size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r);
         json_t *o = completion_base(r);
         json_object_set_new(o, "choices", json_array());
@@ -532,7 +556,8 @@ static enum MHD_Result send_oai_error(srv_req *r, const oai_error *e)
 static enum MHD_Result send_completion(srv_req *r)
 {
     if (r->error_status != 0)
-        return send_error(r, r->error_status, "server_error", NULL, NULL, NULL, "%s", r->error_msg);
+        return send_error(r, r->error_status, "server_error", NULL, NULL,
+                          r->error_status == 503 ? "5" : NULL, "%s", r->error_msg);
     json_t *o = completion_base(r);
     json_t *choices = json_array();
     size_t n = r->oreq.n, best_of = r->oreq.best_of;
@@ -828,6 +853,9 @@ static enum MHD_Result route_completions(srv_req *r)
         r->nlive++;
     }
     free(bias);
+    r->next = s->head;
+    if (s->head) s->head->prev = r;
+    s->head = r;
     if (q->stream && q->echo)
         for (size_t i = 0; i < r->nchoices; i++) {
             srv_choice *c = &r->choices[i];
@@ -1089,6 +1117,49 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     req_maybe_free(r);
 }
 
+/* ---- The 1 s tick: deadlines, the queue's wait limit, keep-alive comments ---- */
+
+static void cancel_all(srv_req *r)
+{
+    for (size_t i = 0; i < r->nchoices; i++)
+        if (r->choices[i].live) eng_sched_cancel(r->s->sched, r->choices[i].id);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    srv *s = t->data;
+    double now = now_s();
+    srv_req *next;
+    for (srv_req *r = s->head; r != NULL; r = next) {
+        next = r->next;
+        if (r->conn_done || r->nlive == 0) continue;
+        double age = now - r->t_start;
+        int waiting = 0;
+        for (size_t i = 0; i < r->nchoices; i++)
+            if (r->choices[i].live && eng_sched_waiting(s->sched, r->choices[i].id)) waiting = 1;
+        if (waiting && age > s->cfg.queue_timeout_s) {
+            /* Waited too long for admission: 503, which clients retry. */
+            r->error_status = 503;
+            snprintf(r->error_msg, sizeof r->error_msg,
+                     "The request waited %.0f s for a free slot (queue_timeout); retry later", age);
+            cancel_all(r); /* DONE events may free nothing: the connection is open */
+            continue;
+        }
+        if (r->oreq.timeout_s > 0 && age > r->oreq.timeout_s) {
+            /* The request's own deadline ends generation like max_tokens. */
+            cancel_all(r);
+            continue;
+        }
+        if (r->oreq.stream && usage_completion(r) == 0) {
+            /* Still waiting: an SSE comment, which clients ignore, keeps
+             * proxies from timing out and lets a disconnect be noticed. */
+            append(&r->out, &r->out_len, &r->out_cap, ": waiting\n\n", 11);
+            resume(r);
+        }
+    }
+    mhd_run(s);
+}
+
 /* ---- Start-up and shutdown --------------------------------------------------- */
 
 static void close_all(srv *s);
@@ -1119,6 +1190,8 @@ static void on_signal(uv_signal_t *h, int signum)
 
 static void close_all(srv *s)
 {
+    uv_timer_stop(&s->tick);
+    uv_close((uv_handle_t *)&s->tick, NULL);
     uv_timer_stop(&s->drain_timer);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_timer_stop(&s->timer);
@@ -1225,6 +1298,9 @@ int srv_main(int argc, char **argv)
     s.timer.data = &s;
     uv_timer_init(s.loop, &s.drain_timer);
     s.drain_timer.data = &s;
+    uv_timer_init(s.loop, &s.tick);
+    s.tick.data = &s;
+    uv_timer_start(&s.tick, on_tick, 1000, 1000);
     uv_signal_init(s.loop, &s.sigterm);
     uv_signal_init(s.loop, &s.sigint);
     s.sigterm.data = s.sigint.data = &s;

@@ -216,6 +216,7 @@ fi
 # Authentication, and 429 with Retry-After when the queue is full.
 start auth slow --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
 base="http://127.0.0.1:$port"
+auth_base=$base auth_pid=$last_pid
 check 401 GET /v1/models ''
 check 401 GET /v1/models '' -H 'Authorization: Bearer wrong-key-123'
 [ "$(status -H 'Authorization: Bearer secret-key-123' "$base/v1/models")" = 200 ] || fail "good key refused"
@@ -230,7 +231,31 @@ check 429 POST /v1/completions '{"model":"gpt2","prompt":"y"}' -H 'Authorization
 grep -qi '^retry-after: [0-9]' "$dir/h429.txt" || fail "429 without Retry-After"
 wait "${busy[@]}"
 
+# The queue's wait limit, keep-alive comments, and the per-request deadline.
+start queue slow --max-running 1 --queue-timeout 1 --step-tokens 1
+base="http://127.0.0.1:$port"
+curl -sN -m 60 "$base/v1/completions" -d '{"model":"gpt2","prompt":"a","max_tokens":150,"ignore_eos":true,"stream":true}' > /dev/null &
+long=$!
+sleep 0.3
+curl -sN -m 60 "$base/v1/completions" -d '{"model":"gpt2","prompt":"b","max_tokens":5,"stream":true}' > "$dir/queued.txt" &
+queued=$!
+check 503 POST /v1/completions '{"model":"gpt2","prompt":"c","max_tokens":5}' -D "$dir/h503.txt"
+grep -qi '^retry-after: [0-9]' "$dir/h503.txt" || fail "503 without Retry-After"
+wait "$queued" || true
+grep -q '^: waiting$' "$dir/queued.txt" || fail "no keep-alive comment while queued: $(head -c 300 "$dir/queued.txt")"
+grep -q '^data: {"error"' "$dir/queued.txt" || fail "no error event for a stream that waited too long"
+tail -c 14 "$dir/queued.txt" | grep -q 'data: \[DONE\]' || fail "no [DONE] after the error event"
+wait "$long" || true
+python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"d","max_tokens":900,"ignore_eos":true,"timeout":1}')" <<'PY' || fail "deadline"
+import json, sys
+d = json.loads(sys.argv[1])
+c = d["choices"][0]
+assert c["finish_reason"] == "length" and 0 < d["usage"]["completion_tokens"] < 900, d["usage"]
+PY
+kill -TERM "$last_pid"; wait "$last_pid" || true
+
 # SIGTERM: /ready turns 503, the running stream finishes, exit 0.
+base=$auth_base last_pid=$auth_pid
 curl -sN -m 60 -H 'Authorization: Bearer secret-key-123' "$base/v1/completions" -d '{"model":"gpt2","prompt":"z","max_tokens":100,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}' > "$dir/drain.txt" &
 drain=$!
 sleep 0.2
