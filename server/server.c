@@ -40,6 +40,50 @@
 typedef struct srv srv;
 typedef struct srv_req srv_req;
 
+/* ---- Metrics: counters and histograms (loop thread only) -------------------- */
+
+#define MET_BUCKETS 14
+static const double met_seconds[MET_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                1,     2.5,  5,     10,   30,  60,   120};
+static const double met_rows[MET_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
+                                             128, 256, 512, 1024, 2048, 4096, 8192};
+
+typedef struct {
+    const double *bounds;
+    uint64_t counts[MET_BUCKETS]; /* non-cumulative; printed cumulative */
+    uint64_t count;
+    double sum;
+} met_hist;
+
+static void met_observe(met_hist *h, double v)
+{
+    for (size_t i = 0; i < MET_BUCKETS; i++)
+        if (v <= h->bounds[i]) {
+            h->counts[i]++;
+            break;
+        }
+    h->count++;
+    h->sum += v;
+}
+
+static void met_print(FILE *m, const char *name, const char *help, const met_hist *h)
+{
+    fprintf(m, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < MET_BUCKETS; i++) {
+        cum += h->counts[i];
+        fprintf(m, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    fprintf(m, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+            (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+static const char *const met_routes[] = {"/v1/completions", "/v1/models", "/health",     "/ready",
+                                         "/metrics",        "/tokenize",  "/detokenize", "other"};
+#define MET_ROUTES (sizeof met_routes / sizeof met_routes[0])
+static const unsigned met_statuses[] = {200, 400, 401, 404, 405, 408, 413, 429, 500, 503, 0};
+#define MET_STATUSES (sizeof met_statuses / sizeof met_statuses[0])
+
 /* One completion choice: one engine request. */
 typedef struct {
     srv_req *req;
@@ -61,6 +105,7 @@ typedef struct {
     utf8_stream off_utf8; /* text_offset: characters before each token, */
     size_t off_chars;     /* counted from the start of the prompt        */
     size_t prompt_fed;    /* prompt tokens counted into off_chars so far */
+    double t_last;        /* when the last token came (inter-token latency) */
     double lp_sum;        /* best_of: the sum and count of the chosen    */
     size_t lp_n;          /* tokens' logprobs                            */
 } srv_choice;
@@ -113,8 +158,9 @@ struct srv {
     srv_req *head; /* requests with engine work (for the 1 s tick) */
     uv_timer_t tick;
     /* Metrics (loop thread only). */
-    uint64_t requests[6]; /* by status class: 1xx..5xx, [0] other */
-    uint64_t completions_ok, prompt_tokens, completion_tokens, aborted;
+    uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last status column: others */
+    uint64_t prompt_tokens, completion_tokens, aborted;
+    met_hist ttft, itl, duration, step_seconds, step_rows;
 };
 
 static void log_line(const char *level, const char *fmt, ...)
@@ -196,6 +242,10 @@ static void after_cb(uv_work_t *w, int status)
     srv *s = w->data;
     s->in_flight = 0;
     eng_sched_complete(s->sched); /* events: on_event */
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    met_observe(&s->step_seconds, st.last_step_seconds);
+    met_observe(&s->step_rows, (double)st.last_step_rows);
     kick(s);
     mhd_run(s); /* serve the connections the events resumed */
 }
@@ -450,6 +500,12 @@ static void on_event(void *user, const eng_event *ev)
         if (c->lp != NULL) lp_add(c, ev->token, ev, off);
         if (stream) chunk_flush(c);
     } else if (ev->kind == ENG_EV_TOKEN) {
+        double t = now_s();
+        if (c->tokens == 0)
+            met_observe(&r->s->ttft, t - r->t_start);
+        else
+            met_observe(&r->s->itl, t - c->t_last);
+        c->t_last = t;
         c->tokens++;
         c->lp_sum += ev->logprob;
         c->lp_n++;
@@ -660,11 +716,28 @@ static enum MHD_Result route_metrics(srv_req *r)
     size_t len = 0;
     FILE *m = open_memstream(&buf, &len);
     if (m == NULL) return MHD_NO;
-    fprintf(m, "# HELP gpt2d_requests_total HTTP requests by status class.\n"
+    fprintf(m, "# HELP gpt2d_requests_total HTTP requests by route and status.\n"
                "# TYPE gpt2d_requests_total counter\n");
-    for (int c = 1; c <= 5; c++)
-        fprintf(m, "gpt2d_requests_total{status=\"%dxx\"} %llu\n", c,
-                (unsigned long long)s->requests[c]);
+    for (size_t ri = 0; ri < MET_ROUTES; ri++)
+        for (size_t si = 0; si < MET_STATUSES; si++) {
+            if (s->requests[ri][si] == 0) continue;
+            char code[16];
+            if (met_statuses[si] == 0)
+                snprintf(code, sizeof code, "other");
+            else
+                snprintf(code, sizeof code, "%u", met_statuses[si]);
+            fprintf(m, "gpt2d_requests_total{route=\"%s\",status=\"%s\"} %llu\n", met_routes[ri],
+                    code, (unsigned long long)s->requests[ri][si]);
+        }
+    met_print(m, "gpt2d_time_to_first_token_seconds", "From the request to its first token.",
+              &s->ttft);
+    met_print(m, "gpt2d_inter_token_latency_seconds", "Between consecutive tokens of a choice.",
+              &s->itl);
+    met_print(m, "gpt2d_request_duration_seconds", "Completion requests, start to end.",
+              &s->duration);
+    met_print(m, "gpt2d_step_duration_seconds", "One engine step: forward and sampling.",
+              &s->step_seconds);
+    met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &s->step_rows);
     fprintf(m,
             "# TYPE gpt2d_requests_aborted_total counter\ngpt2d_requests_aborted_total %llu\n"
             "# TYPE gpt2d_prompt_tokens_total counter\ngpt2d_prompt_tokens_total %llu\n"
@@ -1102,7 +1175,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
              (now_s() - r->t_start) * 1e3,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " aborted=1");
     srv *s = r->s;
-    s->requests[status >= 100 && status < 600 ? status / 100 : 0]++;
+    size_t ri = MET_ROUTES - 1, si = MET_STATUSES - 1;
+    for (size_t i = 0; i + 1 < MET_ROUTES; i++)
+        if (strcmp(r->url, met_routes[i]) == 0) ri = i;
+    for (size_t i = 0; i + 1 < MET_STATUSES; i++)
+        if (status == met_statuses[i]) si = i;
+    s->requests[ri][si]++;
+    if (ri == 0) met_observe(&s->duration, now_s() - r->t_start);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) s->aborted++;
     s->prompt_tokens += usage_prompt(r) * (r->oreq.n ? r->oreq.n : 1);
     s->completion_tokens += usage_completion(r);
@@ -1221,6 +1300,8 @@ int srv_main(int argc, char **argv)
     memset(&s, 0, sizeof s);
     char err[1024];
     cfg_defaults(&s.cfg);
+    s.ttft.bounds = s.itl.bounds = s.duration.bounds = s.step_seconds.bounds = met_seconds;
+    s.step_rows.bounds = met_rows;
     if (cfg_parse_args(&s.cfg, argc, argv, 1, err, sizeof err) != CFG_OK) {
         fprintf(stderr, "gpt2d serve: %s\n", err);
         return 2;

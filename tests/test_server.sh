@@ -184,6 +184,17 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 echo "$m" | grep -q '^gpt2d_running_sequences 0$' || fail "running sequences after disconnect"
+python3 - "$m" <<'PY' || fail "metrics"
+import sys
+m = sys.argv[1]
+for name in ("gpt2d_time_to_first_token_seconds", "gpt2d_inter_token_latency_seconds",
+             "gpt2d_request_duration_seconds", "gpt2d_step_duration_seconds", "gpt2d_step_batch_rows"):
+    assert f"# TYPE {name} histogram" in m and f'{name}_bucket{{le="+Inf"}}' in m, name
+assert 'gpt2d_requests_total{route="/v1/completions",status="200"}' in m
+assert "gpt2d_requests_aborted_total 1" in m, "the disconnect is counted"
+for g in ("gpt2d_queued_requests", "gpt2d_kv_blocks_total", "gpt2d_completion_tokens_total"):
+    assert g in m, g
+PY
 echo "$m" | grep -q '^gpt2d_kv_blocks_used 0$' || fail "KV blocks after disconnect"
 
 # Bad input: each with its status and an OpenAI error body.
