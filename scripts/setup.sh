@@ -10,7 +10,7 @@ packages=(
     libmicrohttpd-dev libuv1-dev libopenblas-dev         # server, loop, BLAS
     libsystemd-dev systemd                               # sd_notify, systemd tools
     python3 python3-numpy                                # numeric reference
-    curl ca-certificates valgrind
+    curl ca-certificates valgrind wrk
 )
 
 missing=()

@@ -14,6 +14,32 @@
 
 #define INVALID "invalid_request_error"
 
+/* Messages may quote the client's bytes (jansson's "near '...'") and may be
+ * cut mid-character by the buffer: every byte that is not part of valid
+ * UTF-8 becomes '?', so the error body is always valid JSON. */
+static void sanitize(char *p)
+{
+    unsigned char *u = (unsigned char *)p;
+    size_t n = strlen(p), i = 0;
+    while (i < n) {
+        unsigned c = u[i];
+        size_t len = c < 0x80                 ? 1
+                     : c >= 0xC2 && c <= 0xDF ? 2
+                     : c >= 0xE0 && c <= 0xEF ? 3
+                     : c >= 0xF0 && c <= 0xF4 ? 4
+                                              : 0;
+        int ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (u[i + k] & 0xC0) == 0x80;
+        if (ok && len == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0) && !(c == 0xED && u[i + 1] > 0x9F);
+        if (ok && len == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);
+        if (!ok) {
+            u[i++] = '?';
+            continue;
+        }
+        i += len;
+    }
+}
+
 void oai_error_set(oai_error *err, int status, const char *type, const char *code,
                    const char *param, const char *fmt, ...)
 {
@@ -25,6 +51,8 @@ void oai_error_set(oai_error *err, int status, const char *type, const char *cod
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
+    sanitize(err->message);
+    sanitize(err->param);
 }
 
 char *oai_error_json(const oai_error *err)
@@ -69,6 +97,7 @@ static int bad(oai_error *err, const char *param, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
+    sanitize(err->message);
     return -1;
 }
 

@@ -186,6 +186,16 @@ START_TEST(oai_parse_hostile_bodies_fail_cleanly)
     const char bytes[] = "{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}";
     ck_assert_int_eq(oai_parse_completion(bytes, sizeof bytes - 1, &lim, &r, &e), -1);
     ck_assert_int_eq(oai_parse_completion("", 0, &lim, &r, &e), -1);
+    /* Found by fuzz_oai: jansson quotes the invalid bytes in its message;
+     * the error body must still be valid JSON. */
+    static const char quoted[] = "{\"model\":\"\",\"p\":[\"\\\xdd\x8a\x8c\x9a\x91\"\0\0\0:3}";
+    ck_assert_int_eq(oai_parse_completion(quoted, sizeof quoted - 1, &lim, &r, &e), -1);
+    char *js = oai_error_json(&e);
+    ck_assert_ptr_nonnull(js);
+    json_t *j = json_loads(js, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    json_decref(j);
+    free(js);
 }
 END_TEST
 
