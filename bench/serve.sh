@@ -26,4 +26,4 @@ for c in 1 4 16 64; do
     python3 bench/load_stream.py "$base" "$c" "$per" 128 32
 done
 python3 bench/load_stream.py "$base" 4 1 8 512
-wrk -t2 -c16 -d20s -s bench/wrk_completions.lua "$base" | sed -n '/Latency/p;/Requests\/sec/p'
+wrk -t2 -c16 -d20s -s bench/wrk_completions.lua "$base/v1/completions" | sed -n '/Latency/p;/Non-2xx/p;/Requests\/sec/p'

@@ -13,6 +13,7 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -136,6 +137,8 @@ void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     run_share(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
-    }
+    /* Spin briefly, then yield: if a worker lost its core to another
+     * process, spinning here would hold the core it needs. */
+    for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0;)
+        if (++spins > 2000) sched_yield();
 }
