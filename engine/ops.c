@@ -32,6 +32,7 @@
 #define HAVE_X86 0
 #endif
 
+#if HAVE_X86
 /* GPT2D_KERNELS=portable or =avx2 caps the instruction set (for tests that
  * compare the paths bit for bit, and for benchmarks). */
 static int kernels_allow(const char *level)
@@ -42,39 +43,48 @@ static int kernels_allow(const char *level)
     return strcmp(v, "avx2") != 0 || strcmp(level, "avx2") == 0;
 }
 
-/* The answers are cached in atomics (relaxed: every thread that races to
- * fill them computes the same value). */
-static int use_avx512(void)
+static int probe_avx512(void)
 {
-#if HAVE_X86
-    static atomic_int cached = -1;
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v < 0) {
-        v = kernels_allow("avx512") && __builtin_cpu_supports("avx512f")
-            && __builtin_cpu_supports("fma");
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
-    }
-    return v;
-#else
-    return 0;
-#endif
+    return kernels_allow("avx512") && __builtin_cpu_supports("avx512f")
+           && __builtin_cpu_supports("fma");
 }
 
-static int use_avx2(void)
+static int probe_avx2(void)
 {
-#if HAVE_X86
-    static atomic_int cached = -1;
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    return kernels_allow("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* The answer of probe, cached in an atomic (relaxed: every thread that races
+ * to fill it computes the same value). */
+static int cached(atomic_int *cache, int (*probe)(void))
+{
+    int v = atomic_load_explicit(cache, memory_order_relaxed);
     if (v < 0) {
-        v = kernels_allow("avx2") && __builtin_cpu_supports("avx2")
-            && __builtin_cpu_supports("fma");
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
+        v = probe();
+        atomic_store_explicit(cache, v, memory_order_relaxed);
     }
     return v;
-#else
-    return 0;
-#endif
 }
+
+static atomic_int have_avx512 = -1, have_avx2 = -1;
+static int use_avx512(void)
+{
+    return cached(&have_avx512, probe_avx512);
+}
+static int use_avx2(void)
+{
+    return cached(&have_avx2, probe_avx2);
+}
+#else
+static int use_avx512(void)
+{
+    return 0;
+}
+static int use_avx2(void)
+{
+    return 0;
+}
+#endif
 
 /* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
 
