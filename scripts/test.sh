@@ -24,6 +24,8 @@ echo "== build and test (build/)"
 [ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized
 meson compile -C build
 meson test -C build --print-errorlogs --num-processes 2
+echo "== meson install into a scratch DESTDIR"
+tests/test_install.sh build
 
 [ "$quick" = 1 ] && exit 0
 

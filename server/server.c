@@ -18,6 +18,7 @@
 #include "config.h"
 #include "engine.h"
 #include "oai.h"
+#include "systemd.h"
 #include "tokenizer.h"
 
 #include <jansson.h>
@@ -29,6 +30,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #ifndef GPT2D_BUILD_VERSION
@@ -157,6 +159,12 @@ struct srv {
     size_t active; /* requests alive */
     srv_req *head; /* requests with engine work (for the 1 s tick) */
     uv_timer_t tick;
+    /* systemd: the watchdog timer, when the step in flight started, the last
+     * STATUS= line sent. */
+    uv_timer_t watchdog;
+    double step_started;
+    char sd_status[160];
+    unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
     /* Metrics (loop thread only). */
     uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last status column: others */
     uint64_t prompt_tokens, completion_tokens, aborted;
@@ -169,19 +177,50 @@ static void log_line(const char *level, const char *fmt, ...)
 #endif
     ;
 
+static int log_max = 2; /* the most verbose level written: 0 error .. 3 debug */
+
+static int level_rank(const char *level)
+{
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(level, names[i]) == 0) return i;
+    return 2;
+}
+
+/* One line per event on stderr: "TIMESTAMP LEVEL message", or, when stderr
+ * is the journal (which stamps lines itself), "<PRIORITY>message" with the
+ * syslog priority of the level (3 error, 4 warning, 6 info, 7 debug). */
 static void log_line(const char *level, const char *fmt, ...)
 {
-    char ts[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    fprintf(stderr, "%s %s ", ts, level);
+    int rank = level_rank(level);
+    if (rank > log_max) return;
+    char line[4096];
+    int n;
+    if (srv_sd_journal()) {
+        static const int prio[] = {3, 4, 6, 7};
+        n = snprintf(line, sizeof line, "<%d>", prio[rank]);
+    } else {
+        char ts[32];
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        n = snprintf(line, sizeof line, "%s %s ", ts, level);
+    }
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    /* One write per line, so that lines from a crash or another process
+     * sharing the stream do not interleave mid-line. */
+    fprintf(stderr, "%s\n", line);
+}
+
+/* A start-up failure: one line, "gpt2d serve: message", at error priority
+ * in the journal. */
+static void fatal_line(const char *msg)
+{
+    fprintf(stderr, "%sgpt2d serve: %s\n", srv_sd_journal() ? "<3>" : "", msg);
 }
 
 static double now_s(void)
@@ -233,7 +272,9 @@ static void kick(srv *s);
 
 static void work_cb(uv_work_t *w)
 {
-    eng_sched_execute(((srv *)w->data)->sched);
+    srv *s = w->data;
+    if (s->step_delay_ms > 0) usleep(s->step_delay_ms * 1000u);
+    eng_sched_execute(s->sched);
 }
 
 static void after_cb(uv_work_t *w, int status)
@@ -254,6 +295,7 @@ static void kick(srv *s)
 {
     if (s->in_flight || !eng_sched_plan(s->sched)) return;
     s->in_flight = 1;
+    s->step_started = now_s();
     s->work.data = s;
     if (uv_queue_work(s->loop, &s->work, work_cb, after_cb) != 0) {
         /* Cannot happen with a live loop; run it here rather than stall. */
@@ -1204,6 +1246,37 @@ static void cancel_all(srv_req *r)
         if (r->choices[i].live) eng_sched_cancel(r->s->sched, r->choices[i].id);
 }
 
+/* systemd's STATUS= line (systemctl status shows it), sent when it changed. */
+static void sd_status(srv *s)
+{
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    char line[sizeof s->sd_status];
+    snprintf(line, sizeof line, "%s: %zu running, %zu queued, KV blocks %zu/%zu",
+             s->draining ? "draining" : "serving", st.running, st.queued, st.kv_blocks_used,
+             st.kv_blocks_total);
+    if (strcmp(line, s->sd_status) == 0) return;
+    memcpy(s->sd_status, line, sizeof line);
+    srv_sd_notify("STATUS=%s", line);
+}
+
+/* WATCHDOG=1, every half WatchdogSec, only while the engine makes progress:
+ * the loop thread is alive (this timer runs) and no step has been in flight
+ * for more than half the interval (a step takes well under a second). A
+ * step wedged on the work queue stops the pings, and systemd restarts the
+ * service WatchdogSec after the last one. */
+static void on_watchdog(uv_timer_t *t)
+{
+    srv *s = t->data;
+    double half = (double)srv_sd_watchdog_usec() / 2e6;
+    if (s->in_flight && now_s() - s->step_started > half) {
+        log_line("error", "watchdog: a step has run for %.1f s; not pinging",
+                 now_s() - s->step_started);
+        return;
+    }
+    srv_sd_notify("WATCHDOG=1");
+}
+
 static void on_tick(uv_timer_t *t)
 {
     srv *s = t->data;
@@ -1236,6 +1309,7 @@ static void on_tick(uv_timer_t *t)
             resume(r);
         }
     }
+    sd_status(s);
     mhd_run(s);
 }
 
@@ -1259,6 +1333,8 @@ static void on_signal(uv_signal_t *h, int signum)
     if (s->draining) return;
     s->draining = 1;
     s->drain_started = now_s();
+    srv_sd_notify("STOPPING=1");
+    sd_status(s);
     log_line("info", "signal %d: draining (shutdown_timeout %.0f s)", signum,
              s->cfg.shutdown_timeout_s);
     /* The listener stays open while draining: /ready answers 503 (load
@@ -1275,6 +1351,8 @@ static void close_all(srv *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_timer_stop(&s->timer);
     uv_close((uv_handle_t *)&s->timer, NULL);
+    uv_timer_stop(&s->watchdog);
+    uv_close((uv_handle_t *)&s->watchdog, NULL);
     uv_poll_stop(&s->poll);
     uv_close((uv_handle_t *)&s->poll, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -1289,32 +1367,53 @@ static void serve_usage(FILE *out)
     cfg_print_help(out);
 }
 
+/* The configuration file read when no --config is given, if it exists. */
+#define SRV_DEFAULT_CONFIG "/etc/gpt2d/gpt2d.conf"
+
 int srv_main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
+    int explicit_config = 0;
+    for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             serve_usage(stdout);
             return 0;
         }
+        if (strcmp(argv[i], "--print-defaults") == 0) {
+            cfg_print_defaults(stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0)
+            explicit_config = 1;
+    }
+    srv_sd_init();
     srv s;
     memset(&s, 0, sizeof s);
     char err[1024];
     cfg_defaults(&s.cfg);
     s.ttft.bounds = s.itl.bounds = s.duration.bounds = s.step_seconds.bounds = met_seconds;
     s.step_rows.bounds = met_rows;
-    if (cfg_parse_args(&s.cfg, argc, argv, 1, err, sizeof err) != CFG_OK) {
-        fprintf(stderr, "gpt2d serve: %s\n", err);
+    if ((!explicit_config && access(SRV_DEFAULT_CONFIG, F_OK) == 0
+         && cfg_load_file(&s.cfg, SRV_DEFAULT_CONFIG, err, sizeof err) != CFG_OK)
+        || cfg_parse_args(&s.cfg, argc, argv, 1, err, sizeof err) != CFG_OK
+        || cfg_validate(&s.cfg, err, sizeof err) != CFG_OK) {
+        fatal_line(err);
         return 2;
     }
-    if (cfg_validate(&s.cfg, err, sizeof err) != CFG_OK) {
-        fprintf(stderr, "gpt2d serve: %s\n", err);
-        return 2;
+    log_max = level_rank(s.cfg.log_level);
+    const char *delay = getenv("GPT2D_TEST_STEP_DELAY_MS");
+    if (delay != NULL && atoi(delay) > 0) {
+        s.step_delay_ms = (unsigned)atoi(delay);
+        log_line("warn",
+                 "GPT2D_TEST_STEP_DELAY_MS: every step sleeps %u ms (a test of a wedged "
+                 "engine; never set it in production)",
+                 s.step_delay_ms);
     }
     int rc = 1;
     log_line("info", "loading %s", s.cfg.model_dir);
+    srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
     if (bpe_load_dir(s.cfg.model_dir, &s.tok, err, sizeof err) != BPE_OK
         || eng_model_load(s.cfg.model_dir, &s.model, err, sizeof err) != ENG_OK) {
-        fprintf(stderr, "gpt2d serve: %s\n", err);
+        fatal_line(err);
         goto done;
     }
     if (eng_model_copied_bytes(s.model) > 0)
@@ -1329,7 +1428,7 @@ int srv_main(int argc, char **argv)
                          .step_tokens = s.cfg.step_tokens,
                          .threads = s.cfg.threads};
     if (eng_sched_new(s.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
-        fprintf(stderr, "gpt2d serve: %s\n", err);
+        fatal_line(err);
         goto done;
     }
     const eng_config *mc = eng_model_config(s.model);
@@ -1350,24 +1449,43 @@ int srv_main(int argc, char **argv)
                  (unsigned long long)(h & 0xFFFFFFFFFFFFull));
     }
     s.loop = uv_default_loop();
+    /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port. */
+    int lfd = srv_sd_listen_fd(err, sizeof err);
+    if (lfd == -2) {
+        fatal_line(err);
+        goto done;
+    }
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
-    if (uv_ip4_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in *)&ss) != 0) {
+    if (lfd < 0 && uv_ip4_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in *)&ss) != 0) {
         if (uv_ip6_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in6 *)&ss) != 0) {
-            fprintf(stderr, "gpt2d serve: host '%s' is not an IPv4 or IPv6 address\n", s.cfg.host);
+            snprintf(err, sizeof err, "host '%s' is not an IPv4 or IPv6 address", s.cfg.host);
+            fatal_line(err);
             goto done;
         }
         flags |= MHD_USE_IPv6;
     }
-    s.mhd = MHD_start_daemon(flags, s.cfg.port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
-                             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s,
-                             MHD_OPTION_END);
+    if (lfd >= 0)
+        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, &s, MHD_OPTION_LISTEN_SOCKET,
+                                 lfd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
+                                 MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+    else
+        s.mhd = MHD_start_daemon(
+            flags, s.cfg.port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
+            (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     if (s.mhd == NULL) {
-        fprintf(stderr, "gpt2d serve: cannot listen on %s:%u (in use, or not allowed)\n",
-                s.cfg.host, s.cfg.port);
+        if (lfd >= 0)
+            snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",
+                     lfd);
+        else
+            snprintf(err, sizeof err, "cannot listen on %s:%u (in use, or not allowed)", s.cfg.host,
+                     s.cfg.port);
+        fatal_line(err);
         goto done;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_EPOLL_FD);
@@ -1388,8 +1506,22 @@ int srv_main(int argc, char **argv)
     uv_signal_start(&s.sigterm, on_signal, SIGTERM);
     uv_signal_start(&s.sigint, on_signal, SIGINT);
     signal(SIGPIPE, SIG_IGN);
-    log_line("info", "serving %s (%zu layers, width %zu) on http://%s:%u", s.cfg.model_name,
-             mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
+    if (lfd >= 0)
+        log_line("info",
+                 "serving %s (%zu layers, width %zu) on the socket systemd passed (port %u)",
+                 s.cfg.model_name, mc->n_layer, mc->n_embd, pi ? pi->port : 0);
+    else
+        log_line("info", "serving %s (%zu layers, width %zu) on http://%s:%u", s.cfg.model_name,
+                 mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
+    uv_timer_init(s.loop, &s.watchdog);
+    s.watchdog.data = &s;
+    if (srv_sd_watchdog_usec() > 0) {
+        uint64_t ms = srv_sd_watchdog_usec() / 2000;
+        uv_timer_start(&s.watchdog, on_watchdog, 0, ms > 0 ? ms : 1);
+    }
+    /* Ready only now: the model is loaded and the socket is listening. */
+    srv_sd_notify("READY=1");
+    sd_status(&s);
     mhd_run(&s);
     uv_run(s.loop, UV_RUN_DEFAULT);
     MHD_stop_daemon(s.mhd);
