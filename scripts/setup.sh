@@ -11,6 +11,7 @@ packages=(
     libsystemd-dev systemd                               # sd_notify, systemd tools
     python3 python3-numpy                                # numeric reference
     curl ca-certificates valgrind wrk
+    nginx-light python3-yaml                             # scale-out tests
 )
 
 missing=()

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# tests/test_nginx.sh GPT2D: deploy/nginx/gpt2d.conf, for real: nginx in front
+# of two gpt2d replicas on loopback. Streaming and non-streaming completions
+# (curl and the OpenAI Node client) through the proxy, traffic reaching both
+# replicas, then one replica killed (SIGKILL) mid-test while requests keep
+# succeeding on the other.
+set -euo pipefail
+gpt2d=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d /tmp/gpt2d-nginx-XXXXXX)
+chmod 755 "$dir"
+pids=()
+cleanup() {
+    [ -f "$dir/nginx.pid" ] && kill "$(cat "$dir/nginx.pid")" 2>/dev/null
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f"; tail -15 "$f"; done >&2; exit 1; }
+command -v nginx >/dev/null || fail "nginx is not installed (scripts/setup.sh installs nginx-light)"
+
+mkdir -p "$dir/model"
+"$gpt2d" synth "$dir/model/model.safetensors" --layers 2 --embd 64 --heads 4 --ctx 128 --seed 3 > /dev/null
+cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/model/"
+
+start() { # name -> sets rpid and rport
+    "$gpt2d" serve --model "$dir/model" --port 0 > "$dir/$1.log" 2>&1 &
+    rpid=$!
+    pids+=($rpid)
+    for _ in $(seq 100); do
+        rport=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$1.log")
+        [ -n "$rport" ] && return 0
+        sleep 0.1
+    done
+    fail "$1 did not start"
+}
+start a; pid_a=$rpid port_a=$rport
+start b; pid_b=$rpid port_b=$rport
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+
+# The deployed file with this test's ports; everything else as shipped.
+sed -e "s|server 127.0.0.1:8081 |server 127.0.0.1:$port_a |" \
+    -e "s|server 127.0.0.1:8082 |server 127.0.0.1:$port_b |" \
+    -e "s|listen 8080;|listen 127.0.0.1:$port;|" "$here/../deploy/nginx/gpt2d.conf" > "$dir/gpt2d.conf"
+grep -q "127.0.0.1:$port_a " "$dir/gpt2d.conf" && grep -q "127.0.0.1:$port_b " "$dir/gpt2d.conf" &&
+    grep -q "listen 127.0.0.1:$port;" "$dir/gpt2d.conf" || fail "could not set the ports"
+user=
+[ "$(id -u)" = 0 ] && user="user root;"
+cat > "$dir/nginx.conf" <<CONF
+$user
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/nginx-error.log warn;
+events { worker_connections 256; }
+http {
+    access_log $dir/nginx-access.log;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    include $dir/gpt2d.conf;
+}
+CONF
+nginx -t -p "$dir" -c "$dir/nginx.conf" > "$dir/nginx-t.log" 2>&1 || fail "nginx -t: $(cat "$dir/nginx-t.log")"
+nginx -p "$dir" -c "$dir/nginx.conf"
+for _ in $(seq 50); do [ -f "$dir/nginx.pid" ] && break; sleep 0.1; done
+base="http://127.0.0.1:$port"
+for _ in $(seq 50); do curl -s -o /dev/null "$base/health" && break; sleep 0.1; done
+
+req='{"model":"gpt2","prompt":"Hello, my name is","max_tokens":8,"temperature":0,"ignore_eos":true}'
+sreq='{"model":"gpt2","prompt":"Hello, my name is","max_tokens":8,"temperature":0,"ignore_eos":true,"stream":true}'
+complete() { curl -s -m 30 -w '\n%{http_code}' "$base/v1/completions" -H 'Content-Type: application/json' -d "$req"; }
+check_json() { # the output of complete
+    python3 -c '
+import json, sys
+body, code = sys.stdin.read().rsplit("\n", 1)
+assert code == "200", code + " " + body
+d = json.loads(body)
+assert d["usage"]["completion_tokens"] == 8 and d["choices"][0]["finish_reason"] == "length", d
+'
+}
+check_stream() { # an SSE body on stdin: 8 tokens of chunks, one finish, [DONE] last
+    python3 -c '
+import json, sys
+raw = sys.stdin.read()
+events = [e for e in raw.split("\n\n") if e.strip() and not e.startswith(":")]
+assert events[-1] == "data: [DONE]", raw[-200:]
+chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+assert all(c["object"] == "text_completion" for c in chunks), chunks
+assert sum(1 for c in chunks if c["choices"][0]["finish_reason"] == "length") == 1, chunks
+'
+}
+
+# 1. Through the proxy: JSON, SSE (arriving as a stream, not buffered), the
+#    OpenAI Node client.
+complete | check_json || fail "a completion through nginx"
+curl -s -N -m 30 -D "$dir/headers" "$base/v1/completions" -H 'Content-Type: application/json' -d "$sreq" |
+    check_stream || fail "a stream through nginx"
+grep -qi '^content-type: text/event-stream' "$dir/headers" || fail "stream content type: $(cat "$dir/headers")"
+node "$here/differential/openai_client.mjs" "$base/v1" > "$dir/openai.log" 2>&1 ||
+    fail "the OpenAI Node client through nginx: $(cat "$dir/openai.log")"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$base/metrics")" = 404 ] || fail "/metrics is exposed through the proxy"
+
+# 2. Traffic reaches both replicas (least_conn with concurrent clients).
+cpids=()
+for i in $(seq 24); do complete > "$dir/c$i.out" & cpids+=($!); done
+wait "${cpids[@]}"
+for i in $(seq 24); do check_json < "$dir/c$i.out" || fail "request $i of 24"; done
+count() { curl -s "http://127.0.0.1:$1/metrics" | sed -n 's/^gpt2d_requests_total{route="\/v1\/completions",status="200"} //p'; }
+n_a=$(count "$port_a"); n_b=$(count "$port_b")
+[ "${n_a:-0}" -gt 0 ] && [ "${n_b:-0}" -gt 0 ] || fail "traffic did not reach both replicas: a=$n_a b=$n_b"
+echo "nginx: both replicas served (a=$n_a, b=$n_b completions)"
+
+# 3. Kill replica a mid-test: 4 clients keep sending, a dies with SIGKILL
+#    while they do, and every request still succeeds (on b). These are JSON
+#    completions: one in flight on a when it dies has sent nothing back yet,
+#    so nginx sends it to b (proxy_next_upstream error ... non_idempotent).
+#    A stream cut after its first bytes cannot be replayed by any proxy; the
+#    streams come after the kill.
+client() { # id: 12 requests in a row
+    for j in $(seq 12); do
+        complete | check_json || { echo "client $1 request $j failed" > "$dir/client$1.err"; return; }
+    done
+    : > "$dir/client$1.ok"
+}
+cpids=()
+for c in 1 2 3 4; do client "$c" & cpids+=($!); done
+# Kill a once it has served some of these requests, mid-stream for some.
+for _ in $(seq 100); do [ "$(count "$port_a")" -gt "$((n_a + 2))" ] && break; sleep 0.05; done
+kill -9 "$pid_a"
+wait "${cpids[@]}"
+ls "$dir"/client*.err > /dev/null 2>&1 && fail "with a replica killed: $(cat "$dir"/client*.err)"
+[ "$(ls "$dir"/client*.ok | wc -l)" = 4 ] || fail "clients did not finish"
+kill -0 "$pid_a" 2>/dev/null && fail "replica a is still alive"
+after_b=$(count "$port_b")
+[ "$after_b" -gt "$n_b" ] || fail "b served nothing after a died"
+# And afterwards, everything goes to b, streams included.
+for i in 1 2 3 4; do
+    complete | check_json || fail "a completion after the kill"
+    curl -s -N -m 30 "$base/v1/completions" -H 'Content-Type: application/json' -d "$sreq" |
+        check_stream || fail "a stream after the kill"
+done
+echo "nginx: replica a killed mid-test; 48 requests all succeeded (b served $((after_b - n_b)))"
+echo "nginx: all checks passed"
