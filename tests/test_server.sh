@@ -216,6 +216,18 @@ check 405 POST /v1/models '{}'
 head -c 2000000 /dev/zero | tr '\0' 'a' > "$dir/big.txt"
 check 413 POST /v1/completions "" --data-binary @"$dir/big.txt"
 
+# docs/operations.md names only metrics that exist, and documents every key.
+curl -s "$base/metrics" > "$dir/metrics.txt"
+for m in $(grep -o 'gpt2d_[a-z_]*' "$here/../docs/operations.md" | sort -u); do
+    grep -q "^$m[{ ]\|^${m}_bucket{" "$dir/metrics.txt" || fail "docs/operations.md names $m, which /metrics lacks"
+done
+for k in $("$gpt2d" serve --help | sed -n 's/^  --\([a-z-]*\) .*default:.*/\1/p' | tr - _); do
+    grep -q "^| \`$k\` |" "$here/../docs/operations.md" || fail "docs/operations.md does not document $k"
+done
+
+# Every curl example of docs/api.md, with its documented answer.
+python3 "$here/api_examples.py" "$here/../docs/api.md" "$base" || fail "docs/api.md examples"
+
 # The official OpenAI client (Node), pointed at the base URL.
 if [ -d "$here/differential/node_modules/openai" ]; then
     node "$here/differential/openai_client.mjs" "$base/v1" || fail "openai client"

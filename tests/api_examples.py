@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""tests/api_examples.py DOC BASE: runs every curl example of docs/api.md
+against a live server at BASE (in place of http://127.0.0.1:8080).
+
+An example is an indented block whose first line starts with "curl" (lines
+ending in a backslash continue it). Each must exit 0 and print JSON, or, for
+a stream, SSE events ending with "data: [DONE]". The lines of the block after
+the command, if any, are the documented answer: the output must be exactly
+that JSON (compared as values, not as text).
+"""
+import json
+import subprocess
+import sys
+
+doc, base = sys.argv[1], sys.argv[2]
+blocks, cur = [], None
+for line in open(doc).read().splitlines():
+    if line.startswith("    "):
+        if cur is None:
+            cur = []
+        cur.append(line[4:])
+    else:
+        if cur:
+            blocks.append(cur)
+        cur = None
+if cur:
+    blocks.append(cur)
+
+ran = 0
+for b in blocks:
+    if not b[0].startswith("curl "):
+        continue
+    cmd = [b[0]]
+    i = 1
+    while cmd[-1].endswith("\\"):
+        cmd[-1] = cmd[-1][:-1]
+        cmd.append(b[i])
+        i += 1
+    expected = "\n".join(b[i:]).strip()
+    shell = " ".join(c.strip() for c in cmd).replace("http://127.0.0.1:8080", base)
+    r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: `{shell}` exited {r.returncode}: {r.stderr}")
+    out = r.stdout
+    if out.startswith("data: "):
+        events = [e for e in out.split("\n\n") if e.strip()]
+        if events[-1] != "data: [DONE]":
+            sys.exit(f"FAIL: `{shell}`: the stream does not end with [DONE]: {out[-200:]!r}")
+        for e in events[:-1]:
+            if not e.startswith(":"):
+                json.loads(e[len("data: "):])
+    else:
+        try:
+            got = json.loads(out)
+        except ValueError:
+            sys.exit(f"FAIL: `{shell}` did not print JSON: {out[:200]!r}")
+        if "error" in got and not expected:
+            sys.exit(f"FAIL: `{shell}` answered an error: {out}")
+        if expected and got != json.loads(expected):
+            sys.exit(f"FAIL: `{shell}`\n  documented: {expected}\n  got:        {out}")
+    ran += 1
+if ran < 8:
+    sys.exit(f"FAIL: only {ran} curl examples found in {doc}")
+print(f"api.md: {ran} curl examples ran as documented")
