@@ -119,6 +119,14 @@ struct srv_req {
     int cancelling; /* inside on_completed's cancel loop: do not free yet */
     char method[8], url[64];
     enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } route;
+    /* Tokenizing a large body runs on the work queue (tok_state RUNNING):
+     * the worker writes prompt_ids/prompt_len and tok_err, nothing else
+     * touches them until tok_after_cb runs on the loop thread. */
+    enum { TOK_NONE, TOK_RUNNING, TOK_DONE } tok_state;
+    uv_work_t tok_work;
+    json_t *tok_json; /* /tokenize: the parsed body, which holds the text */
+    int tok_failed;
+    char tok_err[256];
     char *body;
     size_t body_len, body_cap;
     int too_large;
@@ -150,6 +158,7 @@ struct srv {
     uv_timer_t drain_timer;
     uv_work_t work;
     int in_flight, draining;
+    size_t tokenizing; /* requests tokenizing on the work queue */
     double drain_started;
     bpe *tok;
     eng_model *model;
@@ -330,6 +339,7 @@ static void req_free(srv_req *r)
     free(r->prompt_ids);
     free(r->prompt_len);
     oai_request_free(&r->oreq);
+    json_decref(r->tok_json);
     free(r->body);
     free(r->out);
     r->s->active--;
@@ -338,7 +348,7 @@ static void req_free(srv_req *r)
 
 static void req_maybe_free(srv_req *r)
 {
-    if (r->conn_done && r->nlive == 0) req_free(r);
+    if (r->conn_done && r->nlive == 0 && r->tok_state != TOK_RUNNING) req_free(r);
 }
 
 static int append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
@@ -397,6 +407,7 @@ static size_t usage_completion(const srv_req *r)
 static size_t usage_prompt(const srv_req *r)
 {
     size_t n = 0;
+    if (r->tok_state == TOK_RUNNING) return 0; /* the worker is writing them */
     for (size_t i = 0; i < r->nprompts; i++) n += r->prompt_len[i];
     return n;
 }
@@ -835,6 +846,85 @@ static void retry_after(const srv *s, char *buf, size_t len)
     snprintf(buf, len, "%.0f", secs);
 }
 
+/* ---- Tokenizing, inline or on the work queue ---------------------------------- */
+
+/* Bodies whose texts are at least this long are tokenized on the work queue:
+ * the tokenizer does ~50 MB/s, so a 1 MB prompt would hold the loop thread
+ * (every stream's next token) for ~20 ms; a typical prompt costs microseconds
+ * and is cheaper inline than a trip through the queue. */
+#define SRV_TOKENIZE_INLINE_BYTES (64u * 1024u)
+
+static enum MHD_Result completions_admit(srv_req *r);
+static enum MHD_Result tokenize_respond(srv_req *r);
+
+/* The text of prompt i, or NULL for a prompt given as token ids. */
+static const char *prompt_text(const srv_req *r, size_t i, size_t *len)
+{
+    if (r->route == R_TOKENIZE) {
+        json_t *p = json_object_get(r->tok_json, "prompt");
+        *len = json_string_length(p);
+        return json_string_value(p);
+    }
+    *len = r->oreq.prompts[i].text_len;
+    return r->oreq.prompts[i].text;
+}
+
+/* Encodes every text prompt into prompt_ids/prompt_len. Thread: the loop
+ * thread, or a worker while tok_state is TOK_RUNNING. */
+static void tokenize_run(srv_req *r)
+{
+    for (size_t i = 0; i < r->nprompts && !r->tok_failed; i++) {
+        size_t len;
+        const char *text = prompt_text(r, i, &len);
+        if (text == NULL) continue;
+        if (bpe_encode(r->s->tok, text, len, &r->prompt_ids[i], &r->prompt_len[i], r->tok_err,
+                       sizeof r->tok_err)
+            != BPE_OK)
+            r->tok_failed = 1;
+    }
+}
+
+static void tok_work_cb(uv_work_t *w)
+{
+    tokenize_run(w->data);
+}
+
+static void tok_after_cb(uv_work_t *w, int status)
+{
+    (void)status;
+    srv_req *r = w->data;
+    r->s->tokenizing--;
+    r->tok_state = TOK_DONE;
+    if (r->conn_done) { /* the client left meanwhile */
+        req_maybe_free(r);
+        return;
+    }
+    resume(r); /* on_request continues with completions_admit or tokenize_respond */
+    mhd_run(r->s);
+}
+
+/* Tokenizes the request's text prompts, then continues with its route. */
+static enum MHD_Result tokenize(srv_req *r)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < r->nprompts; i++) {
+        size_t len;
+        if (prompt_text(r, i, &len) != NULL) bytes += len;
+    }
+    if (bytes >= SRV_TOKENIZE_INLINE_BYTES) {
+        r->tok_work.data = r;
+        if (uv_queue_work(r->s->loop, &r->tok_work, tok_work_cb, tok_after_cb) == 0) {
+            r->tok_state = TOK_RUNNING;
+            r->s->tokenizing++;
+            r->suspended = 1;
+            MHD_suspend_connection(r->conn);
+            return MHD_YES;
+        }
+    }
+    tokenize_run(r);
+    return r->route == R_TOKENIZE ? tokenize_respond(r) : completions_admit(r);
+}
+
 static enum MHD_Result route_completions(srv_req *r)
 {
     srv *s = r->s;
@@ -852,7 +942,7 @@ static enum MHD_Result route_completions(srv_req *r)
         return send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                           "The model '%s' does not exist; this server serves '%s'", q->model,
                           s->cfg.model_name);
-    /* Tokenize every prompt and check it against the context. */
+    r->route = R_COMPLETIONS;
     r->nprompts = q->nprompts;
     r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);
     r->prompt_len = calloc(q->nprompts, sizeof *r->prompt_len);
@@ -860,19 +950,28 @@ static enum MHD_Result route_completions(srv_req *r)
         return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     for (size_t i = 0; i < q->nprompts; i++) {
         const oai_prompt *p = &q->prompts[i];
-        if (p->text != NULL) {
-            char err[256];
-            if (bpe_encode(s->tok, p->text, p->text_len, &r->prompt_ids[i], &r->prompt_len[i], err,
-                           sizeof err)
-                != BPE_OK)
-                return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", err);
-        } else {
-            r->prompt_ids[i] = malloc(p->nids * sizeof(int32_t));
+        if (p->text == NULL) {
+            r->prompt_ids[i] = malloc((p->nids ? p->nids : 1) * sizeof(int32_t));
             if (r->prompt_ids[i] == NULL)
                 return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
             memcpy(r->prompt_ids[i], p->ids, p->nids * sizeof(int32_t));
             r->prompt_len[i] = p->nids;
         }
+    }
+    return tokenize(r);
+}
+
+/* The rest of a completion, once its prompts are token ids: the limits, the
+ * engine requests, and the response (a suspended connection, or the SSE
+ * stream). */
+static enum MHD_Result completions_admit(srv_req *r)
+{
+    srv *s = r->s;
+    const eng_config *mc = eng_model_config(s->model);
+    oai_request *q = &r->oreq;
+    if (r->tok_failed)
+        return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", r->tok_err);
+    for (size_t i = 0; i < q->nprompts; i++) {
         if (r->prompt_len[i] == 0)
             return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
                               "prompt %zu is empty", i);
@@ -1028,23 +1127,14 @@ static enum MHD_Result route_tokenize(srv_req *r, int encode)
             return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
                               "'prompt' must be a string");
         }
-        int32_t *ids;
-        size_t n;
-        if (bpe_encode(r->s->tok, json_string_value(p), json_string_length(p), &ids, &n, err,
-                       sizeof err)
-            != BPE_OK) {
-            json_decref(o);
-            return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", err);
-        }
-        json_t *arr = json_array();
-        for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-        free(ids);
-        json_t *res = json_pack("{s:o, s:I}", "tokens", arr, "count", (json_int_t)n);
-        char *js = json_dumps(res, JSON_COMPACT);
-        json_decref(res);
-        r->responded = 1;
-        rc = send_json(r->conn, 200, js ? js : "{}", NULL);
-        free(js);
+        r->route = R_TOKENIZE;
+        r->tok_json = o; /* holds the text while it is tokenized */
+        r->nprompts = 1;
+        r->prompt_ids = calloc(1, sizeof *r->prompt_ids);
+        r->prompt_len = calloc(1, sizeof *r->prompt_len);
+        if (r->prompt_ids == NULL || r->prompt_len == NULL)
+            return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        return tokenize(r);
     } else {
         json_t *t = json_object_get(o, "tokens");
         size_t n = json_array_size(t);
@@ -1090,6 +1180,23 @@ static enum MHD_Result route_tokenize(srv_req *r, int encode)
         free(js);
     }
     json_decref(o);
+    return rc;
+}
+
+/* POST /tokenize, once the prompt is tokenized. */
+static enum MHD_Result tokenize_respond(srv_req *r)
+{
+    if (r->tok_failed)
+        return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", r->tok_err);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < r->prompt_len[0]; i++)
+        json_array_append_new(arr, json_integer(r->prompt_ids[0][i]));
+    json_t *res = json_pack("{s:o, s:I}", "tokens", arr, "count", (json_int_t)r->prompt_len[0]);
+    char *js = json_dumps(res, JSON_COMPACT);
+    json_decref(res);
+    r->responded = 1;
+    enum MHD_Result rc = send_json(r->conn, 200, js ? js : "{}", NULL);
+    free(js);
     return rc;
 }
 
@@ -1146,6 +1253,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (r->responded) return MHD_YES;
+    if (r->tok_state == TOK_RUNNING) { /* woken early: keep waiting */
+        r->suspended = 1;
+        MHD_suspend_connection(conn);
+        return MHD_YES;
+    }
+    if (r->tok_state == TOK_DONE) { /* tokenized on the work queue: go on */
+        r->tok_state = TOK_NONE;
+        return r->route == R_TOKENIZE ? tokenize_respond(r) : completions_admit(r);
+    }
     if (r->nchoices > 0 && !r->oreq.stream) {
         if (r->ndone < r->nchoices) { /* woken early: keep waiting */
             r->suspended = 1;
@@ -1322,7 +1438,7 @@ static void drain_check(uv_timer_t *t)
     srv *s = t->data;
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
-    if ((st.running == 0 && st.queued == 0 && !s->in_flight)
+    if ((st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing == 0)
         || now_s() - s->drain_started > s->cfg.shutdown_timeout_s)
         close_all(s);
 }

@@ -27,7 +27,7 @@ start() { # name -> sets rpid and rport
     "$gpt2d" serve --model "$dir/model" --port 0 > "$dir/$1.log" 2>&1 &
     rpid=$!
     pids+=($rpid)
-    for _ in $(seq 100); do
+    for _ in $(seq 300); do
         rport=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$1.log")
         [ -n "$rport" ] && return 0
         sleep 0.1

@@ -26,7 +26,7 @@ start() { # name, model, options... -> sets $port; the server log is $dir/name.l
     "$gpt2d" serve --model "$dir/$model" --port 0 "$@" > "$dir/$name.log" 2>&1 &
     pids+=($!)
     last_pid=$!
-    for _ in $(seq 100); do
+    for _ in $(seq 300); do
         port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$name.log")
         [ -n "$port" ] && return 0
         sleep 0.1
@@ -224,6 +224,23 @@ done
 for k in $("$gpt2d" serve --help | sed -n 's/^  --\([a-z-]*\) .*default:.*/\1/p' | tr - _); do
     grep -q "^| \`$k\` |" "$here/../docs/operations.md" || fail "docs/operations.md does not document $k"
 done
+
+# Large bodies are tokenized on the work queue: a 240 KB /tokenize gives
+# tiktoken's ids ("hello" 31373, " hello" 23748, a lone trailing " " 220), a
+# 240 KB completion prompt is measured and refused with its real length, and
+# a client that leaves while its body is tokenized frees everything (ASan).
+python3 -c 'import json; print(json.dumps({"prompt": "hello " * 40000}))' > "$dir/big_tok.json"
+curl -s "$base/tokenize" --data-binary @"$dir/big_tok.json" > "$dir/big_tok.out"
+python3 - "$dir/big_tok.out" <<'PY' || fail "a large /tokenize"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["tokens"] == [31373] + [23748] * 39999 + [220] and d["count"] == 40001, d.get("count")
+PY
+python3 -c 'import json; print(json.dumps({"model": "gpt2", "prompt": "hello " * 40000}))' > "$dir/big_prompt.json"
+curl -s "$base/v1/completions" --data-binary @"$dir/big_prompt.json" | grep -q 'prompt 0 has 40001 tokens; the limit is 1024' ||
+    fail "a large prompt is not measured"
+for _ in 1 2 3 4; do curl -s -m 0.01 "$base/tokenize" --data-binary @"$dir/big_tok.json" > /dev/null || true; done
+[ "$(curl -s "$base/health")" = '{"status":"ok"}' ] || fail "health after clients left mid-tokenization"
 
 # Every curl example of docs/api.md, with its documented answer.
 python3 "$here/api_examples.py" "$here/../docs/api.md" "$base" || fail "docs/api.md examples"
