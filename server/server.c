@@ -18,6 +18,7 @@
 #include "config.h"
 #include "engine.h"
 #include "oai.h"
+#include "sse.h"
 #include "systemd.h"
 #include "tokenizer.h"
 
@@ -140,9 +141,7 @@ struct srv_req {
     long long created;
     double t_start;
     /* Streaming: SSE bytes waiting to be sent. */
-    char *out;
-    size_t out_len, out_cap, out_off;
-    int stream_end;
+    sse_queue sse;
     int error_status; /* a failure after submission */
     char error_msg[256];
     srv_req *prev, *next; /* the list of requests with engine work */
@@ -341,7 +340,7 @@ static void req_free(srv_req *r)
     oai_request_free(&r->oreq);
     json_decref(r->tok_json);
     free(r->body);
-    free(r->out);
+    sse_free(&r->sse);
     r->s->active--;
     free(r);
 }
@@ -367,15 +366,15 @@ static int append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
     return 0;
 }
 
+/* Queues obj as one SSE event and drops the reference (NULL: out of memory,
+ * which breaks the stream rather than leaving a hole in it). */
 static void sse_event(srv_req *r, json_t *obj)
 {
-    char *js = json_dumps(obj, JSON_COMPACT);
+    if (obj == NULL)
+        r->sse.failed = 1;
+    else
+        sse_data(&r->sse, obj);
     json_decref(obj);
-    if (js == NULL) return;
-    append(&r->out, &r->out_len, &r->out_cap, "data: ", 6);
-    append(&r->out, &r->out_len, &r->out_cap, js, strlen(js));
-    append(&r->out, &r->out_len, &r->out_cap, "\n\n", 2);
-    free(js);
 }
 
 static json_t *completion_base(const srv_req *r)
@@ -520,12 +519,8 @@ static void finish_stream(srv_req *r)
         oai_error e;
         oai_error_set(&e, r->error_status, "server_error", NULL, NULL, "%s", r->error_msg);
         char *js = oai_error_json(&e);
-        if (js != NULL) {
-            append(&r->out, &r->out_len, &r->out_cap, "data: ", 6);
-            append(&r->out, &r->out_len, &r->out_cap, js, strlen(js));
-            append(&r->out, &r->out_len, &r->out_cap, "\n\n", 2);
-            free(js);
-        }
+        if (js == NULL || sse_data_raw(&r->sse, js) != 0) r->sse.failed = 1;
+        free(js);
     } else if (r->oreq.include_usage) {
         size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r);
         json_t *o = completion_base(r);
@@ -536,8 +531,7 @@ static void finish_stream(srv_req *r)
                                       (json_int_t)(pt + ct)));
         sse_event(r, o);
     }
-    append(&r->out, &r->out_len, &r->out_cap, "data: [DONE]\n\n", 14);
-    r->stream_end = 1;
+    sse_done(&r->sse);
 }
 
 static void on_event(void *user, const eng_event *ev)
@@ -742,15 +736,9 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
     srv_req *r = cls;
-    if (r->out_off < r->out_len) {
-        size_t n = r->out_len - r->out_off;
-        if (n > max) n = max;
-        memcpy(buf, r->out + r->out_off, n);
-        r->out_off += n;
-        if (r->out_off == r->out_len) r->out_off = r->out_len = 0;
-        return (ssize_t)n;
-    }
-    if (r->stream_end) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (r->sse.failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory */
+    if (sse_pending(&r->sse) > 0) return (ssize_t)sse_take(&r->sse, buf, max);
+    if (sse_finished(&r->sse)) return MHD_CONTENT_READER_END_OF_STREAM;
     /* Nothing yet: sleep until on_event resumes us (no busy polling). */
     r->suspended = 1;
     MHD_suspend_connection(r->conn);
@@ -1421,7 +1409,7 @@ static void on_tick(uv_timer_t *t)
         if (r->oreq.stream && usage_completion(r) == 0) {
             /* Still waiting: an SSE comment, which clients ignore, keeps
              * proxies from timing out and lets a disconnect be noticed. */
-            append(&r->out, &r->out_len, &r->out_cap, ": waiting\n\n", 11);
+            sse_comment(&r->sse, "waiting");
             resume(r);
         }
     }
