@@ -1,0 +1,80 @@
+/*
+ * bench/bench_ops.c [THREADS]: the engine's matmul and LM head kernels on
+ * GPT-2 small's shapes, outside the model: per batch size T (1, 4, 16, 64),
+ * the time of one decode step's worth of projections (12 layers of
+ * qkv 768x2304, proj 768x768, fc 768x3072, fc-proj 3072x768, each layer its
+ * own 28 MB of weights, 340 MB in all, so that they stream from memory as
+ * in the model) and of the LM head (768 x 50257), with their GFLOP/s. Each figure is the fastest of
+ * 15 repetitions: on a shared machine interference only ever adds time, so the minimum is the
+ * kernel's own speed. For comparing kernel changes (build before and after, run both alternately);
+ * the model-level figures are `gpt2d bench`'s.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static float *randn(size_t n, unsigned seed)
+{
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    if (p == NULL) exit(1);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        p[i] = ((float)(seed >> 9) / (float)(1u << 23) - 0.5f) * 0.1f;
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    size_t threads = argc > 1 ? (size_t)atoi(argv[1]) : 0;
+    op_pool *pool = op_pool_new(threads);
+    if (pool == NULL) return 1;
+    enum { C = 768, V = 50257, L = 12, TMAX = 64 };
+    static const size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
+    float *W[L][4], *b[4];
+    for (int i = 0; i < 4; i++) {
+        for (int l = 0; l < L; l++)
+            W[l][i] = randn(shapes[i][0] * shapes[i][1], 11u + (unsigned)(i + 4 * l));
+        b[i] = randn(shapes[i][1], 21u + (unsigned)i);
+    }
+    float *wte = randn((size_t)V * C, 31u);
+    float *in = randn((size_t)TMAX * 4 * C, 41u), *out = randn((size_t)TMAX * 4 * C, 51u);
+    float *logits = randn((size_t)TMAX * V, 61u);
+    float *pack = aligned_alloc(64, op_pool_size(pool) * (4 * C + 6) * 64 * sizeof(float));
+    if (pack == NULL) return 1;
+    printf("{\"threads\": %zu, \"runs\": [", op_pool_size(pool));
+    static const size_t Ts[] = {1, 4, 16, 64};
+    for (size_t ti = 0; ti < 4; ti++) {
+        size_t T = Ts[ti];
+        double best_mm = 1e9, best_lm = 1e9;
+        for (int rep = 0; rep < 15; rep++) {
+            double t0 = now();
+            for (int l = 0; l < L; l++)
+                for (int i = 0; i < 4; i++)
+                    op_matmul(pool, pack, out, in, W[l][i], b[i], T, shapes[i][0], shapes[i][1]);
+            double t1 = now();
+            op_lm_head(pool, logits, in, wte, T, C, V);
+            double t2 = now();
+            if (t1 - t0 < best_mm) best_mm = t1 - t0;
+            if (t2 - t1 < best_lm) best_lm = t2 - t1;
+        }
+        double mm_flop = 2.0 * (double)T * L * (C * 3 * C + C * C + 2.0 * C * 4 * C);
+        double lm_flop = 2.0 * (double)T * C * V;
+        printf("%s{\"T\": %zu, \"matmul_ms\": %.2f, \"matmul_gflops\": %.1f, \"lm_head_ms\": %.2f, "
+               "\"lm_head_gflops\": %.1f}",
+               ti ? ", " : "", T, best_mm * 1e3, mm_flop / best_mm / 1e9, best_lm * 1e3,
+               lm_flop / best_lm / 1e9);
+        fflush(stdout);
+    }
+    printf("]}\n");
+    return 0;
+}
