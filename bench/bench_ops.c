@@ -1,13 +1,15 @@
 /*
  * bench/bench_ops.c [THREADS]: the engine's matmul and LM head kernels on
- * GPT-2 small's shapes, outside the model: per batch size T (1, 4, 16, 64),
- * the time of one decode step's worth of projections (12 layers of
- * qkv 768x2304, proj 768x768, fc 768x3072, fc-proj 3072x768, each layer its
- * own 28 MB of weights, 340 MB in all, so that they stream from memory as
- * in the model) and of the LM head (768 x 50257), with their GFLOP/s. Each figure is the fastest of
- * 15 repetitions: on a shared machine interference only ever adds time, so the minimum is the
- * kernel's own speed. For comparing kernel changes (build before and after, run both alternately);
- * the model-level figures are `gpt2d bench`'s.
+ * GPT-2 small's shapes, outside the model: per batch size T (1, 4, 16 and 64
+ * as in decode, 256 as in a prefill), the time of one step's worth of
+ * projections (12 layers of qkv 768x2304, proj 768x768, fc 768x3072,
+ * fc-proj 3072x768, each layer its own 28 MB of weights, 340 MB in all, so
+ * that they stream from memory as in the model) and of the LM head
+ * (768 x 50257), with their GFLOP/s. Each figure is the fastest of 15
+ * repetitions (5 at T = 256): on a shared machine interference only ever
+ * adds time, so the minimum is the kernels' own speed. For comparing kernel
+ * changes (build before and after, run both alternately); the model-level
+ * figures are `gpt2d bench`'s.
  */
 #include "internal.h"
 
@@ -38,7 +40,7 @@ int main(int argc, char **argv)
     size_t threads = argc > 1 ? (size_t)atoi(argv[1]) : 0;
     op_pool *pool = op_pool_new(threads);
     if (pool == NULL) return 1;
-    enum { C = 768, V = 50257, L = 12, TMAX = 64 };
+    enum { C = 768, V = 50257, L = 12, TMAX = 256 };
     static const size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
     float *W[L][4], *b[4];
     for (int i = 0; i < 4; i++) {
@@ -52,11 +54,11 @@ int main(int argc, char **argv)
     float *pack = aligned_alloc(64, op_pool_size(pool) * (4 * C + 6) * 64 * sizeof(float));
     if (pack == NULL) return 1;
     printf("{\"threads\": %zu, \"runs\": [", op_pool_size(pool));
-    static const size_t Ts[] = {1, 4, 16, 64};
-    for (size_t ti = 0; ti < 4; ti++) {
+    static const size_t Ts[] = {1, 4, 16, 64, 256};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         size_t T = Ts[ti];
         double best_mm = 1e9, best_lm = 1e9;
-        for (int rep = 0; rep < 15; rep++) {
+        for (int rep = 0; rep < (T >= 256 ? 5 : 15); rep++) {
             double t0 = now();
             for (int l = 0; l < L; l++)
                 for (int i = 0; i < 4; i++)
