@@ -1329,8 +1329,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     s->requests[ri][si]++;
     if (ri == 0) met_observe(&s->duration, now_s() - r->t_start);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) s->aborted++;
-    s->prompt_tokens += usage_prompt(r) * (r->oreq.n ? r->oreq.n : 1);
-    s->completion_tokens += usage_completion(r);
+    if (r->route == R_COMPLETIONS) { /* /tokenize's tokens are not served ones */
+        s->prompt_tokens += usage_prompt(r) * (r->oreq.n ? r->oreq.n : 1);
+        s->completion_tokens += usage_completion(r);
+    }
     r->conn_done = 1;
     *con_cls = NULL;
     /* The client went away (or the response is sent): stop what still runs.

@@ -230,7 +230,11 @@ done
 # 240 KB completion prompt is measured and refused with its real length, and
 # a client that leaves while its body is tokenized frees everything (ASan).
 python3 -c 'import json; print(json.dumps({"prompt": "hello " * 40000}))' > "$dir/big_tok.json"
+served() { curl -s "$base/metrics" | sed -n 's/^gpt2d_prompt_tokens_total //p'; }
+before=$(served)
+[ -n "$before" ] || fail "no gpt2d_prompt_tokens_total in /metrics"
 curl -s "$base/tokenize" --data-binary @"$dir/big_tok.json" > "$dir/big_tok.out"
+[ "$(served)" = "$before" ] || fail "/tokenize counted into gpt2d_prompt_tokens_total"
 python3 - "$dir/big_tok.out" <<'PY' || fail "a large /tokenize"
 import json, sys
 d = json.load(open(sys.argv[1]))
