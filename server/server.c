@@ -647,6 +647,19 @@ static enum MHD_Result send_error(srv_req *r, int status, const char *type, cons
     return rc;
 }
 
+/* A 200 with obj as compact JSON; takes obj's reference. NULL (a failed
+ * json_pack) or a failed dump is a 500. */
+static enum MHD_Result send_obj(srv_req *r, json_t *obj)
+{
+    char *js = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (js == NULL) return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    r->responded = 1;
+    enum MHD_Result rc = send_json(r->conn, 200, js, NULL);
+    free(js);
+    return rc;
+}
+
 static enum MHD_Result send_oai_error(srv_req *r, const oai_error *e)
 {
     char *js = oai_error_json(e);
@@ -723,12 +736,7 @@ static enum MHD_Result send_completion(srv_req *r)
                         json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt,
                                   "completion_tokens", (json_int_t)ct, "total_tokens",
                                   (json_int_t)(pt + ct)));
-    char *js = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    r->responded = 1;
-    enum MHD_Result rc = send_json(r->conn, 200, js ? js : "{}", NULL);
-    free(js);
-    return rc;
+    return send_obj(r, o);
 }
 
 /* The SSE body, chunk by chunk as on_event produces it. */
@@ -813,12 +821,7 @@ static enum MHD_Result route_models(srv_req *r)
     json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
                           r->s->cfg.model_name, "object", "model", "created", (json_int_t)0,
                           "owned_by", "gpt2d");
-    char *js = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    r->responded = 1;
-    enum MHD_Result rc = send_json(r->conn, 200, js ? js : "{}", NULL);
-    free(js);
-    return rc;
+    return send_obj(r, o);
 }
 
 /* Retry-After for 429/503: the time the queue ahead needs at the measured
@@ -1161,11 +1164,7 @@ static enum MHD_Result route_tokenize(srv_req *r, int encode)
         json_t *res = json_pack("{s:s%}", "prompt", text ? text : "", tn);
         free(text);
         free(bytes);
-        char *js = json_dumps(res, JSON_COMPACT);
-        json_decref(res);
-        r->responded = 1;
-        rc = send_json(r->conn, 200, js ? js : "{}", NULL);
-        free(js);
+        rc = send_obj(r, res);
     }
     json_decref(o);
     return rc;
@@ -1179,13 +1178,8 @@ static enum MHD_Result tokenize_respond(srv_req *r)
     json_t *arr = json_array();
     for (size_t i = 0; i < r->prompt_len[0]; i++)
         json_array_append_new(arr, json_integer(r->prompt_ids[0][i]));
-    json_t *res = json_pack("{s:o, s:I}", "tokens", arr, "count", (json_int_t)r->prompt_len[0]);
-    char *js = json_dumps(res, JSON_COMPACT);
-    json_decref(res);
-    r->responded = 1;
-    enum MHD_Result rc = send_json(r->conn, 200, js ? js : "{}", NULL);
-    free(js);
-    return rc;
+    return send_obj(r,
+                    json_pack("{s:o, s:I}", "tokens", arr, "count", (json_int_t)r->prompt_len[0]));
 }
 
 /* Constant-time comparison of a presented key with the configured ones. */
