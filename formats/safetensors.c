@@ -115,6 +115,10 @@ fail(char *err, size_t errlen, sft_status s, const char *path, const char *fmt, 
             vsnprintf(err + used, errlen - used, fmt, ap);
             va_end(ap);
         }
+        /* One line, whatever the file holds: control bytes quoted from a
+         * header (jansson's "near '...'") or a path become '?'. */
+        for (char *c = err; *c != '\0'; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     }
     return s;
 }
