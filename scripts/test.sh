@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh [--quick]: installs what is missing, builds gpt2d and runs
 # every test. This is the README's test command and what CI runs.
-#   1. release-like build (-O2 -g, warnings are errors), all meson tests
+#   1. release-like build (-O2 -g, warnings are errors), all meson tests,
+#      then `meson install` into a scratch DESTDIR (tests/test_install.sh)
 #   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the engine and scheduler tests under ThreadSanitizer
 #   4. every libFuzzer target for FUZZ_SECONDS (default 60) each
