@@ -39,6 +39,11 @@
 #endif
 
 #define EOT 50256
+/* The longest stop string a request may give; the stop matcher holds back
+ * less than this, so its output fits on the stack. */
+#define SRV_MAX_STOP_BYTES 256
+/* The bytes of one token, at most (GPT-2's longest is 128). */
+#define SRV_MAX_TOKEN_BYTES 256
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
@@ -130,7 +135,7 @@ struct srv_req {
     char tok_err[256];
     char *body;
     size_t body_len, body_cap;
-    int too_large;
+    int too_large, body_oom;
     oai_request oreq;
     int32_t **prompt_ids;
     size_t *prompt_len;
@@ -487,10 +492,21 @@ static void chunk_flush(srv_choice *c)
 }
 
 /* Text that the decoder and the stop matcher released for choice c. */
+/* Ends the request with a 500 (an error event for a stream) once: text that
+ * cannot be kept must not be silently missing from the answer. */
+static void req_fail_oom(srv_req *r)
+{
+    if (r->error_status != 0) return;
+    r->error_status = 500;
+    snprintf(r->error_msg, sizeof r->error_msg, "out of memory while building the response");
+    for (size_t i = 0; i < r->nchoices; i++)
+        if (r->choices[i].live) eng_sched_cancel(r->s->sched, r->choices[i].id);
+}
+
 static void choice_text(srv_choice *c, const char *p, size_t n)
 {
     if (n == 0) return;
-    append(&c->text, &c->text_len, &c->text_cap, p, n);
+    if (append(&c->text, &c->text_len, &c->text_cap, p, n) != 0) req_fail_oom(c->req);
 }
 
 /* Feeds decoded text through the stop matcher. */
@@ -501,12 +517,13 @@ static void choice_feed(srv_choice *c, const char *p, size_t n)
         choice_text(c, p, n);
         return;
     }
-    char *out = malloc(stop_held(c->stop) + n + 1);
-    if (out == NULL) return;
+    char out[SRV_MAX_STOP_BYTES + UTF8_STREAM_MAX_OUT(SRV_MAX_TOKEN_BYTES)];
     int stopped = 0;
     size_t w = stop_feed(c->stop, p, n, out, &stopped);
-    if (w != (size_t)-1) choice_text(c, out, w);
-    free(out);
+    if (w == (size_t)-1)
+        req_fail_oom(c->req);
+    else
+        choice_text(c, out, w);
     if (stopped) {
         c->stopped = 1;
         eng_sched_cancel(c->req->s->sched, c->id); /* DONE follows */
@@ -564,8 +581,8 @@ static void on_event(void *user, const eng_event *ev)
         size_t len;
         const char *b = eot ? NULL : bpe_token_bytes(r->s->tok, ev->token, &len);
         if (b != NULL) {
-            char buf[UTF8_STREAM_MAX_OUT(256)];
-            if (len > 256) len = 256; /* GPT-2 tokens are at most 128 bytes */
+            char buf[UTF8_STREAM_MAX_OUT(SRV_MAX_TOKEN_BYTES)];
+            if (len > SRV_MAX_TOKEN_BYTES) len = SRV_MAX_TOKEN_BYTES;
             size_t n = utf8_stream_feed(&c->utf8, b, len, buf);
             choice_feed(c, buf, n);
         }
@@ -578,11 +595,8 @@ static void on_event(void *user, const eng_event *ev)
             size_t n = utf8_stream_flush(&c->utf8, tail);
             choice_feed(c, tail, n);
             if (c->stop != NULL && !c->stopped) {
-                char *out = malloc(stop_held(c->stop) + 1);
-                if (out != NULL) {
-                    choice_text(c, out, stop_flush(c->stop, out));
-                    free(out);
-                }
+                char out[SRV_MAX_STOP_BYTES];
+                choice_text(c, out, stop_flush(c->stop, out));
             }
         }
         if (ev->finish == ENG_FINISH_ERROR && r->error_status == 0) {
@@ -923,7 +937,7 @@ static enum MHD_Result route_completions(srv_req *r)
     oai_limits lim = {.vocab_size = mc->n_vocab,
                       .max_tokens_limit = s->cfg.max_tokens_limit,
                       .max_n = s->cfg.max_n,
-                      .max_stop_bytes = 256,
+                      .max_stop_bytes = SRV_MAX_STOP_BYTES,
                       .max_prompts = 64};
     oai_error e;
     if (oai_parse_completion(r->body ? r->body : "", r->body_len, &lim, &r->oreq, &e) != 0)
@@ -1224,12 +1238,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
-        if (!r->too_large) {
+        if (!r->too_large && !r->body_oom) {
             if (r->body_len + *upload_data_size > s->cfg.max_body_bytes)
                 r->too_large = 1;
             else if (append(&r->body, &r->body_len, &r->body_cap, upload_data, *upload_data_size)
                      != 0)
-                r->too_large = 1;
+                r->body_oom = 1;
         }
         *upload_data_size = 0;
         return MHD_YES;
@@ -1259,6 +1273,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         && !key_ok(s, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization")))
         return send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
                           "Incorrect or missing API key (Authorization: Bearer ...)");
+    if (r->body_oom)
+        return send_error(r, 500, "server_error", NULL, NULL, NULL,
+                          "Out of memory while reading the request body");
     if (r->too_large)
         return send_error(r, 413, "invalid_request_error", NULL, NULL, NULL,
                           "The request body is over the limit of %zu bytes", s->cfg.max_body_bytes);
