@@ -60,7 +60,8 @@ int sse_data(sse_queue *q, const json_t *obj)
         q->failed = 1;
         return -1;
     }
-    int rc = sse_data_raw(q, js);
+    /* Compact JSON from jansson never holds a raw CR or LF: no scan. */
+    int rc = put(q, "data: ", js, strlen(js), "\n\n");
     free(js);
     return rc;
 }
