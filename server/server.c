@@ -620,6 +620,33 @@ static void on_event(void *user, const eng_event *ev)
     }
 }
 
+/* Token ids as text: their bytes made valid UTF-8 as generated text is (a
+ * character split or cut short becomes U+FFFD). *out is malloc'd; an id
+ * that is not a token is BPE_EUNKNOWN (with err), no memory BPE_ENOMEM. */
+static bpe_status ids_text(const bpe *tok, const int32_t *ids, size_t n, char **out, size_t *len,
+                           char *err, size_t errlen)
+{
+    char *bytes;
+    size_t nb;
+    bpe_status st = bpe_decode(tok, ids, n, &bytes, &nb, err, errlen);
+    if (st != BPE_OK) return st;
+    char *text = malloc(UTF8_STREAM_MAX_OUT(nb) + 1);
+    if (text == NULL) {
+        free(bytes);
+        snprintf(err, errlen, "out of memory");
+        return BPE_ENOMEM;
+    }
+    utf8_stream u;
+    utf8_stream_init(&u);
+    size_t tn = utf8_stream_feed(&u, bytes, nb, text);
+    tn += utf8_stream_flush(&u, text + tn);
+    text[tn] = '\0';
+    free(bytes);
+    *out = text;
+    *len = tn;
+    return BPE_OK;
+}
+
 /* ---- Responses --------------------------------------------------------------- */
 
 static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, const char *body,
@@ -683,6 +710,12 @@ static enum MHD_Result send_oai_error(srv_req *r, const oai_error *e)
     return rc;
 }
 
+/* A candidate's mean token logprob (best_of ranks by it). */
+static double choice_mean_lp(const srv_choice *c)
+{
+    return c->lp_n ? c->lp_sum / (double)c->lp_n : -1e30;
+}
+
 static enum MHD_Result send_completion(srv_req *r)
 {
     if (r->error_status != 0)
@@ -691,58 +724,53 @@ static enum MHD_Result send_completion(srv_req *r)
     json_t *o = completion_base(r);
     json_t *choices = json_array();
     size_t n = r->oreq.n, best_of = r->oreq.best_of;
-    for (size_t i = 0; i < r->nprompts * n; i++) {
-        /* best_of: the n candidates of this prompt with the highest mean
-         * token logprob, best first (a stable selection: ties keep order). */
-        size_t pi = i / n, k = i % n;
-        srv_choice *c = &r->choices[pi * best_of + k];
-        if (best_of > n) {
-            srv_choice *cand[128];
-            for (size_t j = 0; j < best_of; j++) cand[j] = &r->choices[pi * best_of + j];
-            for (size_t a = 0; a <= k; a++)
-                for (size_t b = a + 1; b < best_of; b++) {
-                    double ma = cand[a]->lp_n ? cand[a]->lp_sum / (double)cand[a]->lp_n : -1e30;
-                    double mb = cand[b]->lp_n ? cand[b]->lp_sum / (double)cand[b]->lp_n : -1e30;
-                    if (mb > ma) {
-                        srv_choice *t = cand[a];
-                        cand[a] = cand[b];
-                        cand[b] = t;
-                    }
+    srv_choice *rank[128]; /* best_of <= max_n <= 128 */
+    for (size_t pi = 0; pi < r->nprompts; pi++) {
+        /* best_of: this prompt's n candidates with the highest mean token
+         * logprob, best first; a stable insertion sort, so ties keep their
+         * order (with best_of == n, the candidates as they are). */
+        for (size_t j = 0; j < best_of; j++) {
+            srv_choice *c = &r->choices[pi * best_of + j];
+            size_t at = j;
+            if (best_of > n)
+                while (at > 0 && choice_mean_lp(c) > choice_mean_lp(rank[at - 1])) {
+                    rank[at] = rank[at - 1];
+                    at--;
                 }
-            c = cand[k];
+            rank[at] = c;
         }
-        json_t *text;
-        if (r->oreq.echo) {
-            const oai_prompt *p = &r->oreq.prompts[c->prompt];
-            char *pt = NULL;
-            size_t plen = 0;
-            if (p->text != NULL) {
-                pt = p->text;
-                plen = p->text_len;
+        for (size_t k = 0; k < n; k++) {
+            srv_choice *c = rank[k];
+            size_t i = pi * n + k;
+            json_t *text;
+            if (r->oreq.echo) {
+                char *pt, err[64];
+                size_t plen;
+                if (ids_text(r->s->tok, r->prompt_ids[pi], r->prompt_len[pi], &pt, &plen, err,
+                             sizeof err)
+                    != BPE_OK) {
+                    json_decref(choices);
+                    json_decref(o);
+                    return send_error(r, 500, "server_error", NULL, NULL, NULL, "%s", err);
+                }
+                char *joined = realloc(pt, plen + c->text_len + 1);
+                if (joined == NULL) {
+                    free(pt);
+                    json_decref(choices);
+                    json_decref(o);
+                    return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+                }
+                if (c->text_len > 0) memcpy(joined + plen, c->text, c->text_len);
+                text = json_stringn(joined, plen + c->text_len);
+                free(joined);
             } else {
-                bpe_decode(r->s->tok, p->ids, p->nids, &pt, &plen, NULL, 0);
+                text = json_stringn(c->text ? c->text : "", c->text_len);
             }
-            /* The prompt as text: bytes made valid UTF-8 like the output. */
-            char *joined = malloc(UTF8_STREAM_MAX_OUT(plen) + c->text_len + 1);
-            size_t jn = 0;
-            if (joined != NULL) {
-                utf8_stream u;
-                utf8_stream_init(&u);
-                jn = utf8_stream_feed(&u, pt ? pt : "", plen, joined);
-                jn += utf8_stream_flush(&u, joined + jn);
-                memcpy(joined + jn, c->text ? c->text : "", c->text_len);
-                jn += c->text_len;
-            }
-            text = json_stringn(joined ? joined : "", jn);
-            free(joined);
-            if (p->text == NULL) free(pt);
-        } else {
-            text = json_stringn(c->text ? c->text : "", c->text_len);
+            json_array_append_new(choices,
+                                  json_pack("{s:o, s:I, s:O, s:s}", "text", text, "index",
+                                            (json_int_t)i, "logprobs", c->lp ? c->lp : json_null(),
+                                            "finish_reason", c->finish));
         }
-        json_array_append_new(choices,
-                              json_pack("{s:o, s:I, s:O, s:s}", "text", text, "index",
-                                        (json_int_t)i, "logprobs", c->lp ? c->lp : json_null(),
-                                        "finish_reason", c->finish));
     }
     json_object_set_new(o, "choices", choices);
     size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r); /* all candidates */
@@ -1078,23 +1106,17 @@ static enum MHD_Result completions_admit(srv_req *r)
     if (q->stream && q->echo)
         for (size_t i = 0; i < r->nchoices; i++) {
             srv_choice *c = &r->choices[i];
-            char *pt = NULL;
-            size_t plen = 0;
-            if (bpe_decode(s->tok, r->prompt_ids[c->prompt], r->prompt_len[c->prompt], &pt, &plen,
-                           NULL, 0)
-                == BPE_OK) {
-                char *t = malloc(UTF8_STREAM_MAX_OUT(plen));
-                if (t != NULL) {
-                    utf8_stream u;
-                    utf8_stream_init(&u);
-                    size_t tn = utf8_stream_feed(&u, pt, plen, t);
-                    tn += utf8_stream_flush(&u, t + tn);
-                    choice_text(c, t, tn);
-                    chunk_flush(c);
-                    free(t);
-                }
+            char *t, err[64];
+            size_t tn;
+            if (ids_text(s->tok, r->prompt_ids[c->prompt], r->prompt_len[c->prompt], &t, &tn, err,
+                         sizeof err)
+                != BPE_OK) {
+                req_fail_oom(r); /* the ids were checked: only memory can fail */
+                break;
             }
-            free(pt);
+            choice_text(c, t, tn);
+            chunk_flush(c);
+            free(t);
         }
     kick(s);
     if (q->stream) {
@@ -1161,24 +1183,19 @@ static enum MHD_Result route_tokenize(srv_req *r, int encode)
             }
             ids[i] = (int32_t)json_integer_value(v);
         }
-        char *bytes;
-        size_t nb;
-        if (bpe_decode(r->s->tok, ids, n, &bytes, &nb, err, sizeof err) != BPE_OK) {
-            free(ids);
-            json_decref(o);
-            return send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL, "%s", err);
-        }
+        char *text;
+        size_t tn;
+        bpe_status st = ids_text(r->s->tok, ids, n, &text, &tn, err, sizeof err);
         free(ids);
-        /* Bytes to valid UTF-8 (a split character becomes U+FFFD). */
-        char *text = malloc(UTF8_STREAM_MAX_OUT(nb));
-        utf8_stream u;
-        utf8_stream_init(&u);
-        size_t tn = text ? utf8_stream_feed(&u, bytes, nb, text) : 0;
-        if (text) tn += utf8_stream_flush(&u, text + tn);
-        json_t *res = json_pack("{s:s%}", "prompt", text ? text : "", tn);
+        if (st != BPE_OK) {
+            json_decref(o);
+            return st == BPE_ENOMEM
+                       ? send_error(r, 500, "server_error", NULL, NULL, NULL, "%s", err)
+                       : send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL, "%s",
+                                    err);
+        }
+        rc = send_obj(r, json_pack("{s:s%}", "prompt", text, tn));
         free(text);
-        free(bytes);
-        rc = send_obj(r, res);
     }
     json_decref(o);
     return rc;

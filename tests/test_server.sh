@@ -134,6 +134,19 @@ assert len(b["choices"]) == 2 and [c["index"] for c in b["choices"]] == [0, 1], 
 assert b["usage"]["completion_tokens"] == 4 * 5, b["usage"]
 PY
 
+# best_of ranks by mean token logprob: with the same seed, n=4 shows all
+# four candidates; n=2 of best_of=4 must be the two best of them, best first
+# (ties in their original order).
+python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"Hi","max_tokens":6,"n":4,"best_of":4,"seed":21,"logprobs":0}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":"Hi","max_tokens":6,"n":2,"best_of":4,"seed":21,"logprobs":0}')" <<'PY' || fail "best_of ranking"
+import json, sys
+every = json.loads(sys.argv[1])["choices"]
+best = json.loads(sys.argv[2])["choices"]
+mean = lambda c: sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"])
+ranked = sorted(every, key=mean, reverse=True)  # Python's sort is stable
+assert [c["text"] for c in best] == [c["text"] for c in ranked[:2]], (best, ranked)
+PY
+
 # A stop string that spans tokens never reaches the client.
 python3 - "$gpt2d" "$dir" "$base" <<'PY' || fail "stop string"
 import json, subprocess, sys, urllib.request
