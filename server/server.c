@@ -806,7 +806,7 @@ static enum MHD_Result route_metrics(srv_req *r)
     char *buf = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&buf, &len);
-    if (m == NULL) return MHD_NO;
+    if (m == NULL) return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     fprintf(m, "# HELP gpt2d_requests_total HTTP requests by route and status.\n"
                "# TYPE gpt2d_requests_total counter\n");
     for (size_t ri = 0; ri < MET_ROUTES; ri++)
@@ -845,7 +845,10 @@ static enum MHD_Result route_metrics(srv_req *r)
             (unsigned long long)s->completion_tokens, st.running, st.queued, st.kv_blocks_used,
             st.kv_blocks_total, (unsigned long long)st.steps, st.last_step_rows,
             st.last_step_seconds);
-    fclose(m);
+    if (fclose(m) != 0 || buf == NULL) { /* a write failed: never a partial page */
+        free(buf);
+        return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    }
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
     if (resp == NULL) {
         free(buf);
