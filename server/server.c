@@ -845,7 +845,8 @@ static enum MHD_Result route_metrics(srv_req *r)
             (unsigned long long)s->completion_tokens, st.running, st.queued, st.kv_blocks_used,
             st.kv_blocks_total, (unsigned long long)st.steps, st.last_step_rows,
             st.last_step_seconds);
-    if (fclose(m) != 0 || buf == NULL) { /* a write failed: never a partial page */
+    int bad = ferror(m);
+    if (fclose(m) != 0 || bad || buf == NULL) { /* a write failed: never a partial page */
         free(buf);
         return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     }
