@@ -13,6 +13,7 @@ dir=$(mktemp -d /tmp/gpt2d-bench-serve-XXXXXX)
 trap 'kill $srv 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$build/server/gpt2d" synth "$dir/model.safetensors" >/dev/null
 cp tokenizer/data/vocab.json tokenizer/data/merges.txt "$dir/"
+: > "$dir/serve.log"
 "$build/server/gpt2d" serve --model "$dir" --port 0 --kv-cache-mb 4096 > "$dir/serve.log" 2>&1 &
 srv=$!
 for _ in $(seq 100); do

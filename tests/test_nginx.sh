@@ -24,12 +24,16 @@ mkdir -p "$dir/model"
 cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/model/"
 
 start() { # name -> sets rpid and rport
+    # The log exists before the server does: the background shell opens it
+    # only after it forks, and the poll below must not race it.
+    : > "$dir/$1.log"
     "$gpt2d" serve --model "$dir/model" --port 0 > "$dir/$1.log" 2>&1 &
     rpid=$!
     pids+=($rpid)
     for _ in $(seq 300); do
         rport=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$1.log")
         [ -n "$rport" ] && return 0
+        kill -0 "$rpid" 2>/dev/null || fail "$1 exited during start-up"
         sleep 0.1
     done
     fail "$1 did not start"

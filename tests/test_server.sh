@@ -23,12 +23,14 @@ cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$d
 
 start() { # name, model, options... -> sets $port; the server log is $dir/name.log
     local name=$1 model=$2; shift 2
+    : > "$dir/$name.log" # before the server: the poll below must not race its creation
     "$gpt2d" serve --model "$dir/$model" --port 0 "$@" > "$dir/$name.log" 2>&1 &
     pids+=($!)
     last_pid=$!
     for _ in $(seq 300); do
         port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$name.log")
         [ -n "$port" ] && return 0
+        kill -0 "$last_pid" 2>/dev/null || fail "$name exited during start-up"
         sleep 0.1
     done
     fail "$name did not start"
