@@ -165,10 +165,10 @@ double eng_rng_uniform(eng_rng *r); /* [0, 1) */
 
 /*
  * Picks a token from logits[0..V) (modified in place). Greedy takes the
- * lowest id among equal maxima. scratch holds V * ENG_SAMPLE_SCRATCH bytes
- * (caller's).
+ * lowest id among equal maxima. scratch holds eng_sample_scratch_bytes(V)
+ * bytes, 8-byte aligned (caller's; one per thread that samples).
  */
-#define ENG_SAMPLE_SCRATCH 8
+size_t eng_sample_scratch_bytes(size_t V);
 int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng, void *scratch);
 
 /* ---- The continuous-batching scheduler ----------------------------------- */

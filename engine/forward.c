@@ -82,6 +82,11 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     return ENG_OK;
 }
 
+op_pool *gpt2_workspace_pool(eng_workspace *w)
+{
+    return w->pool;
+}
+
 void eng_workspace_free(eng_workspace *w)
 {
     if (w == NULL) return;

@@ -57,6 +57,10 @@ size_t op_pool_size(const op_pool *p);
  * Thread: the one step thread. */
 void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
 
+/* The worker pool of a step's workspace (forward.c), for the scheduler's
+ * sampling. */
+op_pool *gpt2_workspace_pool(eng_workspace *w);
+
 /* ---- Kernels (ops.c); fixed reduction orders, see there ---- */
 
 /* pack: per-thread scratch, threads x (K + 6) x 64 floats, 64-byte aligned. */
@@ -71,6 +75,9 @@ void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
                   const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
                   size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);
 float op_dot(const float *a, const float *b, size_t n);
+/* x[i] = exp(x[i] - m) (clamped to exp(-87) below), returning their sum in a
+ * fixed lane order; the same bits on every path. */
+float op_exp_sub_sum(float *x, size_t n, float m);
 
 eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
 #if defined(__GNUC__)

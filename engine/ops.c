@@ -667,7 +667,7 @@ static float exp_sub_sum_c(float *x, size_t n, float m)
     return s;
 }
 
-static float exp_sub_sum(float *x, size_t n, float m)
+float op_exp_sub_sum(float *x, size_t n, float m)
 {
 #if HAVE_X86
     if (use_avx2()) return exp_sub_sum_avx2(x, n, m);
@@ -837,7 +837,7 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
 #if HAVE_X86
         if (c->HS == 64 && use_avx512()) {
             float mx = att_scores64_avx512(scores, q, c, seq, h, p, scale);
-            float inv64 = 1.0f / exp_sub_sum(scores, p + 1, mx);
+            float inv64 = 1.0f / op_exp_sub_sum(scores, p + 1, mx);
             att_av64_avx512(o, scores, inv64, c, seq, h, p);
             continue;
         }
@@ -848,7 +848,7 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
             scores[s] = d;
             if (d > maxv) maxv = d;
         }
-        float sum = exp_sub_sum(scores, p + 1, maxv);
+        float sum = op_exp_sub_sum(scores, p + 1, maxv);
         float inv = 1.0f / sum;
         memset(o, 0, c->HS * sizeof *o);
         for (size_t s = 0; s <= p; s++)

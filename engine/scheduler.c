@@ -41,6 +41,21 @@ typedef struct {
     size_t step_result, step_nresults; /* into s->results */
 } sch_seq;
 
+/* One row to sample from, or one echoed prompt position's logprobs: the
+ * step's item, the row of its logits (SAMPLE_ROW: the sampled last row)
+ * and the result it fills. */
+#define SAMPLE_ROW SIZE_MAX
+typedef struct {
+    size_t item, row, result;
+} samp_unit;
+
+typedef struct {
+    void *scratch;   /* eng_sample_scratch_bytes(V) */
+    float *raw;      /* V: the logits before bias and penalties */
+    uint32_t *stamp; /* V: presence marks */
+    uint32_t stamp_now;
+} samp_thread;
+
 struct eng_sched {
     const eng_model *m;
     eng_sched_opts o;
@@ -62,11 +77,11 @@ struct eng_sched {
     size_t nresults;
     eng_status step_rc;
     char step_err[256];
-    /* Sampling scratch (execute). */
-    void *sample_scratch;
-    float *raw;      /* V: the logits before bias and penalties */
-    uint32_t *stamp; /* V: presence marks */
-    uint32_t stamp_now;
+    /* Sampling (execute), on the step's worker threads: the units of this
+     * step, and each thread's scratch. */
+    samp_unit *units; /* logit_rows */
+    size_t nthreads;
+    samp_thread *thr; /* nthreads */
     eng_sched_stats stats;
 };
 
@@ -110,11 +125,18 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     s->step_seqs = calloc(o.max_running, sizeof *s->step_seqs);
     s->logits = malloc(s->logit_rows * V * sizeof *s->logits);
     s->results = calloc(s->logit_rows, sizeof *s->results);
-    s->sample_scratch = malloc(V * ENG_SAMPLE_SCRATCH);
-    s->raw = malloc(V * sizeof *s->raw);
-    s->stamp = calloc(V, sizeof *s->stamp);
-    if (!s->running || !s->queue || !s->items || !s->step_seqs || !s->logits || !s->results
-        || !s->sample_scratch || !s->raw || !s->stamp) {
+    s->units = calloc(s->logit_rows, sizeof *s->units);
+    s->nthreads = op_pool_size(gpt2_workspace_pool(s->ws));
+    s->thr = calloc(s->nthreads, sizeof *s->thr);
+    int ok = s->running && s->queue && s->items && s->step_seqs && s->logits && s->results
+             && s->units && s->thr;
+    for (size_t t = 0; ok && t < s->nthreads; t++) {
+        s->thr[t].scratch = malloc(eng_sample_scratch_bytes(V));
+        s->thr[t].raw = malloc(V * sizeof *s->thr[t].raw);
+        s->thr[t].stamp = calloc(V, sizeof *s->thr[t].stamp);
+        ok = s->thr[t].scratch && s->thr[t].raw && s->thr[t].stamp;
+    }
+    if (!ok) {
         rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
         goto fail;
     }
@@ -147,9 +169,13 @@ void eng_sched_free(eng_sched *s)
     free(s->step_seqs);
     free(s->logits);
     free(s->results);
-    free(s->sample_scratch);
-    free(s->raw);
-    free(s->stamp);
+    for (size_t t = 0; s->thr != NULL && t < s->nthreads; t++) {
+        free(s->thr[t].scratch);
+        free(s->thr[t].raw);
+        free(s->thr[t].stamp);
+    }
+    free(s->thr);
+    free(s->units);
     free(s);
 }
 
@@ -337,73 +363,97 @@ static void fill_logprobs(eng_event *ev, const float *x, size_t V, int32_t chose
 {
     double lz = log_partition(x, V);
     ev->logprob = (float)(x[chosen] - lz);
-    ev->ntop = n > 0 ? (size_t)n : 0;
-    for (size_t k = 0; k < ev->ntop; k++) {
-        /* Selection by repeated scans: n <= 5. Ties: lower id first. */
-        int32_t best = -1;
-        for (size_t i = 0; i < V; i++) {
-            int taken = 0;
-            for (size_t j = 0; j < k; j++) taken |= ev->top_ids[j] == (int32_t)i;
-            if (!taken && (best < 0 || x[i] > x[best])) best = (int32_t)i;
+    size_t want = n > 0 ? (size_t)n : 0, have = 0;
+    if (want > V) want = V;
+    /* One pass keeping the n largest in order (n <= 5). Ties: lower id
+     * first, so a later id enters only when strictly larger. */
+    for (size_t i = 0; i < V && want > 0; i++) {
+        if (have == want && !(x[i] > x[ev->top_ids[have - 1]])) continue;
+        size_t j = have < want ? have++ : have - 1;
+        while (j > 0 && x[i] > x[ev->top_ids[j - 1]]) {
+            ev->top_ids[j] = ev->top_ids[j - 1];
+            j--;
         }
-        ev->top_ids[k] = best;
-        ev->top_logprobs[k] = (float)(x[best] - lz);
+        ev->top_ids[j] = (int32_t)i;
     }
+    ev->ntop = have;
+    for (size_t k = 0; k < have; k++) ev->top_logprobs[k] = (float)(x[ev->top_ids[k]] - lz);
+}
+
+/* One unit of a step's sampling, on worker thread tid. */
+static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
+{
+    size_t V = s->m->cfg.n_vocab;
+    sch_seq *q = s->step_seqs[u->item];
+    const eng_item *it = &s->items[u->item];
+    eng_event *ev = &s->results[u->result];
+    if (u->row != SAMPLE_ROW) { /* echo: row j predicts prompt token step_first + j + 1 */
+        fill_logprobs(ev, it->logits + u->row * V, V, ev->token,
+                      q->req.logprobs > 0 ? q->req.logprobs : 0);
+        return;
+    }
+    samp_thread *th = &s->thr[tid];
+    float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
+    const eng_sampling *sp = &q->req.sampling;
+    if (q->req.logprobs >= 0) memcpy(th->raw, last, V * sizeof *last);
+    for (size_t b = 0; b < sp->nbias; b++) last[sp->bias[b].token] += sp->bias[b].bias;
+    if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
+        /* Over the generated tokens (as vLLM does), not the prompt. */
+        th->stamp_now++;
+        for (size_t g = q->req.nprompt; g < q->ntokens; g++) {
+            int32_t t = q->tokens[g];
+            last[t] -= sp->frequency_penalty;
+            if (th->stamp[t] != th->stamp_now) {
+                th->stamp[t] = th->stamp_now;
+                last[t] -= sp->presence_penalty;
+            }
+        }
+    }
+    ev->token = eng_sample(last, V, sp, &q->rng, th->scratch);
+    if (q->req.logprobs >= 0) fill_logprobs(ev, th->raw, V, ev->token, q->req.logprobs);
+}
+
+static void sample_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    eng_sched *s = arg;
+    for (size_t i = begin; i < end; i++) sample_unit(s, &s->units[i], tid);
 }
 
 void eng_sched_execute(eng_sched *s)
 {
     if (!s->planned) return;
     double t0 = now_s();
-    size_t V = s->m->cfg.n_vocab;
     s->nresults = 0;
     s->step_rc =
         eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err, sizeof s->step_err);
     double t_sample = now_s();
     if (s->step_rc == ENG_OK) {
+        /* Every event's slot and header first, in item order; then the
+         * sampling and logprobs of all rows at once on the workers. Each
+         * unit touches only its own logits row, its own event and its own
+         * sequence's random stream, so the split changes no result. */
+        size_t nunits = 0;
         for (size_t i = 0; i < s->nitems; i++) {
             sch_seq *q = s->step_seqs[i];
-            eng_item *it = &s->items[i];
+            const eng_item *it = &s->items[i];
             q->step_result = s->nresults;
-            float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
-            if (it->want == ENG_LOGITS_ALL) {
-                /* Echo: row j predicts prompt token step_first + j + 1. */
-                for (size_t j = 0; j < it->n; j++) {
-                    size_t pos = q->step_first + j + 1;
-                    if (pos >= q->req.nprompt) break;
-                    eng_event *ev = &s->results[s->nresults++];
-                    *ev = (eng_event){.kind = ENG_EV_PROMPT_LOGPROB,
-                                      .id = q->id,
-                                      .token = q->tokens[pos],
-                                      .index = pos};
-                    fill_logprobs(ev, it->logits + j * V, V, q->tokens[pos],
-                                  q->req.logprobs > 0 ? q->req.logprobs : 0);
-                }
+            for (size_t j = 0; it->want == ENG_LOGITS_ALL && j < it->n; j++) {
+                size_t pos = q->step_first + j + 1;
+                if (pos >= q->req.nprompt) break;
+                s->results[s->nresults] = (eng_event){.kind = ENG_EV_PROMPT_LOGPROB,
+                                                      .id = q->id,
+                                                      .token = q->tokens[pos],
+                                                      .index = pos};
+                s->units[nunits++] = (samp_unit){i, j, s->nresults++};
             }
             if (q->step_samples) {
-                const eng_sampling *sp = &q->req.sampling;
-                if (q->req.logprobs >= 0) memcpy(s->raw, last, V * sizeof *last);
-                for (size_t b = 0; b < sp->nbias; b++) last[sp->bias[b].token] += sp->bias[b].bias;
-                if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
-                    /* Over the generated tokens (as vLLM does), not the prompt. */
-                    s->stamp_now++;
-                    for (size_t g = q->req.nprompt; g < q->ntokens; g++) {
-                        int32_t t = q->tokens[g];
-                        last[t] -= sp->frequency_penalty;
-                        if (s->stamp[t] != s->stamp_now) {
-                            s->stamp[t] = s->stamp_now;
-                            last[t] -= sp->presence_penalty;
-                        }
-                    }
-                }
-                int32_t tok = eng_sample(last, V, sp, &q->rng, s->sample_scratch);
-                eng_event *ev = &s->results[s->nresults++];
-                *ev = (eng_event){
-                    .kind = ENG_EV_TOKEN, .id = q->id, .token = tok, .index = q->generated};
-                if (q->req.logprobs >= 0) fill_logprobs(ev, s->raw, V, tok, q->req.logprobs);
+                s->results[s->nresults] =
+                    (eng_event){.kind = ENG_EV_TOKEN, .id = q->id, .index = q->generated};
+                s->units[nunits++] = (samp_unit){i, SAMPLE_ROW, s->nresults++};
             }
             q->step_nresults = s->nresults - q->step_result;
         }
+        op_pool_run(gpt2_workspace_pool(s->ws), nunits, sample_task, s);
     }
     double t1 = now_s();
     s->stats.times.sample += t1 - t_sample;

@@ -11,6 +11,7 @@
 #include "tools.h"
 
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -382,7 +383,8 @@ END_TEST
 START_TEST(eng_sample_greedy_topk_and_seed)
 {
     float logits[6] = {1, 5, 5, 2, -1, 0};
-    char scratch[6 * ENG_SAMPLE_SCRATCH];
+    void *scratch = malloc(eng_sample_scratch_bytes(6));
+    ck_assert_ptr_nonnull(scratch);
     eng_rng r;
     eng_rng_seed(&r, 1);
     eng_sampling greedy = {.temperature = 0, .top_p = 1};
@@ -415,6 +417,188 @@ START_TEST(eng_sample_greedy_topk_and_seed)
         float l1[6] = {1, 1, 1, 1, 1, 1}, l2[6] = {1, 1, 1, 1, 1, 1};
         ck_assert_int_eq(eng_sample(l1, 6, &t, &r1, scratch), eng_sample(l2, 6, &t, &r2, scratch));
     }
+    free(scratch);
+}
+END_TEST
+
+/* The reference nucleus, by a full sort: ids ordered by logit descending
+ * (ties by id), softmax at temperature T in double, the shortest prefix
+ * whose mass reaches p. Marks in[] the tokens kept; returns how many. */
+typedef struct {
+    float logit;
+    int id;
+} ref_cand;
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const ref_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static size_t ref_nucleus(const float *l, size_t V, double T, double p, char *in, double *kept_mass)
+{
+    ref_cand *c = malloc(V * sizeof *c);
+    ck_assert_ptr_nonnull(c);
+    for (size_t i = 0; i < V; i++) c[i] = (ref_cand){l[i], (int)i};
+    qsort(c, V, sizeof *c, ref_cmp);
+    double sum = 0;
+    for (size_t i = 0; i < V; i++) sum += exp(((double)c[i].logit - c[0].logit) / T);
+    double acc = 0;
+    size_t n = 0;
+    memset(in, 0, V);
+    while (n < V) {
+        acc += exp(((double)c[n].logit - c[0].logit) / T) / sum;
+        in[c[n++].id] = 1;
+        if (acc >= p) break;
+    }
+    *kept_mass = acc;
+    free(c);
+    return n;
+}
+
+/* Top-p without top-k (bucketed, no sort of the vocabulary): at GPT-2's
+ * vocabulary size, on peaked, flat and heavily tied logits, every draw is a
+ * token of the reference nucleus, and over many draws the kept tokens come
+ * up in proportion to their probabilities. A token at the very edge of the
+ * nucleus may fall either way by rounding (the two sum in different
+ * orders); the test allows exactly that: a token outside the reference set
+ * must sit where the reference's running mass is within 1e-6 of p. */
+START_TEST(eng_sample_top_p_matches_a_full_sort)
+{
+    const size_t V = 50257;
+    float *l = malloc(V * sizeof *l), *w = malloc(V * sizeof *w);
+    char *in = malloc(V);
+    void *scratch = malloc(eng_sample_scratch_bytes(V));
+    ck_assert(l && w && in && scratch);
+    uint64_t x = 12345;
+    const struct {
+        double spread; /* logits uniform in [-spread, spread] */
+        int ties;      /* rounded to multiples of 1/4: many equal logits */
+        float T, p;
+    } cases[] = {
+        {12, 0, 1.0f, 0.9f},  {2, 0, 0.8f, 0.95f},  {6, 1, 1.0f, 0.5f},
+        {0.1, 0, 1.0f, 0.3f}, {20, 1, 0.7f, 0.99f}, {12, 0, 1.5f, 0.05f},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        for (size_t i = 0; i < V; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(x >> 11) * 0x1.0p-53;
+            float v = (float)((2 * u - 1) * cases[ci].spread);
+            l[i] = cases[ci].ties ? roundf(v * 4) / 4 : v;
+        }
+        double mass;
+        size_t n = ref_nucleus(l, V, cases[ci].T, cases[ci].p, in, &mass);
+        eng_sampling sp = {.temperature = cases[ci].T, .top_p = cases[ci].p};
+        eng_rng r;
+        eng_rng_seed(&r, 7 + ci);
+        size_t outside = 0;
+        for (int d = 0; d < 300; d++) {
+            memcpy(w, l, V * sizeof *l);
+            int32_t t = eng_sample(w, V, &sp, &r, scratch);
+            ck_assert(t >= 0 && (size_t)t < V);
+            if (!in[t]) outside++;
+        }
+        /* The reference's mass overshoots p by at most its last token; a
+         * token outside may only be drawn if the edge was within rounding. */
+        ck_assert_msg(outside == 0 || fabs(mass - cases[ci].p) < 1e-6,
+                      "case %zu: %zu of 300 draws outside the nucleus of %zu tokens", ci, outside,
+                      n);
+    }
+    /* A peaked case, where the nucleus is small enough for every one of its
+     * tokens to be drawn: 40 strong tokens (scattered ids) over a weak
+     * tail, p = 0.5 keeps about half of them. The draws must be exactly
+     * the reference's set: nothing outside, and every kept token seen. */
+    for (size_t i = 0; i < V; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        l[i] = (float)((double)(x >> 11) * 0x1.0p-53 * -4.0);
+    }
+    for (int k = 0; k < 40; k++) l[(size_t)k * 1231 + 17] = 8.0f + 0.05f * (float)k;
+    {
+        double mass;
+        size_t n = ref_nucleus(l, V, 1.0, 0.5, in, &mass);
+        ck_assert(n > 5 && n < 40);
+        eng_sampling sp = {.temperature = 1, .top_p = 0.5f};
+        eng_rng r;
+        eng_rng_seed(&r, 5);
+        unsigned char *seen = calloc(V, 1);
+        ck_assert_ptr_nonnull(seen);
+        for (int d = 0; d < 3000; d++) {
+            memcpy(w, l, V * sizeof *l);
+            int32_t t = eng_sample(w, V, &sp, &r, scratch);
+            ck_assert_msg(in[(size_t)t], "token %d is outside the nucleus", t);
+            seen[(size_t)t] = 1;
+        }
+        size_t covered = 0;
+        for (size_t i = 0; i < V; i++) covered += seen[i];
+        ck_assert_uint_eq(covered, n);
+        free(seen);
+    }
+    /* Proportions on a small vocabulary: p = 0.85 over weights 0.4, 0.3,
+     * 0.2, 0.1 keeps the first three (0.4 + 0.3 < 0.85 <= 0.9),
+     * renormalised to 4/9, 3/9, 2/9. */
+    float small[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+    eng_sampling sp = {.temperature = 1, .top_p = 0.85f};
+    eng_rng r;
+    eng_rng_seed(&r, 99);
+    int seen[4] = {0};
+    const int draws = 90000;
+    for (int d = 0; d < draws; d++) {
+        float v[4];
+        memcpy(v, small, sizeof v);
+        seen[eng_sample(v, 4, &sp, &r, scratch)]++;
+    }
+    ck_assert_int_eq(seen[3], 0);
+    const double want[3] = {4.0 / 9, 3.0 / 9, 2.0 / 9};
+    for (int i = 0; i < 3; i++) /* 5 standard deviations */
+        ck_assert_msg(fabs(seen[i] / (double)draws - want[i])
+                          < 5 * sqrt(want[i] * (1 - want[i]) / draws),
+                      "token %d: %d of %d draws", i, seen[i], draws);
+    free(l);
+    free(w);
+    free(in);
+    free(scratch);
+}
+END_TEST
+
+/* Without top-k or top-p, every token of the vocabulary is drawn in
+ * proportion to softmax(logits / T). */
+START_TEST(eng_sample_full_vocabulary_follows_softmax)
+{
+    enum { V = 300 };
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = (float)(i % 7) * 0.5f - (i == 13 ? 3.0f : 0.0f);
+    const double T = 0.8;
+    double p[V], sum = 0;
+    for (int i = 0; i < V; i++) sum += p[i] = exp(l[i] / T);
+    void *scratch = malloc(eng_sample_scratch_bytes(V));
+    ck_assert_ptr_nonnull(scratch);
+    eng_sampling sp = {.temperature = (float)T, .top_p = 1};
+    eng_rng r;
+    eng_rng_seed(&r, 3);
+    static int seen[V];
+    const int draws = 300000;
+    for (int d = 0; d < draws; d++) {
+        float v[V];
+        memcpy(v, l, sizeof v);
+        seen[eng_sample(v, V, &sp, &r, scratch)]++;
+    }
+    /* Per residue class of i % 7 (43 tokens each, the same probability),
+     * within 5 standard deviations; and token 13 (lowered) on its own. */
+    for (int k = 0; k < 7; k++) {
+        double want = 0;
+        int got = 0;
+        for (int i = k; i < V; i += 7)
+            if (i != 13) {
+                want += p[i] / sum;
+                got += seen[i];
+            }
+        ck_assert_msg(fabs(got / (double)draws - want) < 5 * sqrt(want * (1 - want) / draws),
+                      "class %d: %d of %d draws, want %.4f", k, got, draws, want);
+    }
+    double want13 = p[13] / sum;
+    ck_assert(fabs(seen[13] / (double)draws - want13) < 5 * sqrt(want13 / draws) + 1e-4);
+    free(scratch);
 }
 END_TEST
 
@@ -433,7 +617,10 @@ int main(void)
     tcase_add_test(tc, eng_forward_rejects_bad_items_before_computing);
     suite_add_tcase(s, tc);
     tc = tcase_create("eng_sample");
+    tcase_set_timeout(tc, 120);
     tcase_add_test(tc, eng_sample_greedy_topk_and_seed);
+    tcase_add_test(tc, eng_sample_top_p_matches_a_full_sort);
+    tcase_add_test(tc, eng_sample_full_vocabulary_follows_softmax);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
