@@ -153,8 +153,19 @@ static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, 
     }
 }
 
+/* The inputs of k-block [kb, ke) for all T rows, k-major, in per-thread
+ * scratch: the tiles broadcast them from one contiguous block of T x KB
+ * floats instead of T rows K floats apart (K = 768 or 3072 puts the rows in
+ * the same few L1 sets: 16 rows conflicted). Copies, so no bit changes. */
+static inline void gather_inputs(const mm_ctx *c, float *xs, size_t kb, size_t ke)
+{
+    for (size_t t = 0; t < c->T; t++)
+        for (size_t k = kb; k < ke; k++) xs[(k - kb) * c->T + t] = c->in[t * c->K + k];
+}
+
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-kb_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const size_t R)
+kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+             const size_t R)
 {
     __m256 acc[3][4];
 #pragma GCC unroll 3
@@ -169,7 +180,7 @@ kb_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const 
         __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
 #pragma GCC unroll 3
         for (size_t r = 0; r < R; r++) {
-            __m256 x = _mm256_broadcast_ss(c->in + (t0 + r) * c->K + k);
+            __m256 x = _mm256_broadcast_ss(xs + (k - kb) * c->T + t0 + r);
             acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
             acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
@@ -184,25 +195,29 @@ kb_tile_avx2(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const 
 }
 
 __attribute__((target("avx2,fma"))) static void mm_kblock_avx2(const mm_ctx *c, size_t n0,
-                                                               size_t n1)
+                                                               size_t n1, float *xs)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        gather_inputs(c, xs, kb, ke);
         for (size_t n = n0; n + 32 <= n1; n += 32) {
             kb_prefetch(c, n0, n1, n, kb, ke);
             size_t t = 0;
-            for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, t, n, kb, ke, 3);
-            if (c->T - t == 2) kb_tile_avx2(c, t, n, kb, ke, 2);
-            if (c->T - t == 1) kb_tile_avx2(c, t, n, kb, ke, 1);
+            for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, xs, t, n, kb, ke, 3);
+            if (c->T - t == 2) kb_tile_avx2(c, xs, t, n, kb, ke, 2);
+            if (c->T - t == 1) kb_tile_avx2(c, xs, t, n, kb, ke, 1);
         }
     }
 }
 
+#define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
+
 __attribute__((target("avx512f"), always_inline)) static inline void
-kb_tile_avx512(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, const size_t R)
+kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+               const size_t R)
 {
-    __m512 acc[6][2];
-#pragma GCC unroll 6
+    __m512 acc[KB_ROWS512][2];
+#pragma GCC unroll 8
     for (size_t r = 0; r < R; r++) {
         const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
         acc[r][0] = _mm512_loadu_ps(src);
@@ -211,14 +226,14 @@ kb_tile_avx512(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, cons
     for (size_t k = kb; k < ke; k++) {
         const float *w = c->W + k * c->N + n0;
         __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (size_t r = 0; r < R; r++) {
-            __m512 x = _mm512_set1_ps(c->in[(t0 + r) * c->K + k]);
+            __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
             acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
         }
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 8
     for (size_t r = 0; r < R; r++) {
         _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0, acc[r][0]);
         _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16, acc[r][1]);
@@ -226,20 +241,24 @@ kb_tile_avx512(const mm_ctx *c, size_t t0, size_t n0, size_t kb, size_t ke, cons
 }
 
 __attribute__((target("avx512f"))) static void mm_kblock_avx512(const mm_ctx *c, size_t n0,
-                                                                size_t n1)
+                                                                size_t n1, float *xs)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        gather_inputs(c, xs, kb, ke);
         for (size_t n = n0; n + 32 <= n1; n += 32) {
             kb_prefetch(c, n0, n1, n, kb, ke);
             size_t t = 0;
-            for (; t + 6 <= c->T; t += 6) kb_tile_avx512(c, t, n, kb, ke, 6);
+            for (; t + KB_ROWS512 <= c->T; t += KB_ROWS512)
+                kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512);
             switch (c->T - t) {
-            case 5: kb_tile_avx512(c, t, n, kb, ke, 5); break;
-            case 4: kb_tile_avx512(c, t, n, kb, ke, 4); break;
-            case 3: kb_tile_avx512(c, t, n, kb, ke, 3); break;
-            case 2: kb_tile_avx512(c, t, n, kb, ke, 2); break;
-            case 1: kb_tile_avx512(c, t, n, kb, ke, 1); break;
+            case 7: kb_tile_avx512(c, xs, t, n, kb, ke, 7); break;
+            case 6: kb_tile_avx512(c, xs, t, n, kb, ke, 6); break;
+            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5); break;
+            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4); break;
+            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3); break;
+            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2); break;
+            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1); break;
             default: break;
             }
         }
@@ -376,10 +395,11 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
     if (use_avx2()) {
         if (c->T <= MM_STREAM_MAX) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
+            float *xs = c->pack + tid * (c->K + MM512_ROWS) * MM512_COLS; /* T x KB */
             if (use_avx512())
-                mm_kblock_avx512(c, n0, nv);
+                mm_kblock_avx512(c, n0, nv, xs);
             else
-                mm_kblock_avx2(c, n0, nv);
+                mm_kblock_avx2(c, n0, nv, xs);
             if (nv < n1) mm_stream_c(c, nv, n1);
             return;
         }
