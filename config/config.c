@@ -41,7 +41,7 @@ static const spec specs[] = {
     {"kv_block", K_SIZE, F(kv_block), 1, 4096, "16", "positions per KV cache block"},
     {"max_running", K_SIZE, F(max_running), 1, 4096, "64", "sequences decoded together per step"},
     {"step_tokens", K_SIZE, F(step_tokens), 1, 65536, "512",
-     "rows per step: decode rows plus prefill chunks (bounds decode latency)"},
+     "prompt tokens per step, the prefill chunk (bounds decode latency); decode rows come on top"},
     {"max_queue", K_SIZE, F(max_queue), 0, 1000000, "256",
      "requests waiting for admission before new ones get 429"},
     {"queue_timeout", K_SECONDS, F(queue_timeout_s), 0, 86400, "60",
@@ -279,11 +279,6 @@ cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
 {
     if (c->model_dir[0] == '\0')
         return fail(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
-    if (c->step_tokens < c->max_running)
-        return fail(err, errlen, CFG_EVALUE,
-                    "step_tokens (%zu) must be at least max_running (%zu): every running "
-                    "sequence needs a row in each step",
-                    c->step_tokens, c->max_running);
     return CFG_OK;
 }
 

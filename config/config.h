@@ -43,7 +43,7 @@ typedef struct {
     size_t kv_cache_mb;
     size_t kv_block;        /* positions per KV block */
     size_t max_running;     /* sequences per step */
-    size_t step_tokens;     /* rows per step (prefill chunk budget) */
+    size_t step_tokens;     /* prompt tokens per step (prefill chunk)  */
     size_t max_queue;       /* waiting requests before 429 */
     double queue_timeout_s; /* longest wait for admission before 503 */
     /* Request limits */
@@ -84,7 +84,7 @@ cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errl
 cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char *err,
                           size_t errlen);
 
-/* Cross-key checks (e.g. step_tokens >= max_running). */
+/* Cross-key checks (e.g. a model directory is set). */
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen);
 
 /* Every key with its type, default and meaning, one per line. */

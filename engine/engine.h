@@ -196,7 +196,7 @@ typedef struct {
     size_t block_len;   /* positions per KV block (16)                     */
     size_t max_running; /* sequences in a step (64)                        */
     size_t max_queue;   /* waiting requests before ENG_EFULL (256)          */
-    size_t step_tokens; /* rows per step: decode rows + prefill chunks (512) */
+    size_t step_tokens; /* prompt rows per step; decode rows on top (512) */
     size_t threads;     /* step threads; 0 = one per CPU                   */
 } eng_sched_opts;
 

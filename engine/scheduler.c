@@ -101,10 +101,6 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.max_running == 0) o.max_running = 64;
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
-    if (o.step_tokens < o.max_running)
-        return gpt2_fail(err, errlen, ENG_EINVAL,
-                         "the step token budget %zu is below the running limit %zu", o.step_tokens,
-                         o.max_running);
     eng_sched *s = calloc(1, sizeof *s);
     if (s == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;
@@ -113,7 +109,9 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     size_t V = m->cfg.n_vocab;
     eng_status rc = eng_kv_new(m, o.kv_bytes, o.block_len, &s->kv, err, errlen);
     if (rc != ENG_OK) goto fail;
-    rc = eng_workspace_new(m, o.step_tokens, o.threads, &s->ws);
+    /* Prompt rows within the budget plus one decode row per running
+     * sequence on top. */
+    rc = eng_workspace_new(m, o.step_tokens + o.max_running, o.threads, &s->ws);
     if (rc != ENG_OK) {
         gpt2_fail(err, errlen, rc, "cannot allocate the step workspace");
         goto fail;
@@ -302,7 +300,10 @@ int eng_sched_plan(eng_sched *s)
         s->qlen--;
         s->running[s->nrunning++] = q;
     }
-    /* The batch: decode rows first, then prefill chunks within the budget. */
+    /* The batch: a decode row for every running sequence, then prompt
+     * chunks within the budget. Decode rows do not take from the budget:
+     * if they did, a prompt that fits the budget would leave its last few
+     * tokens, and its first token, to the next step (a whole step later). */
     size_t budget = s->o.step_tokens, logit_rows = 0, echo_rows = 0;
     s->nitems = 0;
     s->rows = 0;
@@ -310,7 +311,7 @@ int eng_sched_plan(eng_sched *s)
         for (size_t i = 0; i < s->nrunning; i++) {
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
-            if (decoding != (pass == 0) || budget == 0) continue;
+            if (decoding != (pass == 0) || (!decoding && budget == 0)) continue;
             size_t n;
             if (decoding) {
                 q->step_first = q->ntokens - 1;
@@ -338,7 +339,7 @@ int eng_sched_plan(eng_sched *s)
                                              .logits = s->logits + logit_rows * s->m->cfg.n_vocab};
             s->step_seqs[s->nitems++] = q;
             logit_rows += lrows;
-            budget -= n;
+            if (!decoding) budget -= n;
             s->rows += n;
             q->in_step = 1;
         }
