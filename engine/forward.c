@@ -29,7 +29,7 @@ struct eng_workspace {
     float *att;    /* (T, C)                 */
     float *tmp;    /* (T, C)                 */
     float *fc;     /* (T, 4C)                */
-    float *scores; /* (threads, n_ctx)       */
+    float *scores; /* (threads, 4, n_ctx)    */
     float *pack;   /* (threads, 4C + 6, 64): matmul strips and tails */
     float *lrows;  /* (LOGIT_ROWS, C)        */
     float *logits; /* (LOGIT_ROWS, V)        */
@@ -67,7 +67,7 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->att = falloc(R * C);
     w->tmp = falloc(R * C);
     w->fc = falloc(R * 4 * C);
-    w->scores = falloc(op_pool_size(w->pool) * c->n_ctx);
+    w->scores = falloc(op_pool_size(w->pool) * OP_ATT_ROWS * c->n_ctx);
     w->pack = falloc(op_pool_size(w->pool) * (4 * C + 6) * 64);
     w->lrows = falloc(LOGIT_ROWS * C);
     w->logits = falloc(LOGIT_ROWS * c->n_vocab);

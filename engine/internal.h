@@ -56,6 +56,9 @@ size_t op_pool_size(const op_pool *p);
 /* Runs fn over [0, n) on every thread; returns when all are done.
  * Thread: the one step thread. */
 void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
+/* The same, but threads claim chunks of grain items in turn until [0, n)
+ * is used up, so uneven items or a descheduled thread balance out. */
+void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx);
 
 /* The worker pool of a step's workspace (forward.c), for the scheduler's
  * sampling. */
@@ -71,6 +74,8 @@ void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, siz
 void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
                   size_t T, size_t C, float eps);
 void op_gelu(op_pool *pool, float *x, size_t n);
+/* scores: per-thread scratch, threads x OP_ATT_ROWS x n_ctx floats. */
+#define OP_ATT_ROWS 4
 void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
                   const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
                   size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);

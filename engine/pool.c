@@ -3,9 +3,12 @@
  *
  * op_pool_run splits [0, n) into one contiguous range per thread and runs
  * fn on each, the calling thread taking the first range; it returns when
- * all are done. Workers spin briefly on a generation counter (a step runs
- * dozens of parallel regions back to back, microseconds apart) and then
- * sleep on a condition variable, so an idle server burns no CPU.
+ * all are done. op_pool_run_chunks instead lets every thread claim chunks
+ * of `grain` items from a shared counter until none are left: for work
+ * whose cost varies along [0, n) (causal attention), and so that a thread
+ * that lost its core to another process does not hold up the others. Workers spin briefly on a
+ * generation counter (a step runs dozens of parallel regions back to back, microseconds apart) and
+ * then sleep on a condition variable, so an idle server burns no CPU.
  *
  * The split never changes a result: every kernel computes each output
  * element in one fixed order, whichever thread owns it.
@@ -31,6 +34,8 @@ struct op_pool {
     op_task fn;
     void *ctx;
     size_t n;
+    size_t grain;       /* 0: one contiguous range per thread */
+    atomic_size_t next; /* the next unclaimed item when grain > 0 */
 };
 
 typedef struct {
@@ -40,6 +45,13 @@ typedef struct {
 
 static void run_share(op_pool *p, size_t index)
 {
+    if (p->grain > 0) {
+        for (;;) {
+            size_t b = atomic_fetch_add_explicit(&p->next, p->grain, memory_order_relaxed);
+            if (b >= p->n) return;
+            p->fn(p->ctx, b, p->n - b > p->grain ? b + p->grain : p->n, index);
+        }
+    }
     size_t per = (p->n + p->nthreads - 1) / p->nthreads;
     size_t begin = index * per, end = begin + per;
     if (end > p->n) end = p->n;
@@ -84,6 +96,7 @@ op_pool *op_pool_new(size_t nthreads)
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->generation, 0);
     atomic_init(&p->pending, 0);
+    atomic_init(&p->next, 0);
     p->threads = calloc(nthreads, sizeof *p->threads);
     if (p->threads == NULL) {
         op_pool_free(p);
@@ -122,7 +135,7 @@ size_t op_pool_size(const op_pool *p)
     return p->nthreads;
 }
 
-void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx)
+static void run(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx)
 {
     if (p->nthreads == 1 || n <= 1) {
         if (n > 0) fn(ctx, 0, n, 0);
@@ -131,6 +144,8 @@ void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx)
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
+    p->grain = grain;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->nthreads - 1, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
@@ -141,4 +156,14 @@ void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx)
      * process, spinning here would hold the core it needs. */
     for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0;)
         if (++spins > 2000) sched_yield();
+}
+
+void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx)
+{
+    run(p, n, 0, fn, ctx);
+}
+
+void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx)
+{
+    run(p, n, grain > 0 ? grain : 1, fn, ctx);
 }

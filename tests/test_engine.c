@@ -36,11 +36,28 @@ static void synth(const char *sub, const char *extra1, const char *extra2)
     ck_assert_int_eq(tool_synth(argc, argv), 0);
 }
 
+/* GPT-2's head size, 64, which has its own attention kernel (rows of a
+ * prefill chunk taken together): width 128, two heads. */
+static void synth_hs64(void)
+{
+    char out[320];
+    snprintf(out, sizeof out, "%s/hs64", dir);
+    mkdir(out, 0755);
+    snprintf(out, sizeof out, "%s/hs64/model.safetensors", dir);
+    char *argv[] = {"synth", out,     "--layers", "2",       "--embd", "128",    "--heads",
+                    "2",     "--ctx", "64",       "--vocab", "500",    "--seed", "6"};
+    ck_assert_int_eq(tool_synth((int)(sizeof argv / sizeof *argv), argv), 0);
+}
+
+/* The models the invariance tests run on, by loop index. */
+static const char *const inv_models[] = {"aligned", "hs64"};
+
 static void setup(void)
 {
     mkdtemp_template(dir, sizeof dir, "/tmp/gpt2d-test-engine-");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     synth("aligned", NULL, NULL);
+    synth_hs64();
 }
 
 static void teardown(void)
@@ -94,7 +111,7 @@ static void run_alone(eng_model *m, float *out)
 
 START_TEST(eng_forward_is_batch_invariant_bitwise)
 {
-    eng_model *m = load("aligned");
+    eng_model *m = load(inv_models[_i]);
     size_t V = eng_model_config(m)->n_vocab;
     float *alone = malloc(4 * V * sizeof *alone), *mixed = malloc(4 * V * sizeof *mixed);
     float *junk = malloc(12 * V * sizeof *junk);
@@ -160,7 +177,7 @@ static const int32_t toks_long[60] = {
 
 START_TEST(eng_forward_incremental_equals_full_prefill)
 {
-    eng_model *m = load("aligned");
+    eng_model *m = load(inv_models[_i]);
     size_t V = eng_model_config(m)->n_vocab;
     float *full = malloc(60 * V * sizeof *full), *inc = malloc(60 * V * sizeof *inc);
     eng_kv *kv;
@@ -608,8 +625,8 @@ int main(void)
     TCase *tc = tcase_create("eng_forward");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, eng_forward_is_batch_invariant_bitwise);
-    tcase_add_test(tc, eng_forward_incremental_equals_full_prefill);
+    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 2);
+    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 2);
     tcase_add_test(tc, eng_model_layouts_give_identical_logits);
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
