@@ -804,80 +804,95 @@ static void axpy(float *y, float a, const float *x, size_t n)
  * 0..p in order; K and V of this step's rows are already in the cache. */
 #if HAVE_X86
 /*
- * Head size 64 (every GPT-2): up to OP_ATT_ROWS consecutive rows of one
- * sequence (a prefill chunk) at once, so each K and V row loaded serves
- * them all and their independent chains overlap. q and the output rows stay
- * in registers. Per row the operations are those of the portable path, in
- * the same order: the score of position s is a four-FMA chain over the
- * head's 64 lanes and a fixed horizontal sum (op_dot's), the output is
- * o += (score * inv) * v for s = 0..p by FMA (axpy's). The cache is walked
- * block by block, one address computation per block.
+ * Head size 64 (every GPT-2): a tile of R consecutive rows of one sequence
+ * (a prefill chunk) times G heads, R * G <= OP_ATT_ROWS, taken together:
+ * each K and V load serves the tile's R rows, and its R * G chains are
+ * independent, so they overlap. Prefill takes 4 rows x 1 head; a decode
+ * row 1 row x 4 heads, which reads 1 KB of each cached position instead of
+ * 256 bytes (the cache is not in any CPU cache by then: those loads are
+ * what a decode step's attention waits for). q and the outputs stay in
+ * registers. Per row and head the operations are those of the portable
+ * path, in the same order: the score of position s is a four-FMA chain
+ * over the head's 64 lanes and a fixed horizontal sum (op_dot's), the
+ * output is o += (score * inv) * v for s = 0..p by FMA (axpy's). The cache
+ * is walked block by block, one address computation per block.
  */
 __attribute__((target("avx512f"), always_inline)) static inline void
-att_rows64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, size_t h,
-                  float *scores, const size_t R)
+att_tile64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, size_t h0,
+                  float *scores, const size_t R, const size_t G)
 {
     size_t C = c->NH * 64, bl = c->kv->block_len, last = p0 + R - 1;
-    const size_t stride = c->n_ctx;
+    const size_t stride = c->n_ctx; /* scores of tile entry i = r * G + g */
     float scale = 1.0f / sqrtf(64.0f);
     __m512 q[OP_ATT_ROWS][4], o[OP_ATT_ROWS][4];
     float mx[OP_ATT_ROWS], inv[OP_ATT_ROWS];
 #pragma GCC unroll 4
-    for (size_t r = 0; r < R; r++) {
-        const float *qr = c->qkv + (t0 + r) * 3 * C + h * 64;
-        for (size_t j = 0; j < 4; j++) q[r][j] = _mm512_loadu_ps(qr + 16 * j);
-        mx[r] = -INFINITY;
+    for (size_t i = 0; i < R * G; i++) {
+        const float *qi = c->qkv + (t0 + i / G) * 3 * C + (h0 + i % G) * 64;
+#pragma GCC unroll 4
+        for (size_t j = 0; j < 4; j++) q[i][j] = _mm512_loadu_ps(qi + 16 * j);
+        mx[i] = -INFINITY;
     }
     /* Positions 0..p0 are seen by every row, p0 + 1..last by the later
-     * rows only: the loops over rows are unrolled (R is a constant), so q
-     * and o stay in registers. */
+     * rows only. The loops over the tile are unrolled (R and G are
+     * constants), so q and o stay in registers. */
     for (size_t s0 = 0; s0 <= last; s0 += bl) {
         size_t s1 = s0 + bl <= last + 1 ? s0 + bl : last + 1;
-        const float *k = kv_at(c->kv, seq, c->l, 0, s0) + h * 64;
+        const float *k = kv_at(c->kv, seq, c->l, 0, s0) + h0 * 64;
         for (size_t s = s0; s < s1; s++, k += C) {
-            __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16),
-                   k2 = _mm512_loadu_ps(k + 32), k3 = _mm512_loadu_ps(k + 48);
             size_t first = s > p0 ? s - p0 : 0; /* rows before it do not see s */
 #pragma GCC unroll 4
-            for (size_t r = 0; r < R; r++) {
-                if (r < first) continue;
-                __m512 acc = _mm512_fmadd_ps(q[r][0], k0, _mm512_setzero_ps());
-                acc = _mm512_fmadd_ps(q[r][1], k1, acc);
-                acc = _mm512_fmadd_ps(q[r][2], k2, acc);
-                acc = _mm512_fmadd_ps(q[r][3], k3, acc);
-                float d = hsum16(acc) * scale;
-                scores[r * stride + s] = d;
-                if (d > mx[r]) mx[r] = d;
+            for (size_t g = 0; g < G; g++) {
+                __m512 k0 = _mm512_loadu_ps(k + 64 * g), k1 = _mm512_loadu_ps(k + 64 * g + 16),
+                       k2 = _mm512_loadu_ps(k + 64 * g + 32), k3 = _mm512_loadu_ps(k + 64 * g + 48);
+#pragma GCC unroll 4
+                for (size_t r = 0; r < R; r++) {
+                    if (r < first) continue;
+                    size_t i = r * G + g;
+                    __m512 acc = _mm512_fmadd_ps(q[i][0], k0, _mm512_setzero_ps());
+                    acc = _mm512_fmadd_ps(q[i][1], k1, acc);
+                    acc = _mm512_fmadd_ps(q[i][2], k2, acc);
+                    acc = _mm512_fmadd_ps(q[i][3], k3, acc);
+                    float d = hsum16(acc) * scale;
+                    scores[i * stride + s] = d;
+                    if (d > mx[i]) mx[i] = d;
+                }
             }
         }
     }
 #pragma GCC unroll 4
-    for (size_t r = 0; r < R; r++) {
-        inv[r] = 1.0f / op_exp_sub_sum(scores + r * stride, p0 + r + 1, mx[r]);
-        for (size_t j = 0; j < 4; j++) o[r][j] = _mm512_setzero_ps();
+    for (size_t i = 0; i < R * G; i++) {
+        inv[i] = 1.0f / op_exp_sub_sum(scores + i * stride, p0 + i / G + 1, mx[i]);
+#pragma GCC unroll 4
+        for (size_t j = 0; j < 4; j++) o[i][j] = _mm512_setzero_ps();
     }
     for (size_t s0 = 0; s0 <= last; s0 += bl) {
         size_t s1 = s0 + bl <= last + 1 ? s0 + bl : last + 1;
-        const float *v = kv_at(c->kv, seq, c->l, 1, s0) + h * 64;
+        const float *v = kv_at(c->kv, seq, c->l, 1, s0) + h0 * 64;
         for (size_t s = s0; s < s1; s++, v += C) {
-            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16),
-                   v2 = _mm512_loadu_ps(v + 32), v3 = _mm512_loadu_ps(v + 48);
             size_t first = s > p0 ? s - p0 : 0;
 #pragma GCC unroll 4
-            for (size_t r = 0; r < R; r++) {
-                if (r < first) continue;
-                __m512 w = _mm512_set1_ps(scores[r * stride + s] * inv[r]);
-                o[r][0] = _mm512_fmadd_ps(w, v0, o[r][0]);
-                o[r][1] = _mm512_fmadd_ps(w, v1, o[r][1]);
-                o[r][2] = _mm512_fmadd_ps(w, v2, o[r][2]);
-                o[r][3] = _mm512_fmadd_ps(w, v3, o[r][3]);
+            for (size_t g = 0; g < G; g++) {
+                __m512 v0 = _mm512_loadu_ps(v + 64 * g), v1 = _mm512_loadu_ps(v + 64 * g + 16),
+                       v2 = _mm512_loadu_ps(v + 64 * g + 32), v3 = _mm512_loadu_ps(v + 64 * g + 48);
+#pragma GCC unroll 4
+                for (size_t r = 0; r < R; r++) {
+                    if (r < first) continue;
+                    size_t i = r * G + g;
+                    __m512 w = _mm512_set1_ps(scores[i * stride + s] * inv[i]);
+                    o[i][0] = _mm512_fmadd_ps(w, v0, o[i][0]);
+                    o[i][1] = _mm512_fmadd_ps(w, v1, o[i][1]);
+                    o[i][2] = _mm512_fmadd_ps(w, v2, o[i][2]);
+                    o[i][3] = _mm512_fmadd_ps(w, v3, o[i][3]);
+                }
             }
         }
     }
 #pragma GCC unroll 4
-    for (size_t r = 0; r < R; r++) {
-        float *out = c->att + (t0 + r) * C + h * 64;
-        for (size_t j = 0; j < 4; j++) _mm512_storeu_ps(out + 16 * j, o[r][j]);
+    for (size_t i = 0; i < R * G; i++) {
+        float *out = c->att + (t0 + i / G) * C + (h0 + i % G) * 64;
+#pragma GCC unroll 4
+        for (size_t j = 0; j < 4; j++) _mm512_storeu_ps(out + 16 * j, o[i][j]);
     }
 }
 
@@ -885,7 +900,10 @@ att_rows64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, si
  * going through one head's groups finds that head's K and V slices still in
  * its cache, and from the last group down: later rows of a prefill attend
  * to more positions, so the costly jobs are claimed first and the cheap
- * ones fill in at the end. */
+ * ones fill in at the end. Within a group, a run of rows of one sequence at
+ * consecutive positions is one 4-row (or shorter) tile of this head; a
+ * lone row (a decode row) is done with the next heads up to four at once,
+ * by the job of the first of them. */
 __attribute__((target("avx512f"))) static void att64_task(void *arg, size_t begin, size_t end,
                                                           size_t tid)
 {
@@ -896,7 +914,6 @@ __attribute__((target("avx512f"))) static void att64_task(void *arg, size_t begi
         size_t j = ngroups * c->NH - 1 - job, h = j / ngroups, g = j % ngroups;
         size_t t = g * OP_ATT_ROWS, tend = t + OP_ATT_ROWS < c->T ? t + OP_ATT_ROWS : c->T;
         while (t < tend) {
-            /* A run: rows of one sequence at consecutive positions. */
             size_t n = 1;
             while (t + n < tend && c->row_item[t + n] == c->row_item[t]
                    && c->row_pos[t + n] == c->row_pos[t] + n)
@@ -904,10 +921,18 @@ __attribute__((target("avx512f"))) static void att64_task(void *arg, size_t begi
             const eng_seq *seq = c->items[c->row_item[t]].seq;
             size_t p0 = c->row_pos[t];
             switch (n) {
-            case 4: att_rows64_avx512(c, seq, t, p0, h, scores, 4); break;
-            case 3: att_rows64_avx512(c, seq, t, p0, h, scores, 3); break;
-            case 2: att_rows64_avx512(c, seq, t, p0, h, scores, 2); break;
-            default: att_rows64_avx512(c, seq, t, p0, h, scores, 1); break;
+            case 4: att_tile64_avx512(c, seq, t, p0, h, scores, 4, 1); break;
+            case 3: att_tile64_avx512(c, seq, t, p0, h, scores, 3, 1); break;
+            case 2: att_tile64_avx512(c, seq, t, p0, h, scores, 2, 1); break;
+            default:
+                if (h % 4 != 0) break;
+                switch (c->NH - h < 4 ? c->NH - h : 4) {
+                case 4: att_tile64_avx512(c, seq, t, p0, h, scores, 1, 4); break;
+                case 3: att_tile64_avx512(c, seq, t, p0, h, scores, 1, 3); break;
+                case 2: att_tile64_avx512(c, seq, t, p0, h, scores, 1, 2); break;
+                default: att_tile64_avx512(c, seq, t, p0, h, scores, 1, 1); break;
+                }
+                break;
             }
             t += n;
         }

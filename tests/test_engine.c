@@ -37,15 +37,17 @@ static void synth(const char *sub, const char *extra1, const char *extra2)
 }
 
 /* GPT-2's head size, 64, which has its own attention kernel (rows of a
- * prefill chunk taken together): width 128, two heads. */
+ * prefill chunk taken together, a decode row's heads four at a time):
+ * width 448, seven heads, so that both a group of four heads and a
+ * shorter last group occur. */
 static void synth_hs64(void)
 {
     char out[320];
     snprintf(out, sizeof out, "%s/hs64", dir);
     mkdir(out, 0755);
     snprintf(out, sizeof out, "%s/hs64/model.safetensors", dir);
-    char *argv[] = {"synth", out,     "--layers", "2",       "--embd", "128",    "--heads",
-                    "2",     "--ctx", "64",       "--vocab", "500",    "--seed", "6"};
+    char *argv[] = {"synth", out,     "--layers", "2",       "--embd", "448",    "--heads",
+                    "7",     "--ctx", "64",       "--vocab", "500",    "--seed", "6"};
     ck_assert_int_eq(tool_synth((int)(sizeof argv / sizeof *argv), argv), 0);
 }
 

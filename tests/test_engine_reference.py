@@ -49,24 +49,28 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
     # bits of the default (widest) ones: every path has one reduction order.
     # 60 tokens take the packed matmul tiles (more than 48 rows), 19 the
     # k-blocked ones; a second model has GPT-2's head size of 64, which has
-    # its own attention kernel.
+    # its own attention kernel (seven heads: a decode row's heads go four at
+    # a time, then three).
     d64 = os.path.join(d, "hs64")
     os.mkdir(d64)
     subprocess.run([gpt2d, "synth", os.path.join(d64, "model.safetensors"), "--layers", "2",
-                    "--embd", "128", "--heads", "2", "--ctx", "128", "--vocab", "700"],
+                    "--embd", "448", "--heads", "7", "--ctx", "128", "--vocab", "700"],
                    check=True)
     probes = [(d, sids), (d, (sids * 4)[:60]),
               (d64, [str(int(i) % 700) for i in (sids * 4)[:60]])]
-    for model_dir, probe in probes:
-        base = subprocess.run([engine_logits, "all", model_dir] + probe, capture_output=True,
+    # The head-64 model also goes one token at a time (decode rows, whose
+    # heads the kernel takes together).
+    probes = [(m, p, "all") for m, p in probes] + [(d64, probes[-1][1], "incremental")]
+    for model_dir, probe, mode in probes:
+        base = subprocess.run([engine_logits, mode, model_dir] + probe, capture_output=True,
                               check=True).stdout
         for level in ("avx2", "portable"):
-            other = subprocess.run([engine_logits, "all", model_dir] + probe,
+            other = subprocess.run([engine_logits, mode, model_dir] + probe,
                                    capture_output=True, check=True,
                                    env=dict(os.environ, GPT2D_KERNELS=level)).stdout
             same = other == base
-            print(f"{os.path.basename(model_dir)} {len(probe)} tokens, GPT2D_KERNELS={level}: "
-                  f"{'bitwise identical' if same else 'DIFFERENT'}")
+            print(f"{os.path.basename(model_dir)} {len(probe)} tokens ({mode}), "
+                  f"GPT2D_KERNELS={level}: {'bitwise identical' if same else 'DIFFERENT'}")
             ok = ok and same
     greedy_ref = json.loads(subprocess.run([ref, "greedy", d, str(ngen)] + sids,
                                            capture_output=True, check=True).stdout)
