@@ -195,8 +195,14 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         double t0 = clock_s(); /* K, V rows -> the cache, then attention (T,C) */
         for (size_t t = 0; t < T; t++) {
             const eng_seq *seq = items[w->item[t]].seq;
-            memcpy(kv_at(kv, seq, l, 0, w->pos[t]), w->qkv + t * 3 * C + C, C * sizeof(float));
-            memcpy(kv_at(kv, seq, l, 1, w->pos[t]), w->qkv + t * 3 * C + 2 * C, C * sizeof(float));
+            float *k = kv_head(kv, seq, l, 0, 0, w->pos[t]),
+                  *v = kv_head(kv, seq, l, 1, 0, w->pos[t]);
+            size_t head_stride = kv->block_len * HS; /* from one head to the next */
+            for (size_t h = 0; h < NH; h++) {
+                memcpy(k + h * head_stride, w->qkv + t * 3 * C + C + h * HS, HS * sizeof(float));
+                memcpy(v + h * head_stride, w->qkv + t * 3 * C + 2 * C + h * HS,
+                       HS * sizeof(float));
+            }
         }
         op_attention(P, w->att, w->qkv, kv, items, w->item, w->pos, T, l, NH, HS, w->scores,
                      c->n_ctx);

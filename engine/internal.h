@@ -31,18 +31,28 @@ struct eng_model {
 struct eng_kv {
     size_t block_len; /* positions per block                         */
     size_t nblocks;
-    size_t L, C;
-    float *pool; /* nblocks x L x 2 x block_len x C              */
+    size_t L, NH, HS; /* layers, heads, head size                    */
+    float *pool;      /* nblocks x L x 2 x NH x block_len x HS        */
     int32_t *free_list;
     size_t nfree;
 };
 
-/* K (kind 0) or V (kind 1) of layer l at position pos of seq: C floats. */
-static inline float *kv_at(const eng_kv *kv, const eng_seq *seq, size_t l, int kind, size_t pos)
+/*
+ * K (kind 0) or V (kind 1) of layer l, head h at position pos of seq: HS
+ * floats. Within a block, each (layer, kind) holds head after head, and
+ * each head its block_len positions one after the other: the keys of one
+ * head in a block are one run of block_len x HS floats, and those of
+ * neighbouring heads follow. Attention, which reads a head (or a few) over
+ * many positions, then streams contiguous memory; a position-major layout
+ * gave it 256-byte pieces 3 KB apart, and a decode step waited on them.
+ */
+static inline float *kv_head(const eng_kv *kv, const eng_seq *seq, size_t l, int kind, size_t h,
+                             size_t pos)
 {
     size_t block = (size_t)seq->blocks[pos / kv->block_len];
-    size_t off = ((block * kv->L + l) * 2 + (size_t)kind) * kv->block_len + pos % kv->block_len;
-    return kv->pool + off * kv->C;
+    size_t off = (((block * kv->L + l) * 2 + (size_t)kind) * kv->NH + h) * kv->block_len
+                 + pos % kv->block_len;
+    return kv->pool + off * kv->HS;
 }
 
 /* ---- Worker threads (pool.c) ---- */

@@ -27,7 +27,8 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
     kv->block_len = block_len;
     kv->nblocks = nblocks;
     kv->L = c->n_layer;
-    kv->C = c->n_embd;
+    kv->NH = c->n_head;
+    kv->HS = c->n_embd / c->n_head;
     kv->pool = aligned_alloc(64, (per_block * nblocks + 63) / 64 * 64);
     kv->free_list = malloc(nblocks * sizeof *kv->free_list);
     if (kv->pool == NULL || kv->free_list == NULL) {

@@ -808,20 +808,20 @@ static void axpy(float *y, float a, const float *x, size_t n)
  * (a prefill chunk) times G heads, R * G <= OP_ATT_ROWS, taken together:
  * each K and V load serves the tile's R rows, and its R * G chains are
  * independent, so they overlap. Prefill takes 4 rows x 1 head; a decode
- * row 1 row x 4 heads, which reads 1 KB of each cached position instead of
- * 256 bytes (the cache is not in any CPU cache by then: those loads are
- * what a decode step's attention waits for). q and the outputs stay in
- * registers. Per row and head the operations are those of the portable
- * path, in the same order: the score of position s is a four-FMA chain
- * over the head's 64 lanes and a fixed horizontal sum (op_dot's), the
- * output is o += (score * inv) * v for s = 0..p by FMA (axpy's). The cache
- * is walked block by block, one address computation per block.
+ * row 1 row x 4 heads, which reads four neighbouring runs of the block
+ * (kv_head: 16 KB in one piece for 16-position blocks). q and the outputs
+ * stay in registers. Per row and head the operations are those of the
+ * portable path, in the same order: the score of position s is a four-FMA
+ * chain over the head's 64 lanes and a fixed horizontal sum (op_dot's),
+ * the output is o += (score * inv) * v for s = 0..p by FMA (axpy's). The
+ * cache is walked block by block, one address computation per block.
  */
 __attribute__((target("avx512f"), always_inline)) static inline void
 att_tile64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, size_t h0,
                   float *scores, const size_t R, const size_t G)
 {
     size_t C = c->NH * 64, bl = c->kv->block_len, last = p0 + R - 1;
+    size_t hstride = bl * 64;       /* from one head's keys in a block to the next's */
     const size_t stride = c->n_ctx; /* scores of tile entry i = r * G + g */
     float scale = 1.0f / sqrtf(64.0f);
     __m512 q[OP_ATT_ROWS][4], o[OP_ATT_ROWS][4];
@@ -838,13 +838,14 @@ att_tile64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, si
      * constants), so q and o stay in registers. */
     for (size_t s0 = 0; s0 <= last; s0 += bl) {
         size_t s1 = s0 + bl <= last + 1 ? s0 + bl : last + 1;
-        const float *k = kv_at(c->kv, seq, c->l, 0, s0) + h0 * 64;
-        for (size_t s = s0; s < s1; s++, k += C) {
+        const float *k = kv_head(c->kv, seq, c->l, 0, h0, s0);
+        for (size_t s = s0; s < s1; s++, k += 64) {
             size_t first = s > p0 ? s - p0 : 0; /* rows before it do not see s */
 #pragma GCC unroll 4
             for (size_t g = 0; g < G; g++) {
-                __m512 k0 = _mm512_loadu_ps(k + 64 * g), k1 = _mm512_loadu_ps(k + 64 * g + 16),
-                       k2 = _mm512_loadu_ps(k + 64 * g + 32), k3 = _mm512_loadu_ps(k + 64 * g + 48);
+                const float *kg = k + g * hstride;
+                __m512 k0 = _mm512_loadu_ps(kg), k1 = _mm512_loadu_ps(kg + 16),
+                       k2 = _mm512_loadu_ps(kg + 32), k3 = _mm512_loadu_ps(kg + 48);
 #pragma GCC unroll 4
                 for (size_t r = 0; r < R; r++) {
                     if (r < first) continue;
@@ -868,13 +869,14 @@ att_tile64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, si
     }
     for (size_t s0 = 0; s0 <= last; s0 += bl) {
         size_t s1 = s0 + bl <= last + 1 ? s0 + bl : last + 1;
-        const float *v = kv_at(c->kv, seq, c->l, 1, s0) + h0 * 64;
-        for (size_t s = s0; s < s1; s++, v += C) {
+        const float *v = kv_head(c->kv, seq, c->l, 1, h0, s0);
+        for (size_t s = s0; s < s1; s++, v += 64) {
             size_t first = s > p0 ? s - p0 : 0;
 #pragma GCC unroll 4
             for (size_t g = 0; g < G; g++) {
-                __m512 v0 = _mm512_loadu_ps(v + 64 * g), v1 = _mm512_loadu_ps(v + 64 * g + 16),
-                       v2 = _mm512_loadu_ps(v + 64 * g + 32), v3 = _mm512_loadu_ps(v + 64 * g + 48);
+                const float *vg = v + g * hstride;
+                __m512 v0 = _mm512_loadu_ps(vg), v1 = _mm512_loadu_ps(vg + 16),
+                       v2 = _mm512_loadu_ps(vg + 32), v3 = _mm512_loadu_ps(vg + 48);
 #pragma GCC unroll 4
                 for (size_t r = 0; r < R; r++) {
                     if (r < first) continue;
@@ -954,7 +956,7 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
         float *o = c->att + t * C + h * c->HS;
         float maxv = -INFINITY;
         for (size_t s = 0; s <= p; s++) {
-            float d = op_dot(q, kv_at(c->kv, seq, c->l, 0, s) + h * c->HS, c->HS) * scale;
+            float d = op_dot(q, kv_head(c->kv, seq, c->l, 0, h, s), c->HS) * scale;
             scores[s] = d;
             if (d > maxv) maxv = d;
         }
@@ -962,7 +964,7 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
         float inv = 1.0f / sum;
         memset(o, 0, c->HS * sizeof *o);
         for (size_t s = 0; s <= p; s++)
-            axpy(o, scores[s] * inv, kv_at(c->kv, seq, c->l, 1, s) + h * c->HS, c->HS);
+            axpy(o, scores[s] * inv, kv_head(c->kv, seq, c->l, 1, h, s), c->HS);
     }
 }
 

@@ -272,7 +272,10 @@ else
 fi
 
 # Authentication, and 429 with Retry-After when the queue is full.
-start auth slow --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
+# Every step of this server and the next sleeps 20 ms more: the tests of
+# the queue, its limits, disconnects and the drain need requests that are
+# still running a second later, whatever the speed of the kernels.
+GPT2D_TEST_STEP_DELAY_MS=20 start auth slow --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
 base="http://127.0.0.1:$port"
 auth_base=$base auth_pid=$last_pid
 check 401 GET /v1/models ''
@@ -290,10 +293,10 @@ grep -qi '^retry-after: [0-9]' "$dir/h429.txt" || fail "429 without Retry-After"
 wait "${busy[@]}"
 
 # The queue's wait limit, keep-alive comments, and the per-request deadline.
-start queue slow --max-running 1 --queue-timeout 1 --step-tokens 1
+GPT2D_TEST_STEP_DELAY_MS=20 start queue slow --max-running 1 --queue-timeout 1 --step-tokens 1
 base="http://127.0.0.1:$port"
 # A client that disconnects mid-stream frees its sequence and KV blocks
-# (the slow model takes seconds for 500 tokens; the client leaves at 0.5 s).
+# (500 tokens take over 10 s here; the client leaves at 0.5 s).
 curl -sN -m 0.5 "$base/v1/completions" -d '{"model":"gpt2","prompt":"Bye","max_tokens":500,"ignore_eos":true,"stream":true}' > "$dir/cut.txt" || true
 grep -q '^data: {' "$dir/cut.txt" || fail "no tokens before the disconnect"
 for _ in $(seq 50); do
