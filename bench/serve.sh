@@ -9,19 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+. bench/lib.sh
 dir=$(mktemp -d /tmp/gpt2d-bench-serve-XXXXXX)
-trap 'kill $srv 2>/dev/null || true; rm -rf "$dir"' EXIT
-"$build/server/gpt2d" synth "$dir/model.safetensors" >/dev/null
-cp tokenizer/data/vocab.json tokenizer/data/merges.txt "$dir/"
-: > "$dir/serve.log"
-"$build/server/gpt2d" serve --model "$dir" --port 0 --kv-cache-mb 4096 > "$dir/serve.log" 2>&1 &
-srv=$!
-for _ in $(seq 100); do
-    port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/serve.log")
-    [ -n "$port" ] && break
-    sleep 0.1
-done
-base="http://127.0.0.1:$port"
+srv=
+trap 'bench_stop; rm -rf "$dir"' EXIT
+bench_model "$build" "$dir"
+bench_serve "$build" "$dir"
 for c in 1 4 16 64; do
     per=$(( c >= 16 ? 1 : 2 ))
     python3 bench/load_stream.py "$base" "$c" "$per" 128 32
