@@ -235,7 +235,7 @@ typedef void (*eng_event_cb)(void *user, const eng_event *ev);
 typedef struct {
     const int32_t *prompt; /* copied at submit; at least one token */
     size_t nprompt;
-    size_t max_tokens;     /* >= 1 */
+    size_t max_tokens;     /* 0: the prompt only (with echo, its logprobs) */
     eng_sampling sampling; /* bias entries copied at submit */
     uint64_t seed;
     int ignore_eos;

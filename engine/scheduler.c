@@ -183,8 +183,6 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     const eng_config *c = &s->m->cfg;
     if (r->nprompt == 0 || r->prompt == NULL)
         return gpt2_fail(err, errlen, ENG_EINVAL, "the prompt has no tokens");
-    if (r->max_tokens == 0)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "max_tokens must be at least 1");
     if (r->on_event == NULL) return gpt2_fail(err, errlen, ENG_EINVAL, "no event callback");
     for (size_t i = 0; i < r->nprompt; i++)
         if (r->prompt[i] < 0 || (size_t)r->prompt[i] >= c->n_vocab)
@@ -326,7 +324,8 @@ int eng_sched_plan(eng_sched *s)
                 }
             }
             q->step_n = n;
-            q->step_samples = decoding || q->prefilled + n == q->req.nprompt;
+            q->step_samples =
+                q->req.max_tokens > 0 && (decoding || q->prefilled + n == q->req.nprompt);
             eng_logits want = q->req.echo && !decoding ? ENG_LOGITS_ALL
                               : q->step_samples        ? ENG_LOGITS_LAST
                                                        : ENG_LOGITS_NONE;
@@ -486,7 +485,8 @@ void eng_sched_complete(eng_sched *s)
         }
         if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
         eng_finish why = ENG_FINISH_LENGTH;
-        int done = 0;
+        /* max_tokens 0: done once the prompt (and its echo) is through */
+        int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
         for (size_t k = 0; k < q->step_nresults; k++) {
             eng_event *ev = &s->results[q->step_result + k];
             if (ev->kind == ENG_EV_TOKEN) {

@@ -191,7 +191,8 @@ static int set_text(oai_prompt *p, const json_t *v, oai_error *err)
 }
 
 /* prompt: a string, an array of strings, an array of ids, or an array of
- * arrays of ids; null or absent is "<|endoftext|>" (the spec's default). */
+ * arrays of ids; null or absent is "<|endoftext|>" (the spec's default),
+ * which the server's tokenizer makes the one token 50256. */
 static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
 {
     const json_t *v = json_object_get(o, "prompt");
@@ -345,7 +346,7 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
     double d;
     if (parse_prompt(o, lim, r, err) != 0) goto done;
     ll = (long long)r->max_tokens;
-    if (get_int(o, "max_tokens", 1, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
+    if (get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
     r->max_tokens = (size_t)ll;
     if (get_number(o, "temperature", 0, 2, &r->temperature, err) != 0) goto done;
     d = r->top_p;

@@ -914,8 +914,9 @@ static void tokenize_run(srv_req *r)
         size_t len;
         const char *text = prompt_text(r, i, &len);
         if (text == NULL) continue;
-        if (bpe_encode(r->s->tok, text, len, &r->prompt_ids[i], &r->prompt_len[i], r->tok_err,
-                       sizeof r->tok_err)
+        /* "<|endoftext|>" in a prompt is the token, as the model knows it */
+        if (bpe_encode_special(r->s->tok, text, len, &r->prompt_ids[i], &r->prompt_len[i],
+                               r->tok_err, sizeof r->tok_err)
             != BPE_OK)
             r->tok_failed = 1;
     }
@@ -1009,9 +1010,14 @@ static enum MHD_Result completions_admit(srv_req *r)
     if (r->tok_failed)
         return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL, "%s", r->tok_err);
     for (size_t i = 0; i < q->nprompts; i++) {
-        if (r->prompt_len[i] == 0)
-            return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
-                              "prompt %zu is empty", i);
+        if (r->prompt_len[i] == 0) { /* "": the text starts, as with no prompt */
+            free(r->prompt_ids[i]);
+            r->prompt_ids[i] = malloc(sizeof(int32_t));
+            if (r->prompt_ids[i] == NULL)
+                return send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+            r->prompt_ids[i][0] = EOT;
+            r->prompt_len[i] = 1;
+        }
         if (r->prompt_len[i] > s->cfg.max_prompt_tokens)
             return send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
                               "prompt %zu has %zu tokens; the limit is %zu", i, r->prompt_len[i],

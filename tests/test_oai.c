@@ -38,6 +38,10 @@ START_TEST(oai_parse_defaults)
     r = parse_ok("{\"model\": \"gpt2\"}");
     ck_assert_str_eq(r.prompts[0].text, "<|endoftext|>");
     oai_request_free(&r);
+    /* max_tokens 0 is valid (echo + logprobs scores a text). */
+    r = parse_ok("{\"model\": \"gpt2\", \"max_tokens\": 0, \"echo\": true, \"logprobs\": 0}");
+    ck_assert_uint_eq(r.max_tokens, 0);
+    oai_request_free(&r);
 }
 END_TEST
 
@@ -102,7 +106,7 @@ static const struct {
     {"{\"model\":\"m\",\"prompt\":[50257]}", "prompt", "token id from 0 to 50256"},
     {"{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt", "a string where a token id"},
     {"{\"model\":\"m\",\"prompt\":[\"a\",[1]]}", "prompt", "mixes kinds"},
-    {"{\"model\":\"m\",\"max_tokens\":0}", "max_tokens", "from 1 to 1024, got 0"},
+    {"{\"model\":\"m\",\"max_tokens\":-1}", "max_tokens", "from 0 to 1024, got -1"},
     {"{\"model\":\"m\",\"max_tokens\":5000}", "max_tokens", "got 5000"},
     {"{\"model\":\"m\",\"max_tokens\":\"5\"}", "max_tokens", "got a string"},
     {"{\"model\":\"m\",\"max_tokens\":5.5}", "max_tokens", "got a number"},

@@ -93,6 +93,7 @@ typedef struct {
     uint64_t id;
     int32_t tokens[512];
     float logprobs[512];
+    float prompt_logprobs[512]; /* by position */
     size_t n, prompt_events, done_count;
     eng_finish finish;
     size_t first_token_step; /* driver step count when the first token came */
@@ -113,6 +114,7 @@ static void on_event(void *user, const eng_event *ev)
         r->tokens[r->n++] = ev->token;
         if (r->cancel_after && r->n == r->cancel_after) eng_sched_cancel(r->s, r->id);
     } else if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
+        r->prompt_logprobs[ev->index] = ev->logprob;
         r->prompt_events++;
     } else {
         r->done_count++;
@@ -321,7 +323,7 @@ START_TEST(sched_queue_overflow_and_impossible_requests_are_refused)
     p[0] = 600;
     ck_assert_int_eq(eng_sched_submit(s, &q, &id, err, sizeof err), ENG_EINVAL);
     p[0] = 1;
-    q.max_tokens = 0;
+    q.nprompt = 0;
     ck_assert_int_eq(eng_sched_submit(s, &q, &id, err, sizeof err), ENG_EINVAL);
     while (eng_sched_step(s)) {
     }
@@ -402,11 +404,34 @@ START_TEST(sched_echo_logprobs_bias_and_penalties)
     q.echo = 0;
     q.user = &g;
     ck_assert_int_eq(eng_sched_submit(s, &q, &g.id, err, sizeof err), ENG_OK);
+    /* max_tokens 0 (scoring a text): the prompt's logprobs, no token, and
+     * the request ends as "length"; without echo it just ends. */
+    static rec z, zq;
+    memset(&z, 0, sizeof z);
+    memset(&zq, 0, sizeof zq);
+    q.max_tokens = 0;
+    q.echo = 1;
+    q.user = &z;
+    ck_assert_int_eq(eng_sched_submit(s, &q, &z.id, err, sizeof err), ENG_OK);
+    q.echo = 0;
+    q.user = &zq;
+    ck_assert_int_eq(eng_sched_submit(s, &q, &zq.id, err, sizeof err), ENG_OK);
+    q.max_tokens = 6;
     while (eng_sched_step(s)) {
     }
     ck_assert_uint_eq(e.prompt_events, 29);
     ck_assert_uint_eq(g.prompt_events, 0);
     ck_assert_mem_eq(e.tokens, g.tokens, 6 * sizeof(int32_t)); /* echo changes nothing */
+    ck_assert_uint_eq(z.prompt_events, 29);
+    ck_assert_mem_eq(z.prompt_logprobs + 1, e.prompt_logprobs + 1, 29 * sizeof(float));
+    for (size_t k = 1; k < 30; k++) ck_assert(z.prompt_logprobs[k] < 0);
+    ck_assert_uint_eq(z.n, 0);
+    ck_assert_uint_eq(z.done_count, 1);
+    ck_assert_int_eq(z.finish, ENG_FINISH_LENGTH);
+    ck_assert_uint_eq(zq.n + zq.prompt_events, 0);
+    ck_assert_uint_eq(zq.done_count, 1);
+    ck_assert_int_eq(zq.finish, ENG_FINISH_LENGTH);
+    assert_idle(s);
     /* A +100 bias forces a token; a presence penalty of 2 under greedy
      * changes the continuation. */
     eng_bias bias = {.token = 123, .bias = 100.0f};

@@ -110,6 +110,39 @@ e = json.loads(sys.argv[2])
 assert e["choices"][0]["text"].startswith("Hello,"), e
 PY
 
+# "<|endoftext|>" in a prompt is the token 50256, as in Hugging Face's
+# tokenizer and tiktoken's encode(allowed_special="all"); no prompt (the
+# spec's default, "<|endoftext|>") and "" both start from it, as `gpt2d
+# generate` without --prompt does. max_tokens 0 with echo scores a text: the
+# prompt's logprobs, no completion.
+gen_eot=$("$gpt2d" generate --model "$dir/model" --prompt '' --tokens 4 --temperature 0 --ignore-eos)
+python3 - "$gen_eot" \
+          "$(post /v1/completions '{"model":"gpt2","max_tokens":4,"temperature":0,"ignore_eos":true,"echo":true}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":"","max_tokens":4,"temperature":0,"ignore_eos":true}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":"Hello<|endoftext|> world","max_tokens":0,"echo":true,"logprobs":1}')" \
+          "$(post /v1/completions '{"model":"gpt2","prompt":[15496,50256,995],"max_tokens":1,"echo":true,"logprobs":1,"temperature":0}')" \
+          "$(post /tokenize '{"prompt":"a<|endoftext|>"}')" \
+          "$(curl -sN -m 30 "$base/v1/completions" -d '{"model":"gpt2","prompt":"Hi","max_tokens":0,"stream":true}')" <<'PY' || fail "<|endoftext|>, empty prompts, max_tokens 0"
+import json, sys
+gen, none, empty, score, ids, tok, stream = sys.argv[1:]
+none, empty, score, ids, tok = (json.loads(x) for x in (none, empty, score, ids, tok))
+assert none["usage"]["prompt_tokens"] == 1 and empty["usage"]["prompt_tokens"] == 1, (none, empty)
+assert none["choices"][0]["text"] == "<|endoftext|>" + gen, (none, gen)
+assert empty["choices"][0]["text"] == gen, (empty, gen)
+c = score["choices"][0]
+assert c["text"] == "Hello<|endoftext|> world" and c["finish_reason"] == "length", c
+assert c["logprobs"]["tokens"] == ["Hello", "<|endoftext|>", " world"], c["logprobs"]
+assert score["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}, score
+want = ids["choices"][0]["logprobs"]
+assert c["logprobs"]["token_logprobs"] == want["token_logprobs"][:3], (c, want)
+assert c["logprobs"]["top_logprobs"] == want["top_logprobs"][:3], (c, want)
+assert tok["tokens"] == [64, 50256], tok
+events = [e[6:] for e in stream.split("\n\n") if e.startswith("data: ")]
+assert events[-1] == "[DONE]", events
+chunks = [json.loads(e) for e in events[:-1]]
+assert [(x["choices"][0]["text"], x["choices"][0]["finish_reason"]) for x in chunks] == [("", "length")], chunks
+PY
+
 # logprobs: the chosen token and the top alternatives; echo with the prompt's
 # (the first one null); text_offset from the start of the prompt; a token that
 # is not whole UTF-8 written as bytes:\xNN; best_of picks n of best_of.

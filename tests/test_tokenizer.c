@@ -35,13 +35,17 @@ static void free_gpt2(void)
     gpt2 = NULL;
 }
 
-/* Encodes text and compares with want[0..n). */
-static void assert_ids(const bpe *t, const char *text, size_t len, const int32_t *want, size_t n)
+typedef bpe_status (*encode_fn)(const bpe *, const char *, size_t, int32_t **, size_t *, char *,
+                                size_t);
+
+/* Encodes text with enc and compares with want[0..n). */
+static void assert_ids(const bpe *t, encode_fn enc, const char *text, size_t len,
+                       const int32_t *want, size_t n)
 {
     int32_t *ids;
     size_t nids;
     char err[256];
-    ck_assert_msg(bpe_encode(t, text, len, &ids, &nids, err, sizeof err) == BPE_OK, "%s", err);
+    ck_assert_msg(enc(t, text, len, &ids, &nids, err, sizeof err) == BPE_OK, "%s", err);
     char got[1024] = "";
     size_t used = 0;
     for (size_t i = 0; i < nids && used < sizeof got - 16; i++)
@@ -56,7 +60,14 @@ static void assert_ids(const bpe *t, const char *text, size_t len, const int32_t
 #define IDS(text, ...)                                                                             \
     do {                                                                                           \
         static const int32_t want_[] = {__VA_ARGS__};                                              \
-        assert_ids(gpt2, text, strlen(text), want_, sizeof want_ / sizeof want_[0]);               \
+        assert_ids(gpt2, bpe_encode, text, strlen(text), want_, sizeof want_ / sizeof want_[0]);   \
+    } while (0)
+
+#define SPECIAL_IDS(text, ...)                                                                     \
+    do {                                                                                           \
+        static const int32_t want_[] = {__VA_ARGS__};                                              \
+        assert_ids(gpt2, bpe_encode_special, text, strlen(text), want_,                            \
+                   sizeof want_ / sizeof want_[0]);                                                \
     } while (0)
 
 START_TEST(bpe_encode_seed_examples)
@@ -93,6 +104,21 @@ START_TEST(bpe_encode_endoftext_is_ordinary_text)
     const char *p = bpe_token_bytes(gpt2, 50256, &len);
     ck_assert_uint_eq(len, 13);
     ck_assert_mem_eq(p, "<|endoftext|>", 13);
+}
+END_TEST
+
+START_TEST(bpe_encode_special_makes_endoftext_one_token)
+{
+    SPECIAL_IDS("<|endoftext|>", 50256);
+    SPECIAL_IDS("Hello<|endoftext|> world", 15496, 50256, 995);
+    SPECIAL_IDS("<|endoftext|><|endoftext|>", 50256, 50256);
+    /* The text before it is encoded on its own: "a " ends in a space piece,
+     * where ordinarily the space would join the next piece ("a", " <|"). */
+    SPECIAL_IDS("a <|endoftext|>", 64, 220, 50256);
+    IDS("a <|", 64, 1279, 91);
+    /* Anything short of the whole marker is ordinary text. */
+    SPECIAL_IDS("<|endoftext|", 27, 91, 437, 1659, 5239, 91);
+    SPECIAL_IDS("Hello, world!", 15496, 11, 995, 0);
 }
 END_TEST
 
@@ -365,7 +391,7 @@ START_TEST(bpe_merges_follow_their_rank)
     /* h e (0), e l (1), he l (2): [h][e][l] -> [he][l] -> [hel] */
     bpe *t = load_fixture(TINY_VOCAB, "#version: 0.2\nh e\ne l\nhe l\n");
     static const int32_t want[] = {5};
-    assert_ids(t, "hel", 3, want, 1);
+    assert_ids(t, bpe_encode, "hel", 3, want, 1);
     bpe_free(t);
 }
 END_TEST
@@ -375,7 +401,7 @@ START_TEST(bpe_merges_lower_rank_wins_over_earlier_position)
     /* e l (0), h e (1): rank decides, not position -> [h][el] */
     bpe *t = load_fixture("{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4}", "e l\r\nh e\r\n");
     static const int32_t want[] = {0, 4};
-    assert_ids(t, "hel", 3, want, 2);
+    assert_ids(t, bpe_encode, "hel", 3, want, 2);
     bpe_free(t);
 }
 END_TEST
@@ -385,8 +411,8 @@ START_TEST(bpe_merges_non_overlapping_left_to_right)
     /* a a (0): "aaa" -> [aa][a], not [a][aa]; "aaaa" -> [aa][aa] */
     bpe *t = load_fixture(TINY_VOCAB, "a a\n");
     static const int32_t three[] = {7, 6}, four[] = {7, 7};
-    assert_ids(t, "aaa", 3, three, 2);
-    assert_ids(t, "aaaa", 4, four, 2);
+    assert_ids(t, bpe_encode, "aaa", 3, three, 2);
+    assert_ids(t, bpe_encode, "aaaa", 4, four, 2);
     /* A long run takes the heap path and must agree: 101 a's -> 50 [aa], [a]. */
     char run[101];
     memset(run, 'a', sizeof run);
@@ -410,6 +436,18 @@ START_TEST(bpe_encode_byte_without_token_is_eunknown)
     ck_assert_int_eq(bpe_encode(t, "hex", 3, &ids, &n, err, sizeof err), BPE_EUNKNOWN);
     ck_assert_ptr_nonnull(strstr(err, "0x78"));
     ck_assert_ptr_null(ids);
+    /* Without the token in the vocabulary, the marker is ordinary text. */
+    ck_assert_int_eq(bpe_encode_special(t, "<|endoftext|>", 13, &ids, &n, err, sizeof err),
+                     BPE_EUNKNOWN);
+    ck_assert_ptr_nonnull(strstr(err, "0x3C (at 0)"));
+    bpe_free(t);
+    /* With it, the offset of a bad byte counts from the start of the text. */
+    t = load_fixture("{\"h\": 0, \"e\": 1, \"<|endoftext|>\": 2}", "");
+    ck_assert_int_eq(bpe_encode_special(t, "he<|endoftext|>hex", 18, &ids, &n, err, sizeof err),
+                     BPE_EUNKNOWN);
+    ck_assert_ptr_nonnull(strstr(err, "0x78 (at 17)"));
+    static const int32_t want[] = {0, 1, 2, 0, 1};
+    assert_ids(t, bpe_encode_special, "he<|endoftext|>he", 17, want, 5);
     bpe_free(t);
 }
 END_TEST
@@ -774,6 +812,7 @@ static Suite *bpe_suite(void)
     tcase_add_test(tc, bpe_encode_seed_examples);
     tcase_add_test(tc, bpe_encode_japanese_splits_characters_across_tokens);
     tcase_add_test(tc, bpe_encode_endoftext_is_ordinary_text);
+    tcase_add_test(tc, bpe_encode_special_makes_endoftext_one_token);
     tcase_add_test(tc, bpe_encode_empty_text_is_no_ids);
     tcase_add_test(tc, bpe_encode_long_runs_round_trip);
     tcase_add_test(tc, bpe_decode_round_trips_every_byte);

@@ -615,8 +615,46 @@ static size_t merge_large(const bpe *t, scratch *s, size_t n)
     return k;
 }
 
-bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
-                      char *err, size_t errlen)
+/* Encodes text[from..n) ordinarily (as if the text began at from), appending
+ * to out at *k: never more ids than bytes. */
+static bpe_status encode_span(const bpe *t, const char *text, size_t from, size_t n, int32_t *out,
+                              size_t *k, scratch *s, char *err, size_t errlen)
+{
+    const unsigned char *u = (const unsigned char *)text;
+    size_t pos = from;
+    while (pos < n) {
+        size_t end = bpe_split_next(text, n, pos);
+        size_t m = end - pos;
+        int32_t whole = str_find(t, u + pos, m);
+        if (whole >= 0) {
+            out[(*k)++] = whole;
+            pos = end;
+            continue;
+        }
+        if (!scratch_reserve(s, m)) return fail(err, errlen, BPE_ENOMEM, "out of memory");
+        for (size_t i = 0; i < m; i++) s->id[i] = t->byte_id[u[pos + i]];
+        size_t left = m <= SMALL_PIECE ? merge_small(t, s->id, s->rank, m) : merge_large(t, s, m);
+        for (size_t i = 0; i < left; i++) {
+            if (s->id[i] < 0) {
+                size_t b = pos;
+                while (t->byte_id[u[b]] >= 0) b++;
+                return fail(err, errlen, BPE_EUNKNOWN,
+                            "the text has byte 0x%02X (at %zu) that the vocabulary cannot "
+                            "represent",
+                            u[b], b);
+            }
+            out[(*k)++] = s->id[i];
+        }
+        pos = end;
+    }
+    return BPE_OK;
+}
+
+/* bpe_encode and bpe_encode_special: with `special`, every occurrence of
+ * BPE_EOT_TEXT is its token (when the vocabulary has one) and the text
+ * between is encoded ordinarily. */
+static bpe_status encode(const bpe *t, const char *text, size_t n, int special, int32_t **ids,
+                         size_t *nids, char *err, size_t errlen)
 {
     *ids = NULL;
     *nids = 0;
@@ -628,38 +666,20 @@ bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, s
         scratch_free(&s);
         return fail(err, errlen, BPE_ENOMEM, "out of memory");
     }
-    const unsigned char *u = (const unsigned char *)text;
+    const size_t elen = sizeof BPE_EOT_TEXT - 1;
+    int32_t eot = special ? str_find(t, (const unsigned char *)BPE_EOT_TEXT, elen) : -1;
     size_t k = 0, pos = 0;
     bpe_status rc = BPE_OK;
-    while (pos < n) {
-        size_t end = bpe_split_next(text, n, pos);
-        size_t m = end - pos;
-        int32_t whole = str_find(t, u + pos, m);
-        if (whole >= 0) {
-            out[k++] = whole;
-            pos = end;
-            continue;
-        }
-        if (!scratch_reserve(&s, m)) {
-            rc = fail(err, errlen, BPE_ENOMEM, "out of memory");
-            goto done;
-        }
-        for (size_t i = 0; i < m; i++) s.id[i] = t->byte_id[u[pos + i]];
-        size_t left = m <= SMALL_PIECE ? merge_small(t, s.id, s.rank, m) : merge_large(t, &s, m);
-        for (size_t i = 0; i < left; i++) {
-            if (s.id[i] < 0) {
-                size_t b = pos;
-                while (t->byte_id[u[b]] >= 0) b++;
-                rc = fail(err, errlen, BPE_EUNKNOWN,
-                          "the text has byte 0x%02X (at %zu) that the vocabulary cannot represent",
-                          u[b], b);
-                goto done;
-            }
-            out[k++] = s.id[i];
+    while (rc == BPE_OK && pos < n) {
+        const char *hit = eot >= 0 ? memmem(text + pos, n - pos, BPE_EOT_TEXT, elen) : NULL;
+        size_t end = hit != NULL ? (size_t)(hit - text) : n;
+        rc = encode_span(t, text, pos, end, out, &k, &s, err, errlen);
+        if (hit != NULL && rc == BPE_OK) {
+            out[k++] = eot;
+            end += elen;
         }
         pos = end;
     }
-done:
     scratch_free(&s);
     if (rc != BPE_OK) {
         free(out);
@@ -669,6 +689,18 @@ done:
     *ids = shrunk != NULL ? shrunk : out;
     *nids = k;
     return BPE_OK;
+}
+
+bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
+                      char *err, size_t errlen)
+{
+    return encode(t, text, n, 0, ids, nids, err, errlen);
+}
+
+bpe_status bpe_encode_special(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
+                              char *err, size_t errlen)
+{
+    return encode(t, text, n, 1, ids, nids, err, errlen);
 }
 
 /* ---- Decoding ----------------------------------------------------------- */

@@ -6,8 +6,9 @@
  * A tokenizer is loaded from a Hugging Face snapshot's vocab.json and
  * merges.txt, is immutable afterwards, and may be used by any number of
  * threads at once (every call keeps its scratch on the stack or in memory it
- * allocates itself). Encoding is ordinary: "<|endoftext|>" in the text is
- * encoded as the characters it is made of, and id 50256 decodes to that text.
+ * allocates itself). bpe_encode is ordinary: "<|endoftext|>" in the text is
+ * encoded as the characters it is made of; bpe_encode_special makes it the
+ * one token 50256, as a model's prompt wants. Id 50256 decodes to that text.
  *
  * Prefixes: bpe_ (the tokenizer), utf8_ (the stream decoder), stop_ (the
  * stop-string matcher).
@@ -71,6 +72,18 @@ size_t bpe_merge_count(const bpe *t);
  */
 bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
                       char *err, size_t errlen);
+
+/* The text of GPT-2's one special token, id 50256. */
+#define BPE_EOT_TEXT "<|endoftext|>"
+
+/*
+ * bpe_encode, except that every "<|endoftext|>" in the text is that token
+ * (what tiktoken's encode(text, allowed_special="all") and Hugging Face's
+ * tokenizer give), and the text between is encoded ordinarily; a vocabulary
+ * without the token encodes it ordinarily. Thread: any.
+ */
+bpe_status bpe_encode_special(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
+                              char *err, size_t errlen);
 
 /* The bytes of one token, or NULL for an id not in the vocabulary. Valid
  * until bpe_free(t). Thread: any. */

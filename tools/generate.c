@@ -27,7 +27,8 @@ static void gen_usage(FILE *out)
                  "merges.txt, optional config.json). The continuation goes to stdout as raw\n"
                  "bytes, tokens per second to stderr.\n"
                  "  --prompt TEXT       the prompt (\"The meaning of life is\"; an empty prompt\n"
-                 "                      starts from <|endoftext|>)\n"
+                 "                      starts from <|endoftext|>, which in the text is\n"
+                 "                      the token 50256, as in the server)\n"
                  "  --tokens N          tokens to generate (60)\n"
                  "  --temperature T     0 is greedy (0.8)\n"
                  "  --top-k K           0 is off (40)\n"
@@ -154,7 +155,7 @@ int tool_generate(int argc, char **argv)
                 "gpt2d generate: copied %.1f MB of misaligned or half-precision weights "
                 "(`gpt2d convert` writes an aligned file that maps without copying)\n",
                 (double)eng_model_copied_bytes(m) / 1e6);
-    if (bpe_encode(tok, prompt, strlen(prompt), &ids, &nids, err, sizeof err) != BPE_OK) {
+    if (bpe_encode_special(tok, prompt, strlen(prompt), &ids, &nids, err, sizeof err) != BPE_OK) {
         fprintf(stderr, "gpt2d generate: %s\n", err);
         goto done;
     }

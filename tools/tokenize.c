@@ -1,9 +1,11 @@
 /*
  * tools/tokenize.c: `gpt2d tokenize` and `gpt2d detokenize`.
  *
- *   gpt2d tokenize --model DIR [--jsonl]   raw bytes on stdin -> [ids] on stdout;
+ *   gpt2d tokenize --model DIR [--jsonl] [--special]
+ *                                          raw bytes on stdin -> [ids] on stdout;
  *                                          --jsonl: one JSON string per line in,
- *                                          one array of ids per line out
+ *                                          one array of ids per line out;
+ *                                          --special: "<|endoftext|>" is id 50256
  *   gpt2d detokenize --model DIR           [ids] on stdin -> raw bytes on stdout
  *
  * DIR holds vocab.json and merges.txt.
@@ -24,11 +26,12 @@
 static void tok_usage(FILE *out, const char *cmd)
 {
     if (strcmp(cmd, "tokenize") == 0)
-        fprintf(out,
-                "usage: gpt2d tokenize --model DIR [--jsonl]\n"
-                "Reads raw bytes on stdin and prints their GPT-2 token ids as a JSON array.\n"
-                "  --model DIR   directory with vocab.json and merges.txt\n"
-                "  --jsonl       every stdin line is a JSON string; print one array per line\n");
+        fprintf(out, "usage: gpt2d tokenize --model DIR [--jsonl] [--special]\n"
+                     "Reads raw bytes on stdin and prints their GPT-2 token ids as a JSON array.\n"
+                     "  --model DIR   directory with vocab.json and merges.txt\n"
+                     "  --jsonl       every stdin line is a JSON string; print one array per line\n"
+                     "  --special     \"<|endoftext|>\" in the text is the token 50256 (as in the\n"
+                     "                server's prompts), not the 7 tokens of its characters\n");
     else
         fprintf(out, "usage: gpt2d detokenize --model DIR\n"
                      "Reads a JSON array of token ids on stdin and writes their bytes to stdout.\n"
@@ -71,7 +74,10 @@ static void print_ids(const int32_t *ids, size_t n)
     fputs("]\n", stdout);
 }
 
-static int encode_jsonl(const bpe *t, const char *text, size_t len)
+typedef bpe_status (*encode_fn)(const bpe *, const char *, size_t, int32_t **, size_t *, char *,
+                                size_t);
+
+static int encode_jsonl(const bpe *t, encode_fn enc, const char *text, size_t len)
 {
     size_t pos = 0, lineno = 0;
     char err[256];
@@ -89,8 +95,8 @@ static int encode_jsonl(const bpe *t, const char *text, size_t len)
         }
         int32_t *ids;
         size_t nids;
-        bpe_status s = bpe_encode(t, json_string_value(v), json_string_length(v), &ids, &nids, err,
-                                  sizeof err);
+        bpe_status s =
+            enc(t, json_string_value(v), json_string_length(v), &ids, &nids, err, sizeof err);
         json_decref(v);
         if (s != BPE_OK) {
             fprintf(stderr, "gpt2d tokenize: stdin:%zu: %s\n", lineno, err);
@@ -107,10 +113,11 @@ static int run(int argc, char **argv, int encode)
 {
     static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
                                              {"jsonl", no_argument, 0, 'j'},
+                                             {"special", no_argument, 0, 's'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *cmd = argv[0], *model = NULL;
-    int jsonl = 0, c;
+    int jsonl = 0, special = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -119,6 +126,10 @@ static int run(int argc, char **argv, int encode)
         case 'j':
             if (!encode) goto bad;
             jsonl = 1;
+            break;
+        case 's':
+            if (!encode) goto bad;
+            special = 1;
             break;
         case 'h': tok_usage(stdout, cmd); return 0;
         default: goto bad;
@@ -143,12 +154,13 @@ static int run(int argc, char **argv, int encode)
         fprintf(stderr, "gpt2d %s: cannot read stdin (or it is over 1 GiB)\n", cmd);
         goto done;
     }
+    encode_fn enc = special ? bpe_encode_special : bpe_encode;
     if (encode && jsonl) {
-        rc = encode_jsonl(t, in, len);
+        rc = encode_jsonl(t, enc, in, len);
     } else if (encode) {
         int32_t *ids;
         size_t nids;
-        if (bpe_encode(t, in, len, &ids, &nids, err, sizeof err) != BPE_OK) {
+        if (enc(t, in, len, &ids, &nids, err, sizeof err) != BPE_OK) {
             fprintf(stderr, "gpt2d %s: %s\n", cmd, err);
             goto done;
         }

@@ -13,6 +13,10 @@
 //     cases, combining marks, emoji with ZWJ and skin tones, code, JSON, long
 //     words and runs; `gpt2d tokenize --jsonl` must return exactly
 //     encode_ordinary's ids for every one.
+//  3. Special: the fixed texts and 2,000 random ones with "<|endoftext|>"
+//     (and near misses of it) put in at random places; `gpt2d tokenize
+//     --jsonl --special` must return exactly encode(text, 'all')'s ids, the
+//     encoding the server gives its prompts.
 //
 // Exit 0: all agree. 1: a mismatch. 77 (meson's "skipped"): the npm packages
 // are not installed, so nothing was compared; never a silent pass.
@@ -144,5 +148,38 @@ for (let i = 0; i < texts.length; i++) {
 }
 failures += idBad;
 console.log(`ids: ${texts.length} texts (${fixed.length} fixed, 20000 random), ${bytes} bytes, ${ids} ids; mismatches: ${idBad}`);
+
+// ---- 3. Special ------------------------------------------------------------
+const EOT = '<|endoftext|>';
+const marks = [EOT, EOT, EOT + EOT, ` ${EOT} `, '<|endoftext|', '|endoftext|>', '<|endoftext |>', '<|ENDOFTEXT|>'];
+const special = [
+  EOT, `${EOT}Hello`, `Hello${EOT}`, `Hello ${EOT} world`, `a ${EOT}`, `${EOT}${EOT}`,
+  `\n\n${EOT}\n\n`, `don't${EOT}'s`, `<|endoftext${EOT}|>`, `<<|endoftext|>>`, '',
+  ...fixed.slice(0, 40).map((t) => `${t}${EOT}${t}`),
+];
+for (let i = 0; i < 2000; i++) {
+  const t = randomString();
+  const cps = Array.from(t);
+  const k = 1 + Math.floor(rand() * 3);
+  for (let j = 0; j < k; j++) cps.splice(Math.floor(rand() * (cps.length + 1)), 0, pick(marks));
+  special.push(cps.join(''));
+}
+const enc2 = tiktoken.get_encoding('gpt2');
+const wantSp = special.map((t) => Array.from(enc2.encode(t, 'all')));
+enc2.free();
+const outSp = run(['tokenize', '--model', vocabDir, '--jsonl', '--special'], special.map((t) => JSON.stringify(t)).join('\n') + '\n')
+  .toString('utf8').split('\n');
+let spBad = 0, eots = 0;
+for (let i = 0; i < special.length; i++) {
+  const got = outSp[i] === undefined ? null : JSON.parse(outSp[i]);
+  eots += wantSp[i].filter((x) => x === 50256).length;
+  if (JSON.stringify(got) !== JSON.stringify(wantSp[i])) {
+    if (spBad < 10) console.error(`special id mismatch on ${JSON.stringify(special[i]).slice(0, 200)}\n  tiktoken ${JSON.stringify(wantSp[i]).slice(0, 200)}\n  gpt2d    ${JSON.stringify(got).slice(0, 200)}`);
+    spBad++;
+  }
+}
+if (eots < special.length) { console.error(`special: only ${eots} <|endoftext|> tokens in ${special.length} texts`); spBad++; }
+failures += spBad;
+console.log(`special: ${special.length} texts, ${eots} <|endoftext|> tokens; mismatches: ${spBad}`);
 console.log(failures === 0 ? 'tiktoken differential: 100% agreement' : `tiktoken differential: ${failures} mismatches`);
 process.exit(failures === 0 ? 0 : 1);

@@ -3,7 +3,9 @@
  * GPT-2 vocabulary. For any bytes: the pretokenizer makes progress and tiles
  * the input, encoding succeeds with no more ids than bytes, decoding gives
  * the input back byte for byte, and the streaming UTF-8 decoder, fed the
- * tokens one at a time, emits valid UTF-8 only.
+ * tokens one at a time, emits valid UTF-8 only. Encoding with the special
+ * token also decodes back byte for byte, makes every "<|endoftext|>" the one
+ * token 50256, and is the ordinary encoding when the text has none.
  */
 #include "tokenizer.h"
 
@@ -49,6 +51,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t o = utf8_stream_flush(&s, tail);
     if (!utf8_valid(tail, o)) __builtin_trap();
     free(back);
+    int32_t *sp;
+    size_t ns;
+    if (bpe_encode_special(tok, text, size, &sp, &ns, NULL, 0) != BPE_OK || ns > size)
+        __builtin_trap();
+    if (bpe_decode(tok, sp, ns, &back, &blen, NULL, 0) != BPE_OK) __builtin_trap();
+    if (blen != size || (size && memcmp(back, data, size) != 0)) __builtin_trap();
+    size_t marks = 0, eots = 0;
+    const size_t elen = sizeof BPE_EOT_TEXT - 1;
+    for (const char *p = text; (p = memmem(p, size - (size_t)(p - text), BPE_EOT_TEXT, elen));
+         p += elen)
+        marks++;
+    for (size_t i = 0; i < ns; i++) eots += sp[i] == 50256;
+    if (eots != marks) __builtin_trap();
+    if (marks == 0 && (ns != n || (n && memcmp(sp, ids, n * sizeof *ids) != 0))) __builtin_trap();
+    free(back);
+    free(sp);
     free(ids);
     return 0;
 }
