@@ -54,7 +54,7 @@ int main(int argc, char **argv)
     float *pack = aligned_alloc(64, op_pool_size(pool) * (4 * C + 6) * 64 * sizeof(float));
     if (pack == NULL) return 1;
     printf("{\"threads\": %zu, \"runs\": [", op_pool_size(pool));
-    static const size_t Ts[] = {1, 4, 16, 64, 256};
+    static const size_t Ts[] = {1, 4, 8, 16, 32, 48, 64, 256};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         size_t T = Ts[ti];
         double best_mm = 1e9, best_lm = 1e9;

@@ -7,6 +7,7 @@
  * and the errors.
  */
 #include "engine.h"
+#include "internal.h"
 #include "safetensors.h"
 #include "tools.h"
 
@@ -621,6 +622,52 @@ START_TEST(eng_sample_full_vocabulary_follows_softmax)
 }
 END_TEST
 
+/* Every row count from 1 to 70 takes one of the matmul's tile shapes (few
+ * rows: k-blocked or whole-K column tiles; many: packed strips; and every
+ * partial tile of each); each must give, bit for bit, b[n] followed by one
+ * FMA per k in increasing k, computed here with fmaf. K = 70 leaves a
+ * k-block tail and N = 112 a column tail past the 32-column tasks. Run at
+ * every kernel level (GPT2D_KERNELS) by tests/meson.build. */
+START_TEST(op_matmul_every_row_count_is_the_fixed_order)
+{
+    enum { K = 70, N = 112, TMAX = 70 };
+    op_pool *pool = op_pool_new(2);
+    ck_assert_ptr_nonnull(pool);
+    float *pack = aligned_alloc(64, op_pool_size(pool) * (K + 6) * 64 * sizeof(float));
+    float *in = malloc(TMAX * K * sizeof *in), *W = malloc(K * N * sizeof *W);
+    float *b = malloc(N * sizeof *b), *out = malloc(TMAX * N * sizeof *out);
+    float *want = malloc(TMAX * N * sizeof *want);
+    ck_assert(pack && in && W && b && out && want);
+    unsigned seed = 7;
+    for (size_t i = 0; i < TMAX * K; i++)
+        in[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
+    for (size_t i = 0; i < K * N; i++)
+        W[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
+    for (size_t i = 0; i < N; i++) b[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
+    for (size_t t = 0; t < TMAX; t++)
+        for (size_t n = 0; n < N; n++) {
+            float acc = b[n];
+            for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W[k * N + n], acc);
+            want[t * N + n] = acc;
+        }
+    for (size_t T = 1; T <= TMAX; T++) {
+        memset(out, 0xff, TMAX * N * sizeof *out);
+        op_matmul(pool, pack, out, in, W, b, T, K, N);
+        for (size_t i = 0; i < T * N; i++)
+            ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
+                          "T = %zu: row %zu column %zu is %a, want %a", T, i / N, i % N,
+                          (double)out[i], (double)want[i]);
+    }
+    free(pack);
+    free(in);
+    free(W);
+    free(b);
+    free(out);
+    free(want);
+    op_pool_free(pool);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -640,6 +687,10 @@ int main(void)
     tcase_add_test(tc, eng_sample_greedy_topk_and_seed);
     tcase_add_test(tc, eng_sample_top_p_matches_a_full_sort);
     tcase_add_test(tc, eng_sample_full_vocabulary_follows_softmax);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("op_kernels");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, op_matmul_every_row_count_is_the_fixed_order);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
