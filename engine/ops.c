@@ -392,86 +392,16 @@ __attribute__((target("avx512f"))) static void mm_block_avx512(const mm_ctx *c, 
     }
 }
 
-/*
- * AVX-512, 8 to 32 rows (decode of many sequences): each tile is up to 16
- * rows x 16 columns, its 16 accumulators in registers for the whole of K,
- * fed one 64-byte W segment per k and the inputs broadcast from a k-major
- * copy. W is walked down its rows (stride N) with a software prefetch
- * MM_COL16_PF rows ahead, so each thread keeps one exact stream of misses
- * in flight instead of the sixteen short ones of the k-blocked tiles, and
- * no partial sums go back to memory between k-blocks. Tiles after the
- * first 16 rows re-read the W column (up to 192 KB) from L2. The bits are
- * the other paths': b[n], then one FMA per k in increasing k.
- * build/bench/bench_ops 2, AMD EPYC Zen 5, 3 alternated runs, projection
- * ms at 1/4/8/16/32/48 rows: k-blocked 9.5/12/14.6/19.5/35/49, these
- * tiles 12/12/12.6/14.4/26/37, the packed tiles (many rows) at 32 and 48
- * rows 26-29 and 30-35. At a few rows the k-blocked tiles stream W faster.
- */
-#define MM_COL16_MIN 8
-#define MM_COL16_MAX 32
-#define MM_COL16_PF 64 /* 64 rows ahead: 32 was 17 ms at 16 rows, 8 was 21 */
-
-__attribute__((target("avx512f"), always_inline)) static inline void
-col16_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n, int pf, const size_t R)
-{
-    __m512 a[16];
-    __m512 bias = _mm512_loadu_ps(c->b + n);
-#pragma GCC unroll 16
-    for (size_t r = 0; r < R; r++) a[r] = bias;
-    const float *w = c->W + n;
-    const float *x = xs + t0;
-    for (size_t k = 0; k < c->K; k++, w += c->N, x += c->T) {
-        if (pf && k + MM_COL16_PF < c->K)
-            _mm_prefetch((const char *)(w + MM_COL16_PF * c->N), _MM_HINT_T0);
-        __m512 wv = _mm512_loadu_ps(w);
-#pragma GCC unroll 16
-        for (size_t r = 0; r < R; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r]), wv, a[r]);
-    }
-#pragma GCC unroll 16
-    for (size_t r = 0; r < R; r++) _mm512_storeu_ps(c->out + (t0 + r) * c->N + n, a[r]);
-}
-
-__attribute__((target("avx512f"))) static void mm_col16_avx512(const mm_ctx *c, size_t n0,
-                                                               size_t n1, float *xs)
-{
-    gather_inputs(c, xs, 0, c->K); /* K x T, k-major */
-    for (size_t n = n0; n + 16 <= n1; n += 16)
-        for (size_t t0 = 0; t0 < c->T; t0 += 16) {
-            int pf = t0 == 0;
-            switch (c->T - t0 < 16 ? c->T - t0 : 16) {
-            case 16: col16_tile_avx512(c, xs, t0, n, pf, 16); break;
-            case 15: col16_tile_avx512(c, xs, t0, n, pf, 15); break;
-            case 14: col16_tile_avx512(c, xs, t0, n, pf, 14); break;
-            case 13: col16_tile_avx512(c, xs, t0, n, pf, 13); break;
-            case 12: col16_tile_avx512(c, xs, t0, n, pf, 12); break;
-            case 11: col16_tile_avx512(c, xs, t0, n, pf, 11); break;
-            case 10: col16_tile_avx512(c, xs, t0, n, pf, 10); break;
-            case 9: col16_tile_avx512(c, xs, t0, n, pf, 9); break;
-            case 8: col16_tile_avx512(c, xs, t0, n, pf, 8); break;
-            case 7: col16_tile_avx512(c, xs, t0, n, pf, 7); break;
-            case 6: col16_tile_avx512(c, xs, t0, n, pf, 6); break;
-            case 5: col16_tile_avx512(c, xs, t0, n, pf, 5); break;
-            case 4: col16_tile_avx512(c, xs, t0, n, pf, 4); break;
-            case 3: col16_tile_avx512(c, xs, t0, n, pf, 3); break;
-            case 2: col16_tile_avx512(c, xs, t0, n, pf, 2); break;
-            default: col16_tile_avx512(c, xs, t0, n, pf, 1); break;
-            }
-        }
-}
-
 static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 {
     const mm_ctx *c = arg;
     size_t n0 = begin * MM_COLS, n1 = end * MM_COLS < c->N ? end * MM_COLS : c->N;
 #if HAVE_X86
     if (use_avx2()) {
-        int avx512 = use_avx512();
-        if (c->T <= (avx512 ? MM_COL16_MAX : MM_STREAM_MAX)) {
+        if (c->T <= MM_STREAM_MAX) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
-            float *xs = c->pack + tid * (c->K + MM512_ROWS) * MM512_COLS; /* T x K */
-            if (avx512 && c->T >= MM_COL16_MIN)
-                mm_col16_avx512(c, n0, nv, xs);
-            else if (avx512)
+            float *xs = c->pack + tid * (c->K + MM512_ROWS) * MM512_COLS; /* T x KB */
+            if (use_avx512())
                 mm_kblock_avx512(c, n0, nv, xs);
             else
                 mm_kblock_avx2(c, n0, nv, xs);
@@ -480,7 +410,7 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
         }
         size_t n = n0;
         float *strip = c->pack + tid * (c->K + MM512_ROWS) * MM512_COLS;
-        if (avx512)
+        if (use_avx512())
             for (; n + MM512_COLS <= n1; n += MM512_COLS)
                 mm_block_avx512(c, n, strip, strip + c->K * MM512_COLS);
         for (; n + MM_COLS <= n1; n += MM_COLS) mm_block_avx2(c, n, strip);

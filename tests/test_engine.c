@@ -622,12 +622,12 @@ START_TEST(eng_sample_full_vocabulary_follows_softmax)
 }
 END_TEST
 
-/* Every row count from 1 to 70 takes one of the matmul's tile shapes (few
- * rows: k-blocked or whole-K column tiles; many: packed strips; and every
- * partial tile of each); each must give, bit for bit, b[n] followed by one
- * FMA per k in increasing k, computed here with fmaf. K = 70 leaves a
- * k-block tail and N = 112 a column tail past the 32-column tasks. Run at
- * every kernel level (GPT2D_KERNELS) by tests/meson.build. */
+/* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
+ * 48 rows, k-blocked tiles; more, packed strips; and every partial tile of
+ * each); each must give, bit for bit, b[n] followed by one FMA per k in
+ * increasing k, computed here with fmaf. K = 70 leaves a k-block tail and
+ * N = 112 a column tail past the 32-column tasks. Run at every kernel level
+ * (GPT2D_KERNELS) by tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
     enum { K = 70, N = 112, TMAX = 70 };
