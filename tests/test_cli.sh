@@ -106,4 +106,24 @@ set -e
 [ "$rc3" = 1 ] || fail "bad jsonl: rc $rc3"
 [ "$rc4" = 1 ] && grep -q "vocab.json: cannot open" "$dir/err2" || fail "missing vocab: rc $rc4"
 [ "$rc5" = 2 ] || fail "missing --model: rc $rc5"
+# gpt2d bench: its JSON, the decode runs asked for with --sequences, and
+# usage errors for a bad list.
+mkdir -p "$dir/bench"
+"$gpt2d" synth "$dir/bench/model.safetensors" --layers 2 --embd 64 --heads 2 --ctx 64 --vocab 300 --seed 3
+"$gpt2d" bench --model "$dir/bench" --tokens 4 --sequences 3,1 > "$dir/bench.json"
+python3 - "$dir/bench.json" <<'PY' || fail "gpt2d bench output"
+import json, sys
+d = json.load(open(sys.argv[1]))
+runs = d["decode"]
+assert [r["sequences"] for r in runs] == [3, 1], runs
+assert runs[1]["vs_single"] == 1.0 and runs[0]["tokens_per_s"] > 0, runs
+assert d["model"]["layers"] == 2 and d["prefill_512"]["tokens_per_s"] > 0, d
+PY
+for bad in 0 65 1,2,3,4,5,6,7,8,9 4,x 4,; do
+    set +e
+    "$gpt2d" bench --model "$dir/bench" --sequences "$bad" 2>/dev/null; rc=$?
+    set -e
+    [ "$rc" = 2 ] || fail "--sequences $bad exited $rc"
+done
+
 echo "cli: ok"
