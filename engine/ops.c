@@ -93,9 +93,17 @@ static int use_avx2(void)
 
 /* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
 
-#define MM_COLS 32       /* columns per block: four 8-float vectors          */
-#define MM_ROWS 3        /* rows per register tile (12 accumulators)         */
-#define MM_STREAM_MAX 48 /* up to this many rows: k-blocked tiles over W     */
+#define MM_COLS 32 /* columns per block: four 8-float vectors          */
+#define MM_ROWS 3  /* rows per register tile (12 accumulators)         */
+/* Up to this many rows, k-blocked tiles over W; above, packed strips. The
+ * packed AVX-512 tiles take about the same time from 24 to 48 rows (the
+ * weights' reading bounds them), the k-blocked ones grow with the rows:
+ * `gpt2d bench --sequences 20,24,28,32,40,48`, 3 alternated runs, matmul ms
+ * a step, k-blocked / packed: 24 rows 28-31 / 32-34, 28 rows 28-29 / 24-27,
+ * 48 rows 49-63 / 33-34. The packed AVX2 tiles (3 x 32) lose at every row
+ * count to 48: 40 rows 78-80 / 122-127 ms. */
+#define MM_STREAM_MAX 48
+#define MM_STREAM_MAX_512 24
 
 /*
  * Two loop orders, one arithmetic. Few rows (decode): W is streamed once,
@@ -398,7 +406,7 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
     size_t n0 = begin * MM_COLS, n1 = end * MM_COLS < c->N ? end * MM_COLS : c->N;
 #if HAVE_X86
     if (use_avx2()) {
-        if (c->T <= MM_STREAM_MAX) {
+        if (c->T <= (use_avx512() ? MM_STREAM_MAX_512 : MM_STREAM_MAX)) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
             float *xs = c->pack + tid * (c->K + MM512_ROWS) * MM512_COLS; /* T x KB */
             if (use_avx512())

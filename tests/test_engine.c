@@ -172,7 +172,8 @@ START_TEST(eng_forward_is_batch_invariant_bitwise)
 END_TEST
 
 /* 60 tokens: a full prefill takes the packed-tile matmul (more than 48
- * rows), a decode the k-blocked one; both must give the same bits. */
+ * rows, the most k-blocked ones take), a decode the k-blocked one; both
+ * must give the same bits. */
 static const int32_t toks_long[60] = {
     3,   141, 59,  26,  5,   358, 97,  93,  238, 46,  1,   2,  3,  4,  5,  6,   7,   8,   9,   10,
     400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 499, 0,  17, 17, 17, 250, 251, 252, 253, 254,
@@ -623,11 +624,12 @@ START_TEST(eng_sample_full_vocabulary_follows_softmax)
 END_TEST
 
 /* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
- * 48 rows, k-blocked tiles; more, packed strips; and every partial tile of
- * each); each must give, bit for bit, b[n] followed by one FMA per k in
- * increasing k, computed here with fmaf. K = 70 leaves a k-block tail and
- * N = 112 a column tail past the 32-column tasks. Run at every kernel level
- * (GPT2D_KERNELS) by tests/meson.build. */
+ * 24 rows with AVX-512 or 48 with AVX2, k-blocked tiles; more, packed
+ * strips; and every partial tile of each); each must give, bit for bit,
+ * b[n] followed by one FMA per k in increasing k, computed here with fmaf.
+ * K = 70 leaves a k-block tail and N = 112 a column tail past the
+ * 32-column tasks. Run at every kernel level (GPT2D_KERNELS) by
+ * tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
     enum { K = 70, N = 112, TMAX = 70 };

@@ -47,8 +47,8 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
             ok = False
     # The portable C kernels and the AVX2-only kernels must give the very
     # bits of the default (widest) ones: every path has one reduction order.
-    # 60 tokens take the packed matmul tiles (more than 48 rows), 19 the
-    # k-blocked ones; a second model has GPT-2's head size of 64, which has
+    # 60 tokens take the packed matmul tiles (more than 48 rows, the most
+    # k-blocked ones take at any kernel level), 19 the k-blocked ones; a second model has GPT-2's head size of 64, which has
     # its own attention kernel (seven heads: a decode row's heads go four at
     # a time, then three).
     d64 = os.path.join(d, "hs64")
