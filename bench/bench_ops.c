@@ -12,7 +12,7 @@
  * figures are `gpt2d bench`'s.
  *
  * The weights are read from a file's pages, as the model's are (written to
- * a file in $TMPDIR or /tmp, mapped read-only, unlinked): the physical
+ * an unnamed file in $TMPDIR or /tmp and mapped read-only): the physical
  * placement of page-cache pages changes what access patterns cost. Tiles
  * that walked W down its rows were 1.3x faster than the k-blocked ones on
  * freshly allocated anonymous memory and slower on the model's mapped file.
@@ -20,6 +20,8 @@
  */
 #include "internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,34 +47,37 @@ static float *randn(size_t n, unsigned seed)
     return p;
 }
 
-/* Moves the n_arrays arrays (lens in floats) into one file mapping, each
- * 64-byte aligned; frees the originals. 0 on failure. */
-static int to_file(float **arrays[], const size_t *lens, size_t n_arrays)
+/* Moves the n arrays (lens[i] floats each) into one read-only mapping of
+ * an unnamed file (O_TMPFILE) in $TMPDIR or /tmp, each at a 64-byte aligned
+ * offset, and frees the originals. 0 on success; -1 with errno set, the
+ * arrays untouched. */
+static int to_file(float **arrays[], const size_t *lens, size_t n)
 {
     const char *tmp = getenv("TMPDIR");
-    char path[512];
-    snprintf(path, sizeof path, "%s/gpt2d-bench-ops-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    int fd = mkstemp(path);
-    if (fd < 0) return 0;
-    unlink(path);
-    size_t off = 0, total = 0;
-    for (size_t i = 0; i < n_arrays; i++) total += (lens[i] * sizeof(float) + 63) / 64 * 64;
-    for (size_t i = 0; i < n_arrays; i++) {
+    int fd = open(tmp && *tmp ? tmp : "/tmp", O_TMPFILE | O_RDWR, 0600);
+    if (fd < 0) return -1;
+    size_t *off = malloc((n + 1) * sizeof *off);
+    char *map = MAP_FAILED;
+    if (off == NULL) goto done;
+    off[0] = 0;
+    for (size_t i = 0; i < n; i++) {
         size_t bytes = lens[i] * sizeof(float);
-        if (pwrite(fd, *arrays[i], bytes, (off_t)off) != (ssize_t)bytes) return close(fd), 0;
-        off += (bytes + 63) / 64 * 64;
+        if (pwrite(fd, *arrays[i], bytes, (off_t)off[i]) != (ssize_t)bytes) goto done;
+        off[i + 1] = off[i] + (bytes + 63) / 64 * 64;
     }
-    if (ftruncate(fd, (off_t)total) != 0) return close(fd), 0;
-    char *map = mmap(NULL, total, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (ftruncate(fd, (off_t)off[n]) != 0) goto done;
+    map = mmap(NULL, off[n], PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED)
+        for (size_t i = 0; i < n; i++) {
+            free(*arrays[i]);
+            *arrays[i] = (float *)(void *)(map + off[i]);
+        }
+done:;
+    int saved = errno;
+    free(off);
     close(fd);
-    if (map == MAP_FAILED) return 0;
-    off = 0;
-    for (size_t i = 0; i < n_arrays; i++) {
-        free(*arrays[i]);
-        *arrays[i] = (float *)(void *)(map + off);
-        off += (lens[i] * sizeof(float) + 63) / 64 * 64;
-    }
-    return 1;
+    errno = saved;
+    return map == MAP_FAILED ? -1 : 0;
 }
 
 int main(int argc, char **argv)
@@ -100,8 +105,9 @@ int main(int argc, char **argv)
             }
         arrays[n] = &wte;
         lens[n++] = (size_t)V * C;
-        if (!to_file(arrays, lens, n)) {
-            fprintf(stderr, "bench_ops: cannot write the weights to a file (TMPDIR)\n");
+        if (to_file(arrays, lens, n) != 0) {
+            fprintf(stderr, "bench_ops: cannot map the weights from a file in %s: %s\n",
+                    getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", strerror(errno));
             return 1;
         }
     }
