@@ -15,10 +15,7 @@ a=${1:?BUILD_A}
 b=${2:?BUILD_B}
 rounds=${3:-3}
 . bench/lib.sh
-dir=$(mktemp -d /tmp/gpt2d-bench-compare-XXXXXX)
-srv=
-trap 'bench_stop; rm -rf "$dir"' EXIT
-bench_model "$b" "$dir"
+bench_setup compare "$b"
 for _ in $(seq "$rounds"); do
     for build in "$a" "$b"; do
         "$build/server/gpt2d" bench --model "$dir" |

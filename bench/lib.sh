@@ -1,6 +1,16 @@
 # bench/lib.sh: sourced by the server benchmarks (serve.sh, compare.sh,
 # step_budget.sh). Not a command.
 
+# bench_setup NAME BUILD: a scratch directory (sets dir) holding the
+# bench_model checkpoint written by BUILD; on exit the server bench_serve
+# started is stopped and the directory removed.
+bench_setup() {
+    dir=$(mktemp -d "/tmp/gpt2d-bench-$1-XXXXXX")
+    srv=
+    trap 'bench_stop; rm -rf "$dir"' EXIT
+    bench_model "$2" "$dir"
+}
+
 # bench_model BUILD DIR: a GPT-2-small-shaped synth checkpoint (aligned) with
 # the real tokenizer in DIR.
 bench_model() {

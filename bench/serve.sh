@@ -10,10 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 . bench/lib.sh
-dir=$(mktemp -d /tmp/gpt2d-bench-serve-XXXXXX)
-srv=
-trap 'bench_stop; rm -rf "$dir"' EXIT
-bench_model "$build" "$dir"
+bench_setup serve "$build"
 bench_serve "$build" "$dir"
 for c in 1 4 16 64; do
     per=$(( c >= 16 ? 1 : 2 ))

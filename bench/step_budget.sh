@@ -14,10 +14,7 @@ shift $(($# > 2 ? 2 : $#))
 budgets=("$@")
 [ ${#budgets[@]} -gt 0 ] || budgets=(512 256 128)
 . bench/lib.sh
-dir=$(mktemp -d /tmp/gpt2d-bench-budget-XXXXXX)
-srv=
-trap 'bench_stop; rm -rf "$dir"' EXIT
-bench_model "$build" "$dir"
+bench_setup budget "$build"
 for _ in $(seq "$rounds"); do
     for st in "${budgets[@]}"; do
         bench_serve "$build" "$dir" --step-tokens "$st"
