@@ -6,9 +6,10 @@
  * all are done. op_pool_run_chunks instead lets every thread claim chunks
  * of `grain` items from a shared counter until none are left: for work
  * whose cost varies along [0, n) (causal attention), and so that a thread
- * that lost its core to another process does not hold up the others. Workers spin briefly on a
- * generation counter (a step runs dozens of parallel regions back to back, microseconds apart) and
- * then sleep on a condition variable, so an idle server burns no CPU.
+ * that lost its core to another process does not hold up the others.
+ * Workers spin briefly on a generation counter (a step runs dozens of
+ * parallel regions back to back, microseconds apart) and then sleep on a
+ * condition variable, so an idle server burns no CPU.
  *
  * The split never changes a result: every kernel computes each output
  * element in one fixed order, whichever thread owns it.
