@@ -27,7 +27,7 @@
  *
  * Prefixes: srv_ (daemon), http_ (connection, state, routing, responses),
  * loop_ (the libuv glue), cmpl_ (completions), lp_ (logprobs), tok_
- * (tokenizing), met_ (metrics), log_.
+ * (tokenizing), probe_ (the small GET routes), met_ (metrics), log_.
  */
 #ifndef GPT2D_SERVER_INTERNAL_H
 #define GPT2D_SERVER_INTERNAL_H
