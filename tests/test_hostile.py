@@ -797,7 +797,7 @@ def case_model_overwritten(ctx):
 def case_empty_key(ctx):
     """7: an empty api_key is a start-up error naming the key (and file:line)."""
     d = ctx.models.get("tiny")
-    for how, args in (("--api-key ''", ["--api-key", ""]), ("config", None)):
+    for how, args in (("config", None), ("--api-key ''", ["--api-key", ""])):
         if args is None:
             conf = os.path.join(ctx.dir, "empty-key.conf")
             with open(conf, "w") as f:
@@ -945,7 +945,7 @@ def case_never_admissible(ctx):
           % (h.get("retry-after"), b[:200]))
     if st == 400:
         msg = error_envelope(b, "17 x 16")["message"]
-        check(re.search(r"\d", msg) and "limit" in msg.lower() or "at most" in msg.lower(),
+        check(re.search(r"\d", msg) and ("limit" in msg.lower() or "at most" in msg.lower()),
               "the 400 for 17 x 16 does not name the limit: %r" % msg)
     else:
         check(st == 200 and len(json.loads(b)["choices"]) == 17 * 16, "17 x 16 got %d: %r" % (st, b[:200]))
