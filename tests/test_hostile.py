@@ -14,7 +14,6 @@ import http.client
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import socket
@@ -624,18 +623,22 @@ def case_tokenize_flood(ctx):
             loaded.sock.close()
         for t in threads:
             t.join(6)
-    t0 = time.monotonic()
-    st, _, full = request(srv.port, "POST", "/tokenize", big, timeout=25)
-    t_full = time.monotonic() - t0
-    check(st == 200, "/tokenize of the 1 MB body: %d" % st)
-    prompt = json.dumps({"model": "gpt2", "prompt": "hello " * 170000}).encode()
-    t0 = time.monotonic()
-    st, _, b = request(srv.port, "POST", "/v1/completions", prompt, timeout=25)
-    t_reject = time.monotonic() - t0
-    check(st == 400, "a 1 MB prompt over max_prompt_tokens got %d" % st)
-    error_envelope(b, "the 400 for a long prompt")
-    check(t_reject < 0.25 * t_full, "the 1 MB prompt was refused after %.3f s; tokenizing it all takes %.3f s "
-          "(want under a quarter)" % (t_reject, t_full))
+    # Varied words (few repeats for the BPE cache), ~1 MB, ~400,000 tokens.
+    text = " ".join("w%dq" % (i * 7919 % 1000003) for i in range(110000))
+    t_full = t_reject = 1e9
+    for _ in range(3):  # the fastest of three, against the noise of a shared machine
+        t0 = time.monotonic()
+        st, _, b = request(srv.port, "POST", "/tokenize", json.dumps({"prompt": text}), timeout=25)
+        t_full = min(t_full, time.monotonic() - t0)
+        check(st == 200, "/tokenize of the 1 MB body: %d %r" % (st, b[:200]))
+        t0 = time.monotonic()
+        st, _, b = request(srv.port, "POST", "/v1/completions", json.dumps({"model": "gpt2", "prompt": text}),
+                           timeout=25)
+        t_reject = min(t_reject, time.monotonic() - t0)
+        check(st == 400, "a 1 MB prompt over max_prompt_tokens got %d" % st)
+        error_envelope(b, "the 400 for a long prompt")
+    check(t_reject < 0.15 * t_full, "the 1 MB prompt was refused after %.3f s; /tokenize of it takes %.3f s "
+          "(want under 15%%: tokenizing stops at max_prompt_tokens)" % (t_reject, t_full))
 
 
 LONG_STREAM = {"model": "gpt2", "prompt": "Drain", "max_tokens": 800, "ignore_eos": True, "stream": True}
