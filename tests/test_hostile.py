@@ -1049,6 +1049,41 @@ def case_request_id(ctx):
 # The checkpoints a case uses, made before its time limit starts.
 CASE_MODELS = {"tokenize_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"]}
 
+def case_disconnects(ctx):
+    """What held and must keep holding: 40 clients leaving mid-stream leave
+    no running sequence and no KV block behind, and are counted."""
+    srv = Server(ctx, ctx.models.get("long"), env=STEP_DELAY)
+    streams = [Stream(srv.port, dict(LONG_STREAM, prompt="Bye %d" % i, max_tokens=300)) for i in range(40)]
+    deadline = time.monotonic() + 10
+    while not all(b"data: {" in st.raw for st in streams):
+        check(time.monotonic() < deadline, "not every stream had a token in 10 s")
+        time.sleep(0.05)
+    for st in streams:
+        st.sock.close()
+    srv.wait_metric("gpt2d_running_sequences", 0, 5, "after 40 disconnects")
+    srv.wait_metric("gpt2d_kv_blocks_used", 0, 5, "after 40 disconnects")
+    check(srv.metric("gpt2d_requests_aborted_total") == 40, "the disconnects are not all counted")
+    check(request(srv.port, "GET", "/health")[0] == 200, "/health after the disconnects")
+
+
+def case_drain_short_streams(ctx):
+    """What held and must keep holding: SIGTERM with 16 streams shorter than
+    shutdown_timeout lets each finish whole; exit 0."""
+    srv = Server(ctx, ctx.models.get("long"), "--shutdown-timeout", "20", env=STEP_DELAY)
+    body = dict(LONG_STREAM, max_tokens=40, stream_options={"include_usage": True})
+    streams = [Stream(srv.port, dict(body, prompt="Short %d" % i)) for i in range(16)]
+    srv.wait_metric("gpt2d_running_sequences", 16, 10, "16 streams running")
+    srv.signal(signal.SIGTERM)
+    rc = srv.wait(15)
+    check(rc == 0, "after SIGTERM with 16 short streams: %s" % describe_exit(rc))
+    for i, st in enumerate(streams):
+        st.wait(2, "stream %d" % i)
+        ev = st.events()
+        check(ev[-1] == "[DONE]", "stream %d ends %r" % (i, ev[-1:]))
+        usage = json.loads(ev[-2]).get("usage") or {}
+        check(usage.get("completion_tokens") == 40, "stream %d was not finished in the drain: %r" % (i, usage))
+
+
 CASES = [
     ("slow_headers", case_slow_headers),
     ("idle_connections", case_idle_connections),
@@ -1071,6 +1106,8 @@ CASES = [
     ("head_allow", case_head_allow),
     ("protocol_errors", case_protocol_errors),
     ("request_id", case_request_id),
+    ("disconnects", case_disconnects),
+    ("drain_short_streams", case_drain_short_streams),
 ]
 
 
