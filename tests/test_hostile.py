@@ -90,7 +90,9 @@ class Server:
         full_env.pop("JOURNAL_STREAM", None)  # plain "TIMESTAMP LEVEL message" lines
         full_env.pop("LISTEN_FDS", None)
         full_env.update(env or {})
-        self.argv = [ctx.gpt2d, "serve", "--model", model_dir, "--port", "0"] + list(args)
+        # A 64 MiB KV pool, not the default 2 GiB: meson sets MALLOC_PERTURB_,
+        # which makes glibc fill (touch) the whole pool at start-up.
+        self.argv = [ctx.gpt2d, "serve", "--model", model_dir, "--port", "0", "--kv-cache-mb", "64"] + list(args)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
         ctx.servers.append(self)
