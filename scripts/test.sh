@@ -2,7 +2,10 @@
 # scripts/test.sh [--quick]: installs what is missing, builds gpt2d and runs
 # every test. This is the README's test command and what CI runs.
 #   1. release-like build (-O2 -g, warnings are errors), all meson tests,
-#      then `meson install` into a scratch DESTDIR (tests/test_install.sh)
+#      then `meson install` into a scratch DESTDIR (tests/test_install.sh),
+#      then a --buildtype=release (-O3) compile. Every build here passes
+#      -Dwerror=true; meson.build does not force it, so that a packager's
+#      build with another compiler's new warnings still builds.
 #   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the engine and scheduler tests under ThreadSanitizer
 #   4. every libFuzzer target for FUZZ_SECONDS (default 60) each
@@ -22,17 +25,22 @@ echo "== formatting (.clang-format, Debian 12's clang-format 14)"
 git ls-files '*.c' '*.h' ':!tokenizer/unicode_classes.h' | xargs clang-format --dry-run --Werror
 
 echo "== build and test (build/)"
-[ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized
+[ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized -Dwerror=true
 meson compile -C build
 meson test -C build --print-errorlogs --num-processes 2
 echo "== meson install into a scratch DESTDIR"
 tests/test_install.sh build
 
+echo "== release build (build-release/): a packager's -O3, compile only"
+[ -f build-release/build.ninja ] ||
+    meson setup build-release --buildtype=release -Dwerror=true -Dtests=false
+meson compile -C build-release
+
 [ "$quick" = 1 ] && exit 0
 
 echo "== sanitizers (build-asan/)"
 [ -f build-asan/build.ninja ] ||
-    meson setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+    meson setup build-asan --buildtype=debug -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -40,13 +48,13 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 
 echo "== ThreadSanitizer (build-tsan/): the worker pool and the scheduler"
 [ -f build-tsan/build.ninja ] ||
-    CC=clang meson setup build-tsan --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
+    CC=clang meson setup build-tsan --buildtype=debugoptimized -Dwerror=true -Db_sanitize=thread -Db_lundef=false
 meson compile -C build-tsan
 TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs engine engine-portable scheduler
 
 echo "== fuzzing (build-fuzz/), ${FUZZ_SECONDS:-60} s per target"
 [ -f build-fuzz/build.ninja ] ||
-    CC=clang meson setup build-fuzz --buildtype=debugoptimized -Dfuzz=true -Dtests=false
+    CC=clang meson setup build-fuzz --buildtype=debugoptimized -Dwerror=true -Dfuzz=true -Dtests=false
 meson compile -C build-fuzz
 for target in build-fuzz/tests/fuzz/fuzz_*; do
     [ -x "$target" ] && [ -f "$target" ] || continue

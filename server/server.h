@@ -4,9 +4,11 @@
  * One libuv loop thread owns everything mutable: libmicrohttpd runs inside it
  * in external-event mode (uv_poll on its epoll descriptor plus a uv_timer for
  * its timeouts), the scheduler is planned and completed on it, and each
- * engine step runs on the libuv work queue. See docs/architecture.md.
+ * engine step runs on the libuv work queue. See docs/architecture.md; the
+ * pieces and what they share are in internal.h.
  *
- * Prefix: srv_ (internal: http_, sse_, oai_, met_).
+ * Prefix: srv_ (internal: http_, loop_, cmpl_, lp_, tok_, probe_, met_,
+ * log_, sse_, oai_).
  */
 #ifndef GPT2D_SERVER_SERVER_H
 #define GPT2D_SERVER_SERVER_H

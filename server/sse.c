@@ -105,3 +105,8 @@ int sse_finished(const sse_queue *q)
 {
     return q->done && q->off == q->len;
 }
+
+int sse_over_limit(const sse_queue *q)
+{
+    return q->limit > 0 && sse_pending(q) > q->limit;
+}

@@ -23,6 +23,7 @@ typedef struct {
     size_t off;      /* bytes of buf already taken        */
     int done;        /* [DONE] queued: nothing may follow  */
     int failed;      /* out of memory: the stream is broken */
+    size_t limit;    /* the backlog bound in bytes (0: none); see sse_over_limit */
 } sse_queue;
 
 /* An empty queue (all zero). */
@@ -46,5 +47,9 @@ size_t sse_pending(const sse_queue *q);
 size_t sse_take(sse_queue *q, char *out, size_t max);
 /* Whether the stream is complete: done and everything taken. */
 int sse_finished(const sse_queue *q);
+/* Whether more than q->limit bytes wait to be sent (never with limit 0):
+ * the client is not reading as fast as the stream is produced. Queuing
+ * goes on regardless; the caller decides what a backlog costs. */
+int sse_over_limit(const sse_queue *q);
 
 #endif

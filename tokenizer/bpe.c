@@ -510,8 +510,13 @@ static void scratch_free(scratch *s)
 
 #define NO_RANK UINT32_MAX
 
+/* The rank of merging a and b, and in *merged the id of the merge; NO_RANK
+ * and -1 when the pair does not merge. *merged is always written, so that
+ * no caller reads it unset (gcc -O3 cannot prove that merge_small only
+ * merges ranked pairs and warns maybe-uninitialized). */
 static uint32_t rank_of(const bpe *t, int32_t a, int32_t b, int32_t *merged)
 {
+    *merged = -1;
     if (a < 0 || b < 0) return NO_RANK;
     const pair_slot *s = pair_find(t, a, b);
     if (s == NULL) return NO_RANK;

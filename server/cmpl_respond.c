@@ -1,0 +1,174 @@
+/*
+ * server/cmpl_respond.c: a completion's answer: best_of ranking and the
+ * JSON body, or the SSE stream (its chunks, its end, its content reader).
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+json_t *cmpl_base(const srv_req *r)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", "text_completion",
+                     "created", (json_int_t)r->created, "model", r->s->cfg.model_name,
+                     "system_fingerprint", r->s->fingerprint);
+}
+
+void cmpl_sse_event(srv_req *r, json_t *obj)
+{
+    if (obj == NULL)
+        r->sse.failed = 1;
+    else
+        sse_data(&r->sse, obj);
+    json_decref(obj);
+}
+
+void cmpl_chunk_flush(srv_choice *c)
+{
+    srv_req *r = c->req;
+    int has_lp = c->lp != NULL && json_array_size(json_object_get(c->lp, "tokens")) > 0;
+    if (c->text_len == 0 && !has_lp) return;
+    json_t *o = cmpl_base(r);
+    json_t *ch =
+        json_pack("{s:s%, s:I, s:O, s:n}", "text", c->text ? c->text : "", c->text_len, "index",
+                  (json_int_t)c->index, "logprobs", has_lp ? c->lp : json_null(), "finish_reason");
+    json_object_set_new(o, "choices", json_pack("[o]", ch));
+    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
+    cmpl_sse_event(r, o);
+    c->text_len = 0;
+    if (has_lp) {
+        json_decref(c->lp);
+        c->lp = lp_new();
+    }
+}
+
+static json_t *usage_json(const srv_req *r)
+{
+    size_t pt = http_req_prompt_tokens(r) * r->oreq.n, ct = http_req_completion_tokens(r);
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt, "completion_tokens",
+                     (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct));
+}
+
+void cmpl_finish_stream(srv_req *r)
+{
+    if (r->error_status != 0) { /* after the headers: an error event, then [DONE] */
+        oai_error e;
+        oai_error_set(&e, r->error_status, "server_error", NULL, NULL, "%s", r->error_msg);
+        char *js = oai_error_json(&e);
+        if (js == NULL || sse_data_raw(&r->sse, js) != 0) r->sse.failed = 1;
+        free(js);
+    } else if (r->oreq.include_usage) {
+        json_t *o = cmpl_base(r);
+        json_object_set_new(o, "choices", json_array());
+        json_object_set_new(o, "usage", usage_json(r));
+        cmpl_sse_event(r, o);
+    }
+    sse_done(&r->sse);
+}
+
+/* A candidate's mean token logprob (best_of ranks by it). */
+static double choice_mean_lp(const srv_choice *c)
+{
+    return c->lp_n ? c->lp_sum / (double)c->lp_n : -1e30;
+}
+
+void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order)
+{
+    /* A stable insertion sort, so ties keep their order. */
+    for (size_t j = 0; j < best_of; j++) {
+        size_t at = j;
+        if (best_of > n)
+            while (at > 0 && mean_lp[j] > mean_lp[order[at - 1]]) {
+                order[at] = order[at - 1];
+                at--;
+            }
+        order[at] = j;
+    }
+}
+
+/* The text of choice c, after the prompt's when echo is asked. NULL when
+ * memory ran out or the prompt cannot be decoded (err says which). */
+static json_t *choice_text_json(srv_req *r, size_t pi, const srv_choice *c, char *err,
+                                size_t errlen)
+{
+    if (!r->oreq.echo) return json_stringn(c->text ? c->text : "", c->text_len);
+    char *pt;
+    size_t plen;
+    if (tok_ids_text(r->s->tok, r->prompt_ids[pi], r->prompt_len[pi], &pt, &plen, err, errlen)
+        != BPE_OK)
+        return NULL;
+    char *joined = realloc(pt, plen + c->text_len + 1);
+    if (joined == NULL) {
+        free(pt);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (c->text_len > 0) memcpy(joined + plen, c->text, c->text_len);
+    json_t *text = json_stringn(joined, plen + c->text_len);
+    free(joined);
+    return text;
+}
+
+enum MHD_Result cmpl_send(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_QUEUED || r->state == HTTP_REQ_RUNNING);
+    assert(r->ndone == r->nchoices);
+    if (r->error_status != 0)
+        return http_send_error(r, r->error_status, "server_error", NULL, NULL,
+                               r->error_status == 503 ? "5" : NULL, "%s", r->error_msg);
+    json_t *o = cmpl_base(r);
+    json_t *choices = json_array();
+    size_t n = r->oreq.n, best_of = r->oreq.best_of;
+    double mean[128];
+    size_t order[128]; /* best_of <= max_n <= 128 */
+    for (size_t pi = 0; pi < r->nprompts; pi++) {
+        for (size_t j = 0; j < best_of; j++)
+            mean[j] = choice_mean_lp(&r->choices[pi * best_of + j]);
+        cmpl_rank(mean, best_of, n, order);
+        for (size_t k = 0; k < n; k++) {
+            const srv_choice *c = &r->choices[pi * best_of + order[k]];
+            char err[64];
+            json_t *text = choice_text_json(r, pi, c, err, sizeof err);
+            if (text == NULL) {
+                json_decref(choices);
+                json_decref(o);
+                return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "%s", err);
+            }
+            json_array_append_new(choices, json_pack("{s:o, s:I, s:O, s:s}", "text", text, "index",
+                                                     (json_int_t)(pi * n + k), "logprobs",
+                                                     c->lp ? c->lp : json_null(), "finish_reason",
+                                                     c->finish));
+        }
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage_json(r)); /* all candidates */
+    return http_send_obj(r, o);
+}
+
+/* The SSE body, chunk by chunk as on_event produces it. */
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    srv_req *r = cls;
+    assert(r->state == HTTP_REQ_STREAMING);
+    if (r->sse.failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory */
+    if (sse_pending(&r->sse) > 0) return (ssize_t)sse_take(&r->sse, buf, max);
+    if (sse_finished(&r->sse)) return MHD_CONTENT_READER_END_OF_STREAM;
+    /* Nothing yet: sleep until on_event resumes us (no busy polling). */
+    http_suspend(r, NULL);
+    return 0;
+}
+
+enum MHD_Result cmpl_start_stream(srv_req *r)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, r, NULL);
+    if (resp == NULL) return MHD_NO;
+    http_req_set_state(r, HTTP_REQ_STREAMING);
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}

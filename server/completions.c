@@ -1,0 +1,350 @@
+/*
+ * server/completions.c: POST /v1/completions from the parsed body to the
+ * engine and back: the limits, one engine request per prompt x candidate,
+ * and the engine's events turned into each choice's text (UTF-8 stream
+ * decoder, then the stop matcher). cmpl_respond.c builds the answer.
+ *
+ * States: BODY -> (TOKENIZING ->) QUEUED -> RUNNING -> FINISHED, or
+ * BODY -> (TOKENIZING ->) STREAMING -> FINISHED; any -> ABORTED.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void cmpl_fail_oom(srv_req *r)
+{
+    if (r->error_status != 0) return;
+    r->error_status = 500;
+    snprintf(r->error_msg, sizeof r->error_msg, "out of memory while building the response");
+    for (size_t i = 0; i < r->nchoices; i++)
+        if (r->choices[i].live) eng_sched_cancel(r->s->sched, r->choices[i].id);
+}
+
+void cmpl_choice_text(srv_choice *c, const char *p, size_t n)
+{
+    if (n == 0) return;
+    if (http_append(&c->text, &c->text_len, &c->text_cap, p, n) != 0) cmpl_fail_oom(c->req);
+}
+
+/* Feeds decoded text through the stop matcher. */
+static void choice_feed(srv_choice *c, const char *p, size_t n)
+{
+    if (c->stopped) return;
+    if (c->stop == NULL) {
+        cmpl_choice_text(c, p, n);
+        return;
+    }
+    char out[SRV_MAX_STOP_BYTES + UTF8_STREAM_MAX_OUT(SRV_MAX_TOKEN_BYTES)];
+    int stopped = 0;
+    size_t w = stop_feed(c->stop, p, n, out, &stopped);
+    if (w == (size_t)-1)
+        cmpl_fail_oom(c->req);
+    else
+        cmpl_choice_text(c, out, w);
+    if (stopped) {
+        c->stopped = 1;
+        eng_sched_cancel(c->req->s->sched, c->id); /* DONE follows */
+    }
+}
+
+/* A streamed piece of one choice's text (finish NULL while it goes on). */
+static void sse_choice(srv_req *r, const srv_choice *c, const char *text, size_t n,
+                       const char *finish)
+{
+    json_t *o = cmpl_base(r);
+    json_t *ch = json_pack("{s:s%, s:I, s:n, s:o}", "text", text, n, "index", (json_int_t)c->index,
+                           "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(o, "choices", json_pack("[o]", ch));
+    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
+    cmpl_sse_event(r, o);
+}
+
+static void on_token(srv_choice *c, const eng_event *ev)
+{
+    srv_req *r = c->req;
+    double t = log_now();
+    if (c->tokens == 0)
+        met_observe(&r->s->met.ttft, t - r->t_start);
+    else
+        met_observe(&r->s->met.itl, t - c->t_last);
+    c->t_last = t;
+    c->tokens++;
+    c->lp_sum += ev->logprob;
+    c->lp_n++;
+    while (c->prompt_fed < r->prompt_len[c->prompt])
+        lp_offset_feed(c, r->prompt_ids[c->prompt][c->prompt_fed++]);
+    size_t off = lp_offset_feed(c, ev->token);
+    int eot = ev->token == EOT && !r->oreq.ignore_eos;
+    if (c->lp != NULL && !c->stopped) lp_add(c, ev->token, ev, off);
+    size_t len;
+    const char *b = eot ? NULL : bpe_token_bytes(r->s->tok, ev->token, &len);
+    if (b != NULL) {
+        char buf[UTF8_STREAM_MAX_OUT(SRV_MAX_TOKEN_BYTES)];
+        if (len > SRV_MAX_TOKEN_BYTES) len = SRV_MAX_TOKEN_BYTES;
+        size_t n = utf8_stream_feed(&c->utf8, b, len, buf);
+        choice_feed(c, buf, n);
+    }
+}
+
+static void on_done(srv_choice *c, const eng_event *ev, int stream)
+{
+    srv_req *r = c->req;
+    c->live = 0;
+    r->nlive--;
+    if (!c->stopped) {
+        char tail[4];
+        size_t n = utf8_stream_flush(&c->utf8, tail);
+        choice_feed(c, tail, n);
+        if (c->stop != NULL && !c->stopped) {
+            char out[SRV_MAX_STOP_BYTES];
+            cmpl_choice_text(c, out, stop_flush(c->stop, out));
+        }
+    }
+    if (ev->finish == ENG_FINISH_ERROR && r->error_status == 0) {
+        r->error_status = 500;
+        snprintf(r->error_msg, sizeof r->error_msg, "generation failed: %s",
+                 ev->message ? ev->message : "unknown error");
+    }
+    c->finish = c->stopped || ev->finish == ENG_FINISH_EOS ? "stop" : "length";
+    c->done = 1;
+    r->ndone++;
+    if (stream) {
+        cmpl_chunk_flush(c);
+        sse_choice(r, c, "", 0, c->finish);
+    }
+    if (r->ndone == r->nchoices && r->oreq.stream) cmpl_finish_stream(r);
+}
+
+void cmpl_on_event(void *user, const eng_event *ev)
+{
+    srv_choice *c = user;
+    srv_req *r = c->req;
+    int stream = r->oreq.stream && !r->conn_done;
+    if (r->state == HTTP_REQ_QUEUED && ev->kind != ENG_EV_DONE)
+        http_req_set_state(r, HTTP_REQ_RUNNING);
+    if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
+        /* Prompt positions arrive in order; count the tokens before them. */
+        while (c->prompt_fed < ev->index)
+            lp_offset_feed(c, r->prompt_ids[c->prompt][c->prompt_fed++]);
+        size_t off = lp_offset_feed(c, ev->token);
+        c->prompt_fed++;
+        if (c->lp != NULL) lp_add(c, ev->token, ev, off);
+        if (stream) cmpl_chunk_flush(c);
+    } else if (ev->kind == ENG_EV_TOKEN) {
+        on_token(c, ev);
+        if (stream) cmpl_chunk_flush(c);
+    } else if (ev->kind == ENG_EV_DONE) {
+        on_done(c, ev, stream);
+    }
+    if (r->conn_done) {
+        if (!r->cancelling) http_req_maybe_free(r);
+    } else if (r->state == HTTP_REQ_STREAMING || r->ndone == r->nchoices) {
+        /* A stream sends what came; a whole answer waits for the last DONE
+         * (the continuation set at admission sends it). */
+        http_resume(r);
+    }
+}
+
+enum MHD_Result cmpl_route(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_BODY);
+    srv *s = r->s;
+    if (s->draining)
+        return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
+                               "The server is shutting down; retry on another replica");
+    const eng_config *mc = eng_model_config(s->model);
+    oai_limits lim = {.vocab_size = mc->n_vocab,
+                      .max_tokens_limit = s->cfg.max_tokens_limit,
+                      .max_n = s->cfg.max_n,
+                      .max_stop_bytes = SRV_MAX_STOP_BYTES,
+                      .max_prompts = 64};
+    oai_error e;
+    if (oai_parse_completion(r->body ? r->body : "", r->body_len, &lim, &r->oreq, &e) != 0)
+        return http_send_oai_error(r, &e);
+    oai_request *q = &r->oreq;
+    if (strcmp(q->model, s->cfg.model_name) != 0)
+        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                               "The model '%s' does not exist; this server serves '%s'", q->model,
+                               s->cfg.model_name);
+    r->kind = R_COMPLETIONS;
+    r->nprompts = q->nprompts;
+    r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);
+    r->prompt_len = calloc(q->nprompts, sizeof *r->prompt_len);
+    if (r->prompt_ids == NULL || r->prompt_len == NULL)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < q->nprompts; i++) {
+        const oai_prompt *p = &q->prompts[i];
+        if (p->text == NULL) {
+            r->prompt_ids[i] = malloc((p->nids ? p->nids : 1) * sizeof(int32_t));
+            if (r->prompt_ids[i] == NULL)
+                return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+            memcpy(r->prompt_ids[i], p->ids, p->nids * sizeof(int32_t));
+            r->prompt_len[i] = p->nids;
+        }
+    }
+    return tok_prompts(r, cmpl_admit);
+}
+
+/* The prompts' limits: a 400 queued (*rc) and 0, or 1 when they hold. */
+static int prompts_fit(srv_req *r, enum MHD_Result *rc)
+{
+    srv *s = r->s;
+    const eng_config *mc = eng_model_config(s->model);
+    oai_request *q = &r->oreq;
+    for (size_t i = 0; i < q->nprompts; i++) {
+        if (r->prompt_len[i] == 0) { /* "": the text starts, as with no prompt */
+            free(r->prompt_ids[i]);
+            r->prompt_ids[i] = malloc(sizeof(int32_t));
+            if (r->prompt_ids[i] == NULL) {
+                *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+                return 0;
+            }
+            r->prompt_ids[i][0] = EOT;
+            r->prompt_len[i] = 1;
+        }
+        if (r->prompt_len[i] > s->cfg.max_prompt_tokens) {
+            *rc = http_send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
+                                  "prompt %zu has %zu tokens; the limit is %zu", i,
+                                  r->prompt_len[i], s->cfg.max_prompt_tokens);
+            return 0;
+        }
+        if (r->prompt_len[i] + q->max_tokens > mc->n_ctx) {
+            *rc = http_send_error(
+                r, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", NULL,
+                "This model's maximum context length is %zu tokens, however you "
+                "requested %zu tokens (%zu in your prompt; %zu for the "
+                "completion). Please reduce your prompt; or completion length.",
+                mc->n_ctx, r->prompt_len[i] + q->max_tokens, r->prompt_len[i], q->max_tokens);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Sets up choice i and submits its engine request. ENG_OK, or the engine's
+ * status with err (ENG_ENOMEM: memory here). */
+static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
+                                const char *const *stops, uint64_t seed, char *err, size_t errlen)
+{
+    oai_request *q = &r->oreq;
+    srv_choice *c = &r->choices[i];
+    c->req = r;
+    c->index = i;
+    c->prompt = i / q->best_of;
+    utf8_stream_init(&c->utf8);
+    utf8_stream_init(&c->off_utf8);
+    if (q->logprobs >= 0) {
+        c->lp = lp_new();
+        if (c->lp == NULL) return ENG_ENOMEM;
+        if (q->echo) { /* the first prompt token has no logprob */
+            lp_add(c, r->prompt_ids[c->prompt][0], NULL,
+                   lp_offset_feed(c, r->prompt_ids[c->prompt][0]));
+            c->prompt_fed = 1;
+        }
+    }
+    if (q->nstop > 0 && (c->stop = stop_new(stops, q->stop_len, q->nstop)) == NULL)
+        return ENG_ENOMEM;
+    eng_request er = {
+        .prompt = r->prompt_ids[c->prompt],
+        .nprompt = r->prompt_len[c->prompt],
+        .max_tokens = q->max_tokens,
+        .sampling = {.temperature = (float)q->temperature,
+                     .top_k = q->top_k,
+                     .top_p = (float)q->top_p,
+                     .presence_penalty = (float)q->presence_penalty,
+                     .frequency_penalty = (float)q->frequency_penalty,
+                     .bias = bias,
+                     .nbias = q->nbias},
+        .seed = seed,
+        .ignore_eos = q->ignore_eos,
+        /* best_of ranks candidates by their tokens' mean logprob */
+        .logprobs = q->logprobs >= 0    ? q->logprobs
+                    : q->best_of > q->n ? 0
+                                        : -1,
+        .echo = q->echo && q->logprobs >= 0,
+        .on_event = cmpl_on_event,
+        .user = c,
+    };
+    eng_status st = eng_sched_submit(r->s->sched, &er, &c->id, err, errlen);
+    if (st != ENG_OK) return st;
+    c->live = 1;
+    r->nlive++;
+    return ENG_OK;
+}
+
+/* A refused submission: nothing half-admitted, the status table's answer. */
+static enum MHD_Result refuse(srv_req *r, size_t submitted, eng_status st, const char *err)
+{
+    /* Cancel what this request already queued. */
+    for (size_t k = 0; k < submitted; k++) eng_sched_cancel(r->s->sched, r->choices[k].id);
+    if (st == ENG_ENOMEM)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    if (st == ENG_EFULL) {
+        char ra[16];
+        http_retry_after(r->s, ra, sizeof ra);
+        return http_send_error(r, 429, "rate_limit_exceeded", "rate_limit_exceeded", NULL, ra,
+                               "The server is busy (%s); retry after %s s", err, ra);
+    }
+    return http_send_status(r, HTTP_SRC_ENG, (int)st, st == ENG_ETOOBIG ? "max_tokens" : NULL, err);
+}
+
+enum MHD_Result cmpl_admit(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_BODY || r->state == HTTP_REQ_TOKENIZING);
+    srv *s = r->s;
+    oai_request *q = &r->oreq;
+    enum MHD_Result rc;
+    if (r->tok_failed)
+        return http_send_status(r, HTTP_SRC_BPE, (int)r->tok_status, "prompt", r->tok_err);
+    if (!prompts_fit(r, &rc)) return rc;
+    /* One engine request per prompt and candidate (best_of >= n of them). */
+    r->nchoices = q->nprompts * q->best_of;
+    r->choices = calloc(r->nchoices, sizeof *r->choices);
+    if (r->choices == NULL)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    eng_bias *bias = NULL;
+    if (q->nbias > 0) {
+        bias = malloc(q->nbias * sizeof *bias);
+        if (bias == NULL)
+            return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        for (size_t i = 0; i < q->nbias; i++)
+            bias[i] = (eng_bias){q->bias[i].token, q->bias[i].bias};
+    }
+    const char *stops[OAI_MAX_STOP];
+    for (size_t i = 0; i < q->nstop; i++) stops[i] = q->stop[i];
+    uint64_t base_seed = q->has_seed ? q->seed : (uint64_t)time(NULL) ^ (s->next_id * 7919);
+    for (size_t i = 0; i < r->nchoices; i++) {
+        char err[256];
+        eng_status st = choice_submit(r, i, bias, stops, base_seed + i, err, sizeof err);
+        if (st != ENG_OK) {
+            free(bias);
+            return refuse(r, i, st, err);
+        }
+    }
+    free(bias);
+    r->next = s->head;
+    if (s->head) s->head->prev = r;
+    s->head = r;
+    if (q->stream && q->echo)
+        for (size_t i = 0; i < r->nchoices; i++) {
+            srv_choice *c = &r->choices[i];
+            char *t, err[64];
+            size_t tn;
+            if (tok_ids_text(s->tok, r->prompt_ids[c->prompt], r->prompt_len[c->prompt], &t, &tn,
+                             err, sizeof err)
+                != BPE_OK) {
+                cmpl_fail_oom(r); /* the ids were checked: only memory can fail */
+                break;
+            }
+            cmpl_choice_text(c, t, tn);
+            cmpl_chunk_flush(c);
+            free(t);
+        }
+    loop_kick(s);
+    if (q->stream) return cmpl_start_stream(r);
+    http_req_set_state(r, HTTP_REQ_QUEUED);
+    http_suspend(r, cmpl_send); /* on_event resumes it after the last DONE */
+    return MHD_YES;
+}

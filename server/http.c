@@ -1,0 +1,247 @@
+/*
+ * server/http.c: a request's life on its connection. libmicrohttpd calls
+ * on_request first with the headers (the head phase), then with each piece
+ * of the body, then once with none (dispatch), and again each time a
+ * suspended connection is resumed (the continuation set before it was
+ * suspended runs). on_completed ends it.
+ *
+ *   HEAD -> BODY -> FINISHED                         (a whole answer)
+ *               \-> TOKENIZING -> ...                (a large body)
+ *               \-> QUEUED -> RUNNING -> FINISHED    (a completion)
+ *               \-> STREAMING -> FINISHED            (a stream)
+ *   any but ABORTED -> ABORTED                       (the connection ended early)
+ *
+ * Lifetimes: a request (srv_req) is freed when its connection is done and
+ * every engine request it made has delivered DONE, whichever comes last; a
+ * client that goes away cancels its engine requests.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define B(s) (1u << (s))
+
+/* The states each state may move to. */
+static const unsigned legal_next[HTTP_REQ_NSTATES] = {
+    [HTTP_REQ_HEAD] = B(HTTP_REQ_BODY) | B(HTTP_REQ_FINISHED) | B(HTTP_REQ_ABORTED),
+    [HTTP_REQ_BODY] = B(HTTP_REQ_TOKENIZING) | B(HTTP_REQ_QUEUED) | B(HTTP_REQ_STREAMING)
+                      | B(HTTP_REQ_FINISHED) | B(HTTP_REQ_ABORTED),
+    [HTTP_REQ_TOKENIZING] =
+        B(HTTP_REQ_QUEUED) | B(HTTP_REQ_STREAMING) | B(HTTP_REQ_FINISHED) | B(HTTP_REQ_ABORTED),
+    [HTTP_REQ_QUEUED] = B(HTTP_REQ_RUNNING) | B(HTTP_REQ_FINISHED) | B(HTTP_REQ_ABORTED),
+    [HTTP_REQ_RUNNING] = B(HTTP_REQ_FINISHED) | B(HTTP_REQ_ABORTED),
+    [HTTP_REQ_STREAMING] = B(HTTP_REQ_FINISHED) | B(HTTP_REQ_ABORTED),
+    /* the client left while the answer was being sent */
+    [HTTP_REQ_FINISHED] = B(HTTP_REQ_ABORTED),
+    [HTTP_REQ_ABORTED] = 0,
+};
+
+int http_state_legal(http_state from, http_state to)
+{
+    if ((unsigned)from >= HTTP_REQ_NSTATES || (unsigned)to >= HTTP_REQ_NSTATES) return 0;
+    return (legal_next[from] & B(to)) != 0;
+}
+
+const char *http_state_name(http_state st)
+{
+    static const char *const names[HTTP_REQ_NSTATES] = {
+        "head", "body", "tokenizing", "queued", "running", "streaming", "finished", "aborted"};
+    return (unsigned)st < HTTP_REQ_NSTATES ? names[st] : "invalid";
+}
+
+void http_req_set_state(srv_req *r, http_state to)
+{
+    assert(http_state_legal(r->state, to));
+    r->state = to;
+}
+
+int http_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *b = realloc(*buf, c);
+        if (b == NULL) return -1;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+size_t http_req_completion_tokens(const srv_req *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nchoices; i++) n += r->choices[i].tokens;
+    return n;
+}
+
+size_t http_req_prompt_tokens(const srv_req *r)
+{
+    size_t n = 0;
+    if (r->tok_running) return 0; /* the worker is writing them */
+    for (size_t i = 0; i < r->nprompts; i++) n += r->prompt_len[i];
+    return n;
+}
+
+static void req_unlink(srv_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (r->s->head == r)
+        r->s->head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+static void req_free(srv_req *r)
+{
+    req_unlink(r);
+    for (size_t i = 0; i < r->nchoices; i++) {
+        stop_free(r->choices[i].stop);
+        free(r->choices[i].text);
+        json_decref(r->choices[i].lp);
+    }
+    free(r->choices);
+    for (size_t i = 0; i < r->nprompts; i++) free(r->prompt_ids[i]);
+    free(r->prompt_ids);
+    free(r->prompt_len);
+    oai_request_free(&r->oreq);
+    json_decref(r->tok_json);
+    free(r->body);
+    sse_free(&r->sse);
+    r->s->active--;
+    free(r);
+}
+
+void http_req_maybe_free(srv_req *r)
+{
+    if (r->conn_done && r->nlive == 0 && !r->tok_running) req_free(r);
+}
+
+/* The head phase: the first call, with the headers and before any body
+ * byte. The route is looked up here; what can be refused on the head alone
+ * is refused at dispatch today. */
+static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *url,
+                               const char *method, void **con_cls)
+{
+    srv_req *r = calloc(1, sizeof *r);
+    if (r == NULL) return MHD_NO;
+    r->s = s;
+    r->conn = conn;
+    r->state = HTTP_REQ_HEAD;
+    r->t_start = log_now();
+    r->created = (long long)time(NULL);
+    snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
+             (unsigned long long)(s->next_id++ & 0xFFFFFF));
+    snprintf(r->method, sizeof r->method, "%s", method);
+    snprintf(r->url, sizeof r->url, "%s", url);
+    r->route_result = http_route_find(s->routes, s->nroutes, method, url, &r->route);
+    s->active++;
+    *con_cls = r;
+    return MHD_YES;
+}
+
+/* A piece of the body. */
+static void on_body(srv_req *r, const char *data, size_t n)
+{
+    assert(r->state == HTTP_REQ_BODY);
+    if (r->too_large || r->body_oom) return;
+    if (r->body_len + n > r->s->cfg.max_body_bytes)
+        r->too_large = 1;
+    else if (http_append(&r->body, &r->body_len, &r->body_cap, data, n) != 0)
+        r->body_oom = 1;
+}
+
+/* The whole request is in: auth, the body's limits, then the route's
+ * handler. */
+static enum MHD_Result dispatch(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_BODY);
+    srv *s = r->s;
+    /* An unknown route needs a key too: a keyless client learns nothing. */
+    int needs_key = r->route == NULL || r->route->needs_key;
+    if (needs_key
+        && !http_key_ok(&s->cfg,
+                        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Authorization")))
+        return http_send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
+                               "Incorrect or missing API key (Authorization: Bearer ...)");
+    if (r->body_oom)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL,
+                               "Out of memory while reading the request body");
+    if (r->too_large)
+        return http_send_error(r, 413, "invalid_request_error", NULL, NULL, NULL,
+                               "The request body is over the limit of %zu bytes",
+                               s->cfg.max_body_bytes);
+    if (r->route_result == HTTP_ROUTE_NOT_FOUND)
+        return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
+                               "Unknown route %s %s", r->method, r->url);
+    if (r->route_result == HTTP_ROUTE_BAD_METHOD)
+        return http_send_error(r, 405, "invalid_request_error", NULL, NULL, NULL,
+                               "Method %s is not allowed on %s", r->method, r->url);
+    return r->route->handler(r);
+}
+
+enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                const char *method, const char *version, const char *upload_data,
+                                size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    srv_req *r = *con_cls;
+    if (r == NULL) return on_head(cls, conn, url, method, con_cls);
+    if (r->state == HTTP_REQ_HEAD) http_req_set_state(r, HTTP_REQ_BODY);
+    if (*upload_data_size > 0) {
+        on_body(r, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->cont != NULL) { /* resumed: go on where the request left off */
+        http_cont k = r->cont;
+        r->cont = NULL;
+        return k(r);
+    }
+    if (r->state != HTTP_REQ_BODY) { /* answered: nothing more to do */
+        assert(r->state == HTTP_REQ_FINISHED || r->state == HTTP_REQ_STREAMING);
+        return MHD_YES;
+    }
+    return dispatch(r);
+}
+
+void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                       enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    srv_req *r = *con_cls;
+    if (r == NULL) return;
+    srv *s = r->s;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    unsigned status = ci ? ci->http_status : 0;
+    int aborted = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    log_access(r, status, aborted);
+    met_count_request(&s->met, r->url, status, aborted);
+    if (strcmp(r->url, "/v1/completions") == 0)
+        met_observe(&s->met.duration, log_now() - r->t_start);
+    if (r->kind == R_COMPLETIONS) { /* /tokenize's tokens are not served ones */
+        s->met.prompt_tokens += http_req_prompt_tokens(r) * (r->oreq.n ? r->oreq.n : 1);
+        s->met.completion_tokens += http_req_completion_tokens(r);
+    }
+    if (aborted || (r->state != HTTP_REQ_FINISHED && r->state != HTTP_REQ_STREAMING))
+        http_req_set_state(r, HTTP_REQ_ABORTED);
+    else if (r->state == HTTP_REQ_STREAMING)
+        http_req_set_state(r, HTTP_REQ_FINISHED);
+    r->conn_done = 1;
+    r->cont = NULL;
+    *con_cls = NULL;
+    /* The client went away (or the response is sent): stop what still runs.
+     * A cancel may deliver DONE at once, so r is freed only after the loop. */
+    r->cancelling = 1;
+    for (size_t i = 0; i < r->nchoices; i++)
+        if (r->choices[i].live) eng_sched_cancel(s->sched, r->choices[i].id);
+    r->cancelling = 0;
+    http_req_maybe_free(r);
+}

@@ -1,0 +1,388 @@
+/*
+ * server/internal.h: what the pieces of `gpt2d serve` share. Not installed;
+ * server.h (srv_main) is the only public entry. A request's path through
+ * the files:
+ *
+ *   daemon.c       start-up, listen, signals, drain, shutdown; builds the
+ *                  route table
+ *   loop.c         libmicrohttpd's epoll fd and timer in libuv; suspend and
+ *                  resume; the engine step driver; the 1 s tick; watchdog
+ *   http.c         on_request/on_completed: the per-request state machine,
+ *                  the head phase, the body, dispatch through the router
+ *   router.c       the {method, path, handler, needs_key} table lookup; the
+ *                  API key check
+ *   tokenize.c     tokenizing bodies (inline or on the work queue);
+ *                  /tokenize and /detokenize
+ *   completions.c  /v1/completions: admission, engine events, choices
+ *   cmpl_respond.c best_of ranking, the JSON answer and the SSE stream
+ *   logprobs.c     the logprobs object of a choice
+ *   respond.c      responses, and the one table from engine/tokenizer/config
+ *                  status to HTTP status and OpenAI error
+ *   probes.c       /health, /ready, /v1/models, /metrics
+ *   metrics.c      counters, histograms, the Prometheus page
+ *   log.c          log lines and the access log
+ *
+ * Thread: everything here runs on the loop thread, except tokenize_run and
+ * the step (eng_sched_execute) on the libuv work queue.
+ *
+ * Prefixes: srv_ (daemon), http_ (connection, state, routing, responses),
+ * loop_ (the libuv glue), cmpl_ (completions), lp_ (logprobs), tok_
+ * (tokenizing), probe_ (the small GET routes), met_ (metrics), log_.
+ */
+#ifndef GPT2D_SERVER_INTERNAL_H
+#define GPT2D_SERVER_INTERNAL_H
+
+#include "config.h"
+#include "engine.h"
+#include "oai.h"
+#include "sse.h"
+#include "tokenizer.h"
+
+#include <assert.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+#define EOT 50256
+/* The longest stop string a request may give; the stop matcher holds back
+ * less than this, so its output fits on the stack. */
+#define SRV_MAX_STOP_BYTES 256
+/* The bytes of one token, at most (GPT-2's longest is 128). */
+#define SRV_MAX_TOKEN_BYTES 256
+/* Bodies whose texts are at least this long are tokenized on the work queue:
+ * the tokenizer does ~50 MB/s, so a 1 MB prompt would hold the loop thread
+ * (every stream's next token) for ~20 ms; a typical prompt costs microseconds
+ * and is cheaper inline than a trip through the queue. */
+#define SRV_TOKENIZE_INLINE_BYTES (64u * 1024u)
+
+typedef struct srv srv;
+typedef struct srv_req srv_req;
+
+/* ---- log.c --------------------------------------------------------------- */
+
+/* One line per event on stderr (see log.c for the format); level is
+ * "error", "warn", "info" or "debug". */
+void log_line(const char *level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* A start-up failure: "gpt2d serve: message" at error priority. */
+void log_fatal(const char *msg);
+/* Sets the most verbose level written (an unknown name is "info"). */
+void log_set_level(const char *level);
+/* The access log line of a finished request. */
+void log_access(const srv_req *r, unsigned status, int aborted);
+/* CLOCK_MONOTONIC in seconds. */
+double log_now(void);
+
+/* ---- metrics.c (pure; loop thread) ---------------------------------------- */
+
+#define MET_BUCKETS 14
+#define MET_ROUTES 8    /* the routes of met_route_index, and "other" */
+#define MET_STATUSES 11 /* the statuses of met_status_index, and "other" */
+
+typedef struct {
+    const double *bounds;
+    uint64_t counts[MET_BUCKETS]; /* non-cumulative; printed cumulative */
+    uint64_t count;
+    double sum;
+} met_hist;
+
+typedef struct {
+    uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last column: others */
+    uint64_t prompt_tokens, completion_tokens, aborted;
+    met_hist ttft, itl, duration, step_seconds, step_rows;
+} srv_metrics;
+
+/* Zeroes m and sets the histograms' buckets. */
+void met_init(srv_metrics *m);
+void met_observe(met_hist *h, double v);
+/* Counts one finished request by route (its URL) and HTTP status. */
+void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted);
+/* The Prometheus text page of m and the scheduler's st into *out
+ * (malloc'd, *len bytes). 0, or -1 when memory ran out (nothing kept). */
+int met_render(const srv_metrics *m, const eng_sched_stats *st, char **out, size_t *len);
+
+/* ---- The per-request state machine (http.c) ------------------------------- */
+
+typedef enum {
+    HTTP_REQ_HEAD,       /* the headers are in; no body byte yet (first call) */
+    HTTP_REQ_BODY,       /* reading the body, then dispatching the route      */
+    HTTP_REQ_TOKENIZING, /* on the work queue; suspended                       */
+    HTTP_REQ_QUEUED,     /* engine requests submitted; suspended, no event yet */
+    HTTP_REQ_RUNNING,    /* events arriving; suspended until the last DONE     */
+    HTTP_REQ_STREAMING,  /* the SSE response is queued; the reader drains it   */
+    HTTP_REQ_FINISHED,   /* a whole response is queued (or sent)               */
+    HTTP_REQ_ABORTED,    /* the connection ended before the answer was sent    */
+    HTTP_REQ_NSTATES
+} http_state;
+
+/* What on_request runs when a suspended connection is resumed. */
+typedef enum MHD_Result (*http_cont)(srv_req *r);
+
+/* Whether from -> to is a transition of the machine (docs/architecture.md). */
+int http_state_legal(http_state from, http_state to);
+const char *http_state_name(http_state st);
+/* The one place a request changes state; asserts that the move is legal. */
+void http_req_set_state(srv_req *r, http_state to);
+
+/* ---- router.c (pure) ------------------------------------------------------ */
+
+typedef enum MHD_Result (*http_handler)(srv_req *r);
+
+typedef struct {
+    const char *method; /* "GET", "POST" */
+    const char *path;   /* matched whole */
+    http_handler handler;
+    int needs_key; /* an API key is required (when any is configured) */
+} http_route;
+
+typedef enum {
+    HTTP_ROUTE_FOUND,      /* *out: the entry                                */
+    HTTP_ROUTE_BAD_METHOD, /* *out: the first entry of the path (405)        */
+    HTTP_ROUTE_NOT_FOUND   /* *out: NULL (404)                               */
+} http_route_result;
+
+http_route_result http_route_find(const http_route *table, size_t n, const char *method,
+                                  const char *path, const http_route **out);
+/* Whether the Authorization header value auth presents one of cfg's API
+ * keys ("Bearer KEY"); always 1 when none is configured. Constant time in
+ * the keys. */
+int http_key_ok(const cfg_config *cfg, const char *auth);
+
+/* ---- respond.c ------------------------------------------------------------ */
+
+typedef enum { HTTP_SRC_ENG, HTTP_SRC_BPE, HTTP_SRC_CFG } http_src;
+
+/* How a status of the engine, the tokenizer or the configuration reaches a
+ * client. */
+typedef struct {
+    http_src src;
+    int code;          /* eng_status, bpe_status or cfg_status */
+    int http;          /* HTTP status */
+    const char *type;  /* OpenAI error type */
+    const char *ecode; /* OpenAI error code, or NULL */
+    int retry;         /* send Retry-After */
+} http_status_map;
+
+/* The entry for code of src (a status not in the table: 500 server_error). */
+const http_status_map *http_status_of(http_src src, int code);
+
+enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
+                               const char *retry_after);
+enum MHD_Result http_send_error(srv_req *r, int status, const char *type, const char *code,
+                                const char *param, const char *retry_after, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 7, 8)))
+#endif
+    ;
+/* An error from the status table; param may be NULL. */
+enum MHD_Result http_send_status(srv_req *r, http_src src, int code, const char *param,
+                                 const char *msg);
+/* A 200 with obj as compact JSON; takes obj's reference (NULL: 500). */
+enum MHD_Result http_send_obj(srv_req *r, json_t *obj);
+enum MHD_Result http_send_oai_error(srv_req *r, const oai_error *e);
+/* Retry-After for 429/503 from the scheduler's step rate. */
+void http_retry_after(const srv *s, char *buf, size_t len);
+
+/* ---- The request ---------------------------------------------------------- */
+
+/* One completion choice: one engine request. */
+typedef struct {
+    srv_req *req;
+    size_t index;  /* choices[index] */
+    size_t prompt; /* which prompt */
+    uint64_t id;   /* engine request id */
+    int live;      /* submitted, DONE not yet delivered */
+    int done;
+    const char *finish; /* "stop" or "length" */
+    int stopped;        /* a stop string ended it */
+    utf8_stream utf8;
+    stop_matcher *stop;
+    char *text; /* non-streaming: the whole text; streaming: this chunk's */
+    size_t text_len, text_cap;
+    size_t tokens;
+    /* logprobs: {tokens, token_logprobs, top_logprobs, text_offset}; for a
+     * stream, the entries of the chunk being built. NULL when not asked. */
+    json_t *lp;
+    utf8_stream off_utf8; /* text_offset: characters before each token, */
+    size_t off_chars;     /* counted from the start of the prompt        */
+    size_t prompt_fed;    /* prompt tokens counted into off_chars so far */
+    double t_last;        /* when the last token came (inter-token latency) */
+    double lp_sum;        /* best_of: the sum and count of the chosen    */
+    size_t lp_n;          /* tokens' logprobs                            */
+} srv_choice;
+
+typedef enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } srv_kind;
+
+struct srv_req {
+    srv *s;
+    struct MHD_Connection *conn;
+    http_state state;
+    http_cont cont;           /* set by http_suspend, run by on_request on resume */
+    int suspended, conn_done; /* libmicrohttpd's view of the connection */
+    int cancelling;           /* inside on_completed's cancel loop: do not free yet */
+    char method[8], url[64];
+    /* The head phase's decision (http.c): the route entry (NULL: none) and
+     * whether the method matched it. */
+    const http_route *route;
+    http_route_result route_result;
+    srv_kind kind;
+    /* Tokenizing a large body runs on the work queue (state TOKENIZING): the
+     * worker writes prompt_ids/prompt_len and tok_err, nothing else touches
+     * them until tok_after_cb runs on the loop thread. */
+    uv_work_t tok_work;
+    int tok_running;  /* a worker holds the fields below: r is not freed */
+    json_t *tok_json; /* /tokenize: the parsed body, which holds the text */
+    int tok_failed;
+    bpe_status tok_status; /* of the prompt that failed */
+    char tok_err[256];
+    char *body;
+    size_t body_len, body_cap;
+    int too_large, body_oom;
+    oai_request oreq;
+    int32_t **prompt_ids;
+    size_t *prompt_len;
+    size_t nprompts;
+    srv_choice *choices;
+    size_t nchoices, nlive, ndone;
+    char id[40];
+    long long created;
+    double t_start;
+    /* Streaming: SSE bytes waiting to be sent. */
+    sse_queue sse;
+    int error_status; /* a failure after submission */
+    char error_msg[256];
+    srv_req *prev, *next; /* the list of requests with engine work */
+};
+
+/* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
+size_t http_req_prompt_tokens(const srv_req *r);
+size_t http_req_completion_tokens(const srv_req *r);
+/* Frees r once its connection is done, no engine request is live and no
+ * worker holds it. */
+void http_req_maybe_free(srv_req *r);
+/* Appends n bytes to a growing NUL-terminated buffer; 0 or -1 (no memory). */
+int http_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n);
+
+/* libmicrohttpd's callbacks (MHD_start_daemon). */
+enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                const char *method, const char *version, const char *upload_data,
+                                size_t *upload_data_size, void **con_cls);
+void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                       enum MHD_RequestTerminationCode toe);
+
+/* ---- The daemon ----------------------------------------------------------- */
+
+struct srv {
+    cfg_config cfg;
+    uv_loop_t *loop;
+    struct MHD_Daemon *mhd;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    uv_work_t work;
+    int in_flight, draining;
+    size_t tokenizing; /* requests tokenizing on the work queue */
+    double drain_started;
+    bpe *tok;
+    eng_model *model;
+    eng_sched *sched;
+    char fingerprint[32];
+    uint64_t next_id;
+    size_t active; /* requests alive */
+    srv_req *head; /* requests with engine work (for the 1 s tick) */
+    uv_timer_t tick;
+    /* The routes (daemon.c builds them from the configuration). */
+    const http_route *routes;
+    size_t nroutes;
+    /* systemd: the watchdog timer, when the step in flight started, the last
+     * STATUS= line sent. */
+    uv_timer_t watchdog;
+    double step_started;
+    char sd_status[160];
+    unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
+    srv_metrics met;        /* loop thread only */
+};
+
+/* ---- loop.c --------------------------------------------------------------- */
+
+/* Runs libmicrohttpd and re-arms its timeout. */
+void loop_mhd_run(srv *s);
+void loop_on_poll(uv_poll_t *p, int status, int events);
+/* Suspends r's connection; on resume, on_request runs cont (NULL: a stream
+ * whose content reader is called again instead). */
+void http_suspend(srv_req *r, http_cont cont);
+/* Resumes r's connection if it is suspended and still open. */
+void http_resume(srv_req *r);
+/* Starts an engine step on the work queue if one is planned and none runs. */
+void loop_kick(srv *s);
+void loop_on_tick(uv_timer_t *t);
+void loop_on_watchdog(uv_timer_t *t);
+/* systemd's STATUS= line, sent when it changed. */
+void loop_sd_status(srv *s);
+
+/* ---- Handlers (the route table's) ----------------------------------------- */
+
+enum MHD_Result cmpl_route(srv_req *r);           /* completions.c */
+enum MHD_Result tok_route_tokenize(srv_req *r);   /* tokenize.c    */
+enum MHD_Result tok_route_detokenize(srv_req *r); /* tokenize.c    */
+enum MHD_Result probe_health(srv_req *r);         /* probes.c      */
+enum MHD_Result probe_ready(srv_req *r);
+enum MHD_Result probe_models(srv_req *r);
+enum MHD_Result probe_metrics(srv_req *r);
+
+/* ---- completions.c / cmpl_respond.c --------------------------------------- */
+
+/* Continues a completion once its prompts are token ids (the continuation of
+ * tokenizing). */
+enum MHD_Result cmpl_admit(srv_req *r);
+/* The engine's event callback (eng_request.on_event; user is a srv_choice). */
+void cmpl_on_event(void *user, const eng_event *ev);
+json_t *cmpl_base(const srv_req *r);
+/* Queues obj as one SSE event and drops the reference (NULL breaks the
+ * stream). */
+void cmpl_sse_event(srv_req *r, json_t *obj);
+/* Streaming: sends the chunk built for choice c (its text and logprobs). */
+void cmpl_chunk_flush(srv_choice *c);
+/* The final events of a stream: an error or usage, then [DONE]. */
+void cmpl_finish_stream(srv_req *r);
+/* The non-streaming answer (the continuation of a suspended completion). */
+enum MHD_Result cmpl_send(srv_req *r);
+/* Queues the SSE response of r. */
+enum MHD_Result cmpl_start_stream(srv_req *r);
+/* best_of: one prompt's best_of candidates (mean token logprob mean_lp[j])
+ * ranked into order[0..best_of), best first; the answer is the first n.
+ * Ties keep their order, and with best_of == n the candidates stay as they
+ * are. */
+void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order);
+/* Ends r with a 500 once (an error event for a stream): out of memory. */
+void cmpl_fail_oom(srv_req *r);
+/* Appends n bytes of text to choice c (a failure ends r with a 500). */
+void cmpl_choice_text(srv_choice *c, const char *p, size_t n);
+
+/* ---- logprobs.c ----------------------------------------------------------- */
+
+json_t *lp_new(void);
+/* Counts token id into c's character offset; returns the offset before it. */
+size_t lp_offset_feed(srv_choice *c, int32_t id);
+/* Appends one token's entry (ev NULL: the first prompt token, no logprob). */
+void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
+
+/* ---- tokenize.c ----------------------------------------------------------- */
+
+/* Tokenizes r's text prompts (inline, or on the work queue with r
+ * suspended), then runs then. */
+enum MHD_Result tok_prompts(srv_req *r, http_cont then);
+/* Token ids as text: their bytes made valid UTF-8 (a split character is
+ * U+FFFD). *out is malloc'd; BPE_EUNKNOWN for an id that is not a token
+ * (with err), BPE_ENOMEM. */
+bpe_status tok_ids_text(const bpe *tok, const int32_t *ids, size_t n, char **out, size_t *len,
+                        char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,56 @@
+/*
+ * server/logprobs.c: a choice's logprobs object, OpenAI's legacy shape
+ * {tokens, token_logprobs, top_logprobs, text_offset}, one entry per token.
+ */
+#include "internal.h"
+
+json_t *lp_new(void)
+{
+    return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                     "text_offset");
+}
+
+/* A token as text: its bytes when they are whole UTF-8, else OpenAI's
+ * "bytes:\xe6\x97" spelling. */
+static json_t *token_json(const srv *s, int32_t id)
+{
+    size_t len;
+    const char *b = bpe_token_bytes(s->tok, id, &len);
+    if (b == NULL) return json_string("");
+    if (utf8_valid(b, len)) return json_stringn(b, len);
+    char buf[6 + 4 * 256 + 1];
+    size_t o = (size_t)snprintf(buf, sizeof buf, "bytes:");
+    for (size_t i = 0; i < len && i < 256; i++)
+        o += (size_t)snprintf(buf + o, sizeof buf - o, "\\x%02x", (unsigned char)b[i]);
+    return json_stringn(buf, o);
+}
+
+size_t lp_offset_feed(srv_choice *c, int32_t id)
+{
+    size_t before = c->off_chars, len;
+    const char *b = bpe_token_bytes(c->req->s->tok, id, &len);
+    if (b == NULL) return before;
+    char out[UTF8_STREAM_MAX_OUT(256)];
+    size_t n = utf8_stream_feed(&c->off_utf8, b, len > 256 ? 256 : len, out);
+    for (size_t i = 0; i < n; i++) c->off_chars += ((unsigned char)out[i] & 0xC0) != 0x80;
+    return before;
+}
+
+void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset)
+{
+    srv *s = c->req->s;
+    json_array_append_new(json_object_get(c->lp, "tokens"), token_json(s, id));
+    json_array_append_new(json_object_get(c->lp, "token_logprobs"),
+                          ev ? json_real(ev->logprob) : json_null());
+    json_t *top = json_null();
+    if (ev != NULL && c->req->oreq.logprobs > 0) {
+        top = json_object();
+        for (size_t k = 0; k < ev->ntop; k++) {
+            json_t *t = token_json(s, ev->top_ids[k]);
+            json_object_set_new(top, json_string_value(t), json_real(ev->top_logprobs[k]));
+            json_decref(t);
+        }
+    }
+    json_array_append_new(json_object_get(c->lp, "top_logprobs"), top);
+    json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)offset));
+}

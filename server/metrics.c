@@ -1,0 +1,114 @@
+/*
+ * server/metrics.c: the counters and histograms of /metrics, and the
+ * Prometheus text page. Pure (no I/O but a memory stream); loop thread.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const double met_seconds[MET_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                1,     2.5,  5,     10,   30,  60,   120};
+static const double met_rows[MET_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
+                                             128, 256, 512, 1024, 2048, 4096, 8192};
+
+static const char *const met_routes[MET_ROUTES] = {"/v1/completions", "/v1/models", "/health",
+                                                   "/ready",          "/metrics",   "/tokenize",
+                                                   "/detokenize",     "other"};
+static const unsigned met_statuses[MET_STATUSES] = {200, 400, 401, 404, 405, 408,
+                                                    413, 429, 500, 503, 0};
+
+void met_init(srv_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    m->ttft.bounds = m->itl.bounds = m->duration.bounds = m->step_seconds.bounds = met_seconds;
+    m->step_rows.bounds = met_rows;
+}
+
+void met_observe(met_hist *h, double v)
+{
+    for (size_t i = 0; i < MET_BUCKETS; i++)
+        if (v <= h->bounds[i]) {
+            h->counts[i]++;
+            break;
+        }
+    h->count++;
+    h->sum += v;
+}
+
+static void met_print(FILE *m, const char *name, const char *help, const met_hist *h)
+{
+    fprintf(m, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < MET_BUCKETS; i++) {
+        cum += h->counts[i];
+        fprintf(m, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    fprintf(m, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+            (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted)
+{
+    size_t ri = MET_ROUTES - 1, si = MET_STATUSES - 1;
+    for (size_t i = 0; i + 1 < MET_ROUTES; i++)
+        if (strcmp(url, met_routes[i]) == 0) ri = i;
+    for (size_t i = 0; i + 1 < MET_STATUSES; i++)
+        if (status == met_statuses[i]) si = i;
+    m->requests[ri][si]++;
+    if (aborted) m->aborted++;
+}
+
+int met_render(const srv_metrics *s, const eng_sched_stats *st, char **out, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&buf, &n);
+    if (m == NULL) return -1;
+    fprintf(m, "# HELP gpt2d_requests_total HTTP requests by route and status.\n"
+               "# TYPE gpt2d_requests_total counter\n");
+    for (size_t ri = 0; ri < MET_ROUTES; ri++)
+        for (size_t si = 0; si < MET_STATUSES; si++) {
+            if (s->requests[ri][si] == 0) continue;
+            char code[16];
+            if (met_statuses[si] == 0)
+                snprintf(code, sizeof code, "other");
+            else
+                snprintf(code, sizeof code, "%u", met_statuses[si]);
+            fprintf(m, "gpt2d_requests_total{route=\"%s\",status=\"%s\"} %llu\n", met_routes[ri],
+                    code, (unsigned long long)s->requests[ri][si]);
+        }
+    met_print(m, "gpt2d_time_to_first_token_seconds", "From the request to its first token.",
+              &s->ttft);
+    met_print(m, "gpt2d_inter_token_latency_seconds", "Between consecutive tokens of a choice.",
+              &s->itl);
+    met_print(m, "gpt2d_request_duration_seconds", "Completion requests, start to end.",
+              &s->duration);
+    met_print(m, "gpt2d_step_duration_seconds", "One engine step: forward and sampling.",
+              &s->step_seconds);
+    met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &s->step_rows);
+    fprintf(m,
+            "# TYPE gpt2d_requests_aborted_total counter\ngpt2d_requests_aborted_total %llu\n"
+            "# TYPE gpt2d_prompt_tokens_total counter\ngpt2d_prompt_tokens_total %llu\n"
+            "# TYPE gpt2d_completion_tokens_total counter\ngpt2d_completion_tokens_total %llu\n"
+            "# HELP gpt2d_running_sequences Sequences in the running batch.\n"
+            "# TYPE gpt2d_running_sequences gauge\ngpt2d_running_sequences %zu\n"
+            "# TYPE gpt2d_queued_requests gauge\ngpt2d_queued_requests %zu\n"
+            "# TYPE gpt2d_kv_blocks_used gauge\ngpt2d_kv_blocks_used %zu\n"
+            "# TYPE gpt2d_kv_blocks_total gauge\ngpt2d_kv_blocks_total %zu\n"
+            "# TYPE gpt2d_steps_total counter\ngpt2d_steps_total %llu\n"
+            "# TYPE gpt2d_last_step_rows gauge\ngpt2d_last_step_rows %zu\n"
+            "# TYPE gpt2d_last_step_seconds gauge\ngpt2d_last_step_seconds %.6f\n",
+            (unsigned long long)s->aborted, (unsigned long long)s->prompt_tokens,
+            (unsigned long long)s->completion_tokens, st->running, st->queued, st->kv_blocks_used,
+            st->kv_blocks_total, (unsigned long long)st->steps, st->last_step_rows,
+            st->last_step_seconds);
+    int bad = ferror(m);
+    if (fclose(m) != 0 || bad || buf == NULL) { /* a write failed: never a partial page */
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}

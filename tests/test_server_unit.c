@@ -1,0 +1,393 @@
+/* tests/test_server_unit.c: the pieces of `gpt2d serve` that decide without
+ * a connection (server/internal.h): the route table lookup, the API key
+ * check, the status table, the request state machine, best_of ranking, the
+ * SSE queue's backlog bound and the /metrics page. The expectations are
+ * written from docs/api.md, OpenAI's error shapes and the Prometheus text
+ * format, not from the code. */
+#include "internal.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Routing ------------------------------------------------------------- */
+
+static enum MHD_Result handler_a(srv_req *r)
+{
+    (void)r;
+    return MHD_YES;
+}
+
+static enum MHD_Result handler_b(srv_req *r)
+{
+    (void)r;
+    return MHD_NO;
+}
+
+static const http_route table[] = {
+    {"POST", "/v1/completions", handler_a, 1},
+    {"GET", "/health", handler_b, 0},
+    {"POST", "/health", handler_a, 1}, /* a second method on one path */
+    {"GET", "/metrics", handler_b, 0},
+};
+#define NTABLE (sizeof table / sizeof table[0])
+
+START_TEST(http_route_find_known_route_found)
+{
+    const http_route *e = NULL;
+    ck_assert_int_eq(http_route_find(table, NTABLE, "POST", "/v1/completions", &e),
+                     HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[0]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "POST", "/health", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[2]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/health", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[1]);
+    ck_assert(e->handler == handler_b && e->needs_key == 0);
+}
+END_TEST
+
+START_TEST(http_route_find_other_method_bad_method)
+{
+    const http_route *e = NULL;
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/completions", &e),
+                     HTTP_ROUTE_BAD_METHOD);
+    ck_assert_ptr_eq(e, &table[0]); /* its needs_key decides the 401 before the 405 */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "DELETE", "/health", &e),
+                     HTTP_ROUTE_BAD_METHOD);
+    ck_assert_ptr_eq(e, &table[1]); /* the path's first entry */
+    /* Methods are case-sensitive (RFC 9110 9.1). */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "get", "/metrics", &e), HTTP_ROUTE_BAD_METHOD);
+}
+END_TEST
+
+START_TEST(http_route_find_unknown_path_not_found)
+{
+    const http_route *e = &table[0];
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/nope", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_ptr_null(e);
+    /* Whole paths only: no prefix, no trailing slash, no case folding. */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/health/", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/heal", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/HEALTH", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, 0, "GET", "/health", &e), HTTP_ROUTE_NOT_FOUND);
+}
+END_TEST
+
+/* ---- Auth ---------------------------------------------------------------- */
+
+static cfg_config keyed(const char *k1, const char *k2)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    c.n_api_keys = 0;
+    if (k1) snprintf(c.api_keys[c.n_api_keys++], sizeof c.api_keys[0], "%s", k1);
+    if (k2) snprintf(c.api_keys[c.n_api_keys++], sizeof c.api_keys[0], "%s", k2);
+    return c;
+}
+
+START_TEST(http_key_ok_no_keys_open)
+{
+    cfg_config c = keyed(NULL, NULL);
+    ck_assert(http_key_ok(&c, NULL));
+    ck_assert(http_key_ok(&c, "Bearer anything"));
+    ck_assert(http_key_ok(&c, "garbage"));
+}
+END_TEST
+
+START_TEST(http_key_ok_configured_key_accepted)
+{
+    cfg_config c = keyed("sk-first-0123456789", "sk-second-0123456789");
+    ck_assert(http_key_ok(&c, "Bearer sk-first-0123456789"));
+    ck_assert(http_key_ok(&c, "Bearer sk-second-0123456789"));
+}
+END_TEST
+
+START_TEST(http_key_ok_wrong_key_refused)
+{
+    cfg_config c = keyed("sk-first-0123456789", NULL);
+    ck_assert(!http_key_ok(&c, NULL));
+    ck_assert(!http_key_ok(&c, ""));
+    ck_assert(!http_key_ok(&c, "Bearer "));
+    ck_assert(!http_key_ok(&c, "Bearer sk-first-012345678"));   /* a prefix */
+    ck_assert(!http_key_ok(&c, "Bearer sk-first-01234567890")); /* longer */
+    ck_assert(!http_key_ok(&c, "Bearer sk-first-0123456788"));  /* last byte */
+    ck_assert(!http_key_ok(&c, "sk-first-0123456789"));         /* no scheme */
+    ck_assert(!http_key_ok(&c, "Basic sk-first-0123456789"));
+}
+END_TEST
+
+/* ---- The status table ---------------------------------------------------- */
+
+START_TEST(http_status_of_engine_statuses_mapped)
+{
+    const http_status_map *m = http_status_of(HTTP_SRC_ENG, ENG_EFULL);
+    ck_assert_int_eq(m->http, 429); /* retryable, with Retry-After */
+    ck_assert_str_eq(m->type, "rate_limit_exceeded");
+    ck_assert(m->retry);
+    m = http_status_of(HTTP_SRC_ENG, ENG_ETOOBIG);
+    ck_assert_int_eq(m->http, 400);
+    ck_assert_str_eq(m->ecode, "context_length_exceeded");
+    ck_assert(!m->retry);
+    m = http_status_of(HTTP_SRC_ENG, ENG_EINVAL);
+    ck_assert_int_eq(m->http, 400);
+    ck_assert_str_eq(m->type, "invalid_request_error");
+    ck_assert_int_eq(http_status_of(HTTP_SRC_ENG, ENG_ENOMEM)->http, 500);
+}
+END_TEST
+
+START_TEST(http_status_of_tokenizer_and_config_mapped)
+{
+    ck_assert_int_eq(http_status_of(HTTP_SRC_BPE, BPE_EUNKNOWN)->http, 400);
+    ck_assert_int_eq(http_status_of(HTTP_SRC_BPE, BPE_ETOOBIG)->http, 400);
+    const http_status_map *m = http_status_of(HTTP_SRC_BPE, BPE_ENOMEM);
+    ck_assert_int_eq(m->http, 500);
+    ck_assert_str_eq(m->type, "server_error");
+    ck_assert_int_eq(http_status_of(HTTP_SRC_CFG, CFG_EVALUE)->http, 400);
+    ck_assert_int_eq(http_status_of(HTTP_SRC_CFG, CFG_EKEY)->http, 400);
+    /* The same number from another source is another status. */
+    ck_assert_int_ne(http_status_of(HTTP_SRC_BPE, 5)->http, http_status_of(HTTP_SRC_ENG, 5)->http);
+}
+END_TEST
+
+START_TEST(http_status_of_unknown_status_server_error)
+{
+    const http_status_map *m = http_status_of(HTTP_SRC_ENG, 999);
+    ck_assert_int_eq(m->http, 500);
+    ck_assert_str_eq(m->type, "server_error");
+    ck_assert_int_eq(http_status_of(HTTP_SRC_ENG, ENG_OK)->http, 500);
+    ck_assert_int_eq(http_status_of(HTTP_SRC_CFG, -1)->http, 500);
+}
+END_TEST
+
+/* ---- The request state machine ------------------------------------------- */
+
+START_TEST(http_state_legal_request_paths_legal)
+{
+    static const http_state paths[][6] = {
+        /* GET /health */
+        {HTTP_REQ_HEAD, HTTP_REQ_BODY, HTTP_REQ_FINISHED, HTTP_REQ_NSTATES},
+        /* a completion */
+        {HTTP_REQ_HEAD, HTTP_REQ_BODY, HTTP_REQ_QUEUED, HTTP_REQ_RUNNING, HTTP_REQ_FINISHED,
+         HTTP_REQ_NSTATES},
+        /* a large prompt, streamed */
+        {HTTP_REQ_HEAD, HTTP_REQ_BODY, HTTP_REQ_TOKENIZING, HTTP_REQ_STREAMING, HTTP_REQ_FINISHED,
+         HTTP_REQ_NSTATES},
+        /* refused on the head alone (401, 413) */
+        {HTTP_REQ_HEAD, HTTP_REQ_FINISHED, HTTP_REQ_NSTATES},
+        /* the queue timeout: an error before any token */
+        {HTTP_REQ_BODY, HTTP_REQ_QUEUED, HTTP_REQ_FINISHED, HTTP_REQ_NSTATES},
+        /* the client left while the answer was sent */
+        {HTTP_REQ_RUNNING, HTTP_REQ_FINISHED, HTTP_REQ_ABORTED, HTTP_REQ_NSTATES},
+    };
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++)
+        for (size_t i = 0; i + 1 < 6 && paths[p][i + 1] != HTTP_REQ_NSTATES; i++)
+            ck_assert_msg(http_state_legal(paths[p][i], paths[p][i + 1]), "%s -> %s",
+                          http_state_name(paths[p][i]), http_state_name(paths[p][i + 1]));
+    /* Every state but ABORTED may end in ABORTED. */
+    for (int s = 0; s < HTTP_REQ_ABORTED; s++)
+        ck_assert_msg(http_state_legal((http_state)s, HTTP_REQ_ABORTED), "%s -> aborted",
+                      http_state_name((http_state)s));
+}
+END_TEST
+
+START_TEST(http_state_legal_backwards_and_after_end_illegal)
+{
+    static const http_state bad[][2] = {
+        {HTTP_REQ_BODY, HTTP_REQ_HEAD},
+        {HTTP_REQ_HEAD, HTTP_REQ_QUEUED},
+        {HTTP_REQ_HEAD, HTTP_REQ_STREAMING},
+        {HTTP_REQ_HEAD, HTTP_REQ_TOKENIZING},
+        {HTTP_REQ_QUEUED, HTTP_REQ_STREAMING},
+        {HTTP_REQ_RUNNING, HTTP_REQ_QUEUED},
+        {HTTP_REQ_STREAMING, HTTP_REQ_RUNNING},
+        {HTTP_REQ_FINISHED, HTTP_REQ_BODY},
+        {HTTP_REQ_FINISHED, HTTP_REQ_STREAMING},
+        {HTTP_REQ_TOKENIZING, HTTP_REQ_RUNNING},
+        {HTTP_REQ_TOKENIZING, HTTP_REQ_TOKENIZING},
+        {HTTP_REQ_QUEUED, HTTP_REQ_QUEUED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(!http_state_legal(bad[i][0], bad[i][1]), "%s -> %s",
+                      http_state_name(bad[i][0]), http_state_name(bad[i][1]));
+    /* ABORTED is final. */
+    for (int s = 0; s < HTTP_REQ_NSTATES; s++)
+        ck_assert(!http_state_legal(HTTP_REQ_ABORTED, (http_state)s));
+    ck_assert(!http_state_legal(HTTP_REQ_NSTATES, HTTP_REQ_BODY));
+    ck_assert(!http_state_legal(HTTP_REQ_HEAD, HTTP_REQ_NSTATES));
+    ck_assert_str_eq(http_state_name(HTTP_REQ_NSTATES), "invalid");
+    ck_assert_str_eq(http_state_name(HTTP_REQ_TOKENIZING), "tokenizing");
+}
+END_TEST
+
+START_TEST(http_req_set_state_legal_moves)
+{
+    srv_req r;
+    memset(&r, 0, sizeof r);
+    r.state = HTTP_REQ_HEAD;
+    http_req_set_state(&r, HTTP_REQ_BODY);
+    ck_assert_int_eq(r.state, HTTP_REQ_BODY);
+    http_req_set_state(&r, HTTP_REQ_QUEUED);
+    http_req_set_state(&r, HTTP_REQ_RUNNING);
+    http_req_set_state(&r, HTTP_REQ_FINISHED);
+    ck_assert_int_eq(r.state, HTTP_REQ_FINISHED);
+}
+END_TEST
+
+#ifndef NDEBUG
+/* An illegal move is a bug in the server: the assert stops it. */
+START_TEST(http_req_set_state_illegal_aborts)
+{
+    srv_req r;
+    memset(&r, 0, sizeof r);
+    r.state = HTTP_REQ_FINISHED;
+    http_req_set_state(&r, HTTP_REQ_RUNNING);
+}
+END_TEST
+#endif
+
+/* ---- best_of ranking ----------------------------------------------------- */
+
+START_TEST(cmpl_rank_best_of_highest_mean_first)
+{
+    const double mean[5] = {-2.0, -0.5, -3.0, -0.1, -1.0};
+    size_t order[5];
+    cmpl_rank(mean, 5, 2, order);
+    ck_assert_uint_eq(order[0], 3);
+    ck_assert_uint_eq(order[1], 1);
+    cmpl_rank(mean, 5, 5, order); /* best_of == n: as generated */
+    for (size_t i = 0; i < 5; i++) ck_assert_uint_eq(order[i], i);
+}
+END_TEST
+
+START_TEST(cmpl_rank_ties_keep_order)
+{
+    const double mean[4] = {-1.0, -0.5, -1.0, -0.5};
+    size_t order[4];
+    cmpl_rank(mean, 4, 3, order);
+    ck_assert_uint_eq(order[0], 1);
+    ck_assert_uint_eq(order[1], 3);
+    ck_assert_uint_eq(order[2], 0);
+    ck_assert_uint_eq(order[3], 2);
+    /* A candidate without tokens ranks last (completions.c gives it -1e30). */
+    const double empty[3] = {-1e30, -4.0, -1e30};
+    cmpl_rank(empty, 3, 1, order);
+    ck_assert_uint_eq(order[0], 1);
+}
+END_TEST
+
+/* ---- The SSE backlog bound ----------------------------------------------- */
+
+START_TEST(sse_over_limit_backlog_bound)
+{
+    sse_queue q;
+    sse_init(&q);
+    for (int i = 0; i < 100; i++) ck_assert_int_eq(sse_comment(&q, "padding"), 0);
+    ck_assert(!sse_over_limit(&q)); /* no bound */
+    q.limit = 64;
+    ck_assert(sse_over_limit(&q));
+    char buf[2048];
+    size_t left = sse_pending(&q);
+    ck_assert_uint_eq(sse_take(&q, buf, left - 64), left - 64);
+    ck_assert_uint_eq(sse_pending(&q), 64);
+    ck_assert(!sse_over_limit(&q)); /* at the bound is within it */
+    ck_assert_int_eq(sse_comment(&q, "x"), 0);
+    ck_assert(sse_over_limit(&q));
+    sse_take(&q, buf, sizeof buf);
+    ck_assert(!sse_over_limit(&q));
+    sse_free(&q);
+}
+END_TEST
+
+/* ---- /metrics ------------------------------------------------------------ */
+
+static int has_line(const char *page, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = page; (p = strstr(p, line)) != NULL; p++)
+        if ((p == page || p[-1] == '\n') && p[n] == '\n') return 1;
+    return 0;
+}
+
+START_TEST(met_render_counters_and_histograms_prometheus)
+{
+    srv_metrics m;
+    met_init(&m);
+    met_count_request(&m, "/health", 200, 0);
+    met_count_request(&m, "/health", 200, 0);
+    met_count_request(&m, "/v1/completions", 429, 0);
+    met_count_request(&m, "/nowhere", 418, 1);
+    met_observe(&m.ttft, 0.003);
+    met_observe(&m.ttft, 0.2);
+    met_observe(&m.ttft, 1000); /* past the last bucket: only +Inf */
+    m.prompt_tokens = 7;
+    eng_sched_stats st;
+    memset(&st, 0, sizeof st);
+    st.running = 3;
+    st.kv_blocks_total = 99;
+    char *page;
+    size_t len;
+    ck_assert_int_eq(met_render(&m, &st, &page, &len), 0);
+    ck_assert_uint_eq(strlen(page), len);
+    ck_assert(has_line(page, "gpt2d_requests_total{route=\"/health\",status=\"200\"} 2"));
+    ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/completions\",status=\"429\"} 1"));
+    ck_assert(has_line(page, "gpt2d_requests_total{route=\"other\",status=\"other\"} 1"));
+    ck_assert(!strstr(page, "status=\"404\"")); /* zero counts are not printed */
+    ck_assert(has_line(page, "# TYPE gpt2d_time_to_first_token_seconds histogram"));
+    /* Buckets are cumulative. */
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_bucket{le=\"0.1\"} 1"));
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_bucket{le=\"0.25\"} 2"));
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_bucket{le=\"120\"} 2"));
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_count 3"));
+    ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_sum 1000.203000"));
+    ck_assert(has_line(page, "gpt2d_step_batch_rows_bucket{le=\"8192\"} 0"));
+    ck_assert(has_line(page, "gpt2d_requests_aborted_total 1"));
+    ck_assert(has_line(page, "gpt2d_prompt_tokens_total 7"));
+    ck_assert(has_line(page, "gpt2d_running_sequences 3"));
+    ck_assert(has_line(page, "gpt2d_kv_blocks_total 99"));
+    ck_assert_int_eq(page[len - 1], '\n');
+    free(page);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("server");
+    TCase *tc = tcase_create("router");
+    tcase_add_test(tc, http_route_find_known_route_found);
+    tcase_add_test(tc, http_route_find_other_method_bad_method);
+    tcase_add_test(tc, http_route_find_unknown_path_not_found);
+    tcase_add_test(tc, http_key_ok_no_keys_open);
+    tcase_add_test(tc, http_key_ok_configured_key_accepted);
+    tcase_add_test(tc, http_key_ok_wrong_key_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("status");
+    tcase_add_test(tc, http_status_of_engine_statuses_mapped);
+    tcase_add_test(tc, http_status_of_tokenizer_and_config_mapped);
+    tcase_add_test(tc, http_status_of_unknown_status_server_error);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("state");
+    tcase_add_test(tc, http_state_legal_request_paths_legal);
+    tcase_add_test(tc, http_state_legal_backwards_and_after_end_illegal);
+    tcase_add_test(tc, http_req_set_state_legal_moves);
+#ifndef NDEBUG
+    tcase_add_test_raise_signal(tc, http_req_set_state_illegal_aborts, SIGABRT);
+#endif
+    suite_add_tcase(s, tc);
+    tc = tcase_create("completions");
+    tcase_add_test(tc, cmpl_rank_best_of_highest_mean_first);
+    tcase_add_test(tc, cmpl_rank_ties_keep_order);
+    tcase_add_test(tc, sse_over_limit_backlog_bound);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("metrics");
+    tcase_add_test(tc, met_render_counters_and_histograms_prometheus);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
