@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_STR, K_PORT, K_SIZE, K_SECONDS, K_BOOL, K_APIKEY, K_LEVEL } kind;
+typedef enum { K_STR, K_PORT, K_SIZE, K_SECONDS, K_BOOL, K_APIKEY, K_LEVEL, K_NAMES } kind;
 
 typedef struct {
     const char *key;
@@ -33,8 +33,11 @@ static const spec specs[] = {
      "seconds an idle keep-alive connection is kept"},
     {"model", K_STR, F(model_dir), 0, 0, "",
      "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
-    {"model_name", K_STR, F(model_name), 0, 0, "gpt2",
-     "the model id clients send and /v1/models lists"},
+    {"model_name", K_NAMES, F(model_name), 0, 0, "gpt2",
+     "the model id clients send (several: comma-separated, the first is reported)"},
+    {"chat_template", K_STR, F(chat_template), 0, 0, "default",
+     "how /v1/chat/completions writes messages as a prompt: default, none (no chat route) or a "
+     "template file (docs/api.md)"},
     {"threads", K_SIZE, F(threads), 0, 1024, "0", "engine threads (0: one per CPU)"},
     {"kv_cache_mb", K_SIZE, F(kv_cache_mb), 1, 1048576, "2048",
      "memory for the paged KV cache, in MiB"},
@@ -60,6 +63,9 @@ static const spec specs[] = {
     {"shutdown_timeout", K_SECONDS, F(shutdown_timeout_s), 0, 86400, "30",
      "seconds in-flight requests get to finish after SIGTERM"},
     {"log_level", K_LEVEL, F(log_level), 0, 0, "info", "error, warn, info or debug"},
+    {"info_interval", K_SECONDS, F(info_interval_s), 0, 86400, "10",
+     "seconds between throughput log lines while requests run (0: never)"},
+    {"ui", K_BOOL, F(ui), 0, 1, "true", "serve the playground page at /"},
 };
 
 #undef F
@@ -131,6 +137,38 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
                 return fail(err, errlen, CFG_EVALUE,
                             "%s: an api_key must be printable ASCII without spaces", origin);
         memcpy(c->api_keys[c->n_api_keys++], value, strlen(value) + 1);
+        return CFG_OK;
+    }
+    case K_NAMES: {
+        /* "a,b,c": every name 1 to 127 printable characters, no spaces.
+         * Parsed aside, so that a refused value changes nothing. */
+        char names[CFG_MAX_NAMES][sizeof c->model_names[0]];
+        memset(names, 0, sizeof names); /* the struct compares bytewise (tests) */
+        size_t n = 0;
+        const char *p = value;
+        for (;;) {
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            if (len == 0 || len >= sizeof names[0])
+                return fail(err, errlen, CFG_EVALUE,
+                            "%s: %s: every name must be 1 to %zu characters", origin, sp->key,
+                            sizeof names[0] - 1);
+            if (n == CFG_MAX_NAMES)
+                return fail(err, errlen, CFG_EVALUE, "%s: %s: more than %d names", origin, sp->key,
+                            CFG_MAX_NAMES);
+            for (size_t i = 0; i < len; i++)
+                if (p[i] <= ' ' || p[i] > '~')
+                    return fail(err, errlen, CFG_EVALUE,
+                                "%s: %s: names are printable ASCII without spaces", origin,
+                                sp->key);
+            memcpy(names[n], p, len);
+            names[n++][len] = '\0';
+            if (comma == NULL) break;
+            p = comma + 1;
+        }
+        memcpy(c->model_names, names, sizeof names);
+        c->n_model_names = n;
+        memcpy(c->model_name, names[0], strlen(names[0]) + 1);
         return CFG_OK;
     }
     case K_BOOL:
@@ -254,25 +292,32 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
         key[klen] = '\0';
         for (char *p = key; *p; p++)
             if (*p == '-') *p = '_'; /* --max-queue is max_queue */
-        if (eq != NULL) {
-            value = eq + 1;
-        } else {
-            if (i + 1 >= argc) return fail(err, errlen, CFG_EVALUE, "--%s needs a value", a + 2);
-            value = argv[++i];
-        }
         char origin[160];
         snprintf(origin, sizeof origin, "--%s", a + 2);
         if (eq != NULL) origin[2 + klen] = '\0';
+        if (strcmp(key, "config") != 0 && find(key) == NULL)
+            return fail(err, errlen, CFG_EKEY, "unknown option '%s'", origin);
+        if (eq != NULL) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) return fail(err, errlen, CFG_EVALUE, "%s needs a value", origin);
+            value = argv[++i];
+        }
         cfg_status rc;
         if (strcmp(key, "config") == 0)
             rc = cfg_load_file(c, value, err, errlen);
-        else if (find(key) == NULL)
-            rc = fail(err, errlen, CFG_EKEY, "unknown option '%s'", origin);
         else
             rc = cfg_set(c, key, value, origin, err, errlen);
         if (rc != CFG_OK) return rc;
     }
     return CFG_OK;
+}
+
+int cfg_model_name_ok(const cfg_config *c, const char *name)
+{
+    for (size_t i = 0; i < c->n_model_names; i++)
+        if (strcmp(c->model_names[i], name) == 0) return 1;
+    return 0;
 }
 
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
@@ -292,6 +337,7 @@ static const char *kind_name(kind k)
     case K_BOOL: return "bool";
     case K_APIKEY: return "string, repeatable";
     case K_LEVEL: return "level";
+    case K_NAMES: return "names";
     }
     return "?";
 }

@@ -27,6 +27,7 @@ typedef enum {
 } cfg_status;
 
 #define CFG_MAX_KEYS 16  /* API keys */
+#define CFG_MAX_NAMES 8  /* names the model answers to */
 #define CFG_STR_MAX 4096 /* paths and other strings */
 
 typedef struct {
@@ -37,7 +38,10 @@ typedef struct {
     double connection_timeout_s; /* idle keep-alive connections */
     /* The model */
     char model_dir[CFG_STR_MAX];
-    char model_name[128]; /* the `model` clients must send */
+    char model_name[128]; /* the first name: what responses and /v1/models report */
+    char model_names[CFG_MAX_NAMES][128]; /* every name a request's `model` may use */
+    size_t n_model_names;
+    char chat_template[CFG_STR_MAX]; /* "default", "none" or a template file */
     /* The engine */
     size_t threads; /* 0: one per CPU */
     size_t kv_cache_mb;
@@ -58,6 +62,8 @@ typedef struct {
     /* Operation */
     double shutdown_timeout_s;
     char log_level[16]; /* error, warn, info, debug */
+    double info_interval_s; /* throughput log line while busy; 0: never */
+    int ui;                 /* 1: the playground page at / */
 } cfg_config;
 
 const char *cfg_strerror(cfg_status s);
@@ -83,6 +89,10 @@ cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errl
  */
 cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char *err,
                           size_t errlen);
+
+/* Whether name is one of the served model's names (model_name). Borrows
+ * name. */
+int cfg_model_name_ok(const cfg_config *c, const char *name);
 
 /* Cross-key checks (e.g. a model directory is set). */
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen);

@@ -54,6 +54,10 @@ void eng_model_free(eng_model *m); /* accepts NULL */
 
 const eng_config *eng_model_config(const eng_model *m);
 
+/* The instruction set the kernels use: "avx512", "avx2" or "portable"
+ * (GPT2D_KERNELS caps it). Thread: any. */
+const char *eng_kernels(void);
+
 /* Bytes of weights held in private memory (misaligned copies, converted
  * half-precision tensors); 0 for an aligned F32 file. */
 size_t eng_model_copied_bytes(const eng_model *m);

@@ -91,6 +91,11 @@ static int use_avx2(void)
 }
 #endif
 
+const char *eng_kernels(void)
+{
+    return use_avx512() ? "avx512" : use_avx2() ? "avx2" : "portable";
+}
+
 /* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
 
 #define MM_COLS 32 /* columns per block: four 8-float vectors          */

@@ -12,6 +12,7 @@ packages=(
     python3 python3-numpy                                # numeric reference
     curl ca-certificates valgrind wrk
     nginx-light python3-yaml                             # scale-out tests
+    chromium prometheus                                  # playground test, promtool
 )
 
 missing=()

@@ -9,9 +9,47 @@
 
 json_t *cmpl_base(const srv_req *r)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", "text_completion",
-                     "created", (json_int_t)r->created, "model", r->s->cfg.model_name,
-                     "system_fingerprint", r->s->fingerprint);
+    const char *object = !r->oreq.chat    ? "text_completion"
+                         : r->oreq.stream ? "chat.completion.chunk"
+                                          : "chat.completion";
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", object, "created",
+                     (json_int_t)r->created, "model", r->s->cfg.model_name, "system_fingerprint",
+                     r->s->fingerprint);
+}
+
+/* One streamed choice: completions {text, index, logprobs, finish_reason},
+ * chat {index, delta, logprobs, finish_reason}. Takes delta and lp. */
+static json_t *stream_choice(const srv_req *r, size_t index, json_t *delta, const char *text,
+                             size_t n, json_t *lp, const char *finish)
+{
+    json_t *fin = finish ? json_string(finish) : json_null();
+    if (r->oreq.chat)
+        return json_pack("{s:I, s:o, s:o, s:o}", "index", (json_int_t)index, "delta", delta,
+                         "logprobs", lp ? lp : json_null(), "finish_reason", fin);
+    json_decref(delta);
+    return json_pack("{s:s%, s:I, s:o, s:o}", "text", text, n, "index", (json_int_t)index,
+                     "logprobs", lp ? lp : json_null(), "finish_reason", fin);
+}
+
+static void stream_send(srv_req *r, json_t *choice)
+{
+    json_t *o = cmpl_base(r);
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
+    cmpl_sse_event(r, o);
+}
+
+void cmpl_chat_open(srv_req *r)
+{
+    for (size_t i = 0; i < r->nchoices; i++)
+        stream_send(r,
+                    stream_choice(r, i, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                                  "", 0, NULL, NULL));
+}
+
+void cmpl_sse_finish(srv_req *r, const srv_choice *c)
+{
+    stream_send(r, stream_choice(r, c->index, json_object(), "", 0, NULL, c->finish));
 }
 
 void cmpl_sse_event(srv_req *r, json_t *obj)
@@ -26,27 +64,29 @@ void cmpl_sse_event(srv_req *r, json_t *obj)
 void cmpl_chunk_flush(srv_choice *c)
 {
     srv_req *r = c->req;
-    int has_lp = c->lp != NULL && json_array_size(json_object_get(c->lp, "tokens")) > 0;
+    int has_lp = c->lp != NULL && lp_count(c->lp) > 0;
     if (c->text_len == 0 && !has_lp) return;
-    json_t *o = cmpl_base(r);
-    json_t *ch =
-        json_pack("{s:s%, s:I, s:O, s:n}", "text", c->text ? c->text : "", c->text_len, "index",
-                  (json_int_t)c->index, "logprobs", has_lp ? c->lp : json_null(), "finish_reason");
-    json_object_set_new(o, "choices", json_pack("[o]", ch));
-    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
-    cmpl_sse_event(r, o);
+    const char *text = c->text ? c->text : "";
+    stream_send(r, stream_choice(r, c->index, json_pack("{s:s%}", "content", text, c->text_len),
+                                 text, c->text_len, has_lp ? json_incref(c->lp) : NULL, NULL));
     c->text_len = 0;
     if (has_lp) {
         json_decref(c->lp);
-        c->lp = lp_new();
+        c->lp = lp_new(r);
     }
 }
 
+/* usage: OpenAI's three counts, and the extension `timings` (docs/api.md):
+ * time to the first token, the whole request, completion tokens a second. */
 static json_t *usage_json(const srv_req *r)
 {
     size_t pt = http_req_prompt_tokens(r) * r->oreq.n, ct = http_req_completion_tokens(r);
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt, "completion_tokens",
-                     (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct));
+    double total = log_now() - r->t_start;
+    double ttft = r->t_first > 0 ? r->t_first - r->t_start : 0;
+    return json_pack("{s:I, s:I, s:I, s:{s:f, s:f, s:f}}", "prompt_tokens", (json_int_t)pt,
+                     "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
+                     "timings", "ttft_ms", ttft * 1e3, "total_ms", total * 1e3,
+                     "completion_tokens_per_second", total > 0 ? (double)ct / total : 0.0);
 }
 
 void cmpl_finish_stream(srv_req *r)
@@ -87,10 +127,14 @@ void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order)
 }
 
 /* The text of choice c, after the prompt's when echo is asked. NULL when
- * memory ran out or the prompt cannot be decoded (err says which). */
+ * memory ran out or the prompt cannot be decoded (err says which). A chat
+ * choice is its message {role, content}. */
 static json_t *choice_text_json(srv_req *r, size_t pi, const srv_choice *c, char *err,
                                 size_t errlen)
 {
+    if (r->oreq.chat)
+        return json_pack("{s:s, s:s%}", "role", "assistant", "content", c->text ? c->text : "",
+                         c->text_len);
     if (!r->oreq.echo) return json_stringn(c->text ? c->text : "", c->text_len);
     char *pt;
     size_t plen;
@@ -134,10 +178,10 @@ enum MHD_Result cmpl_send(srv_req *r)
                 json_decref(o);
                 return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "%s", err);
             }
-            json_array_append_new(choices, json_pack("{s:o, s:I, s:O, s:s}", "text", text, "index",
-                                                     (json_int_t)(pi * n + k), "logprobs",
-                                                     c->lp ? c->lp : json_null(), "finish_reason",
-                                                     c->finish));
+            json_array_append_new(
+                choices, json_pack("{s:o, s:I, s:O, s:s}", r->oreq.chat ? "message" : "text", text,
+                                   "index", (json_int_t)(pi * n + k), "logprobs",
+                                   c->lp ? c->lp : json_null(), "finish_reason", c->finish));
         }
     }
     json_object_set_new(o, "choices", choices);

@@ -1,6 +1,8 @@
 /*
- * server/completions.c: POST /v1/completions from the parsed body to the
- * engine and back: the limits, one engine request per prompt x candidate,
+ * server/completions.c: POST /v1/completions and /v1/chat/completions (a
+ * chat's messages become one text prompt through the chat template, and
+ * its answer takes chat's shape in cmpl_respond.c) from the parsed body to
+ * the engine and back: the limits, one engine request per prompt x candidate,
  * and the engine's events turned into each choice's text (UTF-8 stream
  * decoder, then the stop matcher). cmpl_respond.c builds the answer.
  *
@@ -24,7 +26,12 @@ void cmpl_fail_oom(srv_req *r)
 
 void cmpl_choice_text(srv_choice *c, const char *p, size_t n)
 {
+    while (c->trim && n > 0 && *p == ' ') { /* chat: the reply starts at its first word */
+        p++;
+        n--;
+    }
     if (n == 0) return;
+    c->trim = 0;
     if (http_append(&c->text, &c->text_len, &c->text_cap, p, n) != 0) cmpl_fail_oom(c->req);
 }
 
@@ -49,22 +56,11 @@ static void choice_feed(srv_choice *c, const char *p, size_t n)
     }
 }
 
-/* A streamed piece of one choice's text (finish NULL while it goes on). */
-static void sse_choice(srv_req *r, const srv_choice *c, const char *text, size_t n,
-                       const char *finish)
-{
-    json_t *o = cmpl_base(r);
-    json_t *ch = json_pack("{s:s%, s:I, s:n, s:o}", "text", text, n, "index", (json_int_t)c->index,
-                           "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
-    json_object_set_new(o, "choices", json_pack("[o]", ch));
-    if (r->oreq.include_usage) json_object_set_new(o, "usage", json_null());
-    cmpl_sse_event(r, o);
-}
-
 static void on_token(srv_choice *c, const eng_event *ev)
 {
     srv_req *r = c->req;
     double t = log_now();
+    if (r->t_first == 0) r->t_first = t;
     if (c->tokens == 0)
         met_observe(&r->s->met.ttft, t - r->t_start);
     else
@@ -112,7 +108,7 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
     r->ndone++;
     if (stream) {
         cmpl_chunk_flush(c);
-        sse_choice(r, c, "", 0, c->finish);
+        cmpl_sse_finish(r, c);
     }
     if (r->ndone == r->nchoices && r->oreq.stream) cmpl_finish_stream(r);
 }
@@ -147,7 +143,9 @@ void cmpl_on_event(void *user, const eng_event *ev)
     }
 }
 
-enum MHD_Result cmpl_route(srv_req *r)
+/* Both routes: the body parsed by parse (chat's with the template), then
+ * the served model, the prompts' ids, and tokenizing. */
+static enum MHD_Result route(srv_req *r, int chat)
 {
     assert(r->state == HTTP_REQ_BODY);
     srv *s = r->s;
@@ -161,10 +159,19 @@ enum MHD_Result cmpl_route(srv_req *r)
                       .max_stop_bytes = SRV_MAX_STOP_BYTES,
                       .max_prompts = 64};
     oai_error e;
-    if (oai_parse_completion(r->body ? r->body : "", r->body_len, &lim, &r->oreq, &e) != 0)
+    const char *body = r->body ? r->body : "";
+    if ((chat ? oai_parse_chat(body, r->body_len, &lim, &s->chat, &r->oreq, &e)
+              : oai_parse_completion(body, r->body_len, &lim, &r->oreq, &e))
+        != 0)
         return http_send_oai_error(r, &e);
     oai_request *q = &r->oreq;
-    if (strcmp(q->model, s->cfg.model_name) != 0)
+    if (chat) { /* OpenAI's chat ids are chatcmpl-...; the id fits r->id with room */
+        size_t n = strlen(r->id);
+        assert(n + 4 < sizeof r->id);
+        memmove(r->id + 4, r->id, n + 1);
+        memcpy(r->id, "chat", 4);
+    }
+    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
         return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                                "The model '%s' does not exist; this server serves '%s'", q->model,
                                s->cfg.model_name);
@@ -185,6 +192,20 @@ enum MHD_Result cmpl_route(srv_req *r)
         }
     }
     return tok_prompts(r, cmpl_admit);
+}
+
+enum MHD_Result cmpl_route(srv_req *r)
+{
+    return route(r, 0);
+}
+
+enum MHD_Result cmpl_route_chat(srv_req *r)
+{
+    if (!r->s->chat_on)
+        return http_send_error(r, 400, "invalid_request_error", "chat_not_supported", NULL, NULL,
+                               "This server has no chat template (chat_template = none): send "
+                               "the text to continue to /v1/completions");
+    return route(r, 1);
 }
 
 /* The prompts' limits: a 400 queued (*rc) and 0, or 1 when they hold. */
@@ -210,6 +231,9 @@ static int prompts_fit(srv_req *r, enum MHD_Result *rc)
                                   r->prompt_len[i], s->cfg.max_prompt_tokens);
             return 0;
         }
+        if (q->max_tokens_auto && r->prompt_len[i] < mc->n_ctx
+            && q->max_tokens > mc->n_ctx - r->prompt_len[i])
+            q->max_tokens = mc->n_ctx - r->prompt_len[i]; /* no max_tokens: what fits */
         if (r->prompt_len[i] + q->max_tokens > mc->n_ctx) {
             *rc = http_send_error(
                 r, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", NULL,
@@ -236,7 +260,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
     utf8_stream_init(&c->utf8);
     utf8_stream_init(&c->off_utf8);
     if (q->logprobs >= 0) {
-        c->lp = lp_new();
+        c->lp = lp_new(r);
         if (c->lp == NULL) return ENG_ENOMEM;
         if (q->echo) { /* the first prompt token has no logprob */
             lp_add(c, r->prompt_ids[c->prompt][0], NULL,
@@ -246,6 +270,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
     }
     if (q->nstop > 0 && (c->stop = stop_new(stops, q->stop_len, q->nstop)) == NULL)
         return ENG_ENOMEM;
+    c->trim = q->chat && r->s->chat.trim_reply;
     eng_request er = {
         .prompt = r->prompt_ids[c->prompt],
         .nprompt = r->prompt_len[c->prompt],
@@ -312,7 +337,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
         for (size_t i = 0; i < q->nbias; i++)
             bias[i] = (eng_bias){q->bias[i].token, q->bias[i].bias};
     }
-    const char *stops[OAI_MAX_STOP];
+    const char *stops[OAI_STOP_CAP];
     for (size_t i = 0; i < q->nstop; i++) stops[i] = q->stop[i];
     uint64_t base_seed = q->has_seed ? q->seed : (uint64_t)time(NULL) ^ (s->next_id * 7919);
     for (size_t i = 0; i < r->nchoices; i++) {
@@ -342,6 +367,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
             cmpl_chunk_flush(c);
             free(t);
         }
+    if (q->stream && q->chat) cmpl_chat_open(r);
     loop_kick(s);
     if (q->stream) return cmpl_start_stream(r);
     http_req_set_state(r, HTTP_REQ_QUEUED);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef GPT2D_BUILD_VERSION
@@ -57,6 +58,8 @@ static void close_all(srv *s)
     uv_close((uv_handle_t *)&s->timer, NULL);
     uv_timer_stop(&s->watchdog);
     uv_close((uv_handle_t *)&s->watchdog, NULL);
+    uv_timer_stop(&s->info_timer);
+    uv_close((uv_handle_t *)&s->info_timer, NULL);
     uv_poll_stop(&s->poll);
     uv_close((uv_handle_t *)&s->poll, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -77,13 +80,36 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
 {
     int probe_key = !cfg->auth_open_health;
     size_t n = 0;
-    t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1};
-    t[n++] = (http_route){"GET", "/v1/models", probe_models, 1};
-    t[n++] = (http_route){"POST", "/tokenize", tok_route_tokenize, 1};
-    t[n++] = (http_route){"POST", "/detokenize", tok_route_detokenize, 1};
-    t[n++] = (http_route){"GET", "/health", probe_health, probe_key};
-    t[n++] = (http_route){"GET", "/ready", probe_ready, probe_key};
-    t[n++] = (http_route){"GET", "/metrics", probe_metrics, probe_key};
+    t[n++] = (http_route){
+        .method = "POST", .path = "/v1/completions", .handler = cmpl_route, .needs_key = 1};
+    t[n++] = (http_route){.method = "POST",
+                          .path = "/v1/chat/completions",
+                          .handler = cmpl_route_chat,
+                          .needs_key = 1};
+    t[n++] = (http_route){
+        .method = "GET", .path = "/v1/models", .handler = probe_models, .needs_key = 1};
+    t[n++] = (http_route){.method = "GET",
+                          .path = "/v1/models/",
+                          .handler = probe_model,
+                          .needs_key = 1,
+                          .prefix = 1};
+    t[n++] = (http_route){
+        .method = "GET", .path = "/version", .handler = probe_version, .needs_key = probe_key};
+    if (cfg->ui)
+        t[n++] = (http_route){.method = "GET",
+                              .path = "/",
+                              .handler = ui_page,
+                              .needs_key = 0}; /* the page; its calls need keys */
+    t[n++] = (http_route){
+        .method = "POST", .path = "/tokenize", .handler = tok_route_tokenize, .needs_key = 1};
+    t[n++] = (http_route){
+        .method = "POST", .path = "/detokenize", .handler = tok_route_detokenize, .needs_key = 1};
+    t[n++] = (http_route){
+        .method = "GET", .path = "/health", .handler = probe_health, .needs_key = probe_key};
+    t[n++] = (http_route){
+        .method = "GET", .path = "/ready", .handler = probe_ready, .needs_key = probe_key};
+    t[n++] = (http_route){
+        .method = "GET", .path = "/metrics", .handler = probe_metrics, .needs_key = probe_key};
     return n;
 }
 #define SRV_MAX_ROUTES 16
@@ -97,6 +123,10 @@ int srv_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             serve_usage(stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("gpt2d %s (%s, %s)\n", srv_version(), srv_commit(), srv_buildtype());
             return 0;
         }
         if (strcmp(argv[i], "--print-defaults") == 0) {
@@ -117,7 +147,31 @@ int srv_main(int argc, char **argv)
         || cfg_parse_args(&s.cfg, argc, argv, 1, err, sizeof err) != CFG_OK
         || cfg_validate(&s.cfg, err, sizeof err) != CFG_OK) {
         log_fatal(err);
+        if (strncmp(err, "unknown option", 14) == 0) serve_usage(stderr);
         return 2;
+    }
+    {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        s.started_wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+    }
+    /* The chat template: built in, none, or an operator's file. */
+    if (strcmp(s.cfg.chat_template, "none") == 0) {
+        s.chat_on = 0;
+    } else if (strcmp(s.cfg.chat_template, "default") == 0) {
+        if (oai_template_default(&s.chat) != 0) {
+            log_fatal("out of memory");
+            return 1;
+        }
+        s.chat_on = 1;
+    } else {
+        char terr[512];
+        if (oai_template_load(s.cfg.chat_template, &s.chat, terr, sizeof terr) != 0) {
+            snprintf(err, sizeof err, "chat_template: %s", terr);
+            log_fatal(err);
+            return 2;
+        }
+        s.chat_on = 1;
     }
     log_set_level(s.cfg.log_level);
     const char *delay = getenv("GPT2D_TEST_STEP_DELAY_MS");
@@ -238,6 +292,13 @@ int srv_main(int argc, char **argv)
                  mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
     uv_timer_init(s.loop, &s.watchdog);
     s.watchdog.data = &s;
+    uv_timer_init(s.loop, &s.info_timer);
+    s.info_timer.data = &s;
+    s.info_last = log_now();
+    if (s.cfg.info_interval_s > 0) {
+        uint64_t ms = (uint64_t)(s.cfg.info_interval_s * 1000);
+        uv_timer_start(&s.info_timer, loop_on_info, ms > 0 ? ms : 1, ms > 0 ? ms : 1);
+    }
     if (srv_sd_watchdog_usec() > 0) {
         uint64_t ms = srv_sd_watchdog_usec() / 2000;
         uv_timer_start(&s.watchdog, loop_on_watchdog, 0, ms > 0 ? ms : 1);
@@ -252,6 +313,7 @@ int srv_main(int argc, char **argv)
     log_line("info", "stopped");
     rc = 0;
 done:
+    oai_template_free(&s.chat);
     eng_sched_free(s.sched);
     eng_model_free(s.model);
     bpe_free(s.tok);

@@ -13,12 +13,15 @@
  *                  API key check
  *   tokenize.c     tokenizing bodies (inline or on the work queue);
  *                  /tokenize and /detokenize
- *   completions.c  /v1/completions: admission, engine events, choices
+ *   completions.c  /v1/completions and /v1/chat/completions: admission,
+ *                  engine events, choices
  *   cmpl_respond.c best_of ranking, the JSON answer and the SSE stream
  *   logprobs.c     the logprobs object of a choice
  *   respond.c      responses, and the one table from engine/tokenizer/config
  *                  status to HTTP status and OpenAI error
- *   probes.c       /health, /ready, /v1/models, /metrics
+ *   probes.c       /health, /ready, /v1/models[/{id}], /metrics, /version
+ *   ui.c           the playground page at / (server/ui/, built into the
+ *                  binary by scripts/embed.py)
  *   metrics.c      counters, histograms, the Prometheus page
  *   log.c          log lines and the access log
  *
@@ -82,7 +85,7 @@ double log_now(void);
 /* ---- metrics.c (pure; loop thread) ---------------------------------------- */
 
 #define MET_BUCKETS 14
-#define MET_ROUTES 8    /* the routes of met_route_index, and "other" */
+#define MET_ROUTES 11   /* the routes of met_route_index, and "other" */
 #define MET_STATUSES 11 /* the statuses of met_status_index, and "other" */
 
 typedef struct {
@@ -91,6 +94,17 @@ typedef struct {
     uint64_t count;
     double sum;
 } met_hist;
+
+/* What /metrics says about the build and the process (probes.c gathers
+ * the process's numbers; met_render only prints them). */
+typedef struct {
+    const char *version, *commit, *buildtype, *kernels, *dtype, *model;
+    double start_time;        /* Unix seconds */
+    double cpu_seconds;       /* user + system */
+    double resident_bytes;    /* -1: unknown */
+    double virtual_bytes;     /* -1: unknown */
+    double open_fds, max_fds; /* -1: unknown */
+} met_info;
 
 typedef struct {
     uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last column: others */
@@ -103,9 +117,10 @@ void met_init(srv_metrics *m);
 void met_observe(met_hist *h, double v);
 /* Counts one finished request by route (its URL) and HTTP status. */
 void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted);
-/* The Prometheus text page of m and the scheduler's st into *out
+/* The Prometheus text page of m, the scheduler's st and info into *out
  * (malloc'd, *len bytes). 0, or -1 when memory ran out (nothing kept). */
-int met_render(const srv_metrics *m, const eng_sched_stats *st, char **out, size_t *len);
+int met_render(const srv_metrics *m, const eng_sched_stats *st, const met_info *info, char **out,
+               size_t *len);
 
 /* ---- The per-request state machine (http.c) ------------------------------- */
 
@@ -139,6 +154,7 @@ typedef struct {
     const char *path;   /* matched whole */
     http_handler handler;
     int needs_key; /* an API key is required (when any is configured) */
+    int prefix;    /* path is a prefix: "/v1/models/" matches "/v1/models/ID" */
 } http_route;
 
 typedef enum {
@@ -215,6 +231,7 @@ typedef struct {
     double t_last;        /* when the last token came (inter-token latency) */
     double lp_sum;        /* best_of: the sum and count of the chosen    */
     size_t lp_n;          /* tokens' logprobs                            */
+    int trim;             /* chat: leading spaces of the reply still dropped */
 } srv_choice;
 
 typedef enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } srv_kind;
@@ -253,6 +270,7 @@ struct srv_req {
     char id[40];
     long long created;
     double t_start;
+    double t_first; /* the first generated token (0: none yet) */
     /* Streaming: SSE bytes waiting to be sent. */
     sse_queue sse;
     int error_status; /* a failure after submission */
@@ -308,6 +326,15 @@ struct srv {
     char sd_status[160];
     unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
     srv_metrics met;        /* loop thread only */
+    /* The chat template (chat_template; chat_on 0 when it is "none"). */
+    oai_template chat;
+    int chat_on;
+    double started_wall; /* Unix seconds at start-up (process_start_time_seconds) */
+    /* The periodic info line: when it was last written, and the token
+     * counters then. */
+    uv_timer_t info_timer;
+    double info_last;
+    uint64_t info_prompt, info_completion;
 };
 
 /* ---- loop.c --------------------------------------------------------------- */
@@ -330,12 +357,24 @@ void loop_sd_status(srv *s);
 /* ---- Handlers (the route table's) ----------------------------------------- */
 
 enum MHD_Result cmpl_route(srv_req *r);           /* completions.c */
+enum MHD_Result cmpl_route_chat(srv_req *r);      /* completions.c */
 enum MHD_Result tok_route_tokenize(srv_req *r);   /* tokenize.c    */
 enum MHD_Result tok_route_detokenize(srv_req *r); /* tokenize.c    */
 enum MHD_Result probe_health(srv_req *r);         /* probes.c      */
 enum MHD_Result probe_ready(srv_req *r);
 enum MHD_Result probe_models(srv_req *r);
+enum MHD_Result probe_model(srv_req *r); /* GET /v1/models/{id} */
 enum MHD_Result probe_metrics(srv_req *r);
+enum MHD_Result probe_version(srv_req *r);
+enum MHD_Result ui_page(srv_req *r); /* ui.c: GET / and its assets */
+
+/* The build, as /version and gpt2d_build_info report it. */
+const char *srv_version(void);
+const char *srv_commit(void);
+const char *srv_buildtype(void);
+/* The log line of what the server did since the last one (info_interval):
+ * nothing when it was idle. */
+void loop_on_info(uv_timer_t *t);
 
 /* ---- completions.c / cmpl_respond.c --------------------------------------- */
 
@@ -350,6 +389,10 @@ json_t *cmpl_base(const srv_req *r);
 void cmpl_sse_event(srv_req *r, json_t *obj);
 /* Streaming: sends the chunk built for choice c (its text and logprobs). */
 void cmpl_chunk_flush(srv_choice *c);
+/* Streaming: choice c's last chunk, with its finish_reason. */
+void cmpl_sse_finish(srv_req *r, const srv_choice *c);
+/* Streaming chat: the first chunk of every choice ({"role": "assistant"}). */
+void cmpl_chat_open(srv_req *r);
 /* The final events of a stream: an error or usage, then [DONE]. */
 void cmpl_finish_stream(srv_req *r);
 /* The non-streaming answer (the continuation of a suspended completion). */
@@ -368,7 +411,11 @@ void cmpl_choice_text(srv_choice *c, const char *p, size_t n);
 
 /* ---- logprobs.c ----------------------------------------------------------- */
 
-json_t *lp_new(void);
+/* The logprobs of choice c in its request's shape: legacy completions
+ * {tokens, token_logprobs, top_logprobs, text_offset}, or chat {content}. */
+json_t *lp_new(const srv_req *r);
+/* How many tokens lp holds. */
+size_t lp_count(const json_t *lp);
 /* Counts token id into c's character offset; returns the offset before it. */
 size_t lp_offset_feed(srv_choice *c, int32_t id);
 /* Appends one token's entry (ev NULL: the first prompt token, no logprob). */

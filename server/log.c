@@ -60,12 +60,16 @@ void log_fatal(const char *msg)
 
 void log_access(const srv_req *r, unsigned status, int aborted)
 {
+    /* ttft_ms: to the first generated token (0: none); tokens_per_s: the
+     * completion tokens over the whole request. */
+    double total = log_now() - r->t_start;
+    size_t ct = http_req_completion_tokens(r);
     log_line("info",
              "access %s %s status=%u id=%s prompt_tokens=%zu completion_tokens=%zu "
-             "duration_ms=%.1f%s",
-             r->method, r->url, status, r->id, http_req_prompt_tokens(r),
-             http_req_completion_tokens(r), (log_now() - r->t_start) * 1e3,
-             aborted ? " aborted=1" : "");
+             "duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f%s",
+             r->method, r->url, status, r->id, http_req_prompt_tokens(r), ct, total * 1e3,
+             r->t_first > 0 ? (r->t_first - r->t_start) * 1e3 : 0.0,
+             total > 0 ? (double)ct / total : 0.0, aborted ? " aborted=1" : "");
 }
 
 double log_now(void)

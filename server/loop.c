@@ -161,3 +161,24 @@ void loop_on_tick(uv_timer_t *t)
     loop_sd_status(s);
     loop_mhd_run(s);
 }
+
+void loop_on_info(uv_timer_t *t)
+{
+    srv *s = t->data;
+    double now = log_now(), dt = now - s->info_last;
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    uint64_t dp = s->met.prompt_tokens - s->info_prompt;
+    uint64_t dc = s->met.completion_tokens - s->info_completion;
+    s->info_last = now;
+    s->info_prompt = s->met.prompt_tokens;
+    s->info_completion = s->met.completion_tokens;
+    if (dp == 0 && dc == 0 && st.running == 0 && st.queued == 0) return; /* idle: silent */
+    log_line("info",
+             "running %zu, queued %zu; prompt %.1f tokens/s, generation %.1f tokens/s; KV "
+             "cache %.1f%% (%zu of %zu blocks)",
+             st.running, st.queued, dt > 0 ? (double)dp / dt : 0.0, dt > 0 ? (double)dc / dt : 0.0,
+             st.kv_blocks_total ? 100.0 * (double)st.kv_blocks_used / (double)st.kv_blocks_total
+                                : 0.0,
+             st.kv_blocks_used, st.kv_blocks_total);
+}

@@ -12,9 +12,9 @@ static const double met_seconds[MET_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0
 static const double met_rows[MET_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
                                              128, 256, 512, 1024, 2048, 4096, 8192};
 
-static const char *const met_routes[MET_ROUTES] = {"/v1/completions", "/v1/models", "/health",
-                                                   "/ready",          "/metrics",   "/tokenize",
-                                                   "/detokenize",     "other"};
+static const char *const met_routes[MET_ROUTES] = {
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
+    "/tokenize",       "/detokenize",          "/version",   "/",       "other"};
 static const unsigned met_statuses[MET_STATUSES] = {200, 400, 401, 404, 405, 408,
                                                     413, 429, 500, 503, 0};
 
@@ -59,14 +59,61 @@ void met_count_request(srv_metrics *m, const char *url, unsigned status, int abo
     if (aborted) m->aborted++;
 }
 
-int met_render(const srv_metrics *s, const eng_sched_stats *st, char **out, size_t *len)
+/* A label value: backslash, quote and newline escaped (the text format). */
+static void label(FILE *m, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            fprintf(m, "\\%c", *v);
+        else if (*v == '\n')
+            fputs("\\n", m);
+        else
+            fputc(*v, m);
+    }
+}
+
+static void family(FILE *m, const char *name, const char *type, const char *help)
+{
+    fprintf(m, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void sample_u(FILE *m, const char *name, const char *type, const char *help,
+                     unsigned long long v)
+{
+    family(m, name, type, help);
+    fprintf(m, "%s %llu\n", name, v);
+}
+
+static void sample_d(FILE *m, const char *name, const char *type, const char *help, double v)
+{
+    if (v < 0) return; /* unknown here: leave the family out */
+    family(m, name, type, help);
+    fprintf(m, "%s %.6f\n", name, v);
+}
+
+int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *info, char **out,
+               size_t *len)
 {
     char *buf = NULL;
     size_t n = 0;
     FILE *m = open_memstream(&buf, &n);
     if (m == NULL) return -1;
-    fprintf(m, "# HELP gpt2d_requests_total HTTP requests by route and status.\n"
-               "# TYPE gpt2d_requests_total counter\n");
+    family(m, "gpt2d_build_info", "gauge",
+           "Always 1; the labels say which build serves which model and weights.");
+    fputs("gpt2d_build_info{version=\"", m);
+    label(m, info->version);
+    fputs("\",commit=\"", m);
+    label(m, info->commit);
+    fputs("\",buildtype=\"", m);
+    label(m, info->buildtype);
+    fputs("\",kernels=\"", m);
+    label(m, info->kernels);
+    fputs("\",dtype=\"", m);
+    label(m, info->dtype ? info->dtype : "f32");
+    fputs("\",model=\"", m);
+    label(m, info->model);
+    fputs("\"} 1\n", m);
+    family(m, "gpt2d_requests_total", "counter", "HTTP requests by route and status.");
     for (size_t ri = 0; ri < MET_ROUTES; ri++)
         for (size_t si = 0; si < MET_STATUSES; si++) {
             if (s->requests[ri][si] == 0) continue;
@@ -78,6 +125,13 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, char **out, size
             fprintf(m, "gpt2d_requests_total{route=\"%s\",status=\"%s\"} %llu\n", met_routes[ri],
                     code, (unsigned long long)s->requests[ri][si]);
         }
+    sample_u(m, "gpt2d_requests_aborted_total", "counter",
+             "Requests whose client went away before the answer was complete.",
+             (unsigned long long)s->aborted);
+    sample_u(m, "gpt2d_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+             (unsigned long long)s->prompt_tokens);
+    sample_u(m, "gpt2d_completion_tokens_total", "counter", "Tokens generated.",
+             (unsigned long long)s->completion_tokens);
     met_print(m, "gpt2d_time_to_first_token_seconds", "From the request to its first token.",
               &s->ttft);
     met_print(m, "gpt2d_inter_token_latency_seconds", "Between consecutive tokens of a choice.",
@@ -87,22 +141,29 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, char **out, size
     met_print(m, "gpt2d_step_duration_seconds", "One engine step: forward and sampling.",
               &s->step_seconds);
     met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &s->step_rows);
-    fprintf(m,
-            "# TYPE gpt2d_requests_aborted_total counter\ngpt2d_requests_aborted_total %llu\n"
-            "# TYPE gpt2d_prompt_tokens_total counter\ngpt2d_prompt_tokens_total %llu\n"
-            "# TYPE gpt2d_completion_tokens_total counter\ngpt2d_completion_tokens_total %llu\n"
-            "# HELP gpt2d_running_sequences Sequences in the running batch.\n"
-            "# TYPE gpt2d_running_sequences gauge\ngpt2d_running_sequences %zu\n"
-            "# TYPE gpt2d_queued_requests gauge\ngpt2d_queued_requests %zu\n"
-            "# TYPE gpt2d_kv_blocks_used gauge\ngpt2d_kv_blocks_used %zu\n"
-            "# TYPE gpt2d_kv_blocks_total gauge\ngpt2d_kv_blocks_total %zu\n"
-            "# TYPE gpt2d_steps_total counter\ngpt2d_steps_total %llu\n"
-            "# TYPE gpt2d_last_step_rows gauge\ngpt2d_last_step_rows %zu\n"
-            "# TYPE gpt2d_last_step_seconds gauge\ngpt2d_last_step_seconds %.6f\n",
-            (unsigned long long)s->aborted, (unsigned long long)s->prompt_tokens,
-            (unsigned long long)s->completion_tokens, st->running, st->queued, st->kv_blocks_used,
-            st->kv_blocks_total, (unsigned long long)st->steps, st->last_step_rows,
-            st->last_step_seconds);
+    sample_u(m, "gpt2d_steps_total", "counter", "Engine steps run.", (unsigned long long)st->steps);
+    sample_u(m, "gpt2d_running_sequences", "gauge", "Sequences in the running batch.",
+             (unsigned long long)st->running);
+    sample_u(m, "gpt2d_queued_requests", "gauge", "Requests waiting for admission.",
+             (unsigned long long)st->queued);
+    sample_u(m, "gpt2d_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
+             (unsigned long long)st->kv_blocks_used);
+    sample_u(m, "gpt2d_kv_blocks_capacity", "gauge", "KV cache blocks in the pool.",
+             (unsigned long long)st->kv_blocks_total);
+    sample_u(m, "gpt2d_last_step_rows", "gauge", "Rows (tokens) in the last engine step.",
+             (unsigned long long)st->last_step_rows);
+    sample_d(m, "gpt2d_last_step_seconds", "gauge", "Duration of the last engine step.",
+             st->last_step_seconds);
+    sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
+             info->cpu_seconds);
+    sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",
+             info->resident_bytes);
+    sample_d(m, "process_virtual_memory_bytes", "gauge", "Virtual memory size.",
+             info->virtual_bytes);
+    sample_d(m, "process_open_fds", "gauge", "Open file descriptors.", info->open_fds);
+    sample_d(m, "process_max_fds", "gauge", "The limit of open file descriptors.", info->max_fds);
+    sample_d(m, "process_start_time_seconds", "gauge",
+             "Start time of the process since the Unix epoch.", info->start_time);
     int bad = ferror(m);
     if (fclose(m) != 0 || bad || buf == NULL) { /* a write failed: never a partial page */
         free(buf);

@@ -307,61 +307,117 @@ static int parse_bias(const json_t *o, const oai_limits *lim, oai_request *r, oa
     return 0;
 }
 
-int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oai_request *r,
-                         oai_error *err)
+/* The fields completions and chat share: sampling, n, stream, stop,
+ * penalties, logit_bias, seed, user and the extensions. */
+static int parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+{
+    long long ll;
+    double d;
+    if (get_number(o, "temperature", 0, 2, &r->temperature, err) != 0) return -1;
+    d = r->top_p;
+    if (get_number(o, "top_p", 0, 1, &d, err) != 0) return -1;
+    if (d <= 0) return bad(err, "top_p", "'top_p' must be above 0 and at most 1, got %g", d);
+    r->top_p = d;
+    ll = 0;
+    if (get_int(o, "top_k", 0, 1000000, &ll, err) != 0) return -1;
+    r->top_k = (int)ll;
+    ll = 1;
+    if (get_int(o, "n", 1, (long long)lim->max_n, &ll, err) != 0) return -1;
+    r->n = (size_t)ll;
+    if (get_bool(o, "stream", &r->stream, err) != 0) return -1;
+    const json_t *so = json_object_get(o, "stream_options");
+    if (so != NULL && !json_is_null(so)) {
+        if (!r->stream)
+            return bad(err, "stream_options",
+                       "'stream_options' is only allowed when 'stream' is true");
+        if (!json_is_object(so))
+            return bad(err, "stream_options", "'stream_options' must be an object, got %s",
+                       json_kind(so));
+        if (get_bool(so, "include_usage", &r->include_usage, err) != 0) {
+            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+    if (parse_stop(o, lim, r, err) != 0) return -1;
+    if (get_number(o, "presence_penalty", -2, 2, &r->presence_penalty, err) != 0) return -1;
+    if (get_number(o, "frequency_penalty", -2, 2, &r->frequency_penalty, err) != 0) return -1;
+    if (parse_bias(o, lim, r, err) != 0) return -1;
+    const json_t *seed = json_object_get(o, "seed");
+    if (seed != NULL && !json_is_null(seed)) {
+        if (!json_is_integer(seed))
+            return bad(err, "seed", "'seed' must be an integer, got %s", json_kind(seed));
+        r->has_seed = 1;
+        r->seed = (uint64_t)json_integer_value(seed);
+    }
+    const json_t *user = json_object_get(o, "user");
+    if (user != NULL && !json_is_null(user) && !json_is_string(user))
+        return bad(err, "user", "'user' must be a string, got %s", json_kind(user));
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) != 0) return -1;
+    if (get_number(o, "timeout", 0, 86400, &r->timeout_s, err) != 0) return -1;
+    return 0;
+}
+
+/* The body as a JSON object, and the optional `model` (a string without
+ * NUL; absent or null means the served model, r->model stays NULL). */
+static json_t *parse_body(const char *body, size_t len, oai_request *r, oai_error *err)
 {
     memset(r, 0, sizeof *r);
     r->max_tokens = 16;
     r->temperature = 1;
     r->top_p = 1;
     r->n = 1;
+    r->best_of = 1;
     r->logprobs = -1;
     json_error_t jerr;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
-    int rc = -1;
     if (o == NULL) {
         bad(err, "", "the body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
-        goto done;
+        return NULL;
     }
     if (!json_is_object(o)) {
         bad(err, "", "the body must be a JSON object, got %s", json_kind(o));
-        goto done;
+        goto fail;
     }
     const json_t *model = json_object_get(o, "model");
-    if (model == NULL || !json_is_string(model)) {
-        bad(err, "model", "'model' is required and must be a string");
-        goto done;
+    if (model != NULL && !json_is_null(model)) {
+        if (!json_is_string(model)) {
+            bad(err, "model", "'model' must be a string, got %s", json_kind(model));
+            goto fail;
+        }
+        size_t n = json_string_length(model);
+        if (memchr(json_string_value(model), '\0', n) != NULL) {
+            bad(err, "model", "'model' must not contain a NUL character");
+            goto fail;
+        }
+        r->model = strdup(json_string_value(model));
+        if (r->model == NULL) {
+            bad(err, "model", "out of memory");
+            goto fail;
+        }
     }
-    r->model = strdup(json_string_value(model));
-    if (r->model == NULL) {
-        bad(err, "model", "out of memory");
-        goto done;
-    }
+    return o;
+fail:
+    json_decref(o);
+    return NULL;
+}
+
+int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oai_request *r,
+                         oai_error *err)
+{
+    int rc = -1;
+    json_t *o = parse_body(body, len, r, err);
+    if (o == NULL) goto done;
     const json_t *suffix = json_object_get(o, "suffix");
     if (suffix != NULL && !json_is_null(suffix)) {
         bad(err, "suffix", "'suffix' is not supported: GPT-2 has no insertion mode");
         goto done;
     }
     long long ll;
-    double d;
     if (parse_prompt(o, lim, r, err) != 0) goto done;
     ll = (long long)r->max_tokens;
     if (get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
     r->max_tokens = (size_t)ll;
-    if (get_number(o, "temperature", 0, 2, &r->temperature, err) != 0) goto done;
-    d = r->top_p;
-    if (get_number(o, "top_p", 0, 1, &d, err) != 0) goto done;
-    if (d <= 0) {
-        bad(err, "top_p", "'top_p' must be above 0 and at most 1, got %g", d);
-        goto done;
-    }
-    r->top_p = d;
-    ll = 0;
-    if (get_int(o, "top_k", 0, 1000000, &ll, err) != 0) goto done;
-    r->top_k = (int)ll;
-    ll = 1;
-    if (get_int(o, "n", 1, (long long)lim->max_n, &ll, err) != 0) goto done;
-    r->n = (size_t)ll;
+    if (parse_shared(o, lim, r, err) != 0) goto done;
     ll = (long long)r->n;
     if (get_int(o, "best_of", 1, (long long)lim->max_n, &ll, err) != 0) goto done;
     r->best_of = (size_t)ll;
@@ -369,50 +425,228 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
         bad(err, "best_of", "'best_of' (%zu) must be at least 'n' (%zu)", r->best_of, r->n);
         goto done;
     }
-    if (get_bool(o, "stream", &r->stream, err) != 0) goto done;
     if (r->stream && r->best_of > r->n) {
         bad(err, "best_of", "'best_of' cannot be used with 'stream'");
         goto done;
-    }
-    const json_t *so = json_object_get(o, "stream_options");
-    if (so != NULL && !json_is_null(so)) {
-        if (!r->stream) {
-            bad(err, "stream_options", "'stream_options' is only allowed when 'stream' is true");
-            goto done;
-        }
-        if (!json_is_object(so)) {
-            bad(err, "stream_options", "'stream_options' must be an object, got %s", json_kind(so));
-            goto done;
-        }
-        if (get_bool(so, "include_usage", &r->include_usage, err) != 0) {
-            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
-            goto done;
-        }
-    }
-    if (parse_stop(o, lim, r, err) != 0) goto done;
-    if (get_number(o, "presence_penalty", -2, 2, &r->presence_penalty, err) != 0) goto done;
-    if (get_number(o, "frequency_penalty", -2, 2, &r->frequency_penalty, err) != 0) goto done;
-    if (parse_bias(o, lim, r, err) != 0) goto done;
-    const json_t *seed = json_object_get(o, "seed");
-    if (seed != NULL && !json_is_null(seed)) {
-        if (!json_is_integer(seed)) {
-            bad(err, "seed", "'seed' must be an integer, got %s", json_kind(seed));
-            goto done;
-        }
-        r->has_seed = 1;
-        r->seed = (uint64_t)json_integer_value(seed);
     }
     ll = -1;
     if (get_int(o, "logprobs", 0, OAI_MAX_LOGPROBS, &ll, err) != 0) goto done;
     r->logprobs = (int)ll;
     if (get_bool(o, "echo", &r->echo, err) != 0) goto done;
-    const json_t *user = json_object_get(o, "user");
-    if (user != NULL && !json_is_null(user) && !json_is_string(user)) {
-        bad(err, "user", "'user' must be a string, got %s", json_kind(user));
+    rc = 0;
+done:
+    json_decref(o);
+    if (rc != 0) oai_request_free(r);
+    return rc;
+}
+
+/* ---- chat ------------------------------------------------------------------ */
+
+/* Bounded growth of the rendered prompt: the body's own size bounds it, plus
+ * the template's text per message. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} textbuf;
+
+static int tb_add(textbuf *b, const char *p, size_t n)
+{
+    if (n > SIZE_MAX - b->len - 1) return -1;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL) return -1;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+static int tb_str(textbuf *b, const char *s)
+{
+    return tb_add(b, s, strlen(s));
+}
+
+/* One message's content: a string, or a list of text parts (joined). */
+static int add_content(textbuf *b, const json_t *content, size_t i, oai_error *err)
+{
+    if (json_is_string(content))
+        return tb_add(b, json_string_value(content), json_string_length(content)) != 0
+                   ? bad(err, "messages", "out of memory")
+                   : 0;
+    if (!json_is_array(content))
+        return bad(err, "messages",
+                   "'messages[%zu].content' must be a string or a list of text parts, got %s", i,
+                   json_kind(content));
+    for (size_t k = 0; k < json_array_size(content); k++) {
+        const json_t *part = json_array_get(content, k);
+        const json_t *type = json_object_get(part, "type");
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type))
+            return bad(err, "messages", "'messages[%zu].content[%zu]' must be a content part", i,
+                       k);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return bad(err, "messages",
+                       "'messages[%zu].content[%zu]' is a '%.40s' part; GPT-2 reads only text", i,
+                       k, json_string_value(type));
+        if (!json_is_string(text))
+            return bad(err, "messages", "'messages[%zu].content[%zu].text' must be a string", i, k);
+        if (tb_add(b, json_string_value(text), json_string_length(text)) != 0)
+            return bad(err, "messages", "out of memory");
+    }
+    return 0;
+}
+
+static int role_of(const char *name, oai_role *out)
+{
+    if (strcmp(name, "system") == 0 || strcmp(name, "developer") == 0)
+        *out = OAI_ROLE_SYSTEM;
+    else if (strcmp(name, "user") == 0)
+        *out = OAI_ROLE_USER;
+    else if (strcmp(name, "assistant") == 0)
+        *out = OAI_ROLE_ASSISTANT;
+    else
+        return -1;
+    return 0;
+}
+
+/* messages -> the template's text, as the one prompt of r. */
+static int render_messages(const json_t *o, const oai_template *t, oai_request *r, oai_error *err)
+{
+    const json_t *msgs = json_object_get(o, "messages");
+    if (msgs == NULL || json_is_null(msgs))
+        return bad(err, "messages", "'messages' is required: a list of {role, content}");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return bad(err, "messages", "'messages' must be a non-empty list, got %s",
+                   json_is_array(msgs) ? "an empty list" : json_kind(msgs));
+    textbuf b = {0};
+    if (tb_str(&b, t->begin) != 0) goto oom;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m)) {
+            bad(err, "messages", "'messages[%zu]' must be an object, got %s", i, json_kind(m));
+            goto fail;
+        }
+        const json_t *role = json_object_get(m, "role");
+        oai_role rl;
+        if (!json_is_string(role)) {
+            bad(err, "messages", "'messages[%zu].role' must be a string", i);
+            goto fail;
+        }
+        if (role_of(json_string_value(role), &rl) != 0) {
+            bad(err, "messages",
+                "'messages[%zu].role' is '%.40s'; this server takes system, developer, user and "
+                "assistant messages (no tools)",
+                i, json_string_value(role));
+            goto fail;
+        }
+        const json_t *calls = json_object_get(m, "tool_calls");
+        if (calls != NULL && !json_is_null(calls)) {
+            bad(err, "messages", "'messages[%zu].tool_calls': tools are not supported", i);
+            goto fail;
+        }
+        const json_t *content = json_object_get(m, "content");
+        if (content == NULL || json_is_null(content)) {
+            bad(err, "messages", "'messages[%zu].content' is required", i);
+            goto fail;
+        }
+        if (tb_str(&b, t->prefix[rl]) != 0) goto oom;
+        if (add_content(&b, content, i, err) != 0) goto fail;
+        if (tb_str(&b, t->suffix[rl]) != 0) goto oom;
+    }
+    if (tb_str(&b, t->generation) != 0) goto oom;
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (r->prompts == NULL) goto oom;
+    r->nprompts = 1;
+    r->prompts[0].text = b.p;
+    r->prompts[0].text_len = b.len;
+    return 0;
+oom:
+    bad(err, "messages", "out of memory");
+fail:
+    free(b.p);
+    return -1;
+}
+
+/* A field that must be absent or null (or an empty list). */
+static int refuse(const json_t *o, const char *key, const char *why, oai_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (v == NULL || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) return 0;
+    return bad(err, key, "'%s' is not supported: %s", key, why);
+}
+
+int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oai_template *t,
+                   oai_request *r, oai_error *err)
+{
+    int rc = -1;
+    json_t *o = parse_body(body, len, r, err);
+    if (o == NULL) goto done;
+    r->chat = 1;
+    if (refuse(o, "tools", "GPT-2 cannot call tools", err) != 0
+        || refuse(o, "functions", "GPT-2 cannot call functions", err) != 0
+        || refuse(o, "audio", "GPT-2 writes only text", err) != 0)
+        goto done;
+    const json_t *tc = json_object_get(o, "tool_choice");
+    if (tc != NULL && !json_is_null(tc)
+        && !(json_is_string(tc) && strcmp(json_string_value(tc), "none") == 0)) {
+        bad(err, "tool_choice", "'tool_choice' is not supported: GPT-2 cannot call tools");
         goto done;
     }
-    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) != 0) goto done;
-    if (get_number(o, "timeout", 0, 86400, &r->timeout_s, err) != 0) goto done;
+    const json_t *rf = json_object_get(o, "response_format");
+    if (rf != NULL && !json_is_null(rf)) {
+        const json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type)) {
+            bad(err, "response_format", "'response_format' must be {\"type\": \"text\"}");
+            goto done;
+        }
+        if (strcmp(json_string_value(type), "text") != 0) {
+            bad(err, "response_format",
+                "'response_format' type '%.40s' is not supported: this server writes only "
+                "free text",
+                json_string_value(type));
+            goto done;
+        }
+    }
+    if (render_messages(o, t, r, err) != 0) goto done;
+    /* max_completion_tokens is the current name; max_tokens the old one. */
+    long long ll = -1;
+    if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0)
+        goto done;
+    if (ll < 0 && get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0)
+        goto done;
+    r->max_tokens_auto = ll < 0;
+    r->max_tokens = ll < 0 ? lim->max_tokens_limit : (size_t)ll;
+    if (parse_shared(o, lim, r, err) != 0) goto done;
+    r->best_of = r->n;
+    int logprobs = 0;
+    if (get_bool(o, "logprobs", &logprobs, err) != 0) goto done;
+    ll = 0;
+    if (get_int(o, "top_logprobs", 0, 20, &ll, err) != 0) goto done;
+    if (ll > OAI_MAX_LOGPROBS) {
+        bad(err, "top_logprobs", "'top_logprobs' is %lld; this server gives at most %d", ll,
+            OAI_MAX_LOGPROBS);
+        goto done;
+    }
+    if (ll > 0 && !logprobs) {
+        bad(err, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        goto done;
+    }
+    r->logprobs = logprobs ? (int)ll : -1;
+    for (size_t i = 0; i < t->nstop && r->nstop < OAI_STOP_CAP; i++) {
+        size_t n = strlen(t->stop[i]);
+        r->stop[r->nstop] = malloc(n + 1);
+        if (r->stop[r->nstop] == NULL) {
+            bad(err, "stop", "out of memory");
+            goto done;
+        }
+        memcpy(r->stop[r->nstop], t->stop[i], n + 1);
+        r->stop_len[r->nstop++] = n;
+    }
     rc = 0;
 done:
     json_decref(o);

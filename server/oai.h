@@ -11,8 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OAI_MAX_STOP 4
-#define OAI_MAX_LOGPROBS 5
+#define OAI_MAX_STOP 4     /* stop strings a request may send */
+#define OAI_MAX_LOGPROBS 5 /* top alternatives per token */
+/* Stop strings a request holds: its own plus a chat template's. */
+#define OAI_STOP_CAP (2 * OAI_MAX_STOP)
 
 /* The server's limits a request is checked against. */
 typedef struct {
@@ -37,7 +39,9 @@ typedef struct {
 } oai_bias;
 
 typedef struct {
-    char *model; /* owned */
+    char *model;         /* owned; NULL: absent, the served model */
+    int chat;            /* 1: POST /v1/chat/completions (answers in the chat shape) */
+    int max_tokens_auto; /* 1: max_tokens was not given (chat): what the context allows */
     oai_prompt *prompts;
     size_t nprompts;
     size_t max_tokens;  /* default 16 */
@@ -47,9 +51,9 @@ typedef struct {
     size_t n;           /* default 1 */
     size_t best_of;     /* default n */
     int stream;
-    int include_usage; /* stream_options.include_usage */
-    char *stop[OAI_MAX_STOP];
-    size_t stop_len[OAI_MAX_STOP];
+    int include_usage;        /* stream_options.include_usage */
+    char *stop[OAI_STOP_CAP]; /* the request's, then the chat template's */
+    size_t stop_len[OAI_STOP_CAP];
     size_t nstop;
     double presence_penalty, frequency_penalty;
     oai_bias *bias; /* logit_bias */
@@ -83,6 +87,48 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
                          oai_error *err);
 
 void oai_request_free(oai_request *req);
+
+/*
+ * A chat template: how a list of messages becomes GPT-2's prompt text
+ * (docs/api.md, "Chat templates"). The prompt is `begin`, then each message
+ * as its role's prefix + content + suffix, then `generation`, which the
+ * model continues; `stop` strings end the reply (the turn separator).
+ */
+typedef enum { OAI_ROLE_SYSTEM = 0, OAI_ROLE_USER, OAI_ROLE_ASSISTANT, OAI_NROLES } oai_role;
+
+#define OAI_TEMPLATE_MAX_STOP OAI_MAX_STOP
+
+typedef struct {
+    char *begin;                       /* owned; may be "" */
+    char *prefix[OAI_NROLES];          /* owned */
+    char *suffix[OAI_NROLES];          /* owned */
+    char *generation;                  /* owned */
+    char *stop[OAI_TEMPLATE_MAX_STOP]; /* owned */
+    size_t nstop;
+    int trim_reply; /* 1: leading spaces of the reply are not part of its content */
+} oai_template;
+
+/* The built-in transcript template (docs/api.md). Returns 0, or -1 when out
+ * of memory (t empty). Free with oai_template_free. */
+int oai_template_default(oai_template *t);
+
+/*
+ * Reads a template file (`key = "string"` lines, docs/api.md). Returns 0,
+ * or -1 with t empty and err naming the file and line. Borrows path.
+ */
+int oai_template_load(const char *path, oai_template *t, char *err, size_t errlen);
+
+void oai_template_free(oai_template *t); /* accepts an empty t */
+
+/*
+ * Parses and validates a POST /v1/chat/completions body and renders its
+ * messages through template t into one text prompt, with t's stop strings
+ * after the request's own. As oai_parse_completion otherwise: 0 and req, or
+ * -1 and the 400 in err. `tools`, `functions` and a `response_format` other
+ * than text are refused.
+ */
+int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oai_template *t,
+                   oai_request *req, oai_error *err);
 
 /* Fills err (the four fields and the status). */
 void oai_error_set(oai_error *err, int status, const char *type, const char *code,

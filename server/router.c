@@ -12,7 +12,10 @@ http_route_result http_route_find(const http_route *table, size_t n, const char 
 {
     const http_route *path_match = NULL;
     for (size_t i = 0; i < n; i++) {
-        if (strcmp(table[i].path, path) != 0) continue;
+        size_t plen = strlen(table[i].path);
+        int match = table[i].prefix ? strncmp(table[i].path, path, plen) == 0 && path[plen] != '\0'
+                                    : strcmp(table[i].path, path) == 0;
+        if (!match) continue;
         if (strcmp(table[i].method, method) == 0) {
             *out = &table[i];
             return HTTP_ROUTE_FOUND;

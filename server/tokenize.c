@@ -136,9 +136,11 @@ enum MHD_Result tok_route_tokenize(srv_req *r)
     if (o == NULL) return rc;
     json_t *p = json_object_get(o, "prompt");
     if (!json_is_string(p)) {
+        int absent = p == NULL;
         json_decref(o);
         return http_send_error(r, 400, "invalid_request_error", NULL, "prompt", NULL,
-                               "'prompt' must be a string");
+                               absent ? "'prompt' is required: the text to tokenize"
+                                      : "'prompt' must be a string");
     }
     r->kind = R_TOKENIZE;
     r->tok_json = o; /* holds the text while it is tokenized */
@@ -157,6 +159,11 @@ enum MHD_Result tok_route_detokenize(srv_req *r)
     if (o == NULL) return rc;
     r->kind = R_DETOKENIZE;
     json_t *t = json_object_get(o, "tokens");
+    if (t == NULL) {
+        json_decref(o);
+        return http_send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL,
+                               "'tokens' is required: the token ids to detokenize");
+    }
     size_t n = json_array_size(t);
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     if (!json_is_array(t) || ids == NULL) {

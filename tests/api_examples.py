@@ -6,7 +6,7 @@ An example is an indented block whose first line starts with "curl" (lines
 ending in a backslash continue it). Each must exit 0 and print JSON, or, for
 a stream, SSE events ending with "data: [DONE]". The lines of the block after
 the command, if any, are the documented answer: the output must be exactly
-that JSON (compared as values, not as text).
+that JSON, byte for byte (the compact JSON the server writes).
 """
 import json
 import subprocess
@@ -56,7 +56,10 @@ for b in blocks:
             sys.exit(f"FAIL: `{shell}` did not print JSON: {out[:200]!r}")
         if "error" in got and not expected:
             sys.exit(f"FAIL: `{shell}` answered an error: {out}")
-        if expected and got != json.loads(expected):
+        # The documented answer is what the server writes, byte for byte
+        # (compact JSON, keys in the server's order); an answer that holds a
+        # time, an id or random text is shown without its output.
+        if expected and out.strip() != expected:
             sys.exit(f"FAIL: `{shell}`\n  documented: {expected}\n  got:        {out}")
     ran += 1
 if ran < 8:

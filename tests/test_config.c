@@ -140,7 +140,11 @@ START_TEST(cfg_parse_args_errors)
     char err[256];
     char *a1[] = {"serve", "--bogus", "1"};
     ck_assert_int_eq(cfg_parse_args(&c, 3, a1, 1, err, sizeof err), CFG_EKEY);
-    ck_assert_ptr_nonnull(strstr(err, "--bogus"));
+    ck_assert_ptr_nonnull(strstr(err, "unknown option '--bogus'"));
+    /* The last option, with no value after it, is still an unknown option. */
+    char *a0[] = {"serve", "--foo"};
+    ck_assert_int_eq(cfg_parse_args(&c, 2, a0, 1, err, sizeof err), CFG_EKEY);
+    ck_assert_str_eq(err, "unknown option '--foo'");
     char *a2[] = {"serve", "--port"};
     ck_assert_int_eq(cfg_parse_args(&c, 2, a2, 1, err, sizeof err), CFG_EVALUE);
     ck_assert_ptr_nonnull(strstr(err, "needs a value"));
@@ -152,6 +156,32 @@ START_TEST(cfg_parse_args_errors)
     char *a5[] = {"serve", "--config", "/nonexistent/gpt2d.conf"};
     ck_assert_int_eq(cfg_parse_args(&c, 3, a5, 1, err, sizeof err), CFG_EIO);
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/gpt2d.conf"));
+}
+END_TEST
+
+START_TEST(cfg_set_model_name_takes_several_names)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    char err[256];
+    ck_assert_uint_eq(c.n_model_names, 1);
+    ck_assert(cfg_model_name_ok(&c, "gpt2"));
+    ck_assert_int_eq(cfg_set(&c, "model_name", "gpt2-small,gpt-3.5-turbo-instruct,x",
+                             "--model-name", err, sizeof err),
+                     CFG_OK);
+    ck_assert_str_eq(c.model_name, "gpt2-small"); /* the first is reported */
+    ck_assert_uint_eq(c.n_model_names, 3);
+    ck_assert(cfg_model_name_ok(&c, "gpt-3.5-turbo-instruct"));
+    ck_assert(cfg_model_name_ok(&c, "x"));
+    ck_assert(!cfg_model_name_ok(&c, "gpt2"));
+    ck_assert(!cfg_model_name_ok(&c, "gpt2-smal"));
+    const char *bad[] = {"", "a,,b", "a,", "has space", "a,b,c,d,e,f,g,h,i"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(cfg_set(&c, "model_name", bad[i], "f:3", err, sizeof err), CFG_EVALUE);
+        ck_assert_msg(strncmp(err, "f:3: model_name", 15) == 0, "%s", err);
+    }
+    ck_assert_str_eq(c.model_name, "gpt2-small"); /* a refused value changes nothing */
+    ck_assert_uint_eq(c.n_model_names, 3);
 }
 END_TEST
 
@@ -202,6 +232,7 @@ int main(void)
     tcase_add_test(tc, cfg_parse_args_defaults_then_file_then_options);
     tcase_add_test(tc, cfg_parse_args_errors);
     tcase_add_test(tc, cfg_validate_cross_checks);
+    tcase_add_test(tc, cfg_set_model_name_takes_several_names);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

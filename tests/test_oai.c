@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const oai_limits lim = {.vocab_size = 50257,
                                .max_tokens_limit = 1024,
@@ -97,8 +98,8 @@ static const struct {
 } bad[] = {
     {"not json", "", "not valid JSON"},
     {"[1]", "", "must be a JSON object"},
-    {"{\"prompt\":\"x\"}", "model", "'model' is required"},
-    {"{\"model\":5}", "model", "'model' is required"},
+    {"{\"model\":5}", "model", "'model' must be a string, got an integer"},
+    {"{\"model\":\"gpt2\\u0000evil\"}", "model", "must not contain a NUL"},
     {"{\"model\":\"m\",\"suffix\":\"x\"}", "suffix", "not supported"},
     {"{\"model\":\"m\",\"prompt\":5}", "prompt", "got an integer"},
     {"{\"model\":\"m\",\"prompt\":[]}", "prompt", "empty list"},
@@ -203,6 +204,209 @@ START_TEST(oai_parse_hostile_bodies_fail_cleanly)
 }
 END_TEST
 
+START_TEST(oai_parse_model_is_optional)
+{
+    oai_request r = parse_ok("{\"prompt\": \"Hello\"}");
+    ck_assert_ptr_null(r.model);
+    oai_request_free(&r);
+    r = parse_ok("{\"model\": null, \"prompt\": \"Hello\"}");
+    ck_assert_ptr_null(r.model);
+    oai_request_free(&r);
+}
+END_TEST
+
+/* ---- chat ---- */
+
+static oai_request chat_ok(const oai_template *t, const char *body)
+{
+    oai_request r;
+    oai_error e;
+    ck_assert_msg(oai_parse_chat(body, strlen(body), &lim, t, &r, &e) == 0, "%s: %s", body,
+                  e.message);
+    ck_assert_int_eq(r.chat, 1);
+    return r;
+}
+
+START_TEST(oai_parse_chat_renders_the_default_transcript)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_request r =
+        chat_ok(&t, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                    "{\"role\": \"user\", \"content\": \"Hi\"},"
+                    "{\"role\": \"assistant\", \"content\": \"Hello.\"},"
+                    "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\":"
+                    " \"How are \"}, {\"type\": \"text\", \"text\": \"you?\"}]}]}");
+    ck_assert_uint_eq(r.nprompts, 1);
+    ck_assert_str_eq(r.prompts[0].text, "Be brief.\n\nUser: Hi\n\nAssistant: Hello.\n\n"
+                                        "User: How are you?\n\nAssistant:");
+    ck_assert_uint_eq(r.prompts[0].text_len, strlen(r.prompts[0].text));
+    /* The turn separator is the implicit stop; no max_tokens: the context. */
+    ck_assert_uint_eq(r.nstop, 2);
+    ck_assert_str_eq(r.stop[0], "\n\n");
+    ck_assert_str_eq(r.stop[1], "\nUser:");
+    ck_assert_int_eq(r.max_tokens_auto, 1);
+    ck_assert_uint_eq(r.max_tokens, lim.max_tokens_limit);
+    ck_assert_int_eq(r.logprobs, -1);
+    ck_assert_ptr_null(r.model);
+    oai_request_free(&r);
+    oai_template_free(&t);
+}
+END_TEST
+
+START_TEST(oai_parse_chat_every_field)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_request r = chat_ok(
+        &t, "{\"model\": \"gpt2\", \"messages\": [{\"role\": \"developer\", \"content\": \"x\"}],"
+            "\"max_completion_tokens\": 7, \"max_tokens\": 3, \"n\": 2, \"stop\": [\"END\"],"
+            "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
+            "\"temperature\": 0.5, \"top_p\": 0.9, \"seed\": 4, \"logprobs\": true,"
+            "\"top_logprobs\": 3, \"logit_bias\": {\"11\": 1}, \"response_format\": {\"type\":"
+            " \"text\"}, \"tools\": [], \"tool_choice\": \"none\", \"user\": \"u\"}");
+    ck_assert_str_eq(r.model, "gpt2");
+    ck_assert_str_eq(r.prompts[0].text, "x\n\nAssistant:"); /* developer is system */
+    ck_assert_uint_eq(r.max_tokens, 7);                     /* the current name wins */
+    ck_assert_int_eq(r.max_tokens_auto, 0);
+    ck_assert_uint_eq(r.n, 2);
+    ck_assert_uint_eq(r.best_of, 2);
+    ck_assert_uint_eq(r.nstop, 3); /* the request's, then the template's */
+    ck_assert_str_eq(r.stop[0], "END");
+    ck_assert(r.stream && r.include_usage && r.has_seed && r.seed == 4);
+    ck_assert_int_eq(r.logprobs, 3);
+    ck_assert_uint_eq(r.nbias, 1);
+    oai_request_free(&r);
+    r = chat_ok(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 0,"
+                    " \"logprobs\": true}");
+    ck_assert_uint_eq(r.max_tokens, 0);
+    ck_assert_int_eq(r.logprobs, 0);
+    oai_request_free(&r);
+    oai_template_free(&t);
+}
+END_TEST
+
+static const struct {
+    const char *body, *param, *message;
+} chat_bad[] = {
+    {"{}", "messages", "'messages' is required"},
+    {"{\"messages\": []}", "messages", "non-empty list, got an empty list"},
+    {"{\"messages\": \"hi\"}", "messages", "got a string"},
+    {"{\"messages\": [5]}", "messages", "'messages[0]' must be an object"},
+    {"{\"messages\": [{\"content\": \"x\"}]}", "messages", "'messages[0].role' must be"},
+    {"{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages", "no tools"},
+    {"{\"messages\": [{\"role\": \"user\"}]}", "messages", "content' is required"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages", "got an integer"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", "messages",
+     "'image_url' part; GPT-2 reads only text"},
+    {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"tool_calls\": [{}]}]}",
+     "messages", "tools are not supported"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\"}]}",
+     "tools", "cannot call tools"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"auto\"}",
+     "tool_choice", "not supported"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+     "\"json_object\"}}",
+     "response_format", "'json_object' is not supported"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 7, "
+     "\"logprobs\": true}",
+     "top_logprobs", "at most 5"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+     "top_logprobs", "needs 'logprobs': true"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": "
+     "5000}",
+     "max_completion_tokens", "got 5000"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 3}",
+     "temperature", "got 3"},
+};
+
+START_TEST(oai_parse_chat_bad_requests_name_the_parameter)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_request r;
+    oai_error e;
+    const char *body = chat_bad[_i].body;
+    ck_assert_int_eq(oai_parse_chat(body, strlen(body), &lim, &t, &r, &e), -1);
+    ck_assert_int_eq(e.status, 400);
+    ck_assert_str_eq(e.param, chat_bad[_i].param);
+    ck_assert_msg(strstr(e.message, chat_bad[_i].message) != NULL, "%s: %s", body, e.message);
+    oai_template_free(&t);
+}
+END_TEST
+
+static char tpath[64];
+
+static void write_template(const char *text)
+{
+    snprintf(tpath, sizeof tpath, "/tmp/gpt2d-test-tmpl-XXXXXX");
+    int fd = mkstemp(tpath);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(oai_template_load_reads_a_file)
+{
+    write_template("# ChatML-like, for a fine-tuned checkpoint\n"
+                   "begin = \"<|endoftext|>\"\n"
+                   "system = \"<|im_start|>system\\n{content}<|im_end|>\\n\"\n"
+                   "user = \"<|im_start|>user\\n{content}<|im_end|>\\n\"\n"
+                   "assistant = \"<|im_start|>assistant\\n{content}<|im_end|>\\n\"\n"
+                   "generation = \"<|im_start|>assistant\\n\"\n"
+                   "stop = \"<|im_end|>\"\n"
+                   "trim_reply = false\n");
+    oai_template t;
+    char err[256];
+    ck_assert_msg(oai_template_load(tpath, &t, err, sizeof err) == 0, "%s", err);
+    unlink(tpath);
+    ck_assert_int_eq(t.trim_reply, 0);
+    oai_request r =
+        chat_ok(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"Say \\\"hi\\\"\"}],"
+                    "\"stop\": \"X\"}");
+    ck_assert_str_eq(r.prompts[0].text, "<|endoftext|><|im_start|>user\nSay \"hi\"<|im_end|>\n"
+                                        "<|im_start|>assistant\n");
+    ck_assert_uint_eq(r.nstop, 2);
+    ck_assert_str_eq(r.stop[1], "<|im_end|>");
+    oai_request_free(&r);
+    oai_template_free(&t);
+}
+END_TEST
+
+static const struct {
+    const char *text, *message;
+} tmpl_bad[] = {
+    {"user = \"{content}\"\n", "needs system, user, assistant and generation"},
+    {"user = \"no placeholder\"\n", ":1: user must hold {content} exactly once"},
+    {"\nuser = \"{content}{content}\"\n", ":2: user must hold {content} exactly once"},
+    {"user = {content}\n", ":1: user: the value must be a double-quoted string"},
+    {"user = \"a\\qb\"\n", ":1: user: unknown escape"},
+    {"colour = \"x\"\n", ":1: unknown key 'colour'"},
+    {"user\n", ":1: expected key = \"value\""},
+    {"stop = \"\"\n", ":1: a stop string must be 1 to 256 bytes"},
+    {"stop = \"a\"\nstop = \"b\"\nstop = \"c\"\nstop = \"d\"\nstop = \"e\"\n",
+     ":5: more than 4 stop strings"},
+    {"trim_reply = maybe\n", ":1: trim_reply must be true or false"},
+};
+
+START_TEST(oai_template_load_errors_name_the_line)
+{
+    write_template(tmpl_bad[_i].text);
+    oai_template t;
+    char err[256];
+    ck_assert_int_eq(oai_template_load(tpath, &t, err, sizeof err), -1);
+    unlink(tpath);
+    ck_assert_msg(strstr(err, tmpl_bad[_i].message) != NULL, "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, tpath));
+    ck_assert_ptr_null(t.begin);
+    ck_assert_int_eq(oai_template_load("/nonexistent/t", &t, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/t: cannot open"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("oai");
@@ -213,6 +417,18 @@ int main(void)
     tcase_add_loop_test(tc, oai_parse_bad_requests_name_the_parameter, 0,
                         (int)(sizeof bad / sizeof bad[0]));
     tcase_add_test(tc, oai_parse_hostile_bodies_fail_cleanly);
+    tcase_add_test(tc, oai_parse_model_is_optional);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("oai_parse_chat");
+    tcase_add_test(tc, oai_parse_chat_renders_the_default_transcript);
+    tcase_add_test(tc, oai_parse_chat_every_field);
+    tcase_add_loop_test(tc, oai_parse_chat_bad_requests_name_the_parameter, 0,
+                        (int)(sizeof chat_bad / sizeof chat_bad[0]));
+    suite_add_tcase(s, tc);
+    tc = tcase_create("oai_template_load");
+    tcase_add_test(tc, oai_template_load_reads_a_file);
+    tcase_add_loop_test(tc, oai_template_load_errors_name_the_line, 0,
+                        (int)(sizeof tmpl_bad / sizeof tmpl_bad[0]));
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -63,7 +63,11 @@ import json, sys
 gen = open(sys.argv[1], "rb").read().rstrip(b"\n").decode("utf-8", "replace")
 c = json.load(open(sys.argv[2]))
 assert c["choices"][0]["text"] == gen, (c["choices"][0]["text"], gen)
-assert c["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}, c["usage"]
+u = dict(c["usage"])
+t = u.pop("timings")  # the documented extension; the OpenAI fields stay exact
+assert u == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}, c["usage"]
+assert 0 < t["ttft_ms"] <= t["total_ms"], t
+assert abs(t["completion_tokens_per_second"] - 12 / (t["total_ms"] / 1e3)) < 1e-6 * 12 / (t["total_ms"] / 1e3) + 1e-9, t
 assert c["choices"][0]["finish_reason"] == "length"
 assert c["id"].startswith("cmpl-") and c["system_fingerprint"].startswith("fp_")
 PY
@@ -132,7 +136,8 @@ assert empty["choices"][0]["text"] == gen, (empty, gen)
 c = score["choices"][0]
 assert c["text"] == "Hello<|endoftext|> world" and c["finish_reason"] == "length", c
 assert c["logprobs"]["tokens"] == ["Hello", "<|endoftext|>", " world"], c["logprobs"]
-assert score["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}, score
+assert {k: score["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}, score
+assert score["usage"]["timings"]["ttft_ms"] == 0, score  # no token was generated
 want = ids["choices"][0]["logprobs"]
 assert c["logprobs"]["token_logprobs"] == want["token_logprobs"][:3], (c, want)
 assert c["logprobs"]["top_logprobs"] == want["top_logprobs"][:3], (c, want)
@@ -240,7 +245,7 @@ for name in ("gpt2d_time_to_first_token_seconds", "gpt2d_inter_token_latency_sec
              "gpt2d_request_duration_seconds", "gpt2d_step_duration_seconds", "gpt2d_step_batch_rows"):
     assert f"# TYPE {name} histogram" in m and f'{name}_bucket{{le="+Inf"}}' in m, name
 assert 'gpt2d_requests_total{route="/v1/completions",status="200"}' in m
-for g in ("gpt2d_queued_requests", "gpt2d_kv_blocks_total", "gpt2d_completion_tokens_total"):
+for g in ("gpt2d_queued_requests", "gpt2d_kv_blocks_capacity", "gpt2d_completion_tokens_total"):
     assert g in m, g
 PY
 

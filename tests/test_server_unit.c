@@ -26,10 +26,10 @@ static enum MHD_Result handler_b(srv_req *r)
 }
 
 static const http_route table[] = {
-    {"POST", "/v1/completions", handler_a, 1},
-    {"GET", "/health", handler_b, 0},
-    {"POST", "/health", handler_a, 1}, /* a second method on one path */
-    {"GET", "/metrics", handler_b, 0},
+    {"POST", "/v1/completions", handler_a, 1, 0},
+    {"GET", "/health", handler_b, 0, 0},
+    {"POST", "/health", handler_a, 1, 0}, /* a second method on one path */
+    {"GET", "/metrics", handler_b, 0, 0},
 };
 #define NTABLE (sizeof table / sizeof table[0])
 
@@ -72,6 +72,24 @@ START_TEST(http_route_find_unknown_path_not_found)
     ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/HEALTH", &e), HTTP_ROUTE_NOT_FOUND);
     ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "", &e), HTTP_ROUTE_NOT_FOUND);
     ck_assert_int_eq(http_route_find(table, 0, "GET", "/health", &e), HTTP_ROUTE_NOT_FOUND);
+}
+END_TEST
+
+START_TEST(http_route_find_prefix_route_takes_a_tail)
+{
+    static const http_route t[] = {
+        {"GET", "/v1/models", handler_a, 1, 0},
+        {"GET", "/v1/models/", handler_b, 1, 1},
+    };
+    const http_route *e = NULL;
+    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/models", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &t[0]);
+    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/models/gpt2", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &t[1]);
+    /* The prefix alone has no tail: not the model route. */
+    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/models/", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(t, 2, "DELETE", "/v1/models/x", &e), HTTP_ROUTE_BAD_METHOD);
+    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/modelsx", &e), HTTP_ROUTE_NOT_FOUND);
 }
 END_TEST
 
@@ -328,7 +346,19 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     st.kv_blocks_total = 99;
     char *page;
     size_t len;
-    ck_assert_int_eq(met_render(&m, &st, &page, &len), 0);
+    met_info info = {.version = "1.2.3",
+                     .commit = "abc\"d",
+                     .buildtype = "release",
+                     .kernels = "avx2",
+                     .dtype = "bf16",
+                     .model = "gpt2",
+                     .start_time = 1e9,
+                     .cpu_seconds = 2.5,
+                     .resident_bytes = 4096,
+                     .virtual_bytes = -1, /* unknown: left out */
+                     .open_fds = 7,
+                     .max_fds = 1024};
+    ck_assert_int_eq(met_render(&m, &st, &info, &page, &len), 0);
     ck_assert_uint_eq(strlen(page), len);
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/health\",status=\"200\"} 2"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/completions\",status=\"429\"} 1"));
@@ -347,7 +377,28 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     ck_assert(has_line(page, "gpt2d_requests_aborted_total 1"));
     ck_assert(has_line(page, "gpt2d_prompt_tokens_total 7"));
     ck_assert(has_line(page, "gpt2d_running_sequences 3"));
-    ck_assert(has_line(page, "gpt2d_kv_blocks_total 99"));
+    ck_assert(has_line(page, "gpt2d_kv_blocks_capacity 99"));
+    /* Every family has HELP and TYPE; only counters end in _total. */
+    ck_assert(has_line(page, "# TYPE gpt2d_kv_blocks_capacity gauge"));
+    ck_assert(has_line(page, "# HELP gpt2d_queued_requests Requests waiting for admission."));
+    ck_assert(has_line(page, "gpt2d_build_info{version=\"1.2.3\",commit=\"abc\\\"d\","
+                             "buildtype=\"release\",kernels=\"avx2\",dtype=\"bf16\","
+                             "model=\"gpt2\"} 1"));
+    ck_assert(has_line(page, "process_cpu_seconds_total 2.500000"));
+    ck_assert(has_line(page, "# TYPE process_cpu_seconds_total counter"));
+    ck_assert(has_line(page, "process_resident_memory_bytes 4096.000000"));
+    ck_assert(has_line(page, "process_start_time_seconds 1000000000.000000"));
+    ck_assert(strstr(page, "process_virtual_memory_bytes") == NULL);
+    for (const char *p = page; (p = strstr(p, "# TYPE ")) != NULL; p++) {
+        char name[128], type[32];
+        ck_assert_int_eq(sscanf(p, "# TYPE %127s %31s", name, type), 2);
+        size_t n = strlen(name);
+        int total = n > 6 && strcmp(name + n - 6, "_total") == 0;
+        ck_assert_msg(total == (strcmp(type, "counter") == 0), "%s is a %s", name, type);
+        char help[160];
+        snprintf(help, sizeof help, "# HELP %s ", name);
+        ck_assert_msg(strstr(page, help) != NULL, "%s has no HELP", name);
+    }
     ck_assert_int_eq(page[len - 1], '\n');
     free(page);
 }
@@ -360,6 +411,7 @@ int main(void)
     tcase_add_test(tc, http_route_find_known_route_found);
     tcase_add_test(tc, http_route_find_other_method_bad_method);
     tcase_add_test(tc, http_route_find_unknown_path_not_found);
+    tcase_add_test(tc, http_route_find_prefix_route_takes_a_tail);
     tcase_add_test(tc, http_key_ok_no_keys_open);
     tcase_add_test(tc, http_key_ok_configured_key_accepted);
     tcase_add_test(tc, http_key_ok_wrong_key_refused);

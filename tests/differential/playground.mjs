@@ -1,0 +1,90 @@
+#!/usr/bin/env node
+// tests/differential/playground.mjs BASE_URL SCREENSHOT.png: the playground
+// page in a real headless browser (Debian's chromium, driven by npm
+// puppeteer-core): load it, see the served model, run a streamed completion,
+// and check that the text and each token's probability appear and that a
+// click shows the alternatives. The screenshot is kept as the test's
+// artifact. Exit 77 (skipped) when puppeteer-core or chromium is missing.
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+
+const require = createRequire(import.meta.url);
+let puppeteer;
+try {
+  puppeteer = require('puppeteer-core');
+} catch (e) {
+  console.error('SKIP: npm package puppeteer-core is not installed (cd tests/differential && npm ci)');
+  process.exit(77);
+}
+const chromium = ['/usr/bin/chromium', '/usr/bin/chromium-browser'].find(existsSync);
+if (!chromium) {
+  console.error('SKIP: no chromium (scripts/setup.sh installs Debian\'s)');
+  process.exit(77);
+}
+const [base, shot] = process.argv.slice(2);
+const fail = async (browser, page, msg) => {
+  console.error('FAIL: ' + msg);
+  if (page && shot) await page.screenshot({ path: shot, fullPage: true }).catch(() => {});
+  await browser.close();
+  process.exit(1);
+};
+
+const browser = await puppeteer.launch({
+  executablePath: chromium,
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
+});
+const page = await browser.newPage();
+await page.setViewport({ width: 1200, height: 900 });
+const external = [];
+const consoleErrors = [];
+page.on('request', (req) => { if (!req.url().startsWith(base)) external.push(req.url()); });
+page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+page.on('pageerror', (e) => consoleErrors.push(String(e)));
+
+const res = await page.goto(base + '/', { waitUntil: 'networkidle0', timeout: 20000 });
+if (res.status() !== 200) await fail(browser, page, 'GET / is ' + res.status());
+if (!(res.headers()['content-type'] || '').startsWith('text/html')) await fail(browser, page, 'content-type ' + res.headers()['content-type']);
+await page.waitForFunction(() => /model gpt2/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+  .catch(() => fail(browser, page, 'the model line: ' + 'never showed the model'));
+const info = await page.$eval('#model-info', (e) => e.textContent);
+if (!/weights f32/.test(info)) await fail(browser, page, 'no weights format in ' + JSON.stringify(info));
+
+// A streamed completion with logprobs, 24 tokens, greedy.
+await page.$eval('#prompt', (e) => { e.value = 'The quick brown fox'; });
+await page.$eval('#max_tokens', (e) => { e.value = '24'; });
+await page.$eval('#temperature', (e) => { e.value = '0'; });
+await page.$eval('#n', (e) => { e.value = '2'; });
+await page.click('#run');
+await page.waitForFunction(() => /^done in/.test(document.getElementById('status').textContent), { timeout: 30000 })
+  .catch(async () => fail(browser, page, 'status: ' + await page.$eval('#status', (e) => e.textContent)));
+const result = await page.evaluate(() => [...document.querySelectorAll('.choice')].map((c) => ({
+  index: c.dataset.index,
+  text: c.querySelector('.text').textContent,
+  tokens: [...c.querySelectorAll('.tok')].map((t) => ({ lp: Number(t.dataset.lp), title: t.title, bg: t.style.background })),
+})));
+if (result.length !== 2) await fail(browser, page, 'choices shown: ' + result.length);
+for (const ch of result) {
+  if (!ch.text.startsWith('The quick brown fox') || ch.text.length <= 'The quick brown fox'.length) await fail(browser, page, 'text ' + JSON.stringify(ch.text));
+  if (ch.tokens.length < 1) await fail(browser, page, 'no token spans');
+  for (const t of ch.tokens) {
+    if (!(t.lp <= 0) || !/p = [0-9.]+%/.test(t.title) || !t.bg) await fail(browser, page, 'token ' + JSON.stringify(t));
+  }
+}
+
+// The same request through the API gives the same text (greedy).
+const api = await (await fetch(base + '/v1/completions', {
+  method: 'POST', headers: { 'Content-Type': 'application/json' },
+  body: JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 24, temperature: 0 }),
+})).json();
+if ('The quick brown fox' + api.choices[0].text !== result[0].text) await fail(browser, page, `page ${JSON.stringify(result[0].text)} vs API ${JSON.stringify(api.choices[0].text)}`);
+
+// A click on a token shows its alternatives, most likely first.
+await page.click('.choice .tok');
+const alts = await page.$$eval('#alts tr', (rows) => rows.map((r) => r.textContent));
+if (alts.length < 2) await fail(browser, page, 'alternatives ' + JSON.stringify(alts));
+if (external.length) await fail(browser, page, 'requests outside the server: ' + external.join(' '));
+if (consoleErrors.length) await fail(browser, page, 'console errors: ' + consoleErrors.join(' | '));
+await page.screenshot({ path: shot, fullPage: true });
+await browser.close();
+console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives; screenshot ${shot})`);
