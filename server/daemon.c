@@ -77,13 +77,13 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
 {
     int probe_key = !cfg->auth_open_health;
     size_t n = 0;
-    t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1};
-    t[n++] = (http_route){"GET", "/v1/models", probe_models, 1};
-    t[n++] = (http_route){"POST", "/tokenize", tok_route_tokenize, 1};
-    t[n++] = (http_route){"POST", "/detokenize", tok_route_detokenize, 1};
-    t[n++] = (http_route){"GET", "/health", probe_health, probe_key};
-    t[n++] = (http_route){"GET", "/ready", probe_ready, probe_key};
-    t[n++] = (http_route){"GET", "/metrics", probe_metrics, probe_key};
+    t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1, 0};
+    t[n++] = (http_route){"GET", "/v1/models", probe_models, 1, 0};
+    t[n++] = (http_route){"POST", "/tokenize", tok_route_tokenize, 1, 0};
+    t[n++] = (http_route){"POST", "/detokenize", tok_route_detokenize, 1, 0};
+    t[n++] = (http_route){"GET", "/health", probe_health, probe_key, 0};
+    t[n++] = (http_route){"GET", "/ready", probe_ready, probe_key, 0};
+    t[n++] = (http_route){"GET", "/metrics", probe_metrics, probe_key, 0};
     return n;
 }
 #define SRV_MAX_ROUTES 16

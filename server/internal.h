@@ -136,9 +136,11 @@ typedef enum MHD_Result (*http_handler)(srv_req *r);
 
 typedef struct {
     const char *method; /* "GET", "POST" */
-    const char *path;   /* matched whole */
+    const char *path;   /* matched whole, or as a prefix (below) */
     http_handler handler;
     int needs_key; /* an API key is required (when any is configured) */
+    int prefix;    /* path is a prefix: "/v1/models/" matches "/v1/models/x"
+                    * (at least one byte more), not "/v1/models/" itself */
 } http_route;
 
 typedef enum {
@@ -147,10 +149,15 @@ typedef enum {
     HTTP_ROUTE_NOT_FOUND   /* *out: NULL (404)                               */
 } http_route_result;
 
+/* HEAD finds the GET entry of a path. */
 http_route_result http_route_find(const http_route *table, size_t n, const char *method,
                                   const char *path, const http_route **out);
+/* The Allow header of path (405): its entries' methods, HEAD after GET, and
+ * OPTIONS, into buf (truncated to len). */
+void http_route_allow(const http_route *table, size_t n, const char *path, char *buf, size_t len);
 /* Whether the Authorization header value auth presents one of cfg's API
- * keys ("Bearer KEY"); always 1 when none is configured. Constant time in
+ * keys ("Bearer KEY", the scheme in any case); always 1 when none is
+ * configured. Constant time in
  * the keys. */
 int http_key_ok(const cfg_config *cfg, const char *auth);
 
@@ -172,6 +179,9 @@ typedef struct {
 /* The entry for code of src (a status not in the table: 500 server_error). */
 const http_status_map *http_status_of(http_src src, int code);
 
+/* The headers every response of r carries: X-Request-Id, CORS for an
+ * allowed Origin, WWW-Authenticate on 401, Allow on 405. */
+void http_resp_headers(const srv_req *r, struct MHD_Response *resp, unsigned status);
 enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
                                const char *retry_after);
 enum MHD_Result http_send_error(srv_req *r, int status, const char *type, const char *code,
@@ -227,6 +237,7 @@ struct srv_req {
     int suspended, conn_done; /* libmicrohttpd's view of the connection */
     int cancelling;           /* inside on_completed's cancel loop: do not free yet */
     char method[8], url[64];
+    char req_id[132]; /* X-Request-Id: the client's (sane) or generated */
     /* The head phase's decision (http.c): the route entry (NULL: none) and
      * whether the method matched it. */
     const http_route *route;
@@ -260,6 +271,9 @@ struct srv_req {
     srv_req *prev, *next; /* the list of requests with engine work */
 };
 
+/* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
+ * other than space. */
+int http_request_id_ok(const char *v);
 /* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
 size_t http_req_prompt_tokens(const srv_req *r);
 size_t http_req_completion_tokens(const srv_req *r);

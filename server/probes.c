@@ -41,6 +41,7 @@ enum MHD_Result probe_metrics(srv_req *r)
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+    http_resp_headers(r, resp, 200);
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     return rc;

@@ -1,19 +1,33 @@
 /*
- * server/router.c: the route table lookup and the API key check. Pure: the
- * daemon builds the table (daemon.c) and hands it over, so nothing here
- * names a handler.
+ * server/router.c: the route table lookup, the Allow list of a path and the
+ * API key check. Pure: the daemon builds the table (daemon.c) and hands it
+ * over, so nothing here names a handler. Paths are the undecoded request
+ * target (http.c keeps libmicrohttpd from unescaping it), so "/v1%2fx" is
+ * never "/v1/x".
  */
 #include "internal.h"
 
 #include <string.h>
+#include <strings.h>
+
+/* Whether entry e's path matches path: whole, or as a prefix followed by at
+ * least one byte. */
+static int path_matches(const http_route *e, const char *path)
+{
+    if (!e->prefix) return strcmp(e->path, path) == 0;
+    size_t n = strlen(e->path);
+    return strncmp(e->path, path, n) == 0 && path[n] != '\0';
+}
 
 http_route_result http_route_find(const http_route *table, size_t n, const char *method,
                                   const char *path, const http_route **out)
 {
+    /* HEAD is served wherever GET is (libmicrohttpd sends no body for it). */
+    int head = strcmp(method, "HEAD") == 0;
     const http_route *path_match = NULL;
     for (size_t i = 0; i < n; i++) {
-        if (strcmp(table[i].path, path) != 0) continue;
-        if (strcmp(table[i].method, method) == 0) {
+        if (!path_matches(&table[i], path)) continue;
+        if (strcmp(table[i].method, method) == 0 || (head && strcmp(table[i].method, "GET") == 0)) {
             *out = &table[i];
             return HTTP_ROUTE_FOUND;
         }
@@ -23,11 +37,28 @@ http_route_result http_route_find(const http_route *table, size_t n, const char 
     return path_match ? HTTP_ROUTE_BAD_METHOD : HTTP_ROUTE_NOT_FOUND;
 }
 
+void http_route_allow(const http_route *table, size_t n, const char *path, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (!path_matches(&table[i], path)) continue;
+        int get = strcmp(table[i].method, "GET") == 0;
+        int w = snprintf(buf + used, len - used, "%s%s%s", used ? ", " : "", table[i].method,
+                         get ? ", HEAD" : "");
+        if (w < 0 || (size_t)w >= len - used) break;
+        used += (size_t)w;
+    }
+    snprintf(buf + used, len - used, "%sOPTIONS", used ? ", " : "");
+}
+
 int http_key_ok(const cfg_config *cfg, const char *auth)
 {
     if (cfg->n_api_keys == 0) return 1;
-    if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0) return 0;
+    /* RFC 9110 11.1: the scheme is case-insensitive; 1*SP before the token. */
+    if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0) return 0;
     const char *k = auth + 7;
+    while (*k == ' ') k++;
     size_t klen = strlen(k);
     int ok = 0;
     for (size_t i = 0; i < cfg->n_api_keys; i++) {

@@ -26,10 +26,10 @@ static enum MHD_Result handler_b(srv_req *r)
 }
 
 static const http_route table[] = {
-    {"POST", "/v1/completions", handler_a, 1},
-    {"GET", "/health", handler_b, 0},
-    {"POST", "/health", handler_a, 1}, /* a second method on one path */
-    {"GET", "/metrics", handler_b, 0},
+    {"POST", "/v1/completions", handler_a, 1, 0}, {"GET", "/health", handler_b, 0, 0},
+    {"POST", "/health", handler_a, 1, 0}, /* a second method on one path */
+    {"GET", "/metrics", handler_b, 0, 0},         {"GET", "/v1/models", handler_b, 1, 0},
+    {"GET", "/v1/models/", handler_a, 1, 1}, /* a prefix: /v1/models/{id} */
 };
 #define NTABLE (sizeof table / sizeof table[0])
 
@@ -75,6 +75,73 @@ START_TEST(http_route_find_unknown_path_not_found)
 }
 END_TEST
 
+START_TEST(http_route_find_prefix_entry_matches_longer_paths)
+{
+    const http_route *e = NULL;
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models/gpt2", &e),
+                     HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[5]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models/a/b", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[5]);
+    /* The exact entry stays exact; the prefix itself is not a match. */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[4]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models/", &e),
+                     HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "POST", "/v1/models/gpt2", &e),
+                     HTTP_ROUTE_BAD_METHOD);
+    ck_assert_ptr_eq(e, &table[5]);
+    /* An exact entry is never a prefix. */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/metricsx", &e), HTTP_ROUTE_NOT_FOUND);
+}
+END_TEST
+
+START_TEST(http_route_find_head_finds_get)
+{
+    const http_route *e = NULL;
+    ck_assert_int_eq(http_route_find(table, NTABLE, "HEAD", "/health", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[1]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "HEAD", "/v1/completions", &e),
+                     HTTP_ROUTE_BAD_METHOD);
+}
+END_TEST
+
+START_TEST(http_route_allow_lists_methods_head_options)
+{
+    char buf[128];
+    http_route_allow(table, NTABLE, "/health", buf, sizeof buf);
+    ck_assert_str_eq(buf, "GET, HEAD, POST, OPTIONS");
+    http_route_allow(table, NTABLE, "/v1/completions", buf, sizeof buf);
+    ck_assert_str_eq(buf, "POST, OPTIONS");
+    http_route_allow(table, NTABLE, "/v1/models/x", buf, sizeof buf);
+    ck_assert_str_eq(buf, "GET, HEAD, OPTIONS");
+    char small[8];
+    http_route_allow(table, NTABLE, "/health", small, sizeof small);
+    ck_assert_uint_lt(strlen(small), sizeof small); /* truncated, terminated */
+}
+END_TEST
+
+START_TEST(http_request_id_ok_sane_ids_only)
+{
+    ck_assert(http_request_id_ok("hostile-abc-123"));
+    ck_assert(http_request_id_ok("a"));
+    char max[130];
+    memset(max, 'x', 128);
+    max[128] = '\0';
+    ck_assert(http_request_id_ok(max));
+    max[128] = 'x';
+    max[129] = '\0';
+    ck_assert(!http_request_id_ok(max)); /* 129 bytes */
+    ck_assert(!http_request_id_ok(NULL));
+    ck_assert(!http_request_id_ok(""));
+    ck_assert(!http_request_id_ok("has space"));
+    ck_assert(!http_request_id_ok("tab\tid"));
+    ck_assert(!http_request_id_ok("nl\nid"));
+    ck_assert(!http_request_id_ok("del\x7f"));
+    ck_assert(!http_request_id_ok("utf8-\xc3\xa9"));
+}
+END_TEST
+
 /* ---- Auth ---------------------------------------------------------------- */
 
 static cfg_config keyed(const char *k1, const char *k2)
@@ -101,6 +168,10 @@ START_TEST(http_key_ok_configured_key_accepted)
     cfg_config c = keyed("sk-first-0123456789", "sk-second-0123456789");
     ck_assert(http_key_ok(&c, "Bearer sk-first-0123456789"));
     ck_assert(http_key_ok(&c, "Bearer sk-second-0123456789"));
+    /* RFC 9110 11.1: the scheme is case-insensitive, 1*SP before the key. */
+    ck_assert(http_key_ok(&c, "bearer sk-first-0123456789"));
+    ck_assert(http_key_ok(&c, "BEARER sk-first-0123456789"));
+    ck_assert(http_key_ok(&c, "Bearer   sk-first-0123456789"));
 }
 END_TEST
 
@@ -115,6 +186,8 @@ START_TEST(http_key_ok_wrong_key_refused)
     ck_assert(!http_key_ok(&c, "Bearer sk-first-0123456788"));  /* last byte */
     ck_assert(!http_key_ok(&c, "sk-first-0123456789"));         /* no scheme */
     ck_assert(!http_key_ok(&c, "Basic sk-first-0123456789"));
+    ck_assert(!http_key_ok(&c, "Bearersk-first-0123456789"));
+    ck_assert(!http_key_ok(&c, "bearer  "));
 }
 END_TEST
 
@@ -360,6 +433,10 @@ int main(void)
     tcase_add_test(tc, http_route_find_known_route_found);
     tcase_add_test(tc, http_route_find_other_method_bad_method);
     tcase_add_test(tc, http_route_find_unknown_path_not_found);
+    tcase_add_test(tc, http_route_find_prefix_entry_matches_longer_paths);
+    tcase_add_test(tc, http_route_find_head_finds_get);
+    tcase_add_test(tc, http_route_allow_lists_methods_head_options);
+    tcase_add_test(tc, http_request_id_ok_sane_ids_only);
     tcase_add_test(tc, http_key_ok_no_keys_open);
     tcase_add_test(tc, http_key_ok_configured_key_accepted);
     tcase_add_test(tc, http_key_ok_wrong_key_refused);
