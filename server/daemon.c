@@ -63,6 +63,18 @@ static void close_all(srv *s)
     uv_close((uv_handle_t *)&s->sigint, NULL);
 }
 
+/* libmicrohttpd's unescaper, which leaves the request target as sent: the
+ * router matches the undecoded path, so "/v1%2fcompletions" and
+ * "/health%00junk" are unknown routes (404), not their decoded look-alikes,
+ * and the access log shows what the client sent. No route reads query
+ * arguments, which stay undecoded too. */
+static size_t keep_escaped(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    return strlen(s);
+}
+
 static void serve_usage(FILE *out)
 {
     fprintf(out, "usage: gpt2d serve --model DIR [options]\n"
@@ -190,17 +202,18 @@ int srv_main(int argc, char **argv)
         flags |= MHD_USE_IPv6;
     }
     if (lfd >= 0)
-        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
-                                 MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_NOTIFY_COMPLETED,
-                                 http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)s.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
-    else
         s.mhd = MHD_start_daemon(
-            flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,
+            flags, 0, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped,
+            NULL, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+    else
+        s.mhd = MHD_start_daemon(
+            flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK,
+            keep_escaped, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+            MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT,
+            (unsigned)s.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     if (s.mhd == NULL) {
         if (lfd >= 0)
             snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",

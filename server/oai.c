@@ -332,6 +332,11 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
         bad(err, "model", "'model' is required and must be a string");
         goto done;
     }
+    if (strlen(json_string_value(model)) != json_string_length(model)) {
+        /* "gpt2\u0000evil" must not pass as "gpt2" */
+        bad(err, "model", "'model' must not contain a NUL character");
+        goto done;
+    }
     r->model = strdup(json_string_value(model));
     if (r->model == NULL) {
         bad(err, "model", "out of memory");

@@ -99,6 +99,7 @@ static const struct {
     {"[1]", "", "must be a JSON object"},
     {"{\"prompt\":\"x\"}", "model", "'model' is required"},
     {"{\"model\":5}", "model", "'model' is required"},
+    {"{\"model\":\"gpt2\\u0000evil\"}", "model", "must not contain a NUL"},
     {"{\"model\":\"m\",\"suffix\":\"x\"}", "suffix", "not supported"},
     {"{\"model\":\"m\",\"prompt\":5}", "prompt", "got an integer"},
     {"{\"model\":\"m\",\"prompt\":[]}", "prompt", "empty list"},
