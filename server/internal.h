@@ -70,6 +70,11 @@ void log_line(const char *level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* in[0..n) made safe for one log line into out (outlen bytes, always
+ * terminated): control bytes (C0, DEL, C1), bytes that are not valid UTF-8
+ * and the backslash become \xNN; valid UTF-8 is kept. Stops before an
+ * escape or a character that would not fit. Returns the bytes written. */
+size_t log_escape(const char *in, size_t n, char *out, size_t outlen);
 /* A start-up failure: "gpt2d serve: message" at error priority. */
 void log_fatal(const char *msg);
 /* Sets the most verbose level written (an unknown name is "info"). */

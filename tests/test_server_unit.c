@@ -142,6 +142,58 @@ START_TEST(http_request_id_ok_sane_ids_only)
 }
 END_TEST
 
+/* ---- Log escaping --------------------------------------------------------- */
+
+static const char *escaped(const char *in, size_t n, size_t outlen)
+{
+    static char out[256];
+    size_t w = log_escape(in, n, out, outlen);
+    ck_assert_uint_eq(w, strlen(out));
+    ck_assert_uint_lt(w, outlen);
+    return out;
+}
+
+START_TEST(log_escape_controls_and_bad_utf8_escaped)
+{
+    const char forged[] = "/\n<3>gpt2d serve: FORGED";
+    ck_assert_str_eq(escaped(forged, sizeof forged - 1, 256), "/\\x0a<3>gpt2d serve: FORGED");
+    const char esc[] = "\x1b[31mRED\x1b[0m\x07\r\x7f";
+    ck_assert_str_eq(escaped(esc, sizeof esc - 1, 256), "\\x1b[31mRED\\x1b[0m\\x07\\x0d\\x7f");
+    /* A NUL inside the field does not end it. */
+    ck_assert_str_eq(escaped("a\0b", 3, 256), "a\\x00b");
+    /* Invalid UTF-8: a lone continuation, a bad second byte, an overlong
+     * form, a surrogate, a cut sequence; C1 controls (U+009B is CSI). */
+    ck_assert_str_eq(escaped("\xc3\x28\xff", 3, 256), "\\xc3(\\xff");
+    ck_assert_str_eq(escaped("\x80", 1, 256), "\\x80");
+    ck_assert_str_eq(escaped("\xc0\xaf", 2, 256), "\\xc0\\xaf");
+    ck_assert_str_eq(escaped("\xed\xa0\x80", 3, 256), "\\xed\\xa0\\x80");
+    ck_assert_str_eq(escaped("\xe2\x82", 2, 256), "\\xe2\\x82");
+    ck_assert_str_eq(escaped("\xc2\x9b", 2, 256), "\\xc2\\x9b");
+    /* The backslash itself, so an escape cannot be forged. */
+    ck_assert_str_eq(escaped("a\\x0a", 5, 256), "a\\x5cx0a");
+}
+END_TEST
+
+START_TEST(log_escape_printable_and_utf8_kept)
+{
+    const char text[] = "GET /v1/models status=200 caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 ~";
+    ck_assert_str_eq(escaped(text, sizeof text - 1, 256), text);
+}
+END_TEST
+
+START_TEST(log_escape_short_buffer_never_splits)
+{
+    /* Room for 5 bytes + NUL: an escape (4) or a character (2) that would
+     * not fit is left out whole. */
+    ck_assert_str_eq(escaped("ab\ncd", 5, 6), "ab");
+    ck_assert_str_eq(escaped("abcd\xc3\xa9", 6, 6), "abcd");
+    ck_assert_str_eq(escaped("abcdefgh", 8, 6), "abcde");
+    char one[1];
+    ck_assert_uint_eq(log_escape("abc", 3, one, 1), 0);
+    ck_assert_int_eq(one[0], 0);
+}
+END_TEST
+
 /* ---- Auth ---------------------------------------------------------------- */
 
 static cfg_config keyed(const char *k1, const char *k2)
@@ -440,6 +492,11 @@ int main(void)
     tcase_add_test(tc, http_key_ok_no_keys_open);
     tcase_add_test(tc, http_key_ok_configured_key_accepted);
     tcase_add_test(tc, http_key_ok_wrong_key_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("log");
+    tcase_add_test(tc, log_escape_controls_and_bad_utf8_escaped);
+    tcase_add_test(tc, log_escape_printable_and_utf8_kept);
+    tcase_add_test(tc, log_escape_short_buffer_never_splits);
     suite_add_tcase(s, tc);
     tc = tcase_create("status");
     tcase_add_test(tc, http_status_of_engine_statuses_mapped);
