@@ -60,6 +60,9 @@ static const spec specs[] = {
     {"shutdown_timeout", K_SECONDS, F(shutdown_timeout_s), 0, 86400, "30",
      "seconds in-flight requests get to finish after SIGTERM"},
     {"log_level", K_LEVEL, F(log_level), 0, 0, "info", "error, warn, info or debug"},
+    {"cors_origins", K_STR, F(cors_origins), 0, 0, "",
+     "Origins browsers may call from, comma-separated (\"*\": any); a request with another "
+     "Origin gets 403"},
 };
 
 #undef F

@@ -58,6 +58,9 @@ typedef struct {
     /* Operation */
     double shutdown_timeout_s;
     char log_level[16]; /* error, warn, info, debug */
+    /* Browsers: the Origins allowed (comma-separated; "*": any; empty: a
+     * request carrying Origin is refused) */
+    char cors_origins[1024];
 } cfg_config;
 
 const char *cfg_strerror(cfg_status s);

@@ -171,11 +171,12 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
 }
 
 /* What the head alone decides, before any body byte is read (and before
- * libmicrohttpd would send 100 Continue): the body's framing (RFC 9112
- * 6.3: conflicting lengths are refused, not guessed), the API key, the
- * route, and a declared length over max_body_bytes. MHD_YES with r still
+ * libmicrohttpd would send 100 Continue), in this order: the body's
+ * framing (RFC 9112 6.3: conflicting lengths are refused, not guessed), the
+ * Origin (cors_origins), an OPTIONS preflight, the API key, the route, and
+ * a declared length over max_body_bytes. MHD_YES with r still
  * in HEAD: read the body. */
-static enum MHD_Result head_checks(srv_req *r)
+static enum MHD_Result head_checks(srv_req *r, const char *method)
 {
     srv *s = r->s;
     framing f = {0};
@@ -190,6 +191,19 @@ static enum MHD_Result head_checks(srv_req *r)
         return http_send_error(r, 501, "invalid_request_error", NULL, NULL, NULL,
                                "Transfer-Encoding '%s' is not supported (only chunked)",
                                f.n_te > 1 ? "(several headers)" : f.te);
+    /* A browser's cross-origin request (or a DNS-rebound page) carries
+     * Origin: refused unless cors_origins allows it. */
+    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    if (origin != NULL) {
+        if (strlen(origin) >= sizeof r->origin || !http_origin_allowed(s->cfg.cors_origins, origin))
+            return http_send_error(r, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                                   NULL, "Origin '%.200s' is not allowed (cors_origins)", origin);
+        snprintf(r->origin, sizeof r->origin, "%s", origin);
+    }
+    /* A preflight carries no credentials: OPTIONS on a known path needs no
+     * key. */
+    if (strcmp(method, "OPTIONS") == 0 && r->route_result != HTTP_ROUTE_NOT_FOUND)
+        return http_send_preflight(r);
     /* An unknown route needs a key too: a keyless client learns nothing. */
     int needs_key = r->route == NULL || r->route->needs_key;
     if (needs_key
@@ -235,7 +249,7 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->route_result = http_route_find(s->routes, s->nroutes, method, url, &r->route);
     s->active++;
     *con_cls = r;
-    return head_checks(r);
+    return head_checks(r, method);
 }
 
 /* A piece of the body. */

@@ -165,6 +165,9 @@ void http_route_allow(const http_route *table, size_t n, const char *path, char 
  * configured. Constant time in
  * the keys. */
 int http_key_ok(const cfg_config *cfg, const char *auth);
+/* Whether origin (an Origin header) is in list (cors_origins: origins
+ * separated by commas and spaces, compared whole; "*" allows any). */
+int http_origin_allowed(const char *list, const char *origin);
 
 /* ---- respond.c ------------------------------------------------------------ */
 
@@ -187,6 +190,9 @@ const http_status_map *http_status_of(http_src src, int code);
 /* The headers every response of r carries: X-Request-Id, CORS for an
  * allowed Origin, WWW-Authenticate on 401, Allow on 405. */
 void http_resp_headers(const srv_req *r, struct MHD_Response *resp, unsigned status);
+/* The 204 answer to OPTIONS on a known path (a CORS preflight when r has
+ * an allowed Origin). */
+enum MHD_Result http_send_preflight(srv_req *r);
 enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
                                const char *retry_after);
 enum MHD_Result http_send_error(srv_req *r, int status, const char *type, const char *code,
@@ -243,6 +249,7 @@ struct srv_req {
     int cancelling;           /* inside on_completed's cancel loop: do not free yet */
     char method[8], url[64];
     char req_id[132]; /* X-Request-Id: the client's (sane) or generated */
+    char origin[256]; /* an allowed Origin (CORS headers on every response) */
     /* The head phase's decision (http.c): the route entry (NULL: none) and
      * whether the method matched it. */
     const http_route *route;

@@ -71,3 +71,20 @@ int http_key_ok(const cfg_config *cfg, const char *auth)
     }
     return ok;
 }
+
+int http_origin_allowed(const char *list, const char *origin)
+{
+    size_t olen = strlen(origin);
+    const char *p = list;
+    while (*p != '\0') {
+        while (*p == ' ' || *p == ',') p++;
+        const char *e = p;
+        while (*e != '\0' && *e != ',') e++;
+        const char *end = e;
+        while (end > p && end[-1] == ' ') end--;
+        size_t n = (size_t)(end - p);
+        if ((n == 1 && *p == '*') || (n > 0 && n == olen && memcmp(p, origin, n) == 0)) return 1;
+        p = e;
+    }
+    return 0;
+}

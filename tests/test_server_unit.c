@@ -142,6 +142,24 @@ START_TEST(http_request_id_ok_sane_ids_only)
 }
 END_TEST
 
+START_TEST(http_origin_allowed_list_star_and_empty)
+{
+    ck_assert(!http_origin_allowed("", "http://ok.example"));
+    ck_assert(http_origin_allowed("http://ok.example", "http://ok.example"));
+    ck_assert(http_origin_allowed("http://a.example, http://ok.example", "http://ok.example"));
+    ck_assert(http_origin_allowed(" http://a.example ,http://ok.example ", "http://a.example"));
+    ck_assert(http_origin_allowed("*", "http://evil.example"));
+    ck_assert(http_origin_allowed("http://a.example, *", "null"));
+    /* Whole entries only: no prefix, no suffix, no scheme swap. */
+    ck_assert(!http_origin_allowed("http://ok.example", "http://ok.example.evil"));
+    ck_assert(!http_origin_allowed("http://ok.example", "http://ok.exampl"));
+    ck_assert(!http_origin_allowed("http://ok.example", "https://ok.example"));
+    ck_assert(!http_origin_allowed("http://ok.example", ""));
+    ck_assert(!http_origin_allowed("http://ok.example,", "null"));
+    ck_assert(!http_origin_allowed("**", "http://evil.example"));
+}
+END_TEST
+
 /* ---- Log escaping --------------------------------------------------------- */
 
 static const char *escaped(const char *in, size_t n, size_t outlen)
@@ -489,6 +507,7 @@ int main(void)
     tcase_add_test(tc, http_route_find_head_finds_get);
     tcase_add_test(tc, http_route_allow_lists_methods_head_options);
     tcase_add_test(tc, http_request_id_ok_sane_ids_only);
+    tcase_add_test(tc, http_origin_allowed_list_star_and_empty);
     tcase_add_test(tc, http_key_ok_no_keys_open);
     tcase_add_test(tc, http_key_ok_configured_key_accepted);
     tcase_add_test(tc, http_key_ok_wrong_key_refused);
