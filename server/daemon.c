@@ -210,10 +210,10 @@ int srv_main(int argc, char **argv)
     else
         s.mhd = MHD_start_daemon(
             flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK,
-            keep_escaped, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-            MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT,
-            (unsigned)s.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+            keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_POOL_BYTES,
+            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
+            http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     if (s.mhd == NULL) {
         if (lfd >= 0)
             snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",

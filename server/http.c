@@ -146,6 +146,34 @@ static void set_request_id(srv_req *r)
              (unsigned long long)(r->s->next_id & 0xFFFFFF));
 }
 
+static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value)
+{
+    (void)kind;
+    size_t *n = cls;
+    *n += strlen(key) + (value ? strlen(value) + 1 : 0) + 1; /* "key=value&" */
+    return MHD_YES;
+}
+
+/* 414 or 431 in the JSON envelope for a head over our limits; MHD_YES when
+ * it is within them. */
+static enum MHD_Result head_size_checks(srv_req *r, const char *url)
+{
+    size_t target = strlen(url);
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, count_arg, &target);
+    if (target > SRV_MAX_TARGET)
+        return http_send_error(r, 414, "invalid_request_error", NULL, NULL, NULL,
+                               "The request target is %zu bytes; the limit is %u", target,
+                               SRV_MAX_TARGET);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (ci != NULL && ci->header_size > SRV_MAX_HEAD)
+        return http_send_error(r, 431, "invalid_request_error", NULL, NULL, NULL,
+                               "The request head is %zu bytes; the limit is %u", ci->header_size,
+                               SRV_MAX_HEAD);
+    return MHD_YES;
+}
+
 typedef struct {
     unsigned n_length; /* Content-Length headers */
     int length_differs;
@@ -171,7 +199,8 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
 }
 
 /* What the head alone decides, before any body byte is read (and before
- * libmicrohttpd would send 100 Continue), in this order: the body's
+ * libmicrohttpd would send 100 Continue), after the head's size, in this
+ * order: the body's
  * framing (RFC 9112 6.3: conflicting lengths are refused, not guessed), the
  * Origin (cors_origins), an OPTIONS preflight, the API key, the route, and
  * a declared length over max_body_bytes. MHD_YES with r still
@@ -249,6 +278,8 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->route_result = http_route_find(s->routes, s->nroutes, method, url, &r->route);
     s->active++;
     *con_cls = r;
+    enum MHD_Result rc = head_size_checks(r, url);
+    if (r->state != HTTP_REQ_HEAD) return rc;
     return head_checks(r, method);
 }
 

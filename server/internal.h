@@ -57,6 +57,16 @@
  * (every stream's next token) for ~20 ms; a typical prompt costs microseconds
  * and is cheaper inline than a trip through the queue. */
 #define SRV_TOKENIZE_INLINE_BYTES (64u * 1024u)
+/* The request head: a target (path and query) longer than SRV_MAX_TARGET
+ * bytes is 414, a head larger than SRV_MAX_HEAD bytes 431, both in the JSON
+ * envelope. libmicrohttpd answers by itself (its HTML) only a head that
+ * does not fit its per-connection memory pool, SRV_CONN_POOL_BYTES: the
+ * pool is 4x our head limit so that what we refuse reaches us first (the
+ * pool also holds the parsed header list). Each kept-alive connection pins
+ * its pool (libmicrohttpd zeroes it between requests). */
+#define SRV_MAX_TARGET (8u * 1024u)
+#define SRV_MAX_HEAD (32u * 1024u)
+#define SRV_CONN_POOL_BYTES (128u * 1024u)
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
