@@ -66,6 +66,9 @@ static const spec specs[] = {
     {"info_interval", K_SECONDS, F(info_interval_s), 0, 86400, "10",
      "seconds between throughput log lines while requests run (0: never)"},
     {"ui", K_BOOL, F(ui), 0, 1, "true", "serve the playground page at /"},
+    {"cors_origins", K_STR, F(cors_origins), 0, 0, "",
+     "Origins browsers may call from, comma-separated (\"*\": any); a request with another "
+     "Origin gets 403"},
 };
 
 #undef F

@@ -38,7 +38,7 @@ typedef struct {
     double connection_timeout_s; /* idle keep-alive connections */
     /* The model */
     char model_dir[CFG_STR_MAX];
-    char model_name[128]; /* the first name: what responses and /v1/models report */
+    char model_name[128];                 /* the first name: what responses and /v1/models report */
     char model_names[CFG_MAX_NAMES][128]; /* every name a request's `model` may use */
     size_t n_model_names;
     char chat_template[CFG_STR_MAX]; /* "default", "none" or a template file */
@@ -61,9 +61,12 @@ typedef struct {
     int auth_open_health; /* 1: /health, /ready, /metrics need no key */
     /* Operation */
     double shutdown_timeout_s;
-    char log_level[16]; /* error, warn, info, debug */
+    char log_level[16];     /* error, warn, info, debug */
     double info_interval_s; /* throughput log line while busy; 0: never */
     int ui;                 /* 1: the playground page at / */
+    /* Browsers: the Origins allowed (comma-separated; "*": any; empty: a
+     * request carrying Origin is refused) */
+    char cors_origins[1024];
 } cfg_config;
 
 const char *cfg_strerror(cfg_status s);

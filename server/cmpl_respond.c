@@ -212,6 +212,7 @@ enum MHD_Result cmpl_start_stream(srv_req *r)
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    http_resp_headers(r, resp, 200);
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     return rc;

@@ -175,6 +175,18 @@ static enum MHD_Result route(srv_req *r, int chat)
         return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                                "The model '%s' does not exist; this server serves '%s'", q->model,
                                s->cfg.model_name);
+    /* Every prompt x candidate is one engine request, and all of them enter
+     * the wait queue together: more than it holds can never be admitted,
+     * however idle the server (a 400, not a 429 a client would retry). The
+     * scheduler reads max_queue 0 as 256. */
+    size_t queue_cap = s->cfg.max_queue ? s->cfg.max_queue : 256;
+    if (q->nprompts * q->best_of > queue_cap)
+        return http_send_error(r, 400, "invalid_request_error", NULL,
+                               q->best_of > q->n ? "best_of" : "n", NULL,
+                               "This request needs %zu sequences (%zu prompts x %s %zu); the limit "
+                               "is %zu (max_queue), so it can never be admitted",
+                               q->nprompts * q->best_of, q->nprompts,
+                               q->best_of > q->n ? "best_of" : "n", q->best_of, queue_cap);
     r->kind = R_COMPLETIONS;
     r->nprompts = q->nprompts;
     r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);

@@ -66,6 +66,18 @@ static void close_all(srv *s)
     uv_close((uv_handle_t *)&s->sigint, NULL);
 }
 
+/* libmicrohttpd's unescaper, which leaves the request target as sent: the
+ * router matches the undecoded path, so "/v1%2fcompletions" and
+ * "/health%00junk" are unknown routes (404), not their decoded look-alikes,
+ * and the access log shows what the client sent. No route reads query
+ * arguments, which stay undecoded too. */
+static size_t keep_escaped(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    return strlen(s);
+}
+
 static void serve_usage(FILE *out)
 {
     fprintf(out, "usage: gpt2d serve --model DIR [options]\n"
@@ -80,36 +92,17 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
 {
     int probe_key = !cfg->auth_open_health;
     size_t n = 0;
-    t[n++] = (http_route){
-        .method = "POST", .path = "/v1/completions", .handler = cmpl_route, .needs_key = 1};
-    t[n++] = (http_route){.method = "POST",
-                          .path = "/v1/chat/completions",
-                          .handler = cmpl_route_chat,
-                          .needs_key = 1};
-    t[n++] = (http_route){
-        .method = "GET", .path = "/v1/models", .handler = probe_models, .needs_key = 1};
-    t[n++] = (http_route){.method = "GET",
-                          .path = "/v1/models/",
-                          .handler = probe_model,
-                          .needs_key = 1,
-                          .prefix = 1};
-    t[n++] = (http_route){
-        .method = "GET", .path = "/version", .handler = probe_version, .needs_key = probe_key};
-    if (cfg->ui)
-        t[n++] = (http_route){.method = "GET",
-                              .path = "/",
-                              .handler = ui_page,
-                              .needs_key = 0}; /* the page; its calls need keys */
-    t[n++] = (http_route){
-        .method = "POST", .path = "/tokenize", .handler = tok_route_tokenize, .needs_key = 1};
-    t[n++] = (http_route){
-        .method = "POST", .path = "/detokenize", .handler = tok_route_detokenize, .needs_key = 1};
-    t[n++] = (http_route){
-        .method = "GET", .path = "/health", .handler = probe_health, .needs_key = probe_key};
-    t[n++] = (http_route){
-        .method = "GET", .path = "/ready", .handler = probe_ready, .needs_key = probe_key};
-    t[n++] = (http_route){
-        .method = "GET", .path = "/metrics", .handler = probe_metrics, .needs_key = probe_key};
+    t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1, 0};
+    t[n++] = (http_route){"POST", "/v1/chat/completions", cmpl_route_chat, 1, 0};
+    t[n++] = (http_route){"GET", "/v1/models", probe_models, 1, 0};
+    t[n++] = (http_route){"GET", "/v1/models/", probe_model, 1, 1}; /* /v1/models/{id} */
+    t[n++] = (http_route){"GET", "/version", probe_version, probe_key, 0};
+    if (cfg->ui) t[n++] = (http_route){"GET", "/", ui_page, 0, 0}; /* its API calls need keys */
+    t[n++] = (http_route){"POST", "/tokenize", tok_route_tokenize, 1, 0};
+    t[n++] = (http_route){"POST", "/detokenize", tok_route_detokenize, 1, 0};
+    t[n++] = (http_route){"GET", "/health", probe_health, probe_key, 0};
+    t[n++] = (http_route){"GET", "/ready", probe_ready, probe_key, 0};
+    t[n++] = (http_route){"GET", "/metrics", probe_metrics, probe_key, 0};
     return n;
 }
 #define SRV_MAX_ROUTES 16
@@ -244,16 +237,17 @@ int srv_main(int argc, char **argv)
         flags |= MHD_USE_IPv6;
     }
     if (lfd >= 0)
-        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
-                                 MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_NOTIFY_COMPLETED,
-                                 http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)s.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+        s.mhd = MHD_start_daemon(
+            flags, 0, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped,
+            NULL, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     else
         s.mhd = MHD_start_daemon(
-            flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
+            flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK,
+            keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_POOL_BYTES,
+            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
+            http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     if (s.mhd == NULL) {
         if (lfd >= 0)

@@ -19,6 +19,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #define B(s) (1u << (s))
@@ -55,6 +56,15 @@ void http_req_set_state(srv_req *r, http_state to)
 {
     assert(http_state_legal(r->state, to));
     r->state = to;
+}
+
+int http_request_id_ok(const char *v)
+{
+    if (v == NULL) return 0;
+    size_t n = 0;
+    for (; v[n] != '\0'; n++)
+        if ((unsigned char)v[n] <= 0x20 || (unsigned char)v[n] >= 0x7F || n >= 128) return 0;
+    return n > 0;
 }
 
 int http_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
@@ -123,9 +133,136 @@ void http_req_maybe_free(srv_req *r)
     if (r->conn_done && r->nlive == 0 && !r->tok_running) req_free(r);
 }
 
+/* X-Request-Id: the client's when sane (1-128 printable ASCII bytes, no
+ * space), else one of ours. */
+static void set_request_id(srv_req *r)
+{
+    const char *v = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
+    if (http_request_id_ok(v)) {
+        snprintf(r->req_id, sizeof r->req_id, "%s", v);
+        return;
+    }
+    snprintf(r->req_id, sizeof r->req_id, "req-%llx%06llx", (unsigned long long)r->created,
+             (unsigned long long)(r->s->next_id & 0xFFFFFF));
+}
+
+static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value)
+{
+    (void)kind;
+    size_t *n = cls;
+    *n += strlen(key) + (value ? strlen(value) + 1 : 0) + 1; /* "key=value&" */
+    return MHD_YES;
+}
+
+/* 414 or 431 in the JSON envelope for a head over our limits; MHD_YES when
+ * it is within them. */
+static enum MHD_Result head_size_checks(srv_req *r, const char *url)
+{
+    size_t target = strlen(url);
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, count_arg, &target);
+    if (target > SRV_MAX_TARGET)
+        return http_send_error(r, 414, "invalid_request_error", NULL, NULL, NULL,
+                               "The request target is %zu bytes; the limit is %u", target,
+                               SRV_MAX_TARGET);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (ci != NULL && ci->header_size > SRV_MAX_HEAD)
+        return http_send_error(r, 431, "invalid_request_error", NULL, NULL, NULL,
+                               "The request head is %zu bytes; the limit is %u", ci->header_size,
+                               SRV_MAX_HEAD);
+    return MHD_YES;
+}
+
+typedef struct {
+    unsigned n_length; /* Content-Length headers */
+    int length_differs;
+    const char *length;
+    unsigned n_te; /* Transfer-Encoding headers */
+    const char *te;
+} framing;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    framing *f = cls;
+    if (value == NULL) value = "";
+    if (strcasecmp(key, "Content-Length") == 0) {
+        if (f->n_length++ > 0 && strcmp(f->length, value) != 0) f->length_differs = 1;
+        f->length = value;
+    } else if (strcasecmp(key, "Transfer-Encoding") == 0) {
+        f->n_te++;
+        f->te = value;
+    }
+    return MHD_YES;
+}
+
+/* What the head alone decides, before any body byte is read (and before
+ * libmicrohttpd would send 100 Continue), after the head's size, in this
+ * order: the body's
+ * framing (RFC 9112 6.3: conflicting lengths are refused, not guessed), the
+ * Origin (cors_origins), an OPTIONS preflight, the API key, the route, and
+ * a declared length over max_body_bytes. MHD_YES with r still
+ * in HEAD: read the body. */
+static enum MHD_Result head_checks(srv_req *r, const char *method)
+{
+    srv *s = r->s;
+    framing f = {0};
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, framing_header, &f);
+    if (f.length_differs)
+        return http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                               "Conflicting Content-Length headers");
+    if (f.n_te > 0 && f.n_length > 0)
+        return http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                               "Both Transfer-Encoding and Content-Length were sent");
+    if (f.n_te > 1 || (f.n_te == 1 && strcasecmp(f.te, "chunked") != 0))
+        return http_send_error(r, 501, "invalid_request_error", NULL, NULL, NULL,
+                               "Transfer-Encoding '%s' is not supported (only chunked)",
+                               f.n_te > 1 ? "(several headers)" : f.te);
+    /* A browser's cross-origin request (or a DNS-rebound page) carries
+     * Origin: refused unless cors_origins allows it. */
+    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    if (origin != NULL) {
+        const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
+        if (strlen(origin) >= sizeof r->origin
+            || !(http_origin_allowed(s->cfg.cors_origins, origin)
+                 || http_origin_same_host(origin, host)))
+            return http_send_error(r, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                                   NULL, "Origin '%.200s' is not allowed (cors_origins)", origin);
+        snprintf(r->origin, sizeof r->origin, "%s", origin);
+    }
+    /* A preflight carries no credentials: OPTIONS on a known path needs no
+     * key. */
+    if (strcmp(method, "OPTIONS") == 0 && r->route_result != HTTP_ROUTE_NOT_FOUND)
+        return http_send_preflight(r);
+    /* An unknown route needs a key too: a keyless client learns nothing. */
+    int needs_key = r->route == NULL || r->route->needs_key;
+    if (needs_key
+        && !http_key_ok(&s->cfg,
+                        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Authorization")))
+        return http_send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
+                               "Incorrect or missing API key (Authorization: Bearer ...)");
+    if (r->route_result == HTTP_ROUTE_NOT_FOUND)
+        return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
+                               "Unknown route %s %s", r->method, r->url);
+    if (r->route_result == HTTP_ROUTE_BAD_METHOD)
+        return http_send_error(r, 405, "invalid_request_error", NULL, NULL, NULL,
+                               "Method %s is not allowed on %s", r->method, r->url);
+    if (f.n_length > 0) {
+        /* libmicrohttpd has checked that it is all digits and fits 64 bits. */
+        unsigned long long len = strtoull(f.length, NULL, 10);
+        if (len > s->cfg.max_body_bytes)
+            return http_send_error(r, 413, "invalid_request_error", NULL, NULL, NULL,
+                                   "The request body (Content-Length %llu) is over the limit of "
+                                   "%zu bytes",
+                                   len, s->cfg.max_body_bytes);
+    }
+    return MHD_YES;
+}
+
 /* The head phase: the first call, with the headers and before any body
- * byte. The route is looked up here; what can be refused on the head alone
- * is refused at dispatch today. */
+ * byte. */
 static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *url,
                                const char *method, void **con_cls)
 {
@@ -136,6 +273,7 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->state = HTTP_REQ_HEAD;
     r->t_start = log_now();
     r->created = (long long)time(NULL);
+    set_request_id(r);
     snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
              (unsigned long long)(s->next_id++ & 0xFFFFFF));
     snprintf(r->method, sizeof r->method, "%s", method);
@@ -143,7 +281,9 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->route_result = http_route_find(s->routes, s->nroutes, method, url, &r->route);
     s->active++;
     *con_cls = r;
-    return MHD_YES;
+    enum MHD_Result rc = head_size_checks(r, url);
+    if (r->state != HTTP_REQ_HEAD) return rc;
+    return head_checks(r, method);
 }
 
 /* A piece of the body. */
@@ -157,32 +297,19 @@ static void on_body(srv_req *r, const char *data, size_t n)
         r->body_oom = 1;
 }
 
-/* The whole request is in: auth, the body's limits, then the route's
- * handler. */
+/* The whole request is in (the head passed head_checks): the body's limits
+ * (a chunked body has no declared length), then the route's handler. */
 static enum MHD_Result dispatch(srv_req *r)
 {
     assert(r->state == HTTP_REQ_BODY);
-    srv *s = r->s;
-    /* An unknown route needs a key too: a keyless client learns nothing. */
-    int needs_key = r->route == NULL || r->route->needs_key;
-    if (needs_key
-        && !http_key_ok(&s->cfg,
-                        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Authorization")))
-        return http_send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
-                               "Incorrect or missing API key (Authorization: Bearer ...)");
+    assert(r->route_result == HTTP_ROUTE_FOUND);
     if (r->body_oom)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL,
                                "Out of memory while reading the request body");
     if (r->too_large)
         return http_send_error(r, 413, "invalid_request_error", NULL, NULL, NULL,
                                "The request body is over the limit of %zu bytes",
-                               s->cfg.max_body_bytes);
-    if (r->route_result == HTTP_ROUTE_NOT_FOUND)
-        return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
-                               "Unknown route %s %s", r->method, r->url);
-    if (r->route_result == HTTP_ROUTE_BAD_METHOD)
-        return http_send_error(r, 405, "invalid_request_error", NULL, NULL, NULL,
-                               "Method %s is not allowed on %s", r->method, r->url);
+                               r->s->cfg.max_body_bytes);
     return r->route->handler(r);
 }
 

@@ -60,6 +60,16 @@
  * (every stream's next token) for ~20 ms; a typical prompt costs microseconds
  * and is cheaper inline than a trip through the queue. */
 #define SRV_TOKENIZE_INLINE_BYTES (64u * 1024u)
+/* The request head: a target (path and query) longer than SRV_MAX_TARGET
+ * bytes is 414, a head larger than SRV_MAX_HEAD bytes 431, both in the JSON
+ * envelope. libmicrohttpd answers by itself (its HTML) only a head that
+ * does not fit its per-connection memory pool, SRV_CONN_POOL_BYTES: the
+ * pool is 4x our head limit so that what we refuse reaches us first (the
+ * pool also holds the parsed header list). Each kept-alive connection pins
+ * its pool (libmicrohttpd zeroes it between requests). */
+#define SRV_MAX_TARGET (8u * 1024u)
+#define SRV_MAX_HEAD (32u * 1024u)
+#define SRV_CONN_POOL_BYTES (128u * 1024u)
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
@@ -73,6 +83,11 @@ void log_line(const char *level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* in[0..n) made safe for one log line into out (outlen bytes, always
+ * terminated): control bytes (C0, DEL, C1), bytes that are not valid UTF-8
+ * and the backslash become \xNN; valid UTF-8 is kept. Stops before an
+ * escape or a character that would not fit. Returns the bytes written. */
+size_t log_escape(const char *in, size_t n, char *out, size_t outlen);
 /* A start-up failure: "gpt2d serve: message" at error priority. */
 void log_fatal(const char *msg);
 /* Sets the most verbose level written (an unknown name is "info"). */
@@ -151,10 +166,11 @@ typedef enum MHD_Result (*http_handler)(srv_req *r);
 
 typedef struct {
     const char *method; /* "GET", "POST" */
-    const char *path;   /* matched whole */
+    const char *path;   /* matched whole, or as a prefix (below) */
     http_handler handler;
     int needs_key; /* an API key is required (when any is configured) */
-    int prefix;    /* path is a prefix: "/v1/models/" matches "/v1/models/ID" */
+    int prefix;    /* path is a prefix: "/v1/models/" matches "/v1/models/x"
+                    * (at least one byte more), not "/v1/models/" itself */
 } http_route;
 
 typedef enum {
@@ -163,12 +179,25 @@ typedef enum {
     HTTP_ROUTE_NOT_FOUND   /* *out: NULL (404)                               */
 } http_route_result;
 
+/* HEAD finds the GET entry of a path. */
 http_route_result http_route_find(const http_route *table, size_t n, const char *method,
                                   const char *path, const http_route **out);
+/* The Allow header of path (405): its entries' methods, HEAD after GET, and
+ * OPTIONS, into buf (truncated to len). */
+void http_route_allow(const http_route *table, size_t n, const char *path, char *buf, size_t len);
 /* Whether the Authorization header value auth presents one of cfg's API
- * keys ("Bearer KEY"); always 1 when none is configured. Constant time in
+ * keys ("Bearer KEY", the scheme in any case); always 1 when none is
+ * configured. Constant time in
  * the keys. */
 int http_key_ok(const cfg_config *cfg, const char *auth);
+/* Whether origin (an Origin header) is in list (cors_origins: origins
+ * separated by commas and spaces, compared whole; "*" allows any). */
+int http_origin_allowed(const char *list, const char *origin);
+/* Whether origin is this server itself as the browser reached it
+ * ("http://" + the Host header) with an IP address or localhost for a host
+ * name: the playground page's own calls. A host name is not enough (DNS
+ * rebinding): list it in cors_origins. */
+int http_origin_same_host(const char *origin, const char *host);
 
 /* ---- respond.c ------------------------------------------------------------ */
 
@@ -188,6 +217,12 @@ typedef struct {
 /* The entry for code of src (a status not in the table: 500 server_error). */
 const http_status_map *http_status_of(http_src src, int code);
 
+/* The headers every response of r carries: X-Request-Id, CORS for an
+ * allowed Origin, WWW-Authenticate on 401, Allow on 405. */
+void http_resp_headers(const srv_req *r, struct MHD_Response *resp, unsigned status);
+/* The 204 answer to OPTIONS on a known path (a CORS preflight when r has
+ * an allowed Origin). */
+enum MHD_Result http_send_preflight(srv_req *r);
 enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
                                const char *retry_after);
 enum MHD_Result http_send_error(srv_req *r, int status, const char *type, const char *code,
@@ -244,6 +279,8 @@ struct srv_req {
     int suspended, conn_done; /* libmicrohttpd's view of the connection */
     int cancelling;           /* inside on_completed's cancel loop: do not free yet */
     char method[8], url[64];
+    char req_id[132]; /* X-Request-Id: the client's (sane) or generated */
+    char origin[256]; /* an allowed Origin (CORS headers on every response) */
     /* The head phase's decision (http.c): the route entry (NULL: none) and
      * whether the method matched it. */
     const http_route *route;
@@ -278,6 +315,9 @@ struct srv_req {
     srv_req *prev, *next; /* the list of requests with engine work */
 };
 
+/* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
+ * other than space. */
+int http_request_id_ok(const char *v);
 /* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
 size_t http_req_prompt_tokens(const srv_req *r);
 size_t http_req_completion_tokens(const srv_req *r);

@@ -4,6 +4,10 @@
  * One line per event: "TIMESTAMP LEVEL message", or, when stderr is the
  * journal (which stamps lines itself), "<PRIORITY>message" with the syslog
  * priority of the level (3 error, 4 warning, 6 info, 7 debug).
+ *
+ * Every message is escaped (log_escape) before it is written: its fields
+ * carry client bytes (the URL, the method, X-Request-Id), and a newline,
+ * an ESC or a forged "<3>" at a line start would forge or colour lines.
  */
 #include "internal.h"
 #include "systemd.h"
@@ -27,6 +31,60 @@ void log_set_level(const char *level)
     log_max = level_rank(level);
 }
 
+/* The length of the valid UTF-8 sequence at p (n bytes left) that is not a
+ * C1 control (U+0080..U+009F), or 0. */
+static size_t utf8_ok(const unsigned char *p, size_t n)
+{
+    size_t len;
+    unsigned min;
+    unsigned cp;
+    if (p[0] >= 0xC2 && p[0] <= 0xDF) {
+        len = 2, min = 0xA0, cp = p[0] & 0x1Fu;
+    } else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+        len = 3, min = 0x800, cp = p[0] & 0x0Fu;
+    } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+        len = 4, min = 0x10000, cp = p[0] & 0x07u;
+    } else {
+        return 0;
+    }
+    if (n < len) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3Fu);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return len;
+}
+
+size_t log_escape(const char *in, size_t n, char *out, size_t outlen)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)in;
+    size_t o = 0;
+    if (outlen == 0) return 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = p[i] >= 0x80 ? utf8_ok(p + i, n - i) : 0;
+        if (len > 0) {
+            if (o + len >= outlen) break;
+            memcpy(out + o, p + i, len);
+            o += len;
+            i += len;
+        } else if (p[i] < 0x20 || p[i] >= 0x7F || p[i] == '\\') {
+            if (o + 4 >= outlen) break;
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[p[i] >> 4];
+            out[o++] = hex[p[i] & 15];
+            i++;
+        } else {
+            if (o + 1 >= outlen) break;
+            out[o++] = (char)p[i++];
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
 void log_line(const char *level, const char *fmt, ...)
 {
     int rank = level_rank(level);
@@ -44,10 +102,13 @@ void log_line(const char *level, const char *fmt, ...)
         strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
         n = snprintf(line, sizeof line, "%s %s ", ts, level);
     }
+    char msg[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    size_t mlen = m < 0 ? 0 : (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
+    log_escape(msg, mlen, line + n, sizeof line - (size_t)n);
     /* One write per line, so that lines from a crash or another process
      * sharing the stream do not interleave mid-line. */
     fprintf(stderr, "%s\n", line);
@@ -55,7 +116,9 @@ void log_line(const char *level, const char *fmt, ...)
 
 void log_fatal(const char *msg)
 {
-    fprintf(stderr, "%sgpt2d serve: %s\n", srv_sd_journal() ? "<3>" : "", msg);
+    char esc[4096];
+    log_escape(msg, strlen(msg), esc, sizeof esc);
+    fprintf(stderr, "%sgpt2d serve: %s\n", srv_sd_journal() ? "<3>" : "", esc);
 }
 
 void log_access(const srv_req *r, unsigned status, int aborted)
@@ -65,10 +128,10 @@ void log_access(const srv_req *r, unsigned status, int aborted)
     double total = log_now() - r->t_start;
     size_t ct = http_req_completion_tokens(r);
     log_line("info",
-             "access %s %s status=%u id=%s prompt_tokens=%zu completion_tokens=%zu "
-             "duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f%s",
-             r->method, r->url, status, r->id, http_req_prompt_tokens(r), ct, total * 1e3,
-             r->t_first > 0 ? (r->t_first - r->t_start) * 1e3 : 0.0,
+             "access %s %s status=%u id=%s request_id=%s prompt_tokens=%zu "
+             "completion_tokens=%zu duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f%s",
+             r->method, r->url, status, r->id, r->req_id, http_req_prompt_tokens(r), ct,
+             total * 1e3, r->t_first > 0 ? (r->t_first - r->t_start) * 1e3 : 0.0,
              total > 0 ? (double)ct / total : 0.0, aborted ? " aborted=1" : "");
 }
 

@@ -6,6 +6,7 @@
 #include "internal.h"
 #include "version.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,31 @@ enum MHD_Result probe_models(srv_req *r)
 enum MHD_Result probe_model(srv_req *r)
 {
     static const char prefix[] = "/v1/models/";
-    const char *id = r->url + sizeof prefix - 1;
+    /* The route sees the path as sent: %XX-decode the id (a NUL or a bad
+     * escape is no model's name). */
+    const char *raw = r->url + sizeof prefix - 1;
+    char id[sizeof r->s->cfg.model_names[0]];
+    size_t n = 0;
+    int ok = 1;
+    for (const char *p = raw; *p != '\0' && ok; p++) {
+        unsigned v = (unsigned char)*p;
+        if (*p == '%') {
+            ok = isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]);
+            if (!ok) break;
+            char hex[3] = {p[1], p[2], '\0'};
+            v = (unsigned)strtoul(hex, NULL, 16);
+            p += 2;
+        }
+        ok = v != 0 && n + 1 < sizeof id;
+        if (ok) id[n++] = (char)v;
+    }
+    id[n] = '\0';
+    if (!ok) {
+        snprintf(id, sizeof id, "%.100s", raw);
+        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                               "The model '%s' does not exist; this server serves '%s'", id,
+                               r->s->cfg.model_name);
+    }
     if (!cfg_model_name_ok(&r->s->cfg, id))
         return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                                "The model '%s' does not exist; this server serves '%s'", id,
@@ -137,6 +162,7 @@ enum MHD_Result probe_metrics(srv_req *r)
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+    http_resp_headers(r, resp, 200);
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     return rc;

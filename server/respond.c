@@ -32,6 +32,43 @@ const http_status_map *http_status_of(http_src src, int code)
     return &status_other;
 }
 
+void http_resp_headers(const srv_req *r, struct MHD_Response *resp, unsigned status)
+{
+    MHD_add_response_header(resp, "X-Request-Id", r->req_id);
+    if (r->origin[0] != '\0') {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->origin);
+        MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
+        MHD_add_response_header(resp, "Vary", "Origin");
+    }
+    if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 405) {
+        char allow[128];
+        http_route_allow(r->s->routes, r->s->nroutes, r->url, allow, sizeof allow);
+        MHD_add_response_header(resp, "Allow", allow);
+    }
+}
+
+enum MHD_Result http_send_preflight(srv_req *r)
+{
+    http_req_set_state(r, HTTP_REQ_FINISHED);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL) return MHD_NO;
+    char allow[128];
+    http_route_allow(r->s->routes, r->s->nroutes, r->url, allow, sizeof allow);
+    MHD_add_response_header(resp, "Allow", allow);
+    if (r->origin[0] != '\0') {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, X-Request-Id");
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
+    http_resp_headers(r, resp, 204);
+    enum MHD_Result rc = MHD_queue_response(r->conn, 204, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
                                const char *retry_after)
 {
@@ -42,6 +79,7 @@ enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
     MHD_add_response_header(resp, "Content-Type", "application/json");
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     if (retry_after != NULL) MHD_add_response_header(resp, "Retry-After", retry_after);
+    http_resp_headers(r, resp, status);
     enum MHD_Result rc = MHD_queue_response(r->conn, status, resp);
     MHD_destroy_response(resp);
     return rc;

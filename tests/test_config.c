@@ -37,6 +37,7 @@ START_TEST(cfg_defaults_are_the_documented_ones)
     ck_assert_int_eq(c.auth_open_health, 1);
     ck_assert(c.shutdown_timeout_s == 30.0);
     ck_assert_str_eq(c.log_level, "info");
+    ck_assert_str_eq(c.cors_origins, "");
 }
 END_TEST
 

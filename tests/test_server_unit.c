@@ -26,10 +26,10 @@ static enum MHD_Result handler_b(srv_req *r)
 }
 
 static const http_route table[] = {
-    {"POST", "/v1/completions", handler_a, 1, 0},
-    {"GET", "/health", handler_b, 0, 0},
+    {"POST", "/v1/completions", handler_a, 1, 0}, {"GET", "/health", handler_b, 0, 0},
     {"POST", "/health", handler_a, 1, 0}, /* a second method on one path */
-    {"GET", "/metrics", handler_b, 0, 0},
+    {"GET", "/metrics", handler_b, 0, 0},         {"GET", "/v1/models", handler_b, 1, 0},
+    {"GET", "/v1/models/", handler_a, 1, 1}, /* a prefix: /v1/models/{id} */
 };
 #define NTABLE (sizeof table / sizeof table[0])
 
@@ -75,21 +75,158 @@ START_TEST(http_route_find_unknown_path_not_found)
 }
 END_TEST
 
-START_TEST(http_route_find_prefix_route_takes_a_tail)
+START_TEST(http_route_find_prefix_entry_matches_longer_paths)
 {
-    static const http_route t[] = {
-        {"GET", "/v1/models", handler_a, 1, 0},
-        {"GET", "/v1/models/", handler_b, 1, 1},
-    };
     const http_route *e = NULL;
-    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/models", &e), HTTP_ROUTE_FOUND);
-    ck_assert_ptr_eq(e, &t[0]);
-    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/models/gpt2", &e), HTTP_ROUTE_FOUND);
-    ck_assert_ptr_eq(e, &t[1]);
-    /* The prefix alone has no tail: not the model route. */
-    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/models/", &e), HTTP_ROUTE_NOT_FOUND);
-    ck_assert_int_eq(http_route_find(t, 2, "DELETE", "/v1/models/x", &e), HTTP_ROUTE_BAD_METHOD);
-    ck_assert_int_eq(http_route_find(t, 2, "GET", "/v1/modelsx", &e), HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models/gpt2", &e),
+                     HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[5]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models/a/b", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[5]);
+    /* The exact entry stays exact; the prefix itself is not a match. */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[4]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/v1/models/", &e),
+                     HTTP_ROUTE_NOT_FOUND);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "POST", "/v1/models/gpt2", &e),
+                     HTTP_ROUTE_BAD_METHOD);
+    ck_assert_ptr_eq(e, &table[5]);
+    /* An exact entry is never a prefix. */
+    ck_assert_int_eq(http_route_find(table, NTABLE, "GET", "/metricsx", &e), HTTP_ROUTE_NOT_FOUND);
+}
+END_TEST
+
+START_TEST(http_route_find_head_finds_get)
+{
+    const http_route *e = NULL;
+    ck_assert_int_eq(http_route_find(table, NTABLE, "HEAD", "/health", &e), HTTP_ROUTE_FOUND);
+    ck_assert_ptr_eq(e, &table[1]);
+    ck_assert_int_eq(http_route_find(table, NTABLE, "HEAD", "/v1/completions", &e),
+                     HTTP_ROUTE_BAD_METHOD);
+}
+END_TEST
+
+START_TEST(http_route_allow_lists_methods_head_options)
+{
+    char buf[128];
+    http_route_allow(table, NTABLE, "/health", buf, sizeof buf);
+    ck_assert_str_eq(buf, "GET, HEAD, POST, OPTIONS");
+    http_route_allow(table, NTABLE, "/v1/completions", buf, sizeof buf);
+    ck_assert_str_eq(buf, "POST, OPTIONS");
+    http_route_allow(table, NTABLE, "/v1/models/x", buf, sizeof buf);
+    ck_assert_str_eq(buf, "GET, HEAD, OPTIONS");
+    char small[8];
+    http_route_allow(table, NTABLE, "/health", small, sizeof small);
+    ck_assert_uint_lt(strlen(small), sizeof small); /* truncated, terminated */
+}
+END_TEST
+
+START_TEST(http_origin_same_host_ip_or_localhost_only)
+{
+    ck_assert(http_origin_same_host("http://127.0.0.1:8080", "127.0.0.1:8080"));
+    ck_assert(http_origin_same_host("http://localhost:8080", "localhost:8080"));
+    ck_assert(http_origin_same_host("http://[::1]:8080", "[::1]:8080"));
+    ck_assert(http_origin_same_host("http://10.1.2.3", "10.1.2.3"));
+    /* A name could be rebound to this address: not by itself. */
+    ck_assert(!http_origin_same_host("http://evil.example:8080", "evil.example:8080"));
+    /* Another origin, scheme or port than the one the browser reached. */
+    ck_assert(!http_origin_same_host("http://127.0.0.1:9999", "127.0.0.1:8080"));
+    ck_assert(!http_origin_same_host("https://127.0.0.1:8080", "127.0.0.1:8080"));
+    ck_assert(!http_origin_same_host("http://127.0.0.1:8080", NULL));
+    ck_assert(!http_origin_same_host("null", "127.0.0.1:8080"));
+    ck_assert(!http_origin_same_host("http://[::1", "[::1"));
+    ck_assert(!http_origin_same_host("http://:8080", ":8080"));
+}
+END_TEST
+
+START_TEST(http_request_id_ok_sane_ids_only)
+{
+    ck_assert(http_request_id_ok("hostile-abc-123"));
+    ck_assert(http_request_id_ok("a"));
+    char max[130];
+    memset(max, 'x', 128);
+    max[128] = '\0';
+    ck_assert(http_request_id_ok(max));
+    max[128] = 'x';
+    max[129] = '\0';
+    ck_assert(!http_request_id_ok(max)); /* 129 bytes */
+    ck_assert(!http_request_id_ok(NULL));
+    ck_assert(!http_request_id_ok(""));
+    ck_assert(!http_request_id_ok("has space"));
+    ck_assert(!http_request_id_ok("tab\tid"));
+    ck_assert(!http_request_id_ok("nl\nid"));
+    ck_assert(!http_request_id_ok("del\x7f"));
+    ck_assert(!http_request_id_ok("utf8-\xc3\xa9"));
+}
+END_TEST
+
+START_TEST(http_origin_allowed_list_star_and_empty)
+{
+    ck_assert(!http_origin_allowed("", "http://ok.example"));
+    ck_assert(http_origin_allowed("http://ok.example", "http://ok.example"));
+    ck_assert(http_origin_allowed("http://a.example, http://ok.example", "http://ok.example"));
+    ck_assert(http_origin_allowed(" http://a.example ,http://ok.example ", "http://a.example"));
+    ck_assert(http_origin_allowed("*", "http://evil.example"));
+    ck_assert(http_origin_allowed("http://a.example, *", "null"));
+    /* Whole entries only: no prefix, no suffix, no scheme swap. */
+    ck_assert(!http_origin_allowed("http://ok.example", "http://ok.example.evil"));
+    ck_assert(!http_origin_allowed("http://ok.example", "http://ok.exampl"));
+    ck_assert(!http_origin_allowed("http://ok.example", "https://ok.example"));
+    ck_assert(!http_origin_allowed("http://ok.example", ""));
+    ck_assert(!http_origin_allowed("http://ok.example,", "null"));
+    ck_assert(!http_origin_allowed("**", "http://evil.example"));
+}
+END_TEST
+
+/* ---- Log escaping --------------------------------------------------------- */
+
+static const char *escaped(const char *in, size_t n, size_t outlen)
+{
+    static char out[256];
+    size_t w = log_escape(in, n, out, outlen);
+    ck_assert_uint_eq(w, strlen(out));
+    ck_assert_uint_lt(w, outlen);
+    return out;
+}
+
+START_TEST(log_escape_controls_and_bad_utf8_escaped)
+{
+    const char forged[] = "/\n<3>gpt2d serve: FORGED";
+    ck_assert_str_eq(escaped(forged, sizeof forged - 1, 256), "/\\x0a<3>gpt2d serve: FORGED");
+    const char esc[] = "\x1b[31mRED\x1b[0m\x07\r\x7f";
+    ck_assert_str_eq(escaped(esc, sizeof esc - 1, 256), "\\x1b[31mRED\\x1b[0m\\x07\\x0d\\x7f");
+    /* A NUL inside the field does not end it. */
+    ck_assert_str_eq(escaped("a\0b", 3, 256), "a\\x00b");
+    /* Invalid UTF-8: a lone continuation, a bad second byte, an overlong
+     * form, a surrogate, a cut sequence; C1 controls (U+009B is CSI). */
+    ck_assert_str_eq(escaped("\xc3\x28\xff", 3, 256), "\\xc3(\\xff");
+    ck_assert_str_eq(escaped("\x80", 1, 256), "\\x80");
+    ck_assert_str_eq(escaped("\xc0\xaf", 2, 256), "\\xc0\\xaf");
+    ck_assert_str_eq(escaped("\xed\xa0\x80", 3, 256), "\\xed\\xa0\\x80");
+    ck_assert_str_eq(escaped("\xe2\x82", 2, 256), "\\xe2\\x82");
+    ck_assert_str_eq(escaped("\xc2\x9b", 2, 256), "\\xc2\\x9b");
+    /* The backslash itself, so an escape cannot be forged. */
+    ck_assert_str_eq(escaped("a\\x0a", 5, 256), "a\\x5cx0a");
+}
+END_TEST
+
+START_TEST(log_escape_printable_and_utf8_kept)
+{
+    const char text[] = "GET /v1/models status=200 caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 ~";
+    ck_assert_str_eq(escaped(text, sizeof text - 1, 256), text);
+}
+END_TEST
+
+START_TEST(log_escape_short_buffer_never_splits)
+{
+    /* Room for 5 bytes + NUL: an escape (4) or a character (2) that would
+     * not fit is left out whole. */
+    ck_assert_str_eq(escaped("ab\ncd", 5, 6), "ab");
+    ck_assert_str_eq(escaped("abcd\xc3\xa9", 6, 6), "abcd");
+    ck_assert_str_eq(escaped("abcdefgh", 8, 6), "abcde");
+    char one[1];
+    ck_assert_uint_eq(log_escape("abc", 3, one, 1), 0);
+    ck_assert_int_eq(one[0], 0);
 }
 END_TEST
 
@@ -119,6 +256,10 @@ START_TEST(http_key_ok_configured_key_accepted)
     cfg_config c = keyed("sk-first-0123456789", "sk-second-0123456789");
     ck_assert(http_key_ok(&c, "Bearer sk-first-0123456789"));
     ck_assert(http_key_ok(&c, "Bearer sk-second-0123456789"));
+    /* RFC 9110 11.1: the scheme is case-insensitive, 1*SP before the key. */
+    ck_assert(http_key_ok(&c, "bearer sk-first-0123456789"));
+    ck_assert(http_key_ok(&c, "BEARER sk-first-0123456789"));
+    ck_assert(http_key_ok(&c, "Bearer   sk-first-0123456789"));
 }
 END_TEST
 
@@ -133,6 +274,8 @@ START_TEST(http_key_ok_wrong_key_refused)
     ck_assert(!http_key_ok(&c, "Bearer sk-first-0123456788"));  /* last byte */
     ck_assert(!http_key_ok(&c, "sk-first-0123456789"));         /* no scheme */
     ck_assert(!http_key_ok(&c, "Basic sk-first-0123456789"));
+    ck_assert(!http_key_ok(&c, "Bearersk-first-0123456789"));
+    ck_assert(!http_key_ok(&c, "bearer  "));
 }
 END_TEST
 
@@ -411,10 +554,20 @@ int main(void)
     tcase_add_test(tc, http_route_find_known_route_found);
     tcase_add_test(tc, http_route_find_other_method_bad_method);
     tcase_add_test(tc, http_route_find_unknown_path_not_found);
-    tcase_add_test(tc, http_route_find_prefix_route_takes_a_tail);
+    tcase_add_test(tc, http_route_find_prefix_entry_matches_longer_paths);
+    tcase_add_test(tc, http_route_find_head_finds_get);
+    tcase_add_test(tc, http_origin_same_host_ip_or_localhost_only);
+    tcase_add_test(tc, http_route_allow_lists_methods_head_options);
+    tcase_add_test(tc, http_request_id_ok_sane_ids_only);
+    tcase_add_test(tc, http_origin_allowed_list_star_and_empty);
     tcase_add_test(tc, http_key_ok_no_keys_open);
     tcase_add_test(tc, http_key_ok_configured_key_accepted);
     tcase_add_test(tc, http_key_ok_wrong_key_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("log");
+    tcase_add_test(tc, log_escape_controls_and_bad_utf8_escaped);
+    tcase_add_test(tc, log_escape_printable_and_utf8_kept);
+    tcase_add_test(tc, log_escape_short_buffer_never_splits);
     suite_add_tcase(s, tc);
     tc = tcase_create("status");
     tcase_add_test(tc, http_status_of_engine_statuses_mapped);
