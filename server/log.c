@@ -62,10 +62,10 @@ void log_access(const srv_req *r, unsigned status, int aborted)
 {
     log_line("info",
              "access %s %s status=%u id=%s prompt_tokens=%zu completion_tokens=%zu "
-             "duration_ms=%.1f%s",
+             "duration_ms=%.1f%s%s",
              r->method, r->url, status, r->id, http_req_prompt_tokens(r),
              http_req_completion_tokens(r), (log_now() - r->t_start) * 1e3,
-             aborted ? " aborted=1" : "");
+             r->cut ? " cut=shutdown" : "", aborted ? " aborted=1" : "");
 }
 
 double log_now(void)
