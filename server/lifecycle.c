@@ -64,7 +64,7 @@ static void drain_check(uv_timer_t *t)
 {
     srv *s = t->data;
     if (all_answered(s)) {
-        log_line("info", "drained: every request is answered");
+        log_line("info", "drained: every response is written");
         close_all(s);
         return;
     }
