@@ -128,7 +128,10 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
         memcpy(field, value, strlen(value) + 1);
         return CFG_OK;
     case K_APIKEY: {
-        if (*value == '\0') return CFG_OK; /* the empty default: no key */
+        if (*value == '\0') /* would read as "no key": authentication off */
+            return fail(err, errlen, CFG_EVALUE,
+                        "%s: api_key is empty; leave the key out to run without authentication",
+                        origin);
         if (c->n_api_keys == CFG_MAX_KEYS)
             return fail(err, errlen, CFG_EVALUE, "%s: more than %d api_key values", origin,
                         CFG_MAX_KEYS);
@@ -217,6 +220,7 @@ void cfg_defaults(cfg_config *c)
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < NSPECS; i++) {
         char err[128];
+        if (specs[i].k == K_APIKEY) continue; /* none by default (an empty one is an error) */
         /* The table's defaults are valid by construction (cfg tests check). */
         (void)set_spec(c, &specs[i], specs[i].def, "default", err, sizeof err);
     }
@@ -328,6 +332,76 @@ cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
     if (c->model_dir[0] == '\0')
         return fail(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
     return CFG_OK;
+}
+
+/* The keys SIGHUP may change: the server reads them per request (or per
+ * tick), so a new value applies to the next request without dropping a
+ * connection. The others (listening, the model, the engine's sizes) are
+ * fixed at start-up. A name the table lacks matches nothing. */
+static const char *const reloadable[] = {
+    "api_key",
+    "log_level",
+    "max_body_bytes",
+    "max_prompt_tokens",
+    "max_tokens_limit",
+    "max_n",
+    "max_queue",
+    "queue_timeout",
+    "cors_origins",
+    "body_timeout",
+    "request_header_timeout",
+    "stream_backlog_bytes",
+    "stream_stall_timeout",
+};
+
+int cfg_key_reloadable(const char *key)
+{
+    for (size_t i = 0; i < sizeof reloadable / sizeof reloadable[0]; i++)
+        if (strcmp(reloadable[i], key) == 0) return 1;
+    return 0;
+}
+
+/* Whether key sp has the same value in a and b. */
+static int same_value(const cfg_config *a, const cfg_config *b, const spec *sp)
+{
+    const char *fa = (const char *)a + sp->off, *fb = (const char *)b + sp->off;
+    if (sp->k == K_APIKEY) {
+        if (a->n_api_keys != b->n_api_keys) return 0;
+        for (size_t i = 0; i < a->n_api_keys; i++)
+            if (strcmp(a->api_keys[i], b->api_keys[i]) != 0) return 0;
+        return 1;
+    }
+    if (sp->k == K_STR || sp->k == K_LEVEL) return strcmp(fa, fb) == 0; /* bytes past NUL vary */
+    return memcmp(fa, fb, sp->size) == 0;
+}
+
+/* Appends ", key" (or "key" first) to list, cut at len. */
+static void list_add(char *list, size_t len, const char *key)
+{
+    if (list == NULL || len == 0) return;
+    size_t n = strlen(list);
+    snprintf(list + n, len - n, "%s%s", n ? ", " : "", key);
+}
+
+size_t cfg_apply_reload(cfg_config *cur, const cfg_config *next, char *changed, size_t changed_len,
+                        char *kept, size_t kept_len)
+{
+    if (changed != NULL && changed_len > 0) changed[0] = '\0';
+    if (kept != NULL && kept_len > 0) kept[0] = '\0';
+    size_t n = 0;
+    for (size_t i = 0; i < NSPECS; i++) {
+        const spec *sp = &specs[i];
+        if (same_value(cur, next, sp)) continue;
+        if (!cfg_key_reloadable(sp->key)) {
+            list_add(kept, kept_len, sp->key);
+            continue;
+        }
+        memcpy((char *)cur + sp->off, (const char *)next + sp->off, sp->size);
+        if (sp->k == K_APIKEY) cur->n_api_keys = next->n_api_keys;
+        list_add(changed, changed_len, sp->key);
+        n++;
+    }
+    return n;
 }
 
 static const char *kind_name(kind k)

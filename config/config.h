@@ -100,6 +100,19 @@ int cfg_model_name_ok(const cfg_config *c, const char *name);
 /* Cross-key checks (e.g. a model directory is set). */
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen);
 
+/* Whether key may change while gpt2d serve runs (SIGHUP): api_key,
+ * log_level, the request limits, max_queue, queue_timeout and the
+ * connection deadlines; docs/operations.md lists them. */
+int cfg_key_reloadable(const char *key);
+
+/* A reload: copies into cur every reloadable key whose value differs in
+ * next, and names those keys in changed ("a, b"); names in kept every other
+ * key that differs, which keeps its value in cur (it needs a restart).
+ * Either list may be NULL; a list too long is cut. Returns how many keys
+ * were copied. */
+size_t cfg_apply_reload(cfg_config *cur, const cfg_config *next, char *changed, size_t changed_len,
+                        char *kept, size_t kept_len);
+
 /* Every key with its type, default and meaning, one per line. */
 void cfg_print_help(FILE *out);
 

@@ -267,6 +267,11 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
  * ignored. */
 void eng_sched_cancel(eng_sched *s, uint64_t id);
 
+/* Changes max_queue (0: 256) while serving: later submissions see the new
+ * bound; requests already waiting stay. ENG_ENOMEM (err) when a larger
+ * queue cannot be allocated; then nothing changed. */
+eng_status eng_sched_set_max_queue(eng_sched *s, size_t max_queue, char *err, size_t errlen);
+
 /* 1 while request id waits in the queue (not yet admitted). */
 int eng_sched_waiting(const eng_sched *s, uint64_t id);
 

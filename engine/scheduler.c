@@ -64,8 +64,9 @@ struct eng_sched {
     uint64_t next_id;
     sch_seq **running;
     size_t nrunning;
-    sch_seq **queue; /* ring */
+    sch_seq **queue; /* ring of o.max_queue entries */
     size_t qhead, qlen;
+    size_t qlimit; /* waiting requests before ENG_EFULL (<= o.max_queue) */
     /* The planned step. */
     int planned, executed;
     eng_item *items;
@@ -119,6 +120,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     s->logit_rows = o.max_running + ECHO_ROWS;
     s->running = calloc(o.max_running, sizeof *s->running);
     s->queue = calloc(o.max_queue, sizeof *s->queue);
+    s->qlimit = o.max_queue;
     s->items = calloc(o.max_running, sizeof *s->items);
     s->step_seqs = calloc(o.max_running, sizeof *s->step_seqs);
     s->logits = malloc(s->logit_rows * V * sizeof *s->logits);
@@ -205,9 +207,9 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         return gpt2_fail(err, errlen, ENG_ETOOBIG,
                          "the request needs %zu KV blocks; the pool has %zu", blocks,
                          eng_kv_blocks_total(s->kv));
-    if (s->qlen == s->o.max_queue)
+    if (s->qlen >= s->qlimit)
         return gpt2_fail(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
-                         s->o.max_queue);
+                         s->qlimit);
     sch_seq *q = calloc(1, sizeof *q);
     int32_t *tokens = malloc(total * sizeof *tokens);
     eng_bias *bias = r->sampling.nbias ? malloc(r->sampling.nbias * sizeof *bias) : NULL;
@@ -277,6 +279,22 @@ void eng_sched_cancel(eng_sched *s, uint64_t id)
         finish(s, q, ENG_FINISH_CANCELLED, NULL);
         return;
     }
+}
+
+eng_status eng_sched_set_max_queue(eng_sched *s, size_t max_queue, char *err, size_t errlen)
+{
+    if (max_queue == 0) max_queue = 256; /* as eng_sched_new */
+    if (max_queue > s->o.max_queue) {    /* a larger ring, in queue order */
+        sch_seq **ring = calloc(max_queue, sizeof *ring);
+        if (ring == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        for (size_t i = 0; i < s->qlen; i++) ring[i] = s->queue[(s->qhead + i) % s->o.max_queue];
+        free(s->queue);
+        s->queue = ring;
+        s->qhead = 0;
+        s->o.max_queue = max_queue;
+    }
+    s->qlimit = max_queue; /* a smaller bound keeps the ring; who waits stays */
+    return ENG_OK;
 }
 
 int eng_sched_waiting(const eng_sched *s, uint64_t id)

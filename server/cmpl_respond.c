@@ -93,7 +93,7 @@ void cmpl_finish_stream(srv_req *r)
 {
     if (r->error_status != 0) { /* after the headers: an error event, then [DONE] */
         oai_error e;
-        oai_error_set(&e, r->error_status, "server_error", NULL, NULL, "%s", r->error_msg);
+        oai_error_set(&e, r->error_status, "server_error", r->error_code, NULL, "%s", r->error_msg);
         char *js = oai_error_json(&e);
         if (js == NULL || sse_data_raw(&r->sse, js) != 0) r->sse.failed = 1;
         free(js);
@@ -158,7 +158,7 @@ enum MHD_Result cmpl_send(srv_req *r)
     assert(r->state == HTTP_REQ_QUEUED || r->state == HTTP_REQ_RUNNING);
     assert(r->ndone == r->nchoices);
     if (r->error_status != 0)
-        return http_send_error(r, r->error_status, "server_error", NULL, NULL,
+        return http_send_error(r, r->error_status, "server_error", r->error_code, NULL,
                                r->error_status == 503 ? "5" : NULL, "%s", r->error_msg);
     json_t *o = cmpl_base(r);
     json_t *choices = json_array();

@@ -335,6 +335,9 @@ enum MHD_Result cmpl_admit(srv_req *r)
     enum MHD_Result rc;
     if (r->tok_failed)
         return http_send_status(r, HTTP_SRC_BPE, (int)r->tok_status, "prompt", r->tok_err);
+    if (s->cut) /* tokenized while the drain ended */
+        return http_send_error(r, 503, "server_error", "server_shutting_down", NULL, "5",
+                               "The server is shutting down; retry on another replica");
     if (!prompts_fit(r, &rc)) return rc;
     /* One engine request per prompt and candidate (best_of >= n of them). */
     r->nchoices = q->nprompts * q->best_of;

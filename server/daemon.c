@@ -1,7 +1,7 @@
 /*
  * server/daemon.c: `gpt2d serve`: the configuration, the model, the route
- * table, listening (a socket systemd passed, or host:port), the signals,
- * the drain and the shutdown.
+ * table, listening (a socket systemd passed, or host:port), and the
+ * shutdown once the loop ends (lifecycle.c: the signals and the drain).
  */
 #include "internal.h"
 #include "server.h"
@@ -17,54 +17,6 @@
 #ifndef GPT2D_BUILD_VERSION
 #define GPT2D_BUILD_VERSION "dev"
 #endif
-
-/* ---- Start-up and shutdown --------------------------------------------------- */
-
-static void close_all(srv *s);
-
-static void drain_check(uv_timer_t *t)
-{
-    srv *s = t->data;
-    eng_sched_stats st;
-    eng_sched_stats_get(s->sched, &st);
-    if ((st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing == 0)
-        || log_now() - s->drain_started > s->cfg.shutdown_timeout_s)
-        close_all(s);
-}
-
-static void on_signal(uv_signal_t *h, int signum)
-{
-    srv *s = h->data;
-    if (s->draining) return;
-    s->draining = 1;
-    s->drain_started = log_now();
-    srv_sd_notify("STOPPING=1");
-    loop_sd_status(s);
-    log_line("info", "signal %d: draining (shutdown_timeout %.0f s)", signum,
-             s->cfg.shutdown_timeout_s);
-    /* The listener stays open while draining: /ready answers 503 (load
-     * balancers take the replica out) and new completions get 503 with
-     * Retry-After, while the running ones finish. */
-    uv_timer_start(&s->drain_timer, drain_check, 0, 50);
-}
-
-static void close_all(srv *s)
-{
-    uv_timer_stop(&s->tick);
-    uv_close((uv_handle_t *)&s->tick, NULL);
-    uv_timer_stop(&s->drain_timer);
-    uv_close((uv_handle_t *)&s->drain_timer, NULL);
-    uv_timer_stop(&s->timer);
-    uv_close((uv_handle_t *)&s->timer, NULL);
-    uv_timer_stop(&s->watchdog);
-    uv_close((uv_handle_t *)&s->watchdog, NULL);
-    uv_timer_stop(&s->info_timer);
-    uv_close((uv_handle_t *)&s->info_timer, NULL);
-    uv_poll_stop(&s->poll);
-    uv_close((uv_handle_t *)&s->poll, NULL);
-    uv_close((uv_handle_t *)&s->sigterm, NULL);
-    uv_close((uv_handle_t *)&s->sigint, NULL);
-}
 
 /* libmicrohttpd's unescaper, which leaves the request target as sent: the
  * router matches the undecoded path, so "/v1%2fcompletions" and
@@ -107,12 +59,8 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
 }
 #define SRV_MAX_ROUTES 16
 
-/* The configuration file read when no --config is given, if it exists. */
-#define SRV_DEFAULT_CONFIG "/etc/gpt2d/gpt2d.conf"
-
 int srv_main(int argc, char **argv)
 {
-    int explicit_config = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             serve_usage(stdout);
@@ -126,19 +74,15 @@ int srv_main(int argc, char **argv)
             cfg_print_defaults(stdout);
             return 0;
         }
-        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0)
-            explicit_config = 1;
     }
     srv_sd_init();
     srv s;
     memset(&s, 0, sizeof s);
     char err[1024];
-    cfg_defaults(&s.cfg);
     met_init(&s.met);
-    if ((!explicit_config && access(SRV_DEFAULT_CONFIG, F_OK) == 0
-         && cfg_load_file(&s.cfg, SRV_DEFAULT_CONFIG, err, sizeof err) != CFG_OK)
-        || cfg_parse_args(&s.cfg, argc, argv, 1, err, sizeof err) != CFG_OK
-        || cfg_validate(&s.cfg, err, sizeof err) != CFG_OK) {
+    s.argc = argc;
+    s.argv = argv;
+    if (srv_config_read(&s.cfg, argc, argv, err, sizeof err) != CFG_OK) {
         log_fatal(err);
         if (strncmp(err, "unknown option", 14) == 0) serve_usage(stderr);
         return 2;
@@ -178,6 +122,7 @@ int srv_main(int argc, char **argv)
     int rc = 1;
     log_line("info", "loading %s", s.cfg.model_dir);
     srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
+    srv_model_watch_init(&s); /* the file's identity before it is read */
     if (bpe_load_dir(s.cfg.model_dir, &s.tok, err, sizeof err) != BPE_OK
         || eng_model_load(s.cfg.model_dir, &s.model, err, sizeof err) != ENG_OK) {
         log_fatal(err);
@@ -271,11 +216,8 @@ int srv_main(int argc, char **argv)
     uv_timer_init(s.loop, &s.tick);
     s.tick.data = &s;
     uv_timer_start(&s.tick, loop_on_tick, 1000, 1000);
-    uv_signal_init(s.loop, &s.sigterm);
-    uv_signal_init(s.loop, &s.sigint);
-    s.sigterm.data = s.sigint.data = &s;
-    uv_signal_start(&s.sigterm, on_signal, SIGTERM);
-    uv_signal_start(&s.sigint, on_signal, SIGINT);
+    srv_signals_start(&s);
+    srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
     if (lfd >= 0)
         log_line("info",
@@ -304,8 +246,8 @@ int srv_main(int argc, char **argv)
     uv_run(s.loop, UV_RUN_DEFAULT);
     MHD_stop_daemon(s.mhd);
     s.mhd = NULL;
-    log_line("info", "stopped");
-    rc = 0;
+    rc = s.exit_code;
+    log_line("info", "stopped (exit status %d)", rc);
 done:
     oai_template_free(&s.chat);
     eng_sched_free(s.sched);

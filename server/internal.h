@@ -312,7 +312,9 @@ struct srv_req {
     sse_queue sse;
     int error_status; /* a failure after submission */
     char error_msg[256];
-    srv_req *prev, *next; /* the list of requests with engine work */
+    const char *error_code; /* its OpenAI error code, or NULL */
+    int cut;                /* ended by the end of a drain (srv_drain_cut) */
+    srv_req *prev, *next;   /* the list of requests with engine work */
 };
 
 /* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
@@ -335,6 +337,14 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                        enum MHD_RequestTerminationCode toe);
 
 /* ---- The daemon ----------------------------------------------------------- */
+
+/* What identifies a file's contents cheaply: a copy over it changes the
+ * size or the modification time, a rename over it the inode. */
+typedef struct {
+    int exists;
+    uint64_t dev, ino, size;
+    int64_t mtime_s, mtime_ns;
+} srv_file_id;
 
 struct srv {
     cfg_config cfg;
@@ -375,6 +385,20 @@ struct srv {
     uv_timer_t info_timer;
     double info_last;
     uint64_t info_prompt, info_completion;
+    /* lifecycle.c: the drain's end and the exit. cut: the drain is over and
+     * what still ran was ended (a final event, or 503); closed: the loop's
+     * handles are closed and the loop is ending. */
+    int cut, closed;
+    double cut_at;
+    int exit_code; /* srv_main's status once the loop ends */
+    uv_signal_t sighup, sigusr1, sigusr2;
+    /* reload.c: the command line, read again on SIGHUP. */
+    int argc;
+    char **argv;
+    /* modelwatch.c: the served weights file as it was loaded. */
+    uv_timer_t model_timer;
+    char model_path[CFG_STR_MAX + 32];
+    srv_file_id model_id;
 };
 
 /* ---- loop.c --------------------------------------------------------------- */
@@ -393,6 +417,48 @@ void loop_on_tick(uv_timer_t *t);
 void loop_on_watchdog(uv_timer_t *t);
 /* systemd's STATUS= line, sent when it changed. */
 void loop_sd_status(srv *s);
+
+/* ---- lifecycle.c, reload.c, modelwatch.c ---------------------------------- */
+
+/* srv_main's exit status when the model file changed under the server (a
+ * drain, then this status, so that systemd restarts it on the new file). */
+#define SRV_EXIT_MODEL_CHANGED 3
+/* Seconds the responses ended by a drain's end get to be written before the
+ * loop stops regardless (shutdown_timeout + this bounds the exit). */
+#define SRV_CUT_GRACE_S 0.5
+
+/* Builds the configuration: defaults < the config file (--config, else
+ * /etc/gpt2d/gpt2d.conf when it exists) < the command line; validated.
+ * CFG_OK, or the status with err naming the key and its file:line or
+ * option. */
+cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen);
+/* Starts the signal handlers: SIGTERM and SIGINT drain (a second one ends
+ * the drain at once), SIGHUP reloads, SIGUSR1 and SIGUSR2 are logged and
+ * otherwise ignored. */
+void srv_signals_start(srv *s);
+/* Starts the drain once: /ready answers 503, new completions 503, running
+ * ones finish within shutdown_timeout, then the rest are ended cleanly and
+ * the loop stops; srv_main then returns exit_code. why is logged. */
+void srv_drain_begin(srv *s, int exit_code, const char *why);
+/* Ends the drain now: every request still generating ends with a final
+ * event naming the shutdown (streams) or 503 (whole answers). */
+void srv_drain_cut(srv *s, const char *why);
+/* SIGHUP: reads the configuration again (the file and the command line) and
+ * applies the keys that may change while serving; any other changed key is
+ * logged as needing a restart; a bad file is refused whole, logged with
+ * its file:line. */
+void srv_reload(srv *s);
+/* The identity of the file at path now (exists 0 when stat fails). */
+void srv_file_id_get(const char *path, srv_file_id *out);
+/* 1 when a and b are the same file with the same contents, as far as
+ * srv_file_id tells. */
+int srv_file_id_same(const srv_file_id *a, const srv_file_id *b);
+/* Records the served weights file before it is loaded; then watches it
+ * (once a second) and drains with SRV_EXIT_MODEL_CHANGED when it changes.
+ * Also installs the SIGBUS handler that names the file when a read of its
+ * mapping fails (the file shrank under it). */
+void srv_model_watch_init(srv *s);
+void srv_model_watch_start(srv *s);
 
 /* ---- Handlers (the route table's) ----------------------------------------- */
 

@@ -129,10 +129,11 @@ void log_access(const srv_req *r, unsigned status, int aborted)
     size_t ct = http_req_completion_tokens(r);
     log_line("info",
              "access %s %s status=%u id=%s request_id=%s prompt_tokens=%zu "
-             "completion_tokens=%zu duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f%s",
+             "completion_tokens=%zu duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f%s%s",
              r->method, r->url, status, r->id, r->req_id, http_req_prompt_tokens(r), ct,
              total * 1e3, r->t_first > 0 ? (r->t_first - r->t_start) * 1e3 : 0.0,
-             total > 0 ? (double)ct / total : 0.0, aborted ? " aborted=1" : "");
+             total > 0 ? (double)ct / total : 0.0, r->cut ? " cut=shutdown" : "",
+             aborted ? " aborted=1" : "");
 }
 
 double log_now(void)

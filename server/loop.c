@@ -26,7 +26,7 @@ void loop_on_poll(uv_poll_t *p, int status, int events)
 
 void loop_mhd_run(srv *s)
 {
-    if (s->mhd == NULL) return;
+    if (s->mhd == NULL || s->closed) return;
     MHD_run(s->mhd);
     MHD_UNSIGNED_LONG_LONG ms;
     if (MHD_get_timeout(s->mhd, &ms) == MHD_YES)
@@ -76,7 +76,7 @@ static void after_cb(uv_work_t *w, int status)
 
 void loop_kick(srv *s)
 {
-    if (s->in_flight || !eng_sched_plan(s->sched)) return;
+    if (s->in_flight || s->closed || !eng_sched_plan(s->sched)) return;
     s->in_flight = 1;
     s->step_started = log_now();
     s->work.data = s;

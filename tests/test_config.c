@@ -98,6 +98,8 @@ static const struct {
     {"log_level = loud\n", CFG_EVALUE, "error, warn, info or debug"},
     {"api_key = short\n", CFG_EVALUE, "8 to"},
     {"api_key = has space\n", CFG_EVALUE, "printable ASCII without spaces"},
+    {"log_level = info\napi_key =\n", CFG_EVALUE, ":2: api_key is empty"},
+    {"api_key = \"\"\n", CFG_EVALUE, ":1: api_key is empty"},
     {"\n\njust words\n", CFG_ESYNTAX, ":3: expected key = value"},
     {" = 5\n", CFG_ESYNTAX, "missing key"},
 };
@@ -154,6 +156,10 @@ START_TEST(cfg_parse_args_errors)
     ck_assert_ptr_nonnull(strstr(err, "--port: port must be"));
     char *a4[] = {"serve", "stray"};
     ck_assert_int_eq(cfg_parse_args(&c, 2, a4, 1, err, sizeof err), CFG_ESYNTAX);
+    char *a6[] = {"serve", "--api-key", ""}; /* would turn authentication off */
+    ck_assert_int_eq(cfg_parse_args(&c, 3, a6, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "--api-key: api_key is empty"));
+    ck_assert_uint_eq(c.n_api_keys, 0);
     char *a5[] = {"serve", "--config", "/nonexistent/gpt2d.conf"};
     ck_assert_int_eq(cfg_parse_args(&c, 3, a5, 1, err, sizeof err), CFG_EIO);
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/gpt2d.conf"));
@@ -206,6 +212,42 @@ START_TEST(cfg_validate_cross_checks)
 }
 END_TEST
 
+START_TEST(cfg_apply_reload_copies_reloadable_keys_and_names_the_rest)
+{
+    cfg_config cur, next;
+    cfg_defaults(&cur);
+    char err[256];
+    ck_assert_int_eq(cfg_set(&cur, "api_key", "old-key-1111", "t", err, sizeof err), CFG_OK);
+    memcpy(&next, &cur, sizeof next);
+    /* The same values: nothing changes, nothing is named. */
+    char changed[256], kept[256];
+    ck_assert_uint_eq(cfg_apply_reload(&cur, &next, changed, sizeof changed, kept, sizeof kept), 0);
+    ck_assert_str_eq(changed, "");
+    ck_assert_str_eq(kept, "");
+    cfg_defaults(&next);
+    ck_assert_int_eq(cfg_set(&next, "api_key", "new-key-2222", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&next, "api_key", "new-key-3333", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&next, "log_level", "debug", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&next, "max_queue", "9", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&next, "port", "9999", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&next, "kv_cache_mb", "64", "t", err, sizeof err), CFG_OK);
+    ck_assert_uint_eq(cfg_apply_reload(&cur, &next, changed, sizeof changed, kept, sizeof kept), 3);
+    ck_assert_str_eq(changed, "max_queue, api_key, log_level"); /* the table's order */
+    ck_assert_str_eq(kept, "port, kv_cache_mb");
+    ck_assert_uint_eq(cur.n_api_keys, 2);
+    ck_assert_str_eq(cur.api_keys[1], "new-key-3333");
+    ck_assert_str_eq(cur.log_level, "debug");
+    ck_assert_uint_eq(cur.max_queue, 9);
+    ck_assert_uint_eq(cur.port, 8080); /* needs a restart: kept */
+    ck_assert_uint_eq(cur.kv_cache_mb, 2048);
+    /* Dropping every key is a change too (back to no authentication). */
+    next.n_api_keys = 0;
+    ck_assert_uint_eq(cfg_apply_reload(&cur, &next, NULL, 0, NULL, 0), 1);
+    ck_assert_uint_eq(cur.n_api_keys, 0);
+    ck_assert(cfg_key_reloadable("max_body_bytes") && !cfg_key_reloadable("model"));
+}
+END_TEST
+
 START_TEST(cfg_print_help_lists_every_key)
 {
     char *buf;
@@ -235,6 +277,7 @@ int main(void)
     tcase_add_test(tc, cfg_validate_cross_checks);
     tcase_add_test(tc, cfg_set_model_name_takes_several_names);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
+    tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -97,6 +97,7 @@ typedef struct {
     size_t n, prompt_events, done_count;
     eng_finish finish;
     size_t first_token_step; /* driver step count when the first token came */
+    size_t done_order;       /* 1 for the first DONE of the test, 2 ... */
     driver *d;
     eng_sched *s;
     size_t cancel_after; /* cancel from the callback after this many tokens */
@@ -117,7 +118,9 @@ static void on_event(void *user, const eng_event *ev)
         r->prompt_logprobs[ev->index] = ev->logprob;
         r->prompt_events++;
     } else {
+        static size_t dones;
         r->done_count++;
+        r->done_order = ++dones;
         r->finish = ev->finish;
     }
 }
@@ -334,6 +337,61 @@ START_TEST(sched_queue_overflow_and_impossible_requests_are_refused)
 }
 END_TEST
 
+/* A submission's status, for requests that may be refused. */
+static eng_status try_submit(eng_sched *s, rec *r, unsigned salt)
+{
+    int32_t p[10];
+    prompt_of(p, 10, salt);
+    eng_request q = {.prompt = p,
+                     .nprompt = 10,
+                     .max_tokens = 3,
+                     .logprobs = -1,
+                     .ignore_eos = 1,
+                     .on_event = on_event,
+                     .user = r};
+    char err[256];
+    r->s = s;
+    return eng_sched_submit(s, &q, &r->id, err, sizeof err);
+}
+
+START_TEST(sched_set_max_queue_grows_in_order_and_shrinks)
+{
+    eng_sched *s = make_sched(16, 1, 2, 64);
+    static rec r[7];
+    memset(r, 0, sizeof r);
+    char err[256];
+    ck_assert_int_eq(try_submit(s, &r[0], 0), ENG_OK);
+    ck_assert_int_eq(try_submit(s, &r[1], 1), ENG_OK);
+    ck_assert(eng_sched_plan(s)); /* r0 leaves the queue: its ring's head moves */
+    eng_sched_execute(s);
+    eng_sched_complete(s);
+    ck_assert_int_eq(try_submit(s, &r[2], 2), ENG_OK); /* wraps around the ring */
+    ck_assert_int_eq(try_submit(s, &r[3], 3), ENG_EFULL);
+    ck_assert_int_eq(eng_sched_set_max_queue(s, 4, err, sizeof err), ENG_OK);
+    ck_assert_int_eq(try_submit(s, &r[3], 3), ENG_OK);
+    ck_assert_int_eq(try_submit(s, &r[4], 4), ENG_OK);
+    ck_assert_int_eq(try_submit(s, &r[5], 5), ENG_EFULL);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.queued, 4);
+    /* A smaller bound keeps who waits, and refuses until the queue is under it. */
+    ck_assert_int_eq(eng_sched_set_max_queue(s, 1, err, sizeof err), ENG_OK);
+    ck_assert_int_eq(try_submit(s, &r[5], 5), ENG_EFULL);
+    while (eng_sched_step(s)) {
+    }
+    for (size_t i = 0; i < 5; i++) { /* one runs at a time: done in queue order */
+        ck_assert_uint_eq(r[i].n, 3);
+        if (i > 0) ck_assert_uint_gt(r[i].done_order, r[i - 1].done_order);
+    }
+    ck_assert_int_eq(try_submit(s, &r[5], 5), ENG_OK);
+    ck_assert_int_eq(try_submit(s, &r[6], 6), ENG_EFULL);
+    while (eng_sched_step(s)) {
+    }
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 START_TEST(sched_chunked_prefill_keeps_decoders_flowing)
 {
     /* Budget 16 prompt tokens per step: a 200-token prompt takes exactly
@@ -516,6 +574,7 @@ int main(void)
     tcase_add_test(tc, sched_cancel_waiting_running_and_from_callback);
     tcase_add_test(tc, sched_cancel_during_an_executing_step_ends_at_completion);
     tcase_add_test(tc, sched_queue_overflow_and_impossible_requests_are_refused);
+    tcase_add_test(tc, sched_set_max_queue_grows_in_order_and_shrinks);
     tcase_add_test(tc, sched_chunked_prefill_keeps_decoders_flowing);
     tcase_add_test(tc, sched_echo_logprobs_bias_and_penalties);
     tcase_add_test(tc, sched_end_of_text_ends_unless_ignored);

@@ -7,9 +7,13 @@
 #include "internal.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- Routing ------------------------------------------------------------- */
 
@@ -547,6 +551,80 @@ START_TEST(met_render_counters_and_histograms_prometheus)
 }
 END_TEST
 
+/* ---- The lifecycle: the model file's identity, the configuration ---------- */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(srv_file_id_same_changes_in_place_rename_and_delete_differ)
+{
+    char dir[] = "/tmp/gpt2d-unit-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[128], other[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(other, sizeof other, "%s/new.safetensors", dir);
+    write_file(path, "0123456789");
+    srv_file_id a, b;
+    srv_file_id_get(path, &a);
+    ck_assert_int_eq(a.exists, 1);
+    ck_assert_uint_eq(a.size, 10);
+    srv_file_id_get(path, &b);
+    ck_assert(srv_file_id_same(&a, &b)); /* read twice: the same */
+    /* Rewritten in place with the same size: only the time tells. */
+    struct timespec times[2] = {{0, UTIME_OMIT}, {(time_t)a.mtime_s + 5, 0}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, times, 0), 0);
+    srv_file_id_get(path, &b);
+    ck_assert(!srv_file_id_same(&a, &b));
+    ck_assert_uint_eq(b.ino, a.ino);
+    srv_file_id_get(path, &a);
+    ck_assert_int_eq(truncate(path, 4), 0); /* shrunk */
+    srv_file_id_get(path, &b);
+    ck_assert(!srv_file_id_same(&a, &b));
+    ck_assert_uint_eq(b.size, 4);
+    srv_file_id_get(path, &a);
+    write_file(other, "0123"); /* the safe way: a new file renamed over it */
+    struct timespec same[2] = {{0, UTIME_OMIT}, {(time_t)a.mtime_s, (long)a.mtime_ns}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, other, same, 0), 0);
+    ck_assert_int_eq(rename(other, path), 0);
+    srv_file_id_get(path, &b);
+    ck_assert(!srv_file_id_same(&a, &b)); /* same size and time, another inode */
+    ck_assert_uint_ne(b.ino, a.ino);
+    ck_assert_int_eq(unlink(path), 0);
+    srv_file_id_get(path, &a);
+    ck_assert_int_eq(a.exists, 0);
+    ck_assert(!srv_file_id_same(&a, &b));
+    rmdir(dir);
+}
+END_TEST
+
+START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
+{
+    char path[] = "/tmp/gpt2d-unit-conf-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    write_file(path, "model = /m\nmax_queue = 3\napi_key = file-key-123\n");
+    char *argv[] = {"serve", "--config", path, "--max-queue", "5"};
+    cfg_config c;
+    char err[512];
+    ck_assert_msg(srv_config_read(&c, 5, argv, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_uint_eq(c.max_queue, 5); /* the command line wins */
+    ck_assert_str_eq(c.api_keys[0], "file-key-123");
+    ck_assert_str_eq(c.model_dir, "/m");
+    write_file(path, "model = /m\napi_key =\n");
+    ck_assert_int_eq(srv_config_read(&c, 3, argv, err, sizeof err), CFG_EVALUE);
+    char where[64];
+    snprintf(where, sizeof where, "%s:2: api_key is empty", path);
+    ck_assert_msg(strstr(err, where) != NULL, "'%s' lacks '%s'", err, where);
+    unlink(path);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("server");
@@ -586,6 +664,10 @@ int main(void)
     tcase_add_test(tc, cmpl_rank_best_of_highest_mean_first);
     tcase_add_test(tc, cmpl_rank_ties_keep_order);
     tcase_add_test(tc, sse_over_limit_backlog_bound);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("lifecycle");
+    tcase_add_test(tc, srv_file_id_same_changes_in_place_rename_and_delete_differ);
+    tcase_add_test(tc, srv_config_read_file_then_options_and_bad_files_refused);
     suite_add_tcase(s, tc);
     tc = tcase_create("metrics");
     tcase_add_test(tc, met_render_counters_and_histograms_prometheus);

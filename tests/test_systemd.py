@@ -163,7 +163,7 @@ try:
     for directive in ("Type=notify", "WatchdogSec=", "DynamicUser=yes", "ProtectSystem=strict",
                       "ProtectHome=yes", "PrivateTmp=yes", "NoNewPrivileges=yes",
                       "RestrictAddressFamilies=", "SystemCallFilter=@system-service",
-                      "LimitNOFILE=", "Restart=on-failure"):
+                      "LimitNOFILE=", "Restart=on-failure", "ExecReload=/bin/kill -HUP $MAINPID"):
         if "\n" + directive not in service:
             fail("gpt2d.service lacks " + directive)
     print("units: verify clean, security", r.stdout.strip().splitlines()[-1])
