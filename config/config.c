@@ -38,6 +38,9 @@ static const spec specs[] = {
     {"chat_template", K_STR, F(chat_template), 0, 0, "default",
      "how /v1/chat/completions writes messages as a prompt: default, none (no chat route) or a "
      "template file (docs/api.md)"},
+    {"chat_max_tokens", K_SIZE, F(chat_max_tokens), 1, 1048576, "256",
+     "the longest chat reply when a request sends no max_tokens (capped by max_tokens_limit and "
+     "the context)"},
     {"threads", K_SIZE, F(threads), 0, 1024, "0", "engine threads (0: one per CPU)"},
     {"kv_cache_mb", K_SIZE, F(kv_cache_mb), 1, 1048576, "2048",
      "memory for the paged KV cache, in MiB"},
@@ -64,7 +67,7 @@ static const spec specs[] = {
      "seconds in-flight requests get to finish after SIGTERM"},
     {"log_level", K_LEVEL, F(log_level), 0, 0, "info", "error, warn, info or debug"},
     {"info_interval", K_SECONDS, F(info_interval_s), 0, 86400, "10",
-     "seconds between throughput log lines while requests run (0: never)"},
+     "seconds between throughput log lines while requests run (0: never; else at least 1)"},
     {"ui", K_BOOL, F(ui), 0, 1, "true", "serve the playground page at /"},
     {"cors_origins", K_STR, F(cors_origins), 0, 0, "",
      "Origins browsers may call from, comma-separated (\"*\": any); a request with another "
@@ -329,6 +332,10 @@ int cfg_model_name_ok(const cfg_config *c, const char *name)
 
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
 {
+    if (c->info_interval_s > 0 && c->info_interval_s < 1)
+        return fail(err, errlen, CFG_EVALUE,
+                    "info_interval: %g s is too often for a log line (0: never, else at least 1)",
+                    c->info_interval_s);
     if (c->model_dir[0] == '\0')
         return fail(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
     return CFG_OK;

@@ -42,6 +42,7 @@ typedef struct {
     char model_names[CFG_MAX_NAMES][128]; /* every name a request's `model` may use */
     size_t n_model_names;
     char chat_template[CFG_STR_MAX]; /* "default", "none" or a template file */
+    size_t chat_max_tokens;          /* a chat reply without max_tokens: at most this */
     /* The engine */
     size_t threads; /* 0: one per CPU */
     size_t kv_cache_mb;

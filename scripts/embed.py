@@ -1,9 +1,29 @@
 #!/usr/bin/env python3
-"""scripts/embed.py OUT.c NAME=FILE[:TYPE] ...: writes a C file holding each
-FILE as a byte array, and a table srv_ui_assets[] of {path, type, bytes, len}
+"""scripts/embed.py OUT.c NAME=FILE:TYPE ...: writes a C file holding each
+FILE as a byte array, and a table srv_ui_assets[] of {path, type, csp, bytes, len}
 for the server's static routes (the playground page). Run by meson at build
 time; the page is served from the binary, with no file to install."""
+import base64
+import hashlib
+import re
 import sys
+
+
+def csp(data: bytes, ctype: str) -> str:
+    """The Content-Security-Policy of a page: its own inline scripts and
+    styles by their sha256 and nothing else, calls to this server only."""
+    if not ctype.startswith("text/html"):
+        return "default-src 'none'"
+    text = data.decode("utf-8")
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.S)
+        return " ".join("'sha256-%s'" % base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()
+                        for b in found)
+
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'")
 
 
 def main() -> int:
@@ -13,14 +33,14 @@ def main() -> int:
              "#include <stddef.h>", '#include "ui.h"', ""]
     for i, arg in enumerate(sys.argv[2:]):
         path, rest = arg.split("=", 1)
-        src, ctype = rest.split(":", 1)
+        src, ctype = rest.rsplit(":", 1)
         data = open(src, "rb").read()
         body = ",".join(str(b) for b in data)
         lines.append(f"static const unsigned char asset{i}[] = {{{body}}};")
-        rows.append(f'    {{"{path}", "{ctype}", asset{i}, sizeof asset{i}}},')
+        rows.append(f'    {{"{path}", "{ctype}", "{csp(data, ctype)}", asset{i}, sizeof asset{i}}},')
     lines.append("const srv_ui_asset srv_ui_assets[] = {")
     lines += rows
-    lines.append("    {NULL, NULL, NULL, 0},")
+    lines.append("    {NULL, NULL, NULL, NULL, 0},")
     lines.append("};")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")

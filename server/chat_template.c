@@ -207,17 +207,22 @@ int oai_template_load(const char *path, oai_template *t, char *err, size_t errle
     if (fp == NULL) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     int rc = -1;
     unsigned seen = 0;
+    char *line = NULL, where[512];
+    size_t cap = 0, lineno = 0;
+    ssize_t got;
     if (set_string(&t->begin, "") != 0) {
         fail(err, errlen, "%s: out of memory", path);
         goto done;
     }
-    char line[TEMPLATE_MAX_STRING + 64], where[512];
-    size_t lineno = 0;
-    while (fgets(line, sizeof line, fp) != NULL) {
+    while ((got = getline(&line, &cap, fp)) >= 0) {
         lineno++;
         snprintf(where, sizeof where, "%s:%zu", path, lineno);
-        if (strchr(line, '\n') == NULL && !feof(fp)) {
-            fail(err, errlen, "%s: line longer than %zu bytes", where, sizeof line - 2);
+        if ((size_t)got > TEMPLATE_MAX_STRING + 64) {
+            fail(err, errlen, "%s: line longer than %d bytes", where, TEMPLATE_MAX_STRING + 64);
+            goto done;
+        }
+        if (memchr(line, '\0', (size_t)got) != NULL) {
+            fail(err, errlen, "%s: the line holds a NUL byte", where);
             goto done;
         }
         char *s = trim(line);
@@ -234,6 +239,7 @@ int oai_template_load(const char *path, oai_template *t, char *err, size_t errle
     }
     rc = 0;
 done:
+    free(line);
     fclose(fp);
     if (rc != 0) oai_template_free(t);
     return rc;

@@ -4,6 +4,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,10 +84,13 @@ static json_t *usage_json(const srv_req *r)
     size_t pt = http_req_prompt_tokens(r) * r->oreq.n, ct = http_req_completion_tokens(r);
     double total = log_now() - r->t_start;
     double ttft = r->t_first > 0 ? r->t_first - r->t_start : 0;
-    return json_pack("{s:I, s:I, s:I, s:{s:f, s:f, s:f}}", "prompt_tokens", (json_int_t)pt,
+    /* Whole numbers: jansson writes a double with 17 digits (4.1 as
+     * 4.0999999999999996), which says nothing more about a timing. */
+    return json_pack("{s:I, s:I, s:I, s:{s:I, s:I, s:I}}", "prompt_tokens", (json_int_t)pt,
                      "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
-                     "timings", "ttft_ms", ttft * 1e3, "total_ms", total * 1e3,
-                     "completion_tokens_per_second", total > 0 ? (double)ct / total : 0.0);
+                     "timings", "ttft_ms", (json_int_t)llround(ttft * 1e3), "total_ms",
+                     (json_int_t)llround(total * 1e3), "completion_tokens_per_second",
+                     (json_int_t)(total > 0 ? llround((double)ct / total) : 0));
 }
 
 void cmpl_finish_stream(srv_req *r)

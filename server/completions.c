@@ -157,7 +157,8 @@ static enum MHD_Result route(srv_req *r, int chat)
                       .max_tokens_limit = s->cfg.max_tokens_limit,
                       .max_n = s->cfg.max_n,
                       .max_stop_bytes = SRV_MAX_STOP_BYTES,
-                      .max_prompts = 64};
+                      .max_prompts = 64,
+                      .chat_max_tokens = s->cfg.chat_max_tokens};
     oai_error e;
     const char *body = r->body ? r->body : "";
     if ((chat ? oai_parse_chat(body, r->body_len, &lim, &s->chat, &r->oreq, &e)
@@ -243,8 +244,15 @@ static int prompts_fit(srv_req *r, enum MHD_Result *rc)
                                   r->prompt_len[i], s->cfg.max_prompt_tokens);
             return 0;
         }
-        if (q->max_tokens_auto && r->prompt_len[i] < mc->n_ctx
-            && q->max_tokens > mc->n_ctx - r->prompt_len[i])
+        if (q->max_tokens_auto && r->prompt_len[i] >= mc->n_ctx) {
+            *rc = http_send_error(r, 400, "invalid_request_error", "context_length_exceeded",
+                                  "messages", NULL,
+                                  "The messages are %zu tokens in the chat template; this "
+                                  "model's maximum context length is %zu tokens",
+                                  r->prompt_len[i], mc->n_ctx);
+            return 0;
+        }
+        if (q->max_tokens_auto && q->max_tokens > mc->n_ctx - r->prompt_len[i])
             q->max_tokens = mc->n_ctx - r->prompt_len[i]; /* no max_tokens: what fits */
         if (r->prompt_len[i] + q->max_tokens > mc->n_ctx) {
             *rc = http_send_error(

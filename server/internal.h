@@ -100,7 +100,7 @@ double log_now(void);
 /* ---- metrics.c (pure; loop thread) ---------------------------------------- */
 
 #define MET_BUCKETS 14
-#define MET_ROUTES 11   /* the routes of met_route_index, and "other" */
+#define MET_ROUTES 12   /* the routes of met_route_index, and "other" */
 #define MET_STATUSES 11 /* the statuses of met_status_index, and "other" */
 
 typedef struct {

@@ -12,9 +12,18 @@ static const double met_seconds[MET_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0
 static const double met_rows[MET_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
                                              128, 256, 512, 1024, 2048, 4096, 8192};
 
-static const char *const met_routes[MET_ROUTES] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
-    "/tokenize",       "/detokenize",          "/version",   "/",       "other"};
+static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
+                                                   "/v1/chat/completions",
+                                                   "/v1/models",
+                                                   "/v1/models/{id}",
+                                                   "/health",
+                                                   "/ready",
+                                                   "/metrics",
+                                                   "/tokenize",
+                                                   "/detokenize",
+                                                   "/version",
+                                                   "/",
+                                                   "other"};
 static const unsigned met_statuses[MET_STATUSES] = {200, 400, 401, 404, 405, 408,
                                                     413, 429, 500, 503, 0};
 
@@ -51,8 +60,11 @@ static void met_print(FILE *m, const char *name, const char *help, const met_his
 void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted)
 {
     size_t ri = MET_ROUTES - 1, si = MET_STATUSES - 1;
+    static const char models[] = "/v1/models/";
     for (size_t i = 0; i + 1 < MET_ROUTES; i++)
         if (strcmp(url, met_routes[i]) == 0) ri = i;
+    if (strncmp(url, models, sizeof models - 1) == 0 && url[sizeof models - 1] != '\0')
+        ri = 3; /* "/v1/models/{id}": one series for every id */
     for (size_t i = 0; i + 1 < MET_STATUSES; i++)
         if (status == met_statuses[i]) si = i;
     m->requests[ri][si]++;

@@ -471,6 +471,12 @@ static int tb_str(textbuf *b, const char *s)
     return tb_add(b, s, strlen(s));
 }
 
+/* Whether string v is exactly lit (a NUL inside v is not ignored). */
+static int str_is(const json_t *v, const char *lit)
+{
+    return json_string_length(v) == strlen(lit) && strcmp(json_string_value(v), lit) == 0;
+}
+
 /* One message's content: a string, or a list of text parts (joined). */
 static int add_content(textbuf *b, const json_t *content, size_t i, oai_error *err)
 {
@@ -489,7 +495,7 @@ static int add_content(textbuf *b, const json_t *content, size_t i, oai_error *e
         if (!json_is_object(part) || !json_is_string(type))
             return bad(err, "messages", "'messages[%zu].content[%zu]' must be a content part", i,
                        k);
-        if (strcmp(json_string_value(type), "text") != 0)
+        if (!str_is(type, "text"))
             return bad(err, "messages",
                        "'messages[%zu].content[%zu]' is a '%.40s' part; GPT-2 reads only text", i,
                        k, json_string_value(type));
@@ -537,7 +543,8 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
             bad(err, "messages", "'messages[%zu].role' must be a string", i);
             goto fail;
         }
-        if (role_of(json_string_value(role), &rl) != 0) {
+        if (memchr(json_string_value(role), '\0', json_string_length(role)) != NULL
+            || role_of(json_string_value(role), &rl) != 0) {
             bad(err, "messages",
                 "'messages[%zu].role' is '%.40s'; this server takes system, developer, user and "
                 "assistant messages (no tools)",
@@ -604,7 +611,7 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
             bad(err, "response_format", "'response_format' must be {\"type\": \"text\"}");
             goto done;
         }
-        if (strcmp(json_string_value(type), "text") != 0) {
+        if (!str_is(type, "text")) {
             bad(err, "response_format",
                 "'response_format' type '%.40s' is not supported: this server writes only "
                 "free text",
@@ -613,14 +620,20 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
         }
     }
     if (render_messages(o, t, r, err) != 0) goto done;
-    /* max_completion_tokens is the current name; max_tokens the old one. */
-    long long ll = -1;
-    if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0)
+    /* max_completion_tokens is the current name, max_tokens the old one;
+     * both are checked, the current one wins. Without either, the reply may
+     * run to chat_max_tokens (the server also caps it by the context): a
+     * default of the whole context would reserve its KV blocks for every
+     * chat (admission reserves prompt + max_tokens). */
+    long long ll = -1, old = -1;
+    if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0
+        || get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &old, err) != 0)
         goto done;
-    if (ll < 0 && get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0)
-        goto done;
+    if (ll < 0) ll = old;
     r->max_tokens_auto = ll < 0;
-    r->max_tokens = ll < 0 ? lim->max_tokens_limit : (size_t)ll;
+    r->max_tokens = ll >= 0                                        ? (size_t)ll
+                    : lim->chat_max_tokens < lim->max_tokens_limit ? lim->chat_max_tokens
+                                                                   : lim->max_tokens_limit;
     if (parse_shared(o, lim, r, err) != 0) goto done;
     r->best_of = r->n;
     int logprobs = 0;

@@ -23,6 +23,7 @@ typedef struct {
     size_t max_n;            /* ceiling for n and best_of    */
     size_t max_stop_bytes;   /* longest stop string          */
     size_t max_prompts;      /* entries of a prompt array    */
+    size_t chat_max_tokens;  /* chat without max_tokens: at most this many */
 } oai_limits;
 
 /* One prompt: text to tokenize, or token ids. */

@@ -23,10 +23,7 @@ enum MHD_Result ui_page(srv_req *r)
     MHD_add_response_header(resp, "Content-Type", a->type);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-    MHD_add_response_header(resp, "Content-Security-Policy",
-                            "default-src 'none'; script-src 'unsafe-inline'; style-src "
-                            "'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
-                            "frame-ancestors 'none'");
+    MHD_add_response_header(resp, "Content-Security-Policy", a->csp);
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     return rc;

@@ -10,6 +10,7 @@
 typedef struct {
     const char *path; /* "/" or "/name.ext"; NULL ends the table */
     const char *type; /* Content-Type */
+    const char *csp;  /* Content-Security-Policy: its inline code by hash */
     const unsigned char *bytes;
     size_t len;
 } srv_ui_asset;

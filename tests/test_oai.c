@@ -11,7 +11,8 @@ static const oai_limits lim = {.vocab_size = 50257,
                                .max_tokens_limit = 1024,
                                .max_n = 8,
                                .max_stop_bytes = 64,
-                               .max_prompts = 16};
+                               .max_prompts = 16,
+                               .chat_max_tokens = 256};
 
 static oai_request parse_ok(const char *body)
 {
@@ -246,7 +247,7 @@ START_TEST(oai_parse_chat_renders_the_default_transcript)
     ck_assert_str_eq(r.stop[0], "\n\n");
     ck_assert_str_eq(r.stop[1], "\nUser:");
     ck_assert_int_eq(r.max_tokens_auto, 1);
-    ck_assert_uint_eq(r.max_tokens, lim.max_tokens_limit);
+    ck_assert_uint_eq(r.max_tokens, lim.chat_max_tokens); /* not the whole context */
     ck_assert_int_eq(r.logprobs, -1);
     ck_assert_ptr_null(r.model);
     oai_request_free(&r);
@@ -317,6 +318,13 @@ static const struct {
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": "
      "5000}",
      "max_completion_tokens", "got 5000"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 3, "
+     "\"max_tokens\": \"junk\"}",
+     "max_tokens", "got a string"},
+    {"{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"x\"}]}", "messages", "no tools"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\\u0000z\", \"text\": "
+     "\"x\"}]}]}",
+     "messages", "GPT-2 reads only text"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 3}",
      "temperature", "got 3"},
 };
@@ -338,15 +346,20 @@ END_TEST
 
 static char tpath[64];
 
-static void write_template(const char *text)
+static void write_template_n(const char *text, size_t n)
 {
     snprintf(tpath, sizeof tpath, "/tmp/gpt2d-test-tmpl-XXXXXX");
     int fd = mkstemp(tpath);
     ck_assert_int_ge(fd, 0);
     FILE *f = fdopen(fd, "w");
     ck_assert_ptr_nonnull(f);
-    fputs(text, f);
+    ck_assert_uint_eq(fwrite(text, 1, n, f), n);
     fclose(f);
+}
+
+static void write_template(const char *text)
+{
+    write_template_n(text, strlen(text));
 }
 
 START_TEST(oai_template_load_reads_a_file)
@@ -378,23 +391,27 @@ END_TEST
 
 static const struct {
     const char *text, *message;
+    size_t len; /* 0: strlen(text) */
 } tmpl_bad[] = {
-    {"user = \"{content}\"\n", "needs system, user, assistant and generation"},
-    {"user = \"no placeholder\"\n", ":1: user must hold {content} exactly once"},
-    {"\nuser = \"{content}{content}\"\n", ":2: user must hold {content} exactly once"},
-    {"user = {content}\n", ":1: user: the value must be a double-quoted string"},
-    {"user = \"a\\qb\"\n", ":1: user: unknown escape"},
-    {"colour = \"x\"\n", ":1: unknown key 'colour'"},
-    {"user\n", ":1: expected key = \"value\""},
-    {"stop = \"\"\n", ":1: a stop string must be 1 to 256 bytes"},
+    {"user = \"{content}\"\n", "needs system, user, assistant and generation", 0},
+    {"user = \"no placeholder\"\n", ":1: user must hold {content} exactly once", 0},
+    {"\nuser = \"{content}{content}\"\n", ":2: user must hold {content} exactly once", 0},
+    {"user = {content}\n", ":1: user: the value must be a double-quoted string", 0},
+    {"user = \"a\\qb\"\n", ":1: user: unknown escape", 0},
+    {"colour = \"x\"\n", ":1: unknown key 'colour'", 0},
+    {"user\n", ":1: expected key = \"value\"", 0},
+    {"stop = \"\"\n", ":1: a stop string must be 1 to 256 bytes", 0},
     {"stop = \"a\"\nstop = \"b\"\nstop = \"c\"\nstop = \"d\"\nstop = \"e\"\n",
-     ":5: more than 4 stop strings"},
-    {"trim_reply = maybe\n", ":1: trim_reply must be true or false"},
+     ":5: more than 4 stop strings", 0},
+    {"trim_reply = maybe\n", ":1: trim_reply must be true or false", 0},
+    {"# a comment\nuser = \"{content}\0\"\n", ":2: the line holds a NUL byte",
+     sizeof "# a comment\nuser = \"{content}\0\"\n" - 1},
 };
 
 START_TEST(oai_template_load_errors_name_the_line)
 {
-    write_template(tmpl_bad[_i].text);
+    write_template_n(tmpl_bad[_i].text,
+                     tmpl_bad[_i].len ? tmpl_bad[_i].len : strlen(tmpl_bad[_i].text));
     oai_template t;
     char err[256];
     ck_assert_int_eq(oai_template_load(tpath, &t, err, sizeof err), -1);
