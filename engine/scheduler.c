@@ -32,6 +32,12 @@ typedef struct {
     size_t generated;
     size_t prefilled; /* prompt tokens in the cache */
     eng_seq kv;
+    /* The prefix cache (prefix_cache on). */
+    uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
+    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's; 0 with echo */
+    size_t nhashed;  /* leading blocks registered, so read-only */
+    uint64_t chain;  /* chain hash of block nhashed - 1 */
+    size_t cached;   /* prompt tokens taken from the cache */
     eng_rng rng;
     int cancelled;
     int in_step;
@@ -146,9 +152,15 @@ fail:
     return rc;
 }
 
+eng_kv *sch_kv(eng_sched *s)
+{
+    return s->kv;
+}
+
 static void seq_free(eng_sched *s, sch_seq *q)
 {
     eng_kv_release(s->kv, &q->kv);
+    free(q->phash);
     free(q->tokens);
     free((void *)q->req.sampling.bias);
     free(q);
@@ -208,15 +220,26 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     if (s->qlen == s->o.max_queue)
         return gpt2_fail(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
                          s->o.max_queue);
+    size_t nphash = s->o.prefix_cache ? r->nprompt / s->o.block_len : 0;
     sch_seq *q = calloc(1, sizeof *q);
     int32_t *tokens = malloc(total * sizeof *tokens);
     eng_bias *bias = r->sampling.nbias ? malloc(r->sampling.nbias * sizeof *bias) : NULL;
-    if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)) {
+    uint64_t *phash = nphash ? malloc(nphash * sizeof *phash) : NULL;
+    if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
+        || (nphash && phash == NULL)) {
         free(q);
         free(tokens);
         free(bias);
+        free(phash);
         return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
     }
+    for (size_t b = 0; b < nphash; b++)
+        phash[b] =
+            kv_hash(s->kv, b > 0 ? phash[b - 1] : KV_HASH_ROOT, r->prompt + b * s->o.block_len);
+    q->phash = phash;
+    /* echo's prompt logprobs need the logits of every prompt row, which a
+     * cached block does not keep (see docs/architecture.md). */
+    q->maxhit = s->o.prefix_cache && !r->echo ? (r->nprompt - 1) / s->o.block_len : 0;
     memcpy(tokens, r->prompt, r->nprompt * sizeof *tokens);
     if (bias) memcpy(bias, r->sampling.bias, r->sampling.nbias * sizeof *bias);
     q->id = s->next_id++;
@@ -245,8 +268,12 @@ static void running_remove(eng_sched *s, sch_seq *q)
 
 static void finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
 {
-    eng_event ev = {
-        .kind = ENG_EV_DONE, .id = q->id, .finish = why, .message = message, .index = q->generated};
+    eng_event ev = {.kind = ENG_EV_DONE,
+                    .id = q->id,
+                    .finish = why,
+                    .message = message,
+                    .index = q->generated,
+                    .cached = q->cached};
     eng_event_cb cb = q->req.on_event;
     void *user = q->req.user;
     seq_free(s, q);
@@ -286,14 +313,52 @@ int eng_sched_waiting(const eng_sched *s, uint64_t id)
     return 0;
 }
 
+/* q's prompt gained `blocks` cached blocks at its front. */
+static void took_cached(eng_sched *s, sch_seq *q, size_t blocks)
+{
+    if (blocks == 0) return;
+    q->nhashed += blocks;
+    q->chain = q->phash[q->nhashed - 1];
+    q->prefilled = q->kv.len;
+    q->cached += blocks * s->o.block_len;
+    s->stats.prefix_hit_tokens += blocks * s->o.block_len;
+}
+
+/* 1 if an earlier running sequence is computing the prompt block that
+ * running[i] would compute next, the same tokens after the same prefix:
+ * running[i] then waits a step and takes it from the cache. The earlier one
+ * never waits for a later one, so every wait ends. */
+static int waits_for_earlier(const eng_sched *s, size_t i)
+{
+    const sch_seq *q = s->running[i];
+    size_t bl = s->o.block_len, b = q->kv.len / bl;
+    if (q->kv.len % bl != 0 || b >= q->maxhit) return 0;
+    for (size_t j = 0; j < i; j++) {
+        const sch_seq *a = s->running[j];
+        if (a->prefilled == a->req.nprompt || a->kv.len >= (b + 1) * bl
+            || a->req.nprompt < (b + 1) * bl)
+            continue;
+        if (a->phash[b] == q->phash[b]) return 1;
+    }
+    return 0;
+}
+
 int eng_sched_plan(eng_sched *s)
 {
     if (s->planned) return 1;
     /* Admission, FIFO: the head waits until its blocks fit (no overtaking,
-     * so a large request is never starved by small ones). */
+     * so a large request is never starved by small ones). With the prefix
+     * cache only the blocks past its cached prefix are new, and cached
+     * blocks nobody holds count as free. */
     while (s->qlen > 0 && s->nrunning < s->o.max_running) {
         sch_seq *q = s->queue[s->qhead];
-        if (eng_kv_reserve(s->kv, &q->kv, q->req.nprompt + q->req.max_tokens) != ENG_OK) break;
+        size_t positions = q->req.nprompt + q->req.max_tokens, hit = 0;
+        eng_status rc = s->o.prefix_cache ? kv_admit(s->kv, &q->kv, q->tokens, q->phash, q->maxhit,
+                                                     positions, &hit)
+                                          : eng_kv_reserve(s->kv, &q->kv, positions);
+        if (rc != ENG_OK) break;
+        if (q->maxhit > 0) s->stats.prefix_lookups++;
+        took_cached(s, q, hit);
         s->qhead = (s->qhead + 1) % s->o.max_queue;
         s->qlen--;
         s->running[s->nrunning++] = q;
@@ -310,6 +375,11 @@ int eng_sched_plan(eng_sched *s)
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
             if (decoding != (pass == 0) || (!decoding && budget == 0)) continue;
+            if (!decoding && q->maxhit > 0) {
+                /* Blocks cached since the last step (a sibling's prefill). */
+                took_cached(s, q, kv_extend(s->kv, &q->kv, q->tokens, q->phash, q->maxhit));
+                if (waits_for_earlier(s, i)) continue;
+            }
             size_t n;
             if (decoding) {
                 q->step_first = q->ntokens - 1;
@@ -484,6 +554,8 @@ void eng_sched_complete(eng_sched *s)
             continue;
         }
         if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
+        /* The full blocks this step completed become findable. */
+        if (s->o.prefix_cache) kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain);
         eng_finish why = ENG_FINISH_LENGTH;
         /* max_tokens 0: done once the prompt (and its echo) is through */
         int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
@@ -533,4 +605,6 @@ void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out)
     out->queued = s->qlen;
     out->kv_blocks_total = eng_kv_blocks_total(s->kv);
     out->kv_blocks_used = out->kv_blocks_total - eng_kv_blocks_free(s->kv);
+    out->prefix_evictions = s->kv->evictions;
+    out->kv_blocks_cached = s->kv->nregistered;
 }
