@@ -114,6 +114,7 @@ typedef struct {
     size_t off_chars;     /* counted from the start of the prompt        */
     size_t prompt_fed;    /* prompt tokens counted into off_chars so far */
     double t_last;        /* when the last token came (inter-token latency) */
+    size_t cached;        /* DONE: prompt tokens from the prefix cache   */
     double lp_sum;        /* best_of: the sum and count of the chosen    */
     size_t lp_n;          /* tokens' logprobs                            */
 } srv_choice;
@@ -416,6 +417,30 @@ static size_t usage_prompt(const srv_req *r)
     return n;
 }
 
+/* Prompt tokens that came from the prefix cache: per prompt, the fewest any
+ * of its candidates took (the first computes what its siblings share). */
+static size_t usage_cached(const srv_req *r)
+{
+    size_t n = 0, per = r->oreq.best_of;
+    for (size_t p = 0; per > 0 && p < r->nchoices / per; p++) {
+        size_t least = SIZE_MAX;
+        for (size_t j = 0; j < per; j++)
+            if (r->choices[p * per + j].cached < least) least = r->choices[p * per + j].cached;
+        n += least;
+    }
+    return n;
+}
+
+/* The usage object: every prompt once (OpenAI counts the prompt once
+ * whatever n and best_of), every generated token of every candidate. */
+static json_t *usage_json(const srv_req *r)
+{
+    size_t pt = usage_prompt(r), ct = usage_completion(r);
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)pt,
+                     "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)usage_cached(r));
+}
+
 /* ---- logprobs --------------------------------------------------------------- */
 
 static json_t *lp_new(void)
@@ -539,13 +564,9 @@ static void finish_stream(srv_req *r)
         if (js == NULL || sse_data_raw(&r->sse, js) != 0) r->sse.failed = 1;
         free(js);
     } else if (r->oreq.include_usage) {
-        size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r);
         json_t *o = completion_base(r);
         json_object_set_new(o, "choices", json_array());
-        json_object_set_new(o, "usage",
-                            json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt,
-                                      "completion_tokens", (json_int_t)ct, "total_tokens",
-                                      (json_int_t)(pt + ct)));
+        json_object_set_new(o, "usage", usage_json(r));
         sse_event(r, o);
     }
     sse_done(&r->sse);
@@ -588,6 +609,7 @@ static void on_event(void *user, const eng_event *ev)
         }
         if (stream) chunk_flush(c);
     } else if (ev->kind == ENG_EV_DONE) {
+        c->cached = ev->cached;
         c->live = 0;
         r->nlive--;
         if (!c->stopped) {
@@ -773,11 +795,7 @@ static enum MHD_Result send_completion(srv_req *r)
         }
     }
     json_object_set_new(o, "choices", choices);
-    size_t pt = usage_prompt(r) * r->oreq.n, ct = usage_completion(r); /* all candidates */
-    json_object_set_new(o, "usage",
-                        json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)pt,
-                                  "completion_tokens", (json_int_t)ct, "total_tokens",
-                                  (json_int_t)(pt + ct)));
+    json_object_set_new(o, "usage", usage_json(r));
     return send_obj(r, o);
 }
 
@@ -796,6 +814,25 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 }
 
 /* ---- Routes ------------------------------------------------------------------ */
+
+/* The prefix cache's lines of /metrics. */
+static void met_prefix_cache(FILE *m, const eng_sched_stats *st)
+{
+    fprintf(m,
+            "# HELP gpt2d_prefix_cache_lookups_total Admissions that looked for a cached prefix.\n"
+            "# TYPE gpt2d_prefix_cache_lookups_total counter\n"
+            "gpt2d_prefix_cache_lookups_total %llu\n"
+            "# HELP gpt2d_prefix_cache_hit_tokens_total Prompt tokens taken from the cache.\n"
+            "# TYPE gpt2d_prefix_cache_hit_tokens_total counter\n"
+            "gpt2d_prefix_cache_hit_tokens_total %llu\n"
+            "# HELP gpt2d_prefix_cache_blocks KV blocks findable by content, held or not.\n"
+            "# TYPE gpt2d_prefix_cache_blocks gauge\ngpt2d_prefix_cache_blocks %zu\n"
+            "# HELP gpt2d_prefix_cache_evictions_total Cached blocks given up for fresh ones.\n"
+            "# TYPE gpt2d_prefix_cache_evictions_total counter\n"
+            "gpt2d_prefix_cache_evictions_total %llu\n",
+            (unsigned long long)st->prefix_lookups, (unsigned long long)st->prefix_hit_tokens,
+            st->kv_blocks_cached, (unsigned long long)st->prefix_evictions);
+}
 
 /* GET /metrics: Prometheus text format. */
 static enum MHD_Result route_metrics(srv_req *r)
@@ -845,6 +882,7 @@ static enum MHD_Result route_metrics(srv_req *r)
             (unsigned long long)s->completion_tokens, st.running, st.queued, st.kv_blocks_used,
             st.kv_blocks_total, (unsigned long long)st.steps, st.last_step_rows,
             st.last_step_seconds);
+    met_prefix_cache(m, &st);
     int bad = ferror(m);
     if (fclose(m) != 0 || bad || buf == NULL) { /* a write failed: never a partial page */
         free(buf);
@@ -1368,7 +1406,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (ri == 0) met_observe(&s->duration, now_s() - r->t_start);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) s->aborted++;
     if (r->route == R_COMPLETIONS) { /* /tokenize's tokens are not served ones */
-        s->prompt_tokens += usage_prompt(r) * (r->oreq.n ? r->oreq.n : 1);
+        s->prompt_tokens += usage_prompt(r);
         s->completion_tokens += usage_completion(r);
     }
     r->conn_done = 1;
@@ -1570,7 +1608,8 @@ int srv_main(int argc, char **argv)
                          .max_running = s.cfg.max_running,
                          .max_queue = s.cfg.max_queue,
                          .step_tokens = s.cfg.step_tokens,
-                         .threads = s.cfg.threads};
+                         .threads = s.cfg.threads,
+                         .prefix_cache = s.cfg.prefix_cache};
     if (eng_sched_new(s.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
         fatal_line(err);
         goto done;
