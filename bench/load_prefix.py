@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""bench/load_prefix.py BASE_URL SCENARIO ...: prefix-cache load (stdlib only).
+Prompts are token-id lists (random ids from a seeded generator), so their
+lengths and overlaps are exact.
+
+  ttft BASE REPEATS
+      a 512-token prompt whose first 496 tokens were seen before (the warm
+      request follows one with the same 496 and a different tail), against a
+      512-token prompt never seen (cold); one request at a time, max_tokens 1.
+  load BASE CONCURRENCY PER SHARED_EVERY PREFIX SUFFIX MAX_TOKENS SEED
+      CONCURRENCY streaming workers, PER requests each; request i of worker k
+      shares a PREFIX-token prefix when (k * PER + i) % SHARED_EVERY == 0
+      (1: all, 2: half, 0: none), else its whole prompt is unique; every
+      prompt has a unique SUFFIX-token tail. Time to first token, aggregate
+      completion tokens/s and the cached_tokens the server reported.
+Prints one JSON line."""
+import http.client
+import json
+import random
+import sys
+import threading
+import time
+import urllib.parse
+
+base, scenario = sys.argv[1], sys.argv[2]
+u = urllib.parse.urlparse(base)
+
+
+def ids(rng, n):
+    return [rng.randrange(256, 50000) for _ in range(n)]
+
+
+def stream(conn, prompt, max_tokens, seed):
+    """(ttft, tokens, cached_tokens) of one streaming completion."""
+    body = json.dumps({"model": "gpt2", "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0.8, "seed": seed, "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, (resp.status, resp.read()[:200])
+    first, n, cached, buf = None, 0, None, b""
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if not event.startswith(b"data: {"):
+                continue
+            d = json.loads(event[6:])
+            if d.get("usage"):
+                cached = d["usage"]["prompt_tokens_details"]["cached_tokens"]
+            if not d["choices"] or d["choices"][0]["finish_reason"]:
+                continue
+            if first is None:
+                first = time.monotonic() - t0
+            n += 1
+    return first, n, cached
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(p / 100 * len(v)))] if v else 0
+
+
+if scenario == "ttft":
+    repeats = int(sys.argv[3])
+    rng = random.Random(1)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    cold, warm, cached = [], [], []
+    for r in range(repeats):
+        cold.append(stream(conn, ids(rng, 512), 1, r)[0])
+        seen = ids(rng, 496)
+        stream(conn, seen + ids(rng, 16), 1, r)  # the earlier request
+        t, _, c = stream(conn, seen + ids(rng, 16), 1, r)
+        warm.append(t)
+        cached.append(c)
+    print(json.dumps({"scenario": "ttft", "repeats": repeats,
+                      "cold_p50": round(pct(cold, 50), 4), "warm_p50": round(pct(warm, 50), 4),
+                      "ratio_p50": round(pct(warm, 50) / pct(cold, 50), 3),
+                      "cold": [round(x, 4) for x in cold], "warm": [round(x, 4) for x in warm],
+                      "warm_cached_tokens": cached}))
+elif scenario == "load":
+    conc, per, every, nprefix, nsuffix, max_tokens, seed = (int(x) for x in sys.argv[3:10])
+    prefix = ids(random.Random(seed), nprefix)
+    ttft, tokens, cached = [], [0], [0]
+    lock = threading.Lock()
+
+    def worker(k):
+        rng = random.Random(seed * 7919 + k)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+        for i in range(per):
+            j = k * per + i
+            shared = every > 0 and j % every == 0
+            prompt = (prefix if shared else ids(rng, nprefix)) + ids(rng, nsuffix)
+            t, n, c = stream(conn, prompt, max_tokens, j)
+            with lock:
+                ttft.append(t)
+                tokens[0] += n
+                cached[0] += c or 0
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.monotonic() - t0
+    print(json.dumps({"scenario": "load", "concurrency": conc, "requests": conc * per,
+                      "shared_every": every, "prefix": nprefix, "suffix": nsuffix,
+                      "max_tokens": max_tokens, "seconds": round(dt, 2),
+                      "tokens_per_s": round(tokens[0] / dt, 1),
+                      "ttft_mean": round(sum(ttft) / len(ttft), 3),
+                      "ttft_p50": round(pct(ttft, 50), 3), "ttft_p90": round(pct(ttft, 90), 3),
+                      "cached_tokens": cached[0]}))
+else:
+    sys.exit(__doc__)
