@@ -7,6 +7,11 @@ lengths and overlaps are exact.
       a 512-token prompt whose first 496 tokens were seen before (the warm
       request follows one with the same 496 and a different tail), against a
       512-token prompt never seen (cold); one request at a time, max_tokens 1.
+  echo BASE REPEATS
+      what echo + logprobs costs on a 512-token prompt, one request at a
+      time: the prompt cold without echo (max_tokens 1), the same prompt
+      again (cached but its last block), and echo + logprobs 1 + max_tokens 0
+      on it (recomputed: its logprobs need every row's logits).
   load BASE CONCURRENCY PER SHARED_EVERY PREFIX SUFFIX MAX_TOKENS SEED
       CONCURRENCY streaming workers, PER requests each; request i of worker k
       shares a PREFIX-token prefix when (k * PER + i) % SHARED_EVERY == 0
@@ -82,6 +87,30 @@ if scenario == "ttft":
                       "ratio_p50": round(pct(warm, 50) / pct(cold, 50), 3),
                       "cold": [round(x, 4) for x in cold], "warm": [round(x, 4) for x in warm],
                       "warm_cached_tokens": cached}))
+elif scenario == "echo":
+    repeats = int(sys.argv[3])
+    rng = random.Random(2)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+
+    def timed(body):
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        d = json.loads(conn.getresponse().read())
+        return time.monotonic() - t0, d["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cold, cached, echo = [], [], []
+    for r in range(repeats):
+        p = ids(rng, 512)
+        cold.append(timed({"model": "gpt2", "prompt": p, "max_tokens": 1})[0])
+        cached.append(timed({"model": "gpt2", "prompt": p, "max_tokens": 1})[0])
+        t, c = timed({"model": "gpt2", "prompt": p, "max_tokens": 0, "echo": True, "logprobs": 1})
+        assert c == 0, c
+        echo.append(t)
+    print(json.dumps({"scenario": "echo", "repeats": repeats,
+                      "cold_p50": round(pct(cold, 50), 4), "cached_p50": round(pct(cached, 50), 4),
+                      "echo_p50": round(pct(echo, 50), 4),
+                      "cold": [round(x, 4) for x in cold], "cached": [round(x, 4) for x in cached],
+                      "echo": [round(x, 4) for x in echo]}))
 elif scenario == "load":
     conc, per, every, nprefix, nsuffix, max_tokens, seed = (int(x) for x in sys.argv[3:10])
     prefix = ids(random.Random(seed), nprefix)

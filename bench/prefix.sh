@@ -4,7 +4,8 @@
 # Each round runs every load with the cache on and off, alternating, each on
 # a fresh server (so nothing is cached at the start):
 #  - TTFT of a 512-token prompt whose first 496 tokens were seen before,
-#    against a cold 512-token prompt (cache on);
+#    against a cold 512-token prompt (cache on); what echo + logprobs costs
+#    on a 512-token prompt against a plain prefill of it;
 #  - 16 concurrent requests sharing a 400-token prefix (16-token tails, 32
 #    tokens each);
 #  - 16 concurrent unique prompts of the same shape (nothing shared);
@@ -18,7 +19,8 @@ rounds=${2:-2}
 . bench/lib.sh
 bench_setup prefix "$build"
 bench_serve "$build" "$dir"
-python3 bench/load_prefix.py "$base" ttft 5
+python3 bench/load_prefix.py "$base" ttft 9
+python3 bench/load_prefix.py "$base" echo 5
 bench_stop
 for _ in $(seq "$rounds"); do
     for cache in true false; do
