@@ -28,6 +28,16 @@ struct eng_model {
     size_t params;
 };
 
+/* The logprob of the prompt token at one position and the top alternatives
+ * of the distribution that predicts it (echo), as fill_logprobs gives them
+ * for ENG_MAX_TOP; a request asking fewer takes the first ones. */
+typedef struct {
+    float logprob;
+    uint32_t ntop;
+    int32_t top_ids[ENG_MAX_TOP];
+    float top_logprobs[ENG_MAX_TOP];
+} kv_lp;
+
 /* A block's bookkeeping for the prefix cache (kv.c). A block is free (on
  * the free list), in use (ref > 0) or cached (ref 0, registered, on the LRU
  * list). A registered block is full and read-only: its KV are those of its
@@ -39,6 +49,7 @@ typedef struct {
     int32_t hnext;      /* next in its hash bucket; -1: end              */
     int32_t prev, next; /* LRU list of cached blocks; -1: end            */
     int registered;     /* findable by hash                              */
+    int has_lp;         /* registered with its positions' prompt logprobs */
     uint64_t hash;      /* registered: chain hash (tokens + parent hash) */
 } kv_block;
 
@@ -58,6 +69,7 @@ struct eng_kv {
     size_t nlru, nregistered;
     uint64_t evictions;
     uint64_t hash_mask; /* all ones; tests narrow it to force collisions */
+    kv_lp *lp;          /* nblocks x block_len: has_lp blocks' logprobs  */
 };
 
 /* ---- The prefix cache (kv.c) ---- */
@@ -74,9 +86,14 @@ uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens);
  * evicting cached blocks when the free list runs out. All or nothing:
  * ENG_ENOMEM leaves seq and the pool unchanged. On success seq->len is the
  * hit's positions and *hit its blocks. seq must be empty.
+ *
+ * With lp (echo), only blocks that keep their prompt logprobs count, and
+ * the last of them is not taken: the logprob at its first position (which
+ * the hit's last row predicts) goes with the others into lp[0 .. *hit x
+ * block_len], and the sequence computes that block itself.
  */
 eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
-                    size_t maxhit, size_t positions, size_t *hit);
+                    size_t maxhit, size_t positions, kv_lp *lp, size_t *hit);
 
 /* While seq's next block is unwritten (seq->len on a block boundary, below
  * maxhit blocks) and registered, swaps it in for seq's reserved one and
@@ -87,8 +104,10 @@ size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t
 /* Registers seq's full blocks from *nhashed up to seq->len (tokens: the
  * sequence's tokens; *hash: the chain hash of block *nhashed - 1). A block
  * already registered with the same contents replaces seq's copy, which goes
- * back to the free list. */
-void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed, uint64_t *hash);
+ * back to the free list. lp (or NULL): the prompt logprobs of positions
+ * [1, nlp); a block whose positions all have them keeps them. */
+void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed, uint64_t *hash,
+               const kv_lp *lp, size_t nlp);
 
 /*
  * K (kind 0) or V (kind 1) of layer l, head h at position pos of seq: HS

@@ -47,8 +47,9 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
     kv->meta = malloc(nblocks * sizeof *kv->meta);
     kv->tokens = malloc(nblocks * block_len * sizeof *kv->tokens);
     kv->bucket = malloc(kv->nbucket * sizeof *kv->bucket);
+    kv->lp = malloc(nblocks * block_len * sizeof *kv->lp);
     if (kv->pool == NULL || kv->free_list == NULL || kv->meta == NULL || kv->tokens == NULL
-        || kv->bucket == NULL) {
+        || kv->bucket == NULL || kv->lp == NULL) {
         eng_kv_free(kv);
         return gpt2_fail(err, errlen, ENG_ENOMEM, "cannot allocate a KV pool of %zu bytes",
                          per_block * nblocks);
@@ -74,6 +75,7 @@ void eng_kv_free(eng_kv *kv)
     free(kv->meta);
     free(kv->tokens);
     free(kv->bucket);
+    free(kv->lp);
     free(kv);
 }
 
@@ -180,6 +182,7 @@ static void unregister_block(eng_kv *kv, int32_t b)
     *link = m->hnext;
     if (m->parent >= 0) kv->meta[m->parent].nchild--;
     m->registered = 0;
+    m->has_lp = 0;
     m->hnext = m->parent = -1;
     kv->nregistered--;
 }
@@ -249,7 +252,7 @@ void eng_kv_release(eng_kv *kv, eng_seq *seq)
 }
 
 eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
-                    size_t maxhit, size_t positions, size_t *hit)
+                    size_t maxhit, size_t positions, kv_lp *lp, size_t *hit)
 {
     size_t bl = kv->block_len, need = (positions + bl - 1) / bl;
     if (maxhit > need) maxhit = need;
@@ -259,14 +262,24 @@ eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint6
     /* The hit, into the table (not yet held), and how many of its blocks
      * are on the LRU list: taking those leaves fewer to evict. */
     size_t h = 0, from_lru = 0;
+    int32_t lp_next = -1; /* echo: the block after the hit, for its first position */
     for (int32_t parent = -1; h < maxhit; h++) {
         int32_t b = find(kv, hashes[h], parent, tokens + h * bl);
-        if (b < 0) break;
+        if (b < 0 || (lp != NULL && !kv->meta[b].has_lp)) break;
         seq->blocks[h] = b;
         from_lru += kv->meta[b].ref == 0;
         parent = b;
     }
+    if (lp != NULL && h > 0) {
+        lp_next = seq->blocks[--h];
+        from_lru -= kv->meta[lp_next].ref == 0;
+    }
     if (need - h > kv->nfree + kv->nlru - from_lru) return ENG_ENOMEM;
+    if (lp_next >= 0) { /* before fresh blocks may evict lp_next */
+        for (size_t i = 0; i < h; i++)
+            memcpy(lp + i * bl, kv->lp + (size_t)seq->blocks[i] * bl, bl * sizeof *lp);
+        lp[h * bl] = kv->lp[(size_t)lp_next * bl];
+    }
     for (size_t i = 0; i < h; i++) hold(kv, seq->blocks[i]);
     for (size_t i = h; i < need; i++) seq->blocks[i] = take_fresh(kv);
     seq->nblocks = need;
@@ -296,7 +309,15 @@ size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t
     return gained;
 }
 
-void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed, uint64_t *hash)
+/* Block b keeps the prompt logprobs of its positions from lp (one block's). */
+static void keep_lp(eng_kv *kv, int32_t b, const kv_lp *lp)
+{
+    memcpy(kv->lp + (size_t)b * kv->block_len, lp, kv->block_len * sizeof *lp);
+    kv->meta[b].has_lp = 1;
+}
+
+void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed, uint64_t *hash,
+               const kv_lp *lp, size_t nlp)
 {
     size_t bl = kv->block_len;
     for (size_t i = *nhashed; (i + 1) * bl <= seq->len; i++) {
@@ -313,6 +334,10 @@ void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed,
         } else {
             register_block(kv, seq->blocks[i], h, parent, t);
         }
+        /* The same logprobs whoever computed them: the first to have them
+         * leaves them. */
+        if (lp != NULL && (i + 1) * bl <= nlp && !kv->meta[seq->blocks[i]].has_lp)
+            keep_lp(kv, seq->blocks[i], lp + i * bl);
         *hash = h;
         *nhashed = i + 1;
     }

@@ -33,11 +33,14 @@ typedef struct {
     size_t prefilled; /* prompt tokens in the cache */
     eng_seq kv;
     /* The prefix cache (prefix_cache on). */
-    uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
-    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's; 0 with echo */
-    size_t nhashed;  /* leading blocks registered, so read-only */
-    uint64_t chain;  /* chain hash of block nhashed - 1 */
-    size_t cached;   /* prompt tokens taken from the cache */
+    uint64_t *phash;   /* chain hash of each full prompt block (nprompt / block_len) */
+    size_t maxhit;     /* prompt blocks a hit may cover: not the last token's; 0 with echo */
+    size_t nhashed;    /* leading blocks registered, so read-only */
+    uint64_t chain;    /* chain hash of block nhashed - 1 */
+    size_t cached;     /* prompt tokens taken from the cache */
+    kv_lp *plp;        /* echo: prompt logprobs by position ([0] unused), or NULL */
+    size_t nplp;       /* echo: positions [0, nplp) are known */
+    size_t lp_pending; /* echo: positions 1..lp_pending came from the cache, undelivered */
     eng_rng rng;
     int cancelled;
     int in_step;
@@ -161,6 +164,7 @@ static void seq_free(eng_sched *s, sch_seq *q)
 {
     eng_kv_release(s->kv, &q->kv);
     free(q->phash);
+    free(q->plp);
     free(q->tokens);
     free((void *)q->req.sampling.bias);
     free(q);
@@ -225,21 +229,24 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     int32_t *tokens = malloc(total * sizeof *tokens);
     eng_bias *bias = r->sampling.nbias ? malloc(r->sampling.nbias * sizeof *bias) : NULL;
     uint64_t *phash = nphash ? malloc(nphash * sizeof *phash) : NULL;
+    int keep_lp = s->o.prefix_cache && r->echo;
+    kv_lp *plp = keep_lp ? calloc(r->nprompt, sizeof *plp) : NULL;
     if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
-        || (nphash && phash == NULL)) {
+        || (nphash && phash == NULL) || (keep_lp && plp == NULL)) {
         free(q);
         free(tokens);
         free(bias);
         free(phash);
+        free(plp);
         return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
     }
     for (size_t b = 0; b < nphash; b++)
         phash[b] =
             kv_hash(s->kv, b > 0 ? phash[b - 1] : KV_HASH_ROOT, r->prompt + b * s->o.block_len);
     q->phash = phash;
-    /* echo's prompt logprobs need the logits of every prompt row, which a
-     * cached block does not keep (see docs/architecture.md). */
-    q->maxhit = s->o.prefix_cache && !r->echo ? (r->nprompt - 1) / s->o.block_len : 0;
+    q->plp = plp;
+    q->nplp = 1; /* the first prompt token has no logprob */
+    q->maxhit = s->o.prefix_cache ? (r->nprompt - 1) / s->o.block_len : 0;
     memcpy(tokens, r->prompt, r->nprompt * sizeof *tokens);
     if (bias) memcpy(bias, r->sampling.bias, r->sampling.nbias * sizeof *bias);
     q->id = s->next_id++;
@@ -354,11 +361,15 @@ int eng_sched_plan(eng_sched *s)
         sch_seq *q = s->queue[s->qhead];
         size_t positions = q->req.nprompt + q->req.max_tokens, hit = 0;
         eng_status rc = s->o.prefix_cache ? kv_admit(s->kv, &q->kv, q->tokens, q->phash, q->maxhit,
-                                                     positions, &hit)
+                                                     positions, q->plp, &hit)
                                           : eng_kv_reserve(s->kv, &q->kv, positions);
         if (rc != ENG_OK) break;
         if (q->maxhit > 0) s->stats.prefix_lookups++;
         took_cached(s, q, hit);
+        if (q->plp != NULL && hit > 0) { /* echo: the hit's logprobs, and one more */
+            q->nplp = hit * s->o.block_len + 1;
+            q->lp_pending = hit * s->o.block_len;
+        }
         s->qhead = (s->qhead + 1) % s->o.max_queue;
         s->qlen--;
         s->running[s->nrunning++] = q;
@@ -375,7 +386,9 @@ int eng_sched_plan(eng_sched *s)
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
             if (decoding != (pass == 0) || (!decoding && budget == 0)) continue;
-            if (!decoding && q->maxhit > 0) {
+            /* echo takes cached blocks only at admission, where their
+             * logprobs are read (kv_admit). */
+            if (!decoding && q->maxhit > 0 && !q->req.echo) {
                 /* Blocks cached since the last step (a sibling's prefill). */
                 took_cached(s, q, kv_extend(s->kv, &q->kv, q->tokens, q->phash, q->maxhit));
                 if (waits_for_earlier(s, i)) continue;
@@ -458,8 +471,8 @@ static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
     const eng_item *it = &s->items[u->item];
     eng_event *ev = &s->results[u->result];
     if (u->row != SAMPLE_ROW) { /* echo: row j predicts prompt token step_first + j + 1 */
-        fill_logprobs(ev, it->logits + u->row * V, V, ev->token,
-                      q->req.logprobs > 0 ? q->req.logprobs : 0);
+        /* All ENG_MAX_TOP for the cache; the request gets its first ones. */
+        fill_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
         return;
     }
     samp_thread *th = &s->thr[tid];
@@ -531,6 +544,50 @@ void eng_sched_execute(eng_sched *s)
     s->executed = 1;
 }
 
+/* A prompt logprob event's alternatives, cut to what the request asked. */
+static void cut_top(const sch_seq *q, eng_event *ev)
+{
+    size_t want = q->req.logprobs > 0 ? (size_t)q->req.logprobs : 0;
+    if (ev->ntop > want) ev->ntop = want;
+}
+
+/* echo: the prompt logprobs this step computed, kept by position for the
+ * blocks they belong to. */
+static void keep_prompt_lp(eng_sched *s, sch_seq *q)
+{
+    for (size_t k = 0; q->plp != NULL && k < q->step_nresults; k++) {
+        const eng_event *ev = &s->results[q->step_result + k];
+        if (ev->kind != ENG_EV_PROMPT_LOGPROB) continue;
+        kv_lp *d = &q->plp[ev->index];
+        d->logprob = ev->logprob;
+        d->ntop = (uint32_t)ev->ntop;
+        memcpy(d->top_ids, ev->top_ids, sizeof d->top_ids);
+        memcpy(d->top_logprobs, ev->top_logprobs, sizeof d->top_logprobs);
+        q->nplp = ev->index + 1;
+    }
+}
+
+/* echo: the prompt logprobs that came with cached blocks, delivered before
+ * those of the sequence's first step, in position order. */
+static void deliver_cached_lp(sch_seq *q)
+{
+    size_t n = q->lp_pending;
+    q->lp_pending = 0;
+    for (size_t p = 1; p <= n && !q->cancelled; p++) {
+        const kv_lp *d = &q->plp[p];
+        eng_event ev = {.kind = ENG_EV_PROMPT_LOGPROB,
+                        .id = q->id,
+                        .token = q->tokens[p],
+                        .index = p,
+                        .logprob = d->logprob,
+                        .ntop = d->ntop};
+        memcpy(ev.top_ids, d->top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, d->top_logprobs, sizeof ev.top_logprobs);
+        cut_top(q, &ev);
+        q->req.on_event(q->req.user, &ev);
+    }
+}
+
 void eng_sched_complete(eng_sched *s)
 {
     if (!s->planned) return;
@@ -555,12 +612,16 @@ void eng_sched_complete(eng_sched *s)
         }
         if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
         /* The full blocks this step completed become findable. */
-        if (s->o.prefix_cache) kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain);
+        keep_prompt_lp(s, q);
+        if (s->o.prefix_cache)
+            kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain, q->plp, q->nplp);
+        deliver_cached_lp(q);
         eng_finish why = ENG_FINISH_LENGTH;
         /* max_tokens 0: done once the prompt (and its echo) is through */
         int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
-        for (size_t k = 0; k < q->step_nresults; k++) {
+        for (size_t k = 0; k < q->step_nresults && !q->cancelled; k++) {
             eng_event *ev = &s->results[q->step_result + k];
+            if (ev->kind == ENG_EV_PROMPT_LOGPROB) cut_top(q, ev);
             if (ev->kind == ENG_EV_TOKEN) {
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;

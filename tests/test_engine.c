@@ -691,16 +691,16 @@ START_TEST(eng_kv_prefix_refcounts_lru_and_leaves_first)
     chain_hashes(kv, b, 3, hb);
     eng_seq sa = {0}, sb = {0}, sc = {0}, sd = {0};
     size_t hit = 99, nhashed = 0;
-    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 12, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 12, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 0);
     ck_assert_uint_eq(sa.len, 0);
     sa.len = 12; /* as if a step had computed its 12 positions */
-    kv_commit(kv, &sa, a, &nhashed, &chain);
+    kv_commit(kv, &sa, a, &nhashed, &chain, NULL, 0);
     ck_assert_uint_eq(nhashed, 3);
     ck_assert(chain == ha[2]);
     ck_assert_uint_eq(kv->nregistered, 3);
     /* A second sequence with a's first 8 tokens shares two blocks. */
-    ck_assert_int_eq(kv_admit(kv, &sb, a, ha, 2, 12, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sb, a, ha, 2, 12, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 2);
     ck_assert_uint_eq(sb.len, 8);
     ck_assert_int_eq(sb.blocks[0], sa.blocks[0]);
@@ -710,7 +710,7 @@ START_TEST(eng_kv_prefix_refcounts_lru_and_leaves_first)
     ck_assert_int_eq(kv->meta[sa.blocks[2]].ref, 1);
     ck_assert_uint_eq(eng_kv_blocks_free(kv), 0);
     /* Full: nothing more, and a refusal changes nothing. */
-    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 0, 4, &hit), ENG_ENOMEM);
+    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 0, 4, NULL, &hit), ENG_ENOMEM);
     ck_assert_uint_eq(sc.nblocks, 0);
     ck_assert_int_eq(kv->meta[sa.blocks[0]].ref, 2);
     int32_t a0 = sa.blocks[0], a1 = sa.blocks[1], a2 = sa.blocks[2];
@@ -728,13 +728,13 @@ START_TEST(eng_kv_prefix_refcounts_lru_and_leaves_first)
     ck_assert_int_eq(kv->meta[a2].next, a1);
     ck_assert_int_eq(kv->meta[a1].next, a0);
     /* Three fresh blocks: the free one, then a2 and a1 evicted. */
-    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 0, 12, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 0, 12, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 0);
     ck_assert_uint_eq(kv->evictions, 2);
     ck_assert_uint_eq(kv->nregistered, 1);
     /* a0 is still found; a1 is not. */
-    ck_assert_int_eq(kv_admit(kv, &sd, a, ha, 2, 8, &hit), ENG_ENOMEM); /* 1 hit + 1 fresh */
-    ck_assert_int_eq(kv_admit(kv, &sd, a, ha, 2, 4, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sd, a, ha, 2, 8, NULL, &hit), ENG_ENOMEM); /* 1 hit + 1 fresh */
+    ck_assert_int_eq(kv_admit(kv, &sd, a, ha, 2, 4, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 1);
     ck_assert_int_eq(sd.blocks[0], a0);
     ck_assert_uint_eq(eng_kv_blocks_free(kv), 0);
@@ -745,10 +745,10 @@ START_TEST(eng_kv_prefix_refcounts_lru_and_leaves_first)
     eng_kv_release(kv, &sd);
     ck_assert_uint_eq(eng_kv_blocks_free(kv), 4);
     /* kv_extend swaps a reserved, unwritten block for a cached one. */
-    ck_assert_int_eq(kv_admit(kv, &se, b, hb, 0, 12, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &se, b, hb, 0, 12, NULL, &hit), ENG_OK);
     se.len = 12;
     nhashed = 0;
-    kv_commit(kv, &se, b, &nhashed, &chain);
+    kv_commit(kv, &se, b, &nhashed, &chain, NULL, 0);
     eng_kv_release(kv, &se);
     int32_t b0 = kv->lru_tail;                             /* b's first block, released last */
     ck_assert_int_eq(eng_kv_reserve(kv, &se, 12), ENG_OK); /* the free one, b2, b1 */
@@ -780,25 +780,25 @@ START_TEST(eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash)
     ck_assert(ha[0] == hb[0] && ha[1] == hb[1]);
     eng_seq sa = {0}, sb = {0}, sc = {0};
     size_t hit, nhashed = 0;
-    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 8, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 8, NULL, &hit), ENG_OK);
     sa.len = 8;
-    kv_commit(kv, &sa, a, &nhashed, &chain);
+    kv_commit(kv, &sa, a, &nhashed, &chain, NULL, 0);
     eng_kv_release(kv, &sa);
     /* b's first block differs in one token: no hit, and its second block
      * (the same tokens as a's) is not found under a's first. */
-    ck_assert_int_eq(kv_admit(kv, &sb, b, hb, 2, 8, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sb, b, hb, 2, 8, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 0);
     ck_assert_uint_eq(kv_extend(kv, &sb, b, hb, 2), 0);
     sb.len = 8;
     nhashed = 0;
-    kv_commit(kv, &sb, b, &nhashed, &chain);
+    kv_commit(kv, &sb, b, &nhashed, &chain, NULL, 0);
     ck_assert_uint_eq(kv->nregistered, 4);
     eng_kv_release(kv, &sb);
     /* Both chains are found, each whole. */
-    ck_assert_int_eq(kv_admit(kv, &sc, a, ha, 2, 8, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sc, a, ha, 2, 8, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 2);
     eng_kv_release(kv, &sc);
-    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 2, 8, &hit), ENG_OK);
+    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 2, 8, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 2);
     eng_kv_release(kv, &sc);
     eng_kv_free(kv);

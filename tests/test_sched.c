@@ -95,6 +95,9 @@ typedef struct {
     int32_t tokens[512];
     float logprobs[512];
     float prompt_logprobs[512]; /* by position */
+    size_t prompt_ntop[512];    /* by position: alternatives, and the last one */
+    int32_t prompt_top_id[512];
+    float prompt_top_lp[512];
     size_t n, prompt_events, done_count;
     size_t cached; /* DONE: prompt tokens from the prefix cache */
     eng_finish finish;
@@ -117,6 +120,11 @@ static void on_event(void *user, const eng_event *ev)
         if (r->cancel_after && r->n == r->cancel_after) eng_sched_cancel(r->s, r->id);
     } else if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
         r->prompt_logprobs[ev->index] = ev->logprob;
+        r->prompt_ntop[ev->index] = ev->ntop;
+        if (ev->ntop > 0) {
+            r->prompt_top_id[ev->index] = ev->top_ids[ev->ntop - 1];
+            r->prompt_top_lp[ev->index] = ev->top_logprobs[ev->ntop - 1];
+        }
         r->prompt_events++;
     } else {
         r->done_count++;
@@ -518,9 +526,9 @@ END_TEST
 
 /* ---- The prefix cache ------------------------------------------------------------ */
 
-/* Submits prompt p[0..n) (copied), with logprobs 2 and echo as given. */
-static void submit_ids(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
-                       uint64_t seed, float temperature, int echo)
+/* Submits prompt p[0..n) (copied), with logprobs and echo as given. */
+static void submit_lp(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
+                      uint64_t seed, float temperature, int echo, int logprobs)
 {
     eng_request q = {.prompt = p,
                      .nprompt = n,
@@ -528,13 +536,19 @@ static void submit_ids(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t 
                      .sampling = {.temperature = temperature, .top_k = 40, .top_p = 0.95f},
                      .seed = seed,
                      .ignore_eos = 1,
-                     .logprobs = 2,
+                     .logprobs = logprobs,
                      .echo = echo,
                      .on_event = on_event,
                      .user = r};
     char err[256];
     r->s = s;
     ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
+}
+
+static void submit_ids(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
+                       uint64_t seed, float temperature, int echo)
+{
+    submit_lp(s, r, p, n, max_tokens, seed, temperature, echo, 2);
 }
 
 static void run_all(eng_sched *s)
@@ -544,16 +558,22 @@ static void run_all(eng_sched *s)
 }
 
 /* The same request alone, on a fresh scheduler without the cache. */
-static void reference(rec *r, const int32_t *p, size_t n, size_t max_tokens, uint64_t seed,
-                      float temperature, int echo)
+static void reference_lp(rec *r, const int32_t *p, size_t n, size_t max_tokens, uint64_t seed,
+                         float temperature, int echo, int logprobs)
 {
     eng_sched *s = make_sched_cache(64, 4, 16, 64, 0);
     memset(r, 0, sizeof *r);
-    submit_ids(s, r, p, n, max_tokens, seed, temperature, echo);
+    submit_lp(s, r, p, n, max_tokens, seed, temperature, echo, logprobs);
     run_all(s);
     ck_assert_uint_eq(r->done_count, 1);
     ck_assert_uint_eq(r->cached, 0);
     eng_sched_free(s);
+}
+
+static void reference(rec *r, const int32_t *p, size_t n, size_t max_tokens, uint64_t seed,
+                      float temperature, int echo)
+{
+    reference_lp(r, p, n, max_tokens, seed, temperature, echo, 2);
 }
 
 /* Bit for bit the same tokens, logprobs and prompt logprobs. */
@@ -566,6 +586,9 @@ static void assert_same(const rec *got, const rec *want)
     ck_assert_mem_eq(got->logprobs, want->logprobs, want->n * sizeof(float));
     ck_assert_uint_eq(got->prompt_events, want->prompt_events);
     ck_assert_mem_eq(got->prompt_logprobs, want->prompt_logprobs, sizeof want->prompt_logprobs);
+    ck_assert_mem_eq(got->prompt_ntop, want->prompt_ntop, sizeof want->prompt_ntop);
+    ck_assert_mem_eq(got->prompt_top_id, want->prompt_top_id, sizeof want->prompt_top_id);
+    ck_assert_mem_eq(got->prompt_top_lp, want->prompt_top_lp, sizeof want->prompt_top_lp);
 }
 
 START_TEST(sched_prefix_cache_same_bits_cached_partly_cached_or_not)
@@ -592,14 +615,15 @@ START_TEST(sched_prefix_cache_same_bits_cached_partly_cached_or_not)
     run_all(s);
     ck_assert_uint_eq(full.cached, 144); /* all but the block of the last token */
     assert_same(&full, &ref);
-    /* echo's prompt logprobs need every row: computed, the same bits. */
+    /* echo needs every prompt position's logprobs, which the blocks of
+     * requests without echo do not keep: computed, the same bits. */
     submit_ids(s, &echo, p, 150, 5, 5, 0.0f, 1);
     run_all(s);
     ck_assert_uint_eq(echo.cached, 0);
     assert_same(&echo, &ref_echo);
     eng_sched_stats st;
     eng_sched_stats_get(s, &st);
-    ck_assert_uint_eq(st.prefix_lookups, 3);
+    ck_assert_uint_eq(st.prefix_lookups, 4);
     ck_assert_uint_eq(st.prefix_hit_tokens, 96 + 144);
     ck_assert_uint_gt(st.kv_blocks_cached, 0);
     ck_assert_uint_eq(st.prefix_evictions, 0);
@@ -764,6 +788,54 @@ START_TEST(sched_prefix_cache_hash_collisions_never_share_different_prefixes)
 }
 END_TEST
 
+START_TEST(sched_prefix_cache_echo_takes_stored_prompt_logprobs)
+{
+    /* p: 100 tokens (6 full blocks); t: p's first 60, then others. */
+    int32_t p[100], t[100];
+    prompt_of(p, 100, 41);
+    memcpy(t, p, 60 * sizeof *t);
+    prompt_of(t + 60, 40, 42);
+    static rec ref3, ref1, ref_t, plain, a, b, c, d;
+    reference_lp(&ref3, p, 100, 0, 1, 0.0f, 1, 3);
+    reference_lp(&ref1, p, 100, 4, 7, 0.8f, 1, 1);
+    reference_lp(&ref_t, t, 100, 0, 1, 0.0f, 1, 5);
+    rec *all[] = {&plain, &a, &b, &c, &d};
+    for (size_t i = 0; i < 5; i++) memset(all[i], 0, sizeof *all[i]);
+    eng_sched *s = make_sched(64, 4, 16, 40);
+    /* Without echo: blocks without logprobs; echo finds none of them. */
+    submit_lp(s, &plain, p, 100, 4, 7, 0.8f, 0, 1);
+    run_all(s);
+    submit_lp(s, &a, p, 100, 0, 1, 0.0f, 1, 3);
+    run_all(s);
+    ck_assert_uint_eq(a.cached, 0);
+    assert_same(&a, &ref3);
+    /* a left its logprobs with the blocks: the next echo takes five of the
+     * six (the sixth's first position is the logprob the fifth's last row
+     * gives), and computes from there. */
+    submit_lp(s, &b, p, 100, 0, 1, 0.0f, 1, 3);
+    run_all(s);
+    ck_assert_uint_eq(b.cached, 80);
+    ck_assert_uint_eq(b.prompt_events, 99);
+    assert_same(&b, &ref3);
+    /* Fewer alternatives asked, and tokens generated after the prompt. */
+    submit_lp(s, &c, p, 100, 4, 7, 0.8f, 1, 1);
+    run_all(s);
+    ck_assert_uint_eq(c.cached, 80);
+    assert_same(&c, &ref1);
+    ck_assert_mem_eq(c.tokens, plain.tokens, 4 * sizeof(int32_t));
+    /* A prompt that shares 3 blocks and 12 tokens: 2 blocks taken. */
+    submit_lp(s, &d, t, 100, 0, 1, 0.0f, 1, 5);
+    run_all(s);
+    ck_assert_uint_eq(d.cached, 32);
+    assert_same(&d, &ref_t);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 80 + 80 + 32);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -783,6 +855,7 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_choices_of_one_prompt_compute_it_once);
     tcase_add_test(tc, sched_prefix_cache_evicts_under_pressure_and_admits_everything);
     tcase_add_test(tc, sched_prefix_cache_hash_collisions_never_share_different_prefixes);
+    tcase_add_test(tc, sched_prefix_cache_echo_takes_stored_prompt_logprobs);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
