@@ -187,8 +187,8 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
  * prompt starts after its longest cached prefix (its last token is always
  * computed), and a prompt that an earlier running sequence is computing
  * waits for those blocks instead of computing them again. Results are the
- * same bits with and without the cache. Requests with echo compute their
- * whole prompt (its logprobs need every row) but leave it cached.
+ * same bits with and without the cache. A block computed with echo keeps
+ * its positions' prompt logprobs; echo requests take only such blocks.
  *
  * Threads: eng_sched_plan and eng_sched_complete and every other function
  * run on one thread (the server's loop thread); eng_sched_execute runs the
