@@ -806,6 +806,61 @@ START_TEST(eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash)
 }
 END_TEST
 
+START_TEST(eng_kv_prefix_echo_blocks_keep_their_prompt_logprobs)
+{
+    eng_model *m = load("aligned");
+    eng_kv *kv;
+    char err[256];
+    ck_assert_int_eq(eng_kv_new(m, 8 * 4096, 4, &kv, err, sizeof err), ENG_OK);
+    int32_t a[12] = {4, 8, 15, 16, 23, 42, 7, 9, 11, 13, 17, 19};
+    uint64_t ha[3], chain = 0;
+    chain_hashes(kv, a, 3, ha);
+    kv_lp lp[12], got[13];
+    memset(lp, 0, sizeof lp);
+    for (size_t i = 1; i < 12; i++)
+        lp[i] = (kv_lp){.logprob = -(float)i, .ntop = 1, .top_ids = {(int32_t)(100 + i)}};
+    eng_seq sa = {0}, sb = {0}, sc = {0};
+    size_t hit, nhashed = 0;
+    /* Registered without logprobs: an echo lookup does not take them. */
+    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 12, NULL, &hit), ENG_OK);
+    sa.len = 12;
+    kv_commit(kv, &sa, a, &nhashed, &chain, NULL, 0);
+    int32_t a0 = sa.blocks[0], a1 = sa.blocks[1], a2 = sa.blocks[2];
+    eng_kv_release(kv, &sa);
+    ck_assert_int_eq(kv_admit(kv, &sb, a, ha, 2, 12, got, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 0);
+    /* Computed again with logprobs: the registered blocks keep them, and
+     * sb's copies go back to the free list. */
+    sb.len = 12;
+    nhashed = 0;
+    kv_commit(kv, &sb, a, &nhashed, &chain, lp, 12);
+    ck_assert_int_eq(sb.blocks[0], a0);
+    ck_assert_int_eq(sb.blocks[2], a2);
+    ck_assert(kv->meta[a0].has_lp && kv->meta[a1].has_lp && kv->meta[a2].has_lp);
+    ck_assert_uint_eq(kv->nfree, 5);
+    eng_kv_release(kv, &sb);
+    /* Two blocks with logprobs within maxhit: one taken, and the logprobs
+     * of positions 1 .. 4 (the 4th from the second block). */
+    ck_assert_int_eq(kv_admit(kv, &sc, a, ha, 2, 12, got, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 1);
+    ck_assert_uint_eq(sc.len, 4);
+    ck_assert_int_eq(sc.blocks[0], a0);
+    ck_assert_int_ne(sc.blocks[1], a1);
+    for (size_t i = 1; i <= 4; i++) {
+        ck_assert(got[i].logprob == -(float)i);
+        ck_assert_int_eq(got[i].top_ids[0], (int32_t)(100 + i));
+    }
+    eng_kv_release(kv, &sc);
+    /* Evicted blocks lose them with their registration. */
+    ck_assert_int_eq(eng_kv_reserve(kv, &sc, 32), ENG_OK);
+    ck_assert_uint_eq(kv->nregistered, 0);
+    ck_assert(!kv->meta[a0].has_lp);
+    eng_kv_release(kv, &sc);
+    eng_kv_free(kv);
+    eng_model_free(m);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -820,6 +875,7 @@ int main(void)
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
     tcase_add_test(tc, eng_kv_prefix_refcounts_lru_and_leaves_first);
     tcase_add_test(tc, eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash);
+    tcase_add_test(tc, eng_kv_prefix_echo_blocks_keep_their_prompt_logprobs);
     tcase_add_test(tc, eng_forward_rejects_bad_items_before_computing);
     suite_add_tcase(s, tc);
     tc = tcase_create("eng_sample");
