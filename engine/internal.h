@@ -97,9 +97,11 @@ eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint6
 
 /* While seq's next block is unwritten (seq->len on a block boundary, below
  * maxhit blocks) and registered, swaps it in for seq's reserved one and
- * advances seq->len; returns the blocks gained. */
+ * advances seq->len; returns the blocks gained. With lp (echo), as
+ * kv_admit: only blocks with logprobs, followed by one, whose first entry
+ * joins theirs in lp. */
 size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
-                 size_t maxhit);
+                 size_t maxhit, kv_lp *lp);
 
 /* Registers seq's full blocks from *nhashed up to seq->len (tokens: the
  * sequence's tokens; *hash: the chain hash of block *nhashed - 1). A block

@@ -290,7 +290,7 @@ eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint6
 }
 
 size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
-                 size_t maxhit)
+                 size_t maxhit, kv_lp *lp)
 {
     size_t bl = kv->block_len, gained = 0;
     while (seq->len % bl == 0) {
@@ -298,6 +298,14 @@ size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t
         if (i >= maxhit || i >= seq->nblocks) break;
         int32_t b = find(kv, hashes[i], i > 0 ? seq->blocks[i - 1] : -1, tokens + i * bl);
         if (b < 0) break;
+        if (lp != NULL) { /* echo: block i's logprobs, and the next block's first */
+            int32_t next = i + 1 < maxhit && kv->meta[b].has_lp
+                               ? find(kv, hashes[i + 1], b, tokens + (i + 1) * bl)
+                               : -1;
+            if (next < 0 || !kv->meta[next].has_lp) break;
+            memcpy(lp + i * bl, kv->lp + (size_t)b * bl, bl * sizeof *lp);
+            lp[(i + 1) * bl] = kv->lp[(size_t)next * bl];
+        }
         /* Hold the cached block before letting go of the unwritten one, so
          * the free list never has to give up a block mid-swap. */
         hold(kv, b);

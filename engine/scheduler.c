@@ -33,14 +33,14 @@ typedef struct {
     size_t prefilled; /* prompt tokens in the cache */
     eng_seq kv;
     /* The prefix cache (prefix_cache on). */
-    uint64_t *phash;   /* chain hash of each full prompt block (nprompt / block_len) */
-    size_t maxhit;     /* prompt blocks a hit may cover: not the last token's; 0 with echo */
-    size_t nhashed;    /* leading blocks registered, so read-only */
-    uint64_t chain;    /* chain hash of block nhashed - 1 */
-    size_t cached;     /* prompt tokens taken from the cache */
-    kv_lp *plp;        /* echo: prompt logprobs by position ([0] unused), or NULL */
-    size_t nplp;       /* echo: positions [0, nplp) are known */
-    size_t lp_pending; /* echo: positions 1..lp_pending came from the cache, undelivered */
+    uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
+    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's; 0 with echo */
+    size_t nhashed;  /* leading blocks registered, so read-only */
+    uint64_t chain;  /* chain hash of block nhashed - 1 */
+    size_t cached;   /* prompt tokens taken from the cache */
+    kv_lp *plp;      /* echo: prompt logprobs by position ([0] unused), or NULL */
+    size_t nplp;     /* echo: positions [0, nplp) are known */
+    size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
     eng_rng rng;
     int cancelled;
     int in_step;
@@ -331,21 +331,30 @@ static void took_cached(eng_sched *s, sch_seq *q, size_t blocks)
     s->stats.prefix_hit_tokens += blocks * s->o.block_len;
 }
 
+/* 1 if sequence a (prefilling) will compute q's prompt block b: the same
+ * tokens after the same prefix (chain hash), with logprobs if q needs them
+ * (echo). */
+static int computes_block(const sch_seq *a, const sch_seq *q, size_t b, size_t bl)
+{
+    return a->prefilled < a->req.nprompt && a->kv.len < (b + 1) * bl
+           && a->req.nprompt >= (b + 1) * bl && a->phash[b] == q->phash[b]
+           && (q->plp == NULL || a->plp != NULL);
+}
+
 /* 1 if an earlier running sequence is computing the prompt block that
- * running[i] would compute next, the same tokens after the same prefix:
- * running[i] then waits a step and takes it from the cache. The earlier one
- * never waits for a later one, so every wait ends. */
+ * running[i] would compute next (for echo, or the one after it, whose first
+ * logprob echo needs to take a block): running[i] then waits a step and
+ * takes it from the cache. The earlier one never waits for a later one, so
+ * every wait ends. */
 static int waits_for_earlier(const eng_sched *s, size_t i)
 {
     const sch_seq *q = s->running[i];
     size_t bl = s->o.block_len, b = q->kv.len / bl;
     if (q->kv.len % bl != 0 || b >= q->maxhit) return 0;
+    int two = q->plp != NULL && b + 1 < q->maxhit;
     for (size_t j = 0; j < i; j++) {
         const sch_seq *a = s->running[j];
-        if (a->prefilled == a->req.nprompt || a->kv.len >= (b + 1) * bl
-            || a->req.nprompt < (b + 1) * bl)
-            continue;
-        if (a->phash[b] == q->phash[b]) return 1;
+        if (computes_block(a, q, b, bl) || (two && computes_block(a, q, b + 1, bl))) return 1;
     }
     return 0;
 }
@@ -366,10 +375,7 @@ int eng_sched_plan(eng_sched *s)
         if (rc != ENG_OK) break;
         if (q->maxhit > 0) s->stats.prefix_lookups++;
         took_cached(s, q, hit);
-        if (q->plp != NULL && hit > 0) { /* echo: the hit's logprobs, and one more */
-            q->nplp = hit * s->o.block_len + 1;
-            q->lp_pending = hit * s->o.block_len;
-        }
+        if (q->plp != NULL && hit > 0) q->nplp = q->kv.len + 1; /* and one more */
         s->qhead = (s->qhead + 1) % s->o.max_queue;
         s->qlen--;
         s->running[s->nrunning++] = q;
@@ -386,11 +392,11 @@ int eng_sched_plan(eng_sched *s)
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
             if (decoding != (pass == 0) || (!decoding && budget == 0)) continue;
-            /* echo takes cached blocks only at admission, where their
-             * logprobs are read (kv_admit). */
-            if (!decoding && q->maxhit > 0 && !q->req.echo) {
+            if (!decoding && q->maxhit > 0) {
                 /* Blocks cached since the last step (a sibling's prefill). */
-                took_cached(s, q, kv_extend(s->kv, &q->kv, q->tokens, q->phash, q->maxhit));
+                size_t g = kv_extend(s->kv, &q->kv, q->tokens, q->phash, q->maxhit, q->plp);
+                took_cached(s, q, g);
+                if (q->plp != NULL && g > 0) q->nplp = q->kv.len + 1;
                 if (waits_for_earlier(s, i)) continue;
             }
             size_t n;
@@ -567,13 +573,14 @@ static void keep_prompt_lp(eng_sched *s, sch_seq *q)
     }
 }
 
-/* echo: the prompt logprobs that came with cached blocks, delivered before
- * those of the sequence's first step, in position order. */
+/* echo: the prompt logprobs that came with cached blocks (positions up to
+ * the step's first row), delivered before those the step computed, in
+ * position order. */
 static void deliver_cached_lp(sch_seq *q)
 {
-    size_t n = q->lp_pending;
-    q->lp_pending = 0;
-    for (size_t p = 1; p <= n && !q->cancelled; p++) {
+    if (q->plp == NULL) return;
+    size_t last = q->step_first < q->req.nprompt ? q->step_first : q->req.nprompt - 1;
+    for (size_t p = q->lp_sent + 1; p <= last && !q->cancelled; p++) {
         const kv_lp *d = &q->plp[p];
         eng_event ev = {.kind = ENG_EV_PROMPT_LOGPROB,
                         .id = q->id,
@@ -584,6 +591,7 @@ static void deliver_cached_lp(sch_seq *q)
         memcpy(ev.top_ids, d->top_ids, sizeof ev.top_ids);
         memcpy(ev.top_logprobs, d->top_logprobs, sizeof ev.top_logprobs);
         cut_top(q, &ev);
+        q->lp_sent = p;
         q->req.on_event(q->req.user, &ev);
     }
 }
@@ -621,7 +629,10 @@ void eng_sched_complete(eng_sched *s)
         int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
         for (size_t k = 0; k < q->step_nresults && !q->cancelled; k++) {
             eng_event *ev = &s->results[q->step_result + k];
-            if (ev->kind == ENG_EV_PROMPT_LOGPROB) cut_top(q, ev);
+            if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
+                cut_top(q, ev);
+                q->lp_sent = ev->index;
+            }
             if (ev->kind == ENG_EV_TOKEN) {
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;

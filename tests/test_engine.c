@@ -753,11 +753,11 @@ START_TEST(eng_kv_prefix_refcounts_lru_and_leaves_first)
     int32_t b0 = kv->lru_tail;                             /* b's first block, released last */
     ck_assert_int_eq(eng_kv_reserve(kv, &se, 12), ENG_OK); /* the free one, b2, b1 */
     ck_assert_uint_eq(kv->nregistered, 1);
-    ck_assert_uint_eq(kv_extend(kv, &se, b, hb, 2), 1);
+    ck_assert_uint_eq(kv_extend(kv, &se, b, hb, 2, NULL), 1);
     ck_assert_int_eq(se.blocks[0], b0);
     ck_assert_uint_eq(se.len, 4);
-    ck_assert_uint_eq(kv_extend(kv, &se, b, hb, 2), 0); /* b1 is gone */
-    ck_assert_uint_eq(eng_kv_blocks_free(kv), 1);       /* the swapped-out block */
+    ck_assert_uint_eq(kv_extend(kv, &se, b, hb, 2, NULL), 0); /* b1 is gone */
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 1);             /* the swapped-out block */
     eng_kv_release(kv, &se);
     ck_assert_uint_eq(kv->nregistered, 1);
     ck_assert_uint_eq(eng_kv_blocks_free(kv), 4);
@@ -788,7 +788,7 @@ START_TEST(eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash)
      * (the same tokens as a's) is not found under a's first. */
     ck_assert_int_eq(kv_admit(kv, &sb, b, hb, 2, 8, NULL, &hit), ENG_OK);
     ck_assert_uint_eq(hit, 0);
-    ck_assert_uint_eq(kv_extend(kv, &sb, b, hb, 2), 0);
+    ck_assert_uint_eq(kv_extend(kv, &sb, b, hb, 2, NULL), 0);
     sb.len = 8;
     nhashed = 0;
     kv_commit(kv, &sb, b, &nhashed, &chain, NULL, 0);

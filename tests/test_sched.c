@@ -836,6 +836,38 @@ START_TEST(sched_prefix_cache_echo_takes_stored_prompt_logprobs)
 }
 END_TEST
 
+START_TEST(sched_prefix_cache_echo_batch_of_continuations_shares_the_context)
+{
+    /* Scoring continuations of one 64-token context, submitted together as
+     * an evaluation harness does (one request, a list of prompts): the
+     * first computes the context, the others wait for its blocks and take
+     * all but the one whose last row predicts their own continuation. The
+     * second is the first again (n = 2): it waits for the first's fifth
+     * block too, which the first computes in its second chunk. */
+    enum { NC = 5 };
+    static int32_t p[NC][84];
+    static rec ref[NC], got[NC];
+    memset(got, 0, sizeof got);
+    for (unsigned i = 0; i < NC; i++) {
+        prompt_of(p[i], 64, 51);
+        prompt_of(p[i] + 64, 20, 60 + (i == 1 ? 0 : i));
+        reference_lp(&ref[i], p[i], 84, 0, 1, 0.0f, 1, 2);
+    }
+    eng_sched *s = make_sched(64, 8, 16, 64);
+    for (unsigned i = 0; i < NC; i++) submit_lp(s, &got[i], p[i], 84, 0, 1, 0.0f, 1, 2);
+    run_all(s);
+    for (unsigned i = 0; i < NC; i++) {
+        assert_same(&got[i], &ref[i]);
+        ck_assert_uint_eq(got[i].prompt_events, 83);
+    }
+    ck_assert_uint_eq(got[0].cached, 0);
+    ck_assert_uint_eq(got[1].cached, 64);
+    for (unsigned i = 2; i < NC; i++) ck_assert_uint_eq(got[i].cached, 48);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -856,6 +888,7 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_evicts_under_pressure_and_admits_everything);
     tcase_add_test(tc, sched_prefix_cache_hash_collisions_never_share_different_prefixes);
     tcase_add_test(tc, sched_prefix_cache_echo_takes_stored_prompt_logprobs);
+    tcase_add_test(tc, sched_prefix_cache_echo_batch_of_continuations_shares_the_context);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
