@@ -619,8 +619,8 @@ void eng_sched_complete(eng_sched *s)
             continue;
         }
         if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
-        /* The full blocks this step completed become findable. */
         keep_prompt_lp(s, q);
+        /* The full blocks this step completed become findable. */
         if (s->o.prefix_cache)
             kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain, q->plp, q->nplp);
         deliver_cached_lp(q);
