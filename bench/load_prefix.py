@@ -13,6 +13,11 @@ lengths and overlaps are exact.
       prompt again, the same with echo (its blocks keep no logprobs yet, so
       it computes), and echo again (from the blocks the first echo left
       their logprobs with).
+  batch BASE REPEATS
+      one request at a time, each a new 400-token context: scoring 8
+      continuations of 16 tokens (a list of 8 prompts, echo, logprobs 1,
+      max_tokens 0, as evaluation harnesses send them), then n = 4 choices
+      of 32 tokens on the context + a 16-token tail; seconds per request.
   load BASE CONCURRENCY PER SHARED_EVERY PREFIX SUFFIX MAX_TOKENS SEED
       CONCURRENCY streaming workers, PER requests each; request i of worker k
       shares a PREFIX-token prefix when (k * PER + i) % SHARED_EVERY == 0
@@ -117,6 +122,31 @@ elif scenario == "echo":
         out[k + "_p50"] = round(pct(v, 50), 4)
         out[k] = [round(x, 4) for x in v]
     print(json.dumps(out))
+elif scenario == "batch":
+    repeats = int(sys.argv[3])
+    rng = random.Random(3)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+
+    def timed(body):
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        d = json.loads(conn.getresponse().read())
+        return time.monotonic() - t0, d["usage"]
+
+    score, choices, cached = [], [], []
+    for r in range(repeats):
+        ctx = ids(rng, 400)
+        t, us = timed({"model": "gpt2", "prompt": [ctx + ids(rng, 16) for _ in range(8)],
+                       "max_tokens": 0, "echo": True, "logprobs": 1})
+        score.append(t)
+        cached.append(us["prompt_tokens_details"]["cached_tokens"])
+        t, us = timed({"model": "gpt2", "prompt": ids(rng, 400) + ids(rng, 16), "n": 4,
+                       "max_tokens": 32, "temperature": 0.8, "seed": r, "ignore_eos": True})
+        choices.append(t)
+    print(json.dumps({"scenario": "batch", "repeats": repeats,
+                      "score8_p50": round(pct(score, 50), 3), "n4_p50": round(pct(choices, 50), 3),
+                      "score8": [round(x, 3) for x in score], "n4": [round(x, 3) for x in choices],
+                      "score8_cached_tokens": cached}))
 elif scenario == "load":
     conc, per, every, nprefix, nsuffix, max_tokens, seed = (int(x) for x in sys.argv[3:10])
     prefix = ids(random.Random(seed), nprefix)

@@ -11,7 +11,9 @@
 #  - 16 concurrent unique prompts of the same shape (nothing shared);
 #  - mixed traffic under KV pressure: 16 workers x 3 requests, half sharing
 #    a 400-token prefix, half unique, in a 160 MiB KV pool (142 blocks of
-#    16 positions; a request needs 28, so 5 run at a time without sharing).
+#    16 positions; a request needs 28, so 5 run at a time without sharing);
+#  - scoring 8 continuations of a 400-token context in one request (echo,
+#    logprobs, max_tokens 0), and n = 4 choices of one 416-token prompt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -32,5 +34,8 @@ for _ in $(seq "$rounds"); do
             echo "{\"prefix_cache\": $cache, \"kv_cache_mb\": $kv, \"result\": $(python3 bench/load_prefix.py "$base" load $load)}"
             bench_stop
         done
+        bench_serve "$build" "$dir" --prefix-cache "$cache"
+        echo "{\"prefix_cache\": $cache, \"result\": $(python3 bench/load_prefix.py "$base" batch 3)}"
+        bench_stop
     done
 done
