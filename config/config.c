@@ -45,6 +45,8 @@ static const spec specs[] = {
     {"kv_cache_mb", K_SIZE, F(kv_cache_mb), 1, 1048576, "2048",
      "memory for the paged KV cache, in MiB"},
     {"kv_block", K_SIZE, F(kv_block), 1, 4096, "16", "positions per KV cache block"},
+    {"prefix_cache", K_BOOL, F(prefix_cache), 0, 1, "true",
+     "reuse the KV cache of prompt prefixes seen before (the same results, bit for bit)"},
     {"max_running", K_SIZE, F(max_running), 1, 4096, "64", "sequences decoded together per step"},
     {"step_tokens", K_SIZE, F(step_tokens), 1, 65536, "512",
      "prompt tokens per step, the prefill chunk (bounds decode latency); decode rows come on top"},

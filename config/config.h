@@ -47,6 +47,7 @@ typedef struct {
     size_t threads; /* 0: one per CPU */
     size_t kv_cache_mb;
     size_t kv_block;        /* positions per KV block */
+    int prefix_cache;       /* 1: share cached KV blocks of equal prefixes */
     size_t max_running;     /* sequences per step */
     size_t step_tokens;     /* prompt tokens per step (prefill chunk)  */
     size_t max_queue;       /* waiting requests before 429 */

@@ -187,6 +187,13 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
  * sequence never fails for memory; it joins at the next step and leaves the
  * step after it finishes.
  *
+ * With prefix_cache, full KV blocks are kept and shared by content: a
+ * prompt starts after its longest cached prefix (its last token is always
+ * computed), and a prompt that an earlier running sequence is computing
+ * waits for those blocks instead of computing them again. Results are the
+ * same bits with and without the cache. A block computed with echo keeps
+ * its positions' prompt logprobs; echo requests take only such blocks.
+ *
  * Threads: eng_sched_plan and eng_sched_complete and every other function
  * run on one thread (the server's loop thread); eng_sched_execute runs the
  * planned step on any one thread (uv_queue_work) and touches only the
@@ -202,6 +209,7 @@ typedef struct {
     size_t max_queue;   /* waiting requests before ENG_EFULL (256)          */
     size_t step_tokens; /* prompt rows per step; decode rows on top (512) */
     size_t threads;     /* step threads; 0 = one per CPU                   */
+    int prefix_cache;   /* 1: reuse the KV blocks of prompts seen before   */
 } eng_sched_opts;
 
 typedef enum {
@@ -230,6 +238,7 @@ typedef struct {
     float top_logprobs[ENG_MAX_TOP];
     eng_finish finish;   /* DONE                                      */
     const char *message; /* DONE with ENG_FINISH_ERROR                */
+    size_t cached;       /* DONE: prompt tokens taken from the prefix cache */
 } eng_event;
 
 /* Called on the thread of eng_sched_complete / eng_sched_cancel with each
@@ -292,6 +301,11 @@ typedef struct {
     double last_step_seconds; /* forward + sampling of the last step   */
     uint64_t steps;
     eng_times times; /* cumulative, all steps                 */
+    /* The prefix cache (zero when it is off). */
+    uint64_t prefix_lookups;    /* admissions that looked for a cached prefix */
+    uint64_t prefix_hit_tokens; /* prompt tokens taken from the cache          */
+    uint64_t prefix_evictions;  /* cached blocks given up for fresh ones       */
+    size_t kv_blocks_cached;    /* registered blocks, held or not              */
 } eng_sched_stats;
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);

@@ -28,6 +28,31 @@ struct eng_model {
     size_t params;
 };
 
+/* The logprob of the prompt token at one position and the top alternatives
+ * of the distribution that predicts it (echo), as fill_logprobs gives them
+ * for ENG_MAX_TOP; a request asking fewer takes the first ones. */
+typedef struct {
+    float logprob;
+    uint32_t ntop;
+    int32_t top_ids[ENG_MAX_TOP];
+    float top_logprobs[ENG_MAX_TOP];
+} kv_lp;
+
+/* A block's bookkeeping for the prefix cache (kv.c). A block is free (on
+ * the free list), in use (ref > 0) or cached (ref 0, registered, on the LRU
+ * list). A registered block is full and read-only: its KV are those of its
+ * tokens after the prefix its parent chain spells. */
+typedef struct {
+    int32_t ref;        /* sequences holding it                          */
+    int32_t parent;     /* registered: the block before it; -1: first    */
+    int32_t nchild;     /* registered blocks whose parent it is          */
+    int32_t hnext;      /* next in its hash bucket; -1: end              */
+    int32_t prev, next; /* LRU list of cached blocks; -1: end            */
+    int registered;     /* findable by hash                              */
+    int has_lp;         /* registered with its positions' prompt logprobs */
+    uint64_t hash;      /* registered: chain hash (tokens + parent hash) */
+} kv_block;
+
 struct eng_kv {
     size_t block_len; /* positions per block                         */
     size_t nblocks;
@@ -35,7 +60,56 @@ struct eng_kv {
     float *pool;      /* nblocks x L x 2 x NH x block_len x HS        */
     int32_t *free_list;
     size_t nfree;
+    /* The prefix cache; only the scheduler's loop thread touches it. */
+    kv_block *meta;             /* nblocks                                */
+    int32_t *tokens;            /* nblocks x block_len: registered blocks' */
+    int32_t *bucket;            /* nbucket heads; -1: empty               */
+    size_t nbucket;             /* a power of two                         */
+    int32_t lru_head, lru_tail; /* least recently used first; -1: empty  */
+    size_t nlru, nregistered;
+    uint64_t evictions;
+    uint64_t hash_mask; /* all ones; tests narrow it to force collisions */
+    kv_lp *lp;          /* nblocks x block_len: has_lp blocks' logprobs  */
 };
+
+/* ---- The prefix cache (kv.c) ---- */
+
+/* The chain hash of a block of block_len tokens after the block whose hash
+ * is prev (KV_HASH_ROOT for the first block). */
+#define KV_HASH_ROOT UINT64_C(0x9e3779b97f4a7c15)
+uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens);
+
+/*
+ * Admission with the cache: finds the longest run of registered blocks
+ * spelling tokens[0 .. maxhit x block_len) (hashes[i]: the chain hash of
+ * block i), takes them, and reserves fresh blocks up to `positions` in all,
+ * evicting cached blocks when the free list runs out. All or nothing:
+ * ENG_ENOMEM leaves seq and the pool unchanged. On success seq->len is the
+ * hit's positions and *hit its blocks. seq must be empty.
+ *
+ * With lp (echo), only blocks that keep their prompt logprobs count, and
+ * the last of them is not taken: the logprob at its first position (which
+ * the hit's last row predicts) goes with the others into lp[0 .. *hit x
+ * block_len], and the sequence computes that block itself.
+ */
+eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
+                    size_t maxhit, size_t positions, kv_lp *lp, size_t *hit);
+
+/* While seq's next block is unwritten (seq->len on a block boundary, below
+ * maxhit blocks) and registered, swaps it in for seq's reserved one and
+ * advances seq->len; returns the blocks gained. With lp (echo), as
+ * kv_admit: only blocks with logprobs, followed by one, whose first entry
+ * joins theirs in lp. */
+size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
+                 size_t maxhit, kv_lp *lp);
+
+/* Registers seq's full blocks from *nhashed up to seq->len (tokens: the
+ * sequence's tokens; *hash: the chain hash of block *nhashed - 1). A block
+ * already registered with the same contents replaces seq's copy, which goes
+ * back to the free list. lp (or NULL): the prompt logprobs of positions
+ * [1, nlp); a block whose positions all have them keeps them. */
+void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed, uint64_t *hash,
+               const kv_lp *lp, size_t nlp);
 
 /*
  * K (kind 0) or V (kind 1) of layer l, head h at position pos of seq: HS
@@ -54,6 +128,9 @@ static inline float *kv_head(const eng_kv *kv, const eng_seq *seq, size_t l, int
                  + pos % kv->block_len;
     return kv->pool + off * kv->HS;
 }
+
+/* The scheduler's KV pool (tests narrow its hash_mask). */
+eng_kv *sch_kv(eng_sched *s);
 
 /* ---- Worker threads (pool.c) ---- */
 

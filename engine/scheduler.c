@@ -32,6 +32,15 @@ typedef struct {
     size_t generated;
     size_t prefilled; /* prompt tokens in the cache */
     eng_seq kv;
+    /* The prefix cache (prefix_cache on). */
+    uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
+    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's; 0 with echo */
+    size_t nhashed;  /* leading blocks registered, so read-only */
+    uint64_t chain;  /* chain hash of block nhashed - 1 */
+    size_t cached;   /* prompt tokens taken from the cache */
+    kv_lp *plp;      /* echo: prompt logprobs by position ([0] unused), or NULL */
+    size_t nplp;     /* echo: positions [0, nplp) are known */
+    size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
     eng_rng rng;
     int cancelled;
     int in_step;
@@ -148,9 +157,16 @@ fail:
     return rc;
 }
 
+eng_kv *sch_kv(eng_sched *s)
+{
+    return s->kv;
+}
+
 static void seq_free(eng_sched *s, sch_seq *q)
 {
     eng_kv_release(s->kv, &q->kv);
+    free(q->phash);
+    free(q->plp);
     free(q->tokens);
     free((void *)q->req.sampling.bias);
     free(q);
@@ -210,15 +226,29 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     if (s->qlen >= s->qlimit)
         return gpt2_fail(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
                          s->qlimit);
+    size_t nphash = s->o.prefix_cache ? r->nprompt / s->o.block_len : 0;
     sch_seq *q = calloc(1, sizeof *q);
     int32_t *tokens = malloc(total * sizeof *tokens);
     eng_bias *bias = r->sampling.nbias ? malloc(r->sampling.nbias * sizeof *bias) : NULL;
-    if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)) {
+    uint64_t *phash = nphash ? malloc(nphash * sizeof *phash) : NULL;
+    int keep_lp = s->o.prefix_cache && r->echo;
+    kv_lp *plp = keep_lp ? calloc(r->nprompt, sizeof *plp) : NULL;
+    if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
+        || (nphash && phash == NULL) || (keep_lp && plp == NULL)) {
         free(q);
         free(tokens);
         free(bias);
+        free(phash);
+        free(plp);
         return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
     }
+    for (size_t b = 0; b < nphash; b++)
+        phash[b] =
+            kv_hash(s->kv, b > 0 ? phash[b - 1] : KV_HASH_ROOT, r->prompt + b * s->o.block_len);
+    q->phash = phash;
+    q->plp = plp;
+    q->nplp = 1; /* the first prompt token has no logprob */
+    q->maxhit = s->o.prefix_cache ? (r->nprompt - 1) / s->o.block_len : 0;
     memcpy(tokens, r->prompt, r->nprompt * sizeof *tokens);
     if (bias) memcpy(bias, r->sampling.bias, r->sampling.nbias * sizeof *bias);
     q->id = s->next_id++;
@@ -247,8 +277,12 @@ static void running_remove(eng_sched *s, sch_seq *q)
 
 static void finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
 {
-    eng_event ev = {
-        .kind = ENG_EV_DONE, .id = q->id, .finish = why, .message = message, .index = q->generated};
+    eng_event ev = {.kind = ENG_EV_DONE,
+                    .id = q->id,
+                    .finish = why,
+                    .message = message,
+                    .index = q->generated,
+                    .cached = q->cached};
     eng_event_cb cb = q->req.on_event;
     void *user = q->req.user;
     seq_free(s, q);
@@ -304,14 +338,62 @@ int eng_sched_waiting(const eng_sched *s, uint64_t id)
     return 0;
 }
 
+/* q's prompt gained `blocks` cached blocks at its front. */
+static void took_cached(eng_sched *s, sch_seq *q, size_t blocks)
+{
+    if (blocks == 0) return;
+    q->nhashed += blocks;
+    q->chain = q->phash[q->nhashed - 1];
+    q->prefilled = q->kv.len;
+    q->cached += blocks * s->o.block_len;
+    s->stats.prefix_hit_tokens += blocks * s->o.block_len;
+}
+
+/* 1 if sequence a (prefilling) will compute q's prompt block b: the same
+ * tokens after the same prefix (chain hash), with logprobs if q needs them
+ * (echo). */
+static int computes_block(const sch_seq *a, const sch_seq *q, size_t b, size_t bl)
+{
+    return a->prefilled < a->req.nprompt && a->kv.len < (b + 1) * bl
+           && a->req.nprompt >= (b + 1) * bl && a->phash[b] == q->phash[b]
+           && (q->plp == NULL || a->plp != NULL);
+}
+
+/* 1 if an earlier running sequence is computing the prompt block that
+ * running[i] would compute next (for echo, or the one after it, whose first
+ * logprob echo needs to take a block): running[i] then waits a step and
+ * takes it from the cache. The earlier one never waits for a later one, so
+ * every wait ends. */
+static int waits_for_earlier(const eng_sched *s, size_t i)
+{
+    const sch_seq *q = s->running[i];
+    size_t bl = s->o.block_len, b = q->kv.len / bl;
+    if (q->kv.len % bl != 0 || b >= q->maxhit) return 0;
+    int two = q->plp != NULL && b + 1 < q->maxhit;
+    for (size_t j = 0; j < i; j++) {
+        const sch_seq *a = s->running[j];
+        if (computes_block(a, q, b, bl) || (two && computes_block(a, q, b + 1, bl))) return 1;
+    }
+    return 0;
+}
+
 int eng_sched_plan(eng_sched *s)
 {
     if (s->planned) return 1;
     /* Admission, FIFO: the head waits until its blocks fit (no overtaking,
-     * so a large request is never starved by small ones). */
+     * so a large request is never starved by small ones). With the prefix
+     * cache only the blocks past its cached prefix are new, and cached
+     * blocks nobody holds count as free. */
     while (s->qlen > 0 && s->nrunning < s->o.max_running) {
         sch_seq *q = s->queue[s->qhead];
-        if (eng_kv_reserve(s->kv, &q->kv, q->req.nprompt + q->req.max_tokens) != ENG_OK) break;
+        size_t positions = q->req.nprompt + q->req.max_tokens, hit = 0;
+        eng_status rc = s->o.prefix_cache ? kv_admit(s->kv, &q->kv, q->tokens, q->phash, q->maxhit,
+                                                     positions, q->plp, &hit)
+                                          : eng_kv_reserve(s->kv, &q->kv, positions);
+        if (rc != ENG_OK) break;
+        if (q->maxhit > 0) s->stats.prefix_lookups++;
+        took_cached(s, q, hit);
+        if (q->plp != NULL && hit > 0) q->nplp = q->kv.len + 1; /* and one more */
         s->qhead = (s->qhead + 1) % s->o.max_queue;
         s->qlen--;
         s->running[s->nrunning++] = q;
@@ -328,6 +410,13 @@ int eng_sched_plan(eng_sched *s)
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
             if (decoding != (pass == 0) || (!decoding && budget == 0)) continue;
+            if (!decoding && q->maxhit > 0) {
+                /* Blocks cached since the last step (a sibling's prefill). */
+                size_t g = kv_extend(s->kv, &q->kv, q->tokens, q->phash, q->maxhit, q->plp);
+                took_cached(s, q, g);
+                if (q->plp != NULL && g > 0) q->nplp = q->kv.len + 1;
+                if (waits_for_earlier(s, i)) continue;
+            }
             size_t n;
             if (decoding) {
                 q->step_first = q->ntokens - 1;
@@ -406,8 +495,8 @@ static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
     const eng_item *it = &s->items[u->item];
     eng_event *ev = &s->results[u->result];
     if (u->row != SAMPLE_ROW) { /* echo: row j predicts prompt token step_first + j + 1 */
-        fill_logprobs(ev, it->logits + u->row * V, V, ev->token,
-                      q->req.logprobs > 0 ? q->req.logprobs : 0);
+        /* All ENG_MAX_TOP for the cache; the request gets its first ones. */
+        fill_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
         return;
     }
     samp_thread *th = &s->thr[tid];
@@ -479,6 +568,52 @@ void eng_sched_execute(eng_sched *s)
     s->executed = 1;
 }
 
+/* A prompt logprob event's alternatives, cut to what the request asked. */
+static void cut_top(const sch_seq *q, eng_event *ev)
+{
+    size_t want = q->req.logprobs > 0 ? (size_t)q->req.logprobs : 0;
+    if (ev->ntop > want) ev->ntop = want;
+}
+
+/* echo: the prompt logprobs this step computed, kept by position for the
+ * blocks they belong to. */
+static void keep_prompt_lp(eng_sched *s, sch_seq *q)
+{
+    for (size_t k = 0; q->plp != NULL && k < q->step_nresults; k++) {
+        const eng_event *ev = &s->results[q->step_result + k];
+        if (ev->kind != ENG_EV_PROMPT_LOGPROB) continue;
+        kv_lp *d = &q->plp[ev->index];
+        d->logprob = ev->logprob;
+        d->ntop = (uint32_t)ev->ntop;
+        memcpy(d->top_ids, ev->top_ids, sizeof d->top_ids);
+        memcpy(d->top_logprobs, ev->top_logprobs, sizeof d->top_logprobs);
+        q->nplp = ev->index + 1;
+    }
+}
+
+/* echo: the prompt logprobs that came with cached blocks (positions up to
+ * the step's first row), delivered before those the step computed, in
+ * position order. */
+static void deliver_cached_lp(sch_seq *q)
+{
+    if (q->plp == NULL) return;
+    size_t last = q->step_first < q->req.nprompt ? q->step_first : q->req.nprompt - 1;
+    for (size_t p = q->lp_sent + 1; p <= last && !q->cancelled; p++) {
+        const kv_lp *d = &q->plp[p];
+        eng_event ev = {.kind = ENG_EV_PROMPT_LOGPROB,
+                        .id = q->id,
+                        .token = q->tokens[p],
+                        .index = p,
+                        .logprob = d->logprob,
+                        .ntop = d->ntop};
+        memcpy(ev.top_ids, d->top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, d->top_logprobs, sizeof ev.top_logprobs);
+        cut_top(q, &ev);
+        q->lp_sent = p;
+        q->req.on_event(q->req.user, &ev);
+    }
+}
+
 void eng_sched_complete(eng_sched *s)
 {
     if (!s->planned) return;
@@ -502,11 +637,20 @@ void eng_sched_complete(eng_sched *s)
             continue;
         }
         if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
+        keep_prompt_lp(s, q);
+        /* The full blocks this step completed become findable. */
+        if (s->o.prefix_cache)
+            kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain, q->plp, q->nplp);
+        deliver_cached_lp(q);
         eng_finish why = ENG_FINISH_LENGTH;
         /* max_tokens 0: done once the prompt (and its echo) is through */
         int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
-        for (size_t k = 0; k < q->step_nresults; k++) {
+        for (size_t k = 0; k < q->step_nresults && !q->cancelled; k++) {
             eng_event *ev = &s->results[q->step_result + k];
+            if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
+                cut_top(q, ev);
+                q->lp_sent = ev->index;
+            }
             if (ev->kind == ENG_EV_TOKEN) {
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;
@@ -551,4 +695,6 @@ void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out)
     out->queued = s->qlen;
     out->kv_blocks_total = eng_kv_blocks_total(s->kv);
     out->kv_blocks_used = out->kv_blocks_total - eng_kv_blocks_free(s->kv);
+    out->prefix_evictions = s->kv->evictions;
+    out->kv_blocks_cached = s->kv->nregistered;
 }

@@ -79,15 +79,33 @@ void cmpl_chunk_flush(srv_choice *c)
 
 /* usage: OpenAI's three counts, and the extension `timings` (docs/api.md):
  * time to the first token, the whole request, completion tokens a second. */
+/* Prompt tokens that came from the prefix cache: per prompt, the fewest any
+ * of its candidates took (the first computes what its siblings share). */
+static size_t usage_cached(const srv_req *r)
+{
+    size_t n = 0, per = r->oreq.best_of;
+    for (size_t p = 0; per > 0 && p < r->nchoices / per; p++) {
+        size_t least = SIZE_MAX;
+        for (size_t j = 0; j < per; j++)
+            if (r->choices[p * per + j].cached < least) least = r->choices[p * per + j].cached;
+        n += least;
+    }
+    return n;
+}
+
+/* Every prompt counts once (as OpenAI counts it, whatever n and best_of),
+ * every generated token of every candidate; the cached part of the prompts
+ * in prompt_tokens_details (OpenAI's field). */
 static json_t *usage_json(const srv_req *r)
 {
-    size_t pt = http_req_prompt_tokens(r) * r->oreq.n, ct = http_req_completion_tokens(r);
+    size_t pt = http_req_prompt_tokens(r), ct = http_req_completion_tokens(r);
     double total = log_now() - r->t_start;
     double ttft = r->t_first > 0 ? r->t_first - r->t_start : 0;
     /* Whole numbers: jansson writes a double with 17 digits (4.1 as
      * 4.0999999999999996), which says nothing more about a timing. */
-    return json_pack("{s:I, s:I, s:I, s:{s:I, s:I, s:I}}", "prompt_tokens", (json_int_t)pt,
+    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:I, s:I, s:I}}", "prompt_tokens", (json_int_t)pt,
                      "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)usage_cached(r),
                      "timings", "ttft_ms", (json_int_t)llround(ttft * 1e3), "total_ms",
                      (json_int_t)llround(total * 1e3), "completion_tokens_per_second",
                      (json_int_t)(total > 0 ? llround((double)ct / total) : 0));

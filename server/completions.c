@@ -87,6 +87,7 @@ static void on_token(srv_choice *c, const eng_event *ev)
 static void on_done(srv_choice *c, const eng_event *ev, int stream)
 {
     srv_req *r = c->req;
+    c->cached = ev->cached;
     c->live = 0;
     r->nlive--;
     if (!c->stopped) {

@@ -138,7 +138,8 @@ int srv_main(int argc, char **argv)
                          .max_running = s.cfg.max_running,
                          .max_queue = s.cfg.max_queue,
                          .step_tokens = s.cfg.step_tokens,
-                         .threads = s.cfg.threads};
+                         .threads = s.cfg.threads,
+                         .prefix_cache = s.cfg.prefix_cache};
     if (eng_sched_new(s.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
         log_fatal(err);
         goto done;

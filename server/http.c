@@ -354,7 +354,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (strcmp(r->url, "/v1/completions") == 0)
         met_observe(&s->met.duration, log_now() - r->t_start);
     if (r->kind == R_COMPLETIONS) { /* /tokenize's tokens are not served ones */
-        s->met.prompt_tokens += http_req_prompt_tokens(r) * (r->oreq.n ? r->oreq.n : 1);
+        s->met.prompt_tokens += http_req_prompt_tokens(r);
         s->met.completion_tokens += http_req_completion_tokens(r);
     }
     if (aborted || (r->state != HTTP_REQ_FINISHED && r->state != HTTP_REQ_STREAMING))

@@ -267,6 +267,7 @@ typedef struct {
     double lp_sum;        /* best_of: the sum and count of the chosen    */
     size_t lp_n;          /* tokens' logprobs                            */
     int trim;             /* chat: leading spaces of the reply still dropped */
+    size_t cached;        /* DONE: prompt tokens from the prefix cache   */
 } srv_choice;
 
 typedef enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } srv_kind;

@@ -166,6 +166,15 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
              (unsigned long long)st->last_step_rows);
     sample_d(m, "gpt2d_last_step_seconds", "gauge", "Duration of the last engine step.",
              st->last_step_seconds);
+    sample_u(m, "gpt2d_prefix_cache_lookups_total", "counter",
+             "Admissions that looked for a cached prefix.", (unsigned long long)st->prefix_lookups);
+    sample_u(m, "gpt2d_prefix_cache_hit_tokens_total", "counter",
+             "Prompt tokens taken from the prefix cache.",
+             (unsigned long long)st->prefix_hit_tokens);
+    sample_u(m, "gpt2d_prefix_cache_blocks", "gauge", "KV blocks findable by content, held or not.",
+             (unsigned long long)st->kv_blocks_cached);
+    sample_u(m, "gpt2d_prefix_cache_evictions_total", "counter",
+             "Cached blocks given up for fresh ones.", (unsigned long long)st->prefix_evictions);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",

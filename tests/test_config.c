@@ -35,6 +35,7 @@ START_TEST(cfg_defaults_are_the_documented_ones)
     ck_assert_uint_eq(c.max_queue, 256);
     ck_assert_uint_eq(c.n_api_keys, 0);
     ck_assert_int_eq(c.auth_open_health, 1);
+    ck_assert_int_eq(c.prefix_cache, 1);
     ck_assert(c.shutdown_timeout_s == 30.0);
     ck_assert_str_eq(c.log_level, "info");
     ck_assert_str_eq(c.cors_origins, "");
@@ -121,12 +122,17 @@ END_TEST
 START_TEST(cfg_parse_args_defaults_then_file_then_options)
 {
     write_conf("port = 9001\nmax_queue = 3\n");
-    char *argv[] = {"serve", "--max-queue=7", "--config", path, "--host", "::1", "--model",
-                    "/m",    "--max_running", "8"};
+    char *argv[] = {"serve",          "--max-queue=7",
+                    "--config",       path,
+                    "--host",         "::1",
+                    "--model",        "/m",
+                    "--max_running",  "8",
+                    "--prefix-cache", "false"};
     cfg_config c;
     cfg_defaults(&c);
     char err[256];
-    ck_assert_msg(cfg_parse_args(&c, 10, argv, 1, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_msg(cfg_parse_args(&c, 12, argv, 1, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_int_eq(c.prefix_cache, 0);
     ck_assert_uint_eq(c.port, 9001);   /* from the file */
     ck_assert_uint_eq(c.max_queue, 3); /* the file came after --max-queue=7 */
     ck_assert_str_eq(c.host, "::1");

@@ -670,6 +670,197 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 }
 END_TEST
 
+/* The chain hashes of n blocks of kv's block length. */
+static void chain_hashes(const eng_kv *kv, const int32_t *t, size_t n, uint64_t *h)
+{
+    for (size_t i = 0; i < n; i++)
+        h[i] = kv_hash(kv, i > 0 ? h[i - 1] : KV_HASH_ROOT, t + i * eng_kv_block_len(kv));
+}
+
+START_TEST(eng_kv_prefix_refcounts_lru_and_leaves_first)
+{
+    eng_model *m = load("aligned");
+    eng_kv *kv;
+    char err[256];
+    /* 4 blocks of 4 positions (4 KiB each). */
+    ck_assert_int_eq(eng_kv_new(m, 4 * 4096, 4, &kv, err, sizeof err), ENG_OK);
+    int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    int32_t b[12] = {9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7};
+    uint64_t ha[3], hb[3], chain = 0;
+    chain_hashes(kv, a, 3, ha);
+    chain_hashes(kv, b, 3, hb);
+    eng_seq sa = {0}, sb = {0}, sc = {0}, sd = {0};
+    size_t hit = 99, nhashed = 0;
+    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 12, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 0);
+    ck_assert_uint_eq(sa.len, 0);
+    sa.len = 12; /* as if a step had computed its 12 positions */
+    kv_commit(kv, &sa, a, &nhashed, &chain, NULL, 0);
+    ck_assert_uint_eq(nhashed, 3);
+    ck_assert(chain == ha[2]);
+    ck_assert_uint_eq(kv->nregistered, 3);
+    /* A second sequence with a's first 8 tokens shares two blocks. */
+    ck_assert_int_eq(kv_admit(kv, &sb, a, ha, 2, 12, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 2);
+    ck_assert_uint_eq(sb.len, 8);
+    ck_assert_int_eq(sb.blocks[0], sa.blocks[0]);
+    ck_assert_int_eq(sb.blocks[1], sa.blocks[1]);
+    ck_assert_int_ne(sb.blocks[2], sa.blocks[2]); /* its own, private */
+    ck_assert_int_eq(kv->meta[sa.blocks[0]].ref, 2);
+    ck_assert_int_eq(kv->meta[sa.blocks[2]].ref, 1);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 0);
+    /* Full: nothing more, and a refusal changes nothing. */
+    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 0, 4, NULL, &hit), ENG_ENOMEM);
+    ck_assert_uint_eq(sc.nblocks, 0);
+    ck_assert_int_eq(kv->meta[sa.blocks[0]].ref, 2);
+    int32_t a0 = sa.blocks[0], a1 = sa.blocks[1], a2 = sa.blocks[2];
+    eng_kv_release(kv, &sa); /* a2 is cached; a0, a1 are still b's */
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 1);
+    ck_assert_uint_eq(kv->nlru, 1);
+    ck_assert_int_eq(kv->meta[a0].ref, 1);
+    eng_kv_release(kv, &sb); /* its private block is free; a1, a0 cached */
+    ck_assert_uint_eq(kv->nfree, 1);
+    ck_assert_uint_eq(kv->nlru, 3);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 4);
+    ck_assert_uint_eq(kv->nregistered, 3);
+    /* Least recently used first, and a chain's leaf before its parent. */
+    ck_assert_int_eq(kv->lru_head, a2);
+    ck_assert_int_eq(kv->meta[a2].next, a1);
+    ck_assert_int_eq(kv->meta[a1].next, a0);
+    /* Three fresh blocks: the free one, then a2 and a1 evicted. */
+    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 0, 12, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 0);
+    ck_assert_uint_eq(kv->evictions, 2);
+    ck_assert_uint_eq(kv->nregistered, 1);
+    /* a0 is still found; a1 is not. */
+    ck_assert_int_eq(kv_admit(kv, &sd, a, ha, 2, 8, NULL, &hit), ENG_ENOMEM); /* 1 hit + 1 fresh */
+    ck_assert_int_eq(kv_admit(kv, &sd, a, ha, 2, 4, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 1);
+    ck_assert_int_eq(sd.blocks[0], a0);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 0);
+    /* Held blocks are never evicted. */
+    eng_seq se = {0};
+    ck_assert_int_eq(eng_kv_reserve(kv, &se, 1), ENG_ENOMEM);
+    eng_kv_release(kv, &sc);
+    eng_kv_release(kv, &sd);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 4);
+    /* kv_extend swaps a reserved, unwritten block for a cached one. */
+    ck_assert_int_eq(kv_admit(kv, &se, b, hb, 0, 12, NULL, &hit), ENG_OK);
+    se.len = 12;
+    nhashed = 0;
+    kv_commit(kv, &se, b, &nhashed, &chain, NULL, 0);
+    eng_kv_release(kv, &se);
+    int32_t b0 = kv->lru_tail;                             /* b's first block, released last */
+    ck_assert_int_eq(eng_kv_reserve(kv, &se, 12), ENG_OK); /* the free one, b2, b1 */
+    ck_assert_uint_eq(kv->nregistered, 1);
+    ck_assert_uint_eq(kv_extend(kv, &se, b, hb, 2, NULL), 1);
+    ck_assert_int_eq(se.blocks[0], b0);
+    ck_assert_uint_eq(se.len, 4);
+    ck_assert_uint_eq(kv_extend(kv, &se, b, hb, 2, NULL), 0); /* b1 is gone */
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 1);             /* the swapped-out block */
+    eng_kv_release(kv, &se);
+    ck_assert_uint_eq(kv->nregistered, 1);
+    ck_assert_uint_eq(eng_kv_blocks_free(kv), 4);
+    eng_kv_free(kv);
+    eng_model_free(m);
+}
+END_TEST
+
+START_TEST(eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash)
+{
+    eng_model *m = load("aligned");
+    eng_kv *kv;
+    char err[256];
+    ck_assert_int_eq(eng_kv_new(m, 8 * 4096, 4, &kv, err, sizeof err), ENG_OK);
+    kv->hash_mask = 0; /* every block hashes to 0 */
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8] = {1, 2, 3, 5, 5, 6, 7, 8};
+    uint64_t ha[2], hb[2], chain = 0;
+    chain_hashes(kv, a, 2, ha);
+    chain_hashes(kv, b, 2, hb);
+    ck_assert(ha[0] == hb[0] && ha[1] == hb[1]);
+    eng_seq sa = {0}, sb = {0}, sc = {0};
+    size_t hit, nhashed = 0;
+    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 8, NULL, &hit), ENG_OK);
+    sa.len = 8;
+    kv_commit(kv, &sa, a, &nhashed, &chain, NULL, 0);
+    eng_kv_release(kv, &sa);
+    /* b's first block differs in one token: no hit, and its second block
+     * (the same tokens as a's) is not found under a's first. */
+    ck_assert_int_eq(kv_admit(kv, &sb, b, hb, 2, 8, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 0);
+    ck_assert_uint_eq(kv_extend(kv, &sb, b, hb, 2, NULL), 0);
+    sb.len = 8;
+    nhashed = 0;
+    kv_commit(kv, &sb, b, &nhashed, &chain, NULL, 0);
+    ck_assert_uint_eq(kv->nregistered, 4);
+    eng_kv_release(kv, &sb);
+    /* Both chains are found, each whole. */
+    ck_assert_int_eq(kv_admit(kv, &sc, a, ha, 2, 8, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 2);
+    eng_kv_release(kv, &sc);
+    ck_assert_int_eq(kv_admit(kv, &sc, b, hb, 2, 8, NULL, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 2);
+    eng_kv_release(kv, &sc);
+    eng_kv_free(kv);
+    eng_model_free(m);
+}
+END_TEST
+
+START_TEST(eng_kv_prefix_echo_blocks_keep_their_prompt_logprobs)
+{
+    eng_model *m = load("aligned");
+    eng_kv *kv;
+    char err[256];
+    ck_assert_int_eq(eng_kv_new(m, 8 * 4096, 4, &kv, err, sizeof err), ENG_OK);
+    int32_t a[12] = {4, 8, 15, 16, 23, 42, 7, 9, 11, 13, 17, 19};
+    uint64_t ha[3], chain = 0;
+    chain_hashes(kv, a, 3, ha);
+    kv_lp lp[12], got[13];
+    memset(lp, 0, sizeof lp);
+    for (size_t i = 1; i < 12; i++)
+        lp[i] = (kv_lp){.logprob = -(float)i, .ntop = 1, .top_ids = {(int32_t)(100 + i)}};
+    eng_seq sa = {0}, sb = {0}, sc = {0};
+    size_t hit, nhashed = 0;
+    /* Registered without logprobs: an echo lookup does not take them. */
+    ck_assert_int_eq(kv_admit(kv, &sa, a, ha, 2, 12, NULL, &hit), ENG_OK);
+    sa.len = 12;
+    kv_commit(kv, &sa, a, &nhashed, &chain, NULL, 0);
+    int32_t a0 = sa.blocks[0], a1 = sa.blocks[1], a2 = sa.blocks[2];
+    eng_kv_release(kv, &sa);
+    ck_assert_int_eq(kv_admit(kv, &sb, a, ha, 2, 12, got, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 0);
+    /* Computed again with logprobs: the registered blocks keep them, and
+     * sb's copies go back to the free list. */
+    sb.len = 12;
+    nhashed = 0;
+    kv_commit(kv, &sb, a, &nhashed, &chain, lp, 12);
+    ck_assert_int_eq(sb.blocks[0], a0);
+    ck_assert_int_eq(sb.blocks[2], a2);
+    ck_assert(kv->meta[a0].has_lp && kv->meta[a1].has_lp && kv->meta[a2].has_lp);
+    ck_assert_uint_eq(kv->nfree, 5);
+    eng_kv_release(kv, &sb);
+    /* Two blocks with logprobs within maxhit: one taken, and the logprobs
+     * of positions 1 .. 4 (the 4th from the second block). */
+    ck_assert_int_eq(kv_admit(kv, &sc, a, ha, 2, 12, got, &hit), ENG_OK);
+    ck_assert_uint_eq(hit, 1);
+    ck_assert_uint_eq(sc.len, 4);
+    ck_assert_int_eq(sc.blocks[0], a0);
+    ck_assert_int_ne(sc.blocks[1], a1);
+    for (size_t i = 1; i <= 4; i++) {
+        ck_assert(got[i].logprob == -(float)i);
+        ck_assert_int_eq(got[i].top_ids[0], (int32_t)(100 + i));
+    }
+    eng_kv_release(kv, &sc);
+    /* Evicted blocks lose them with their registration. */
+    ck_assert_int_eq(eng_kv_reserve(kv, &sc, 32), ENG_OK);
+    ck_assert_uint_eq(kv->nregistered, 0);
+    ck_assert(!kv->meta[a0].has_lp);
+    eng_kv_release(kv, &sc);
+    eng_kv_free(kv);
+    eng_model_free(m);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -682,6 +873,9 @@ int main(void)
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
+    tcase_add_test(tc, eng_kv_prefix_refcounts_lru_and_leaves_first);
+    tcase_add_test(tc, eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash);
+    tcase_add_test(tc, eng_kv_prefix_echo_blocks_keep_their_prompt_logprobs);
     tcase_add_test(tc, eng_forward_rejects_bad_items_before_computing);
     suite_add_tcase(s, tc);
     tc = tcase_create("eng_sample");

@@ -4,6 +4,7 @@
  * work queue (uv_queue_work), plan and complete on the loop thread.
  */
 #include "engine.h"
+#include "internal.h"
 #include "tools.h"
 
 #include <check.h>
@@ -94,7 +95,11 @@ typedef struct {
     int32_t tokens[512];
     float logprobs[512];
     float prompt_logprobs[512]; /* by position */
+    size_t prompt_ntop[512];    /* by position: alternatives, and the last one */
+    int32_t prompt_top_id[512];
+    float prompt_top_lp[512];
     size_t n, prompt_events, done_count;
+    size_t cached; /* DONE: prompt tokens from the prefix cache */
     eng_finish finish;
     size_t first_token_step; /* driver step count when the first token came */
     size_t done_order;       /* 1 for the first DONE of the test, 2 ... */
@@ -116,28 +121,42 @@ static void on_event(void *user, const eng_event *ev)
         if (r->cancel_after && r->n == r->cancel_after) eng_sched_cancel(r->s, r->id);
     } else if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
         r->prompt_logprobs[ev->index] = ev->logprob;
+        r->prompt_ntop[ev->index] = ev->ntop;
+        if (ev->ntop > 0) {
+            r->prompt_top_id[ev->index] = ev->top_ids[ev->ntop - 1];
+            r->prompt_top_lp[ev->index] = ev->top_logprobs[ev->ntop - 1];
+        }
         r->prompt_events++;
     } else {
         static size_t dones;
         r->done_count++;
         r->done_order = ++dones;
         r->finish = ev->finish;
+        r->cached = ev->cached;
     }
 }
 
-static eng_sched *make_sched(size_t blocks, size_t max_running, size_t max_queue,
-                             size_t step_tokens)
+static eng_sched *make_sched_cache(size_t blocks, size_t max_running, size_t max_queue,
+                                   size_t step_tokens, int prefix_cache)
 {
     eng_sched_opts o = {.kv_bytes = blocks * block_bytes(),
                         .block_len = 16,
                         .max_running = max_running,
                         .max_queue = max_queue,
                         .step_tokens = step_tokens,
-                        .threads = 2};
+                        .threads = 2,
+                        .prefix_cache = prefix_cache};
     eng_sched *s;
     char err[256];
     ck_assert_msg(eng_sched_new(model, &o, &s, err, sizeof err) == ENG_OK, "%s", err);
     return s;
+}
+
+/* The scheduler with the prefix cache on, as the server runs it. */
+static eng_sched *make_sched(size_t blocks, size_t max_running, size_t max_queue,
+                             size_t step_tokens)
+{
+    return make_sched_cache(blocks, max_running, max_queue, step_tokens, 1);
 }
 
 static void prompt_of(int32_t *p, size_t n, unsigned salt)
@@ -563,6 +582,350 @@ START_TEST(sched_end_of_text_ends_unless_ignored)
 }
 END_TEST
 
+/* ---- The prefix cache ------------------------------------------------------------ */
+
+/* Submits prompt p[0..n) (copied), with logprobs and echo as given. */
+static void submit_lp(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
+                      uint64_t seed, float temperature, int echo, int logprobs)
+{
+    eng_request q = {.prompt = p,
+                     .nprompt = n,
+                     .max_tokens = max_tokens,
+                     .sampling = {.temperature = temperature, .top_k = 40, .top_p = 0.95f},
+                     .seed = seed,
+                     .ignore_eos = 1,
+                     .logprobs = logprobs,
+                     .echo = echo,
+                     .on_event = on_event,
+                     .user = r};
+    char err[256];
+    r->s = s;
+    ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
+}
+
+static void submit_ids(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
+                       uint64_t seed, float temperature, int echo)
+{
+    submit_lp(s, r, p, n, max_tokens, seed, temperature, echo, 2);
+}
+
+static void run_all(eng_sched *s)
+{
+    while (eng_sched_step(s)) {
+    }
+}
+
+/* The same request alone, on a fresh scheduler without the cache. */
+static void reference_lp(rec *r, const int32_t *p, size_t n, size_t max_tokens, uint64_t seed,
+                         float temperature, int echo, int logprobs)
+{
+    eng_sched *s = make_sched_cache(64, 4, 16, 64, 0);
+    memset(r, 0, sizeof *r);
+    submit_lp(s, r, p, n, max_tokens, seed, temperature, echo, logprobs);
+    run_all(s);
+    ck_assert_uint_eq(r->done_count, 1);
+    ck_assert_uint_eq(r->cached, 0);
+    eng_sched_free(s);
+}
+
+static void reference(rec *r, const int32_t *p, size_t n, size_t max_tokens, uint64_t seed,
+                      float temperature, int echo)
+{
+    reference_lp(r, p, n, max_tokens, seed, temperature, echo, 2);
+}
+
+/* Bit for bit the same tokens, logprobs and prompt logprobs. */
+static void assert_same(const rec *got, const rec *want)
+{
+    ck_assert_uint_eq(got->done_count, 1);
+    ck_assert_int_eq(got->finish, want->finish);
+    ck_assert_uint_eq(got->n, want->n);
+    ck_assert_mem_eq(got->tokens, want->tokens, want->n * sizeof(int32_t));
+    ck_assert_mem_eq(got->logprobs, want->logprobs, want->n * sizeof(float));
+    ck_assert_uint_eq(got->prompt_events, want->prompt_events);
+    ck_assert_mem_eq(got->prompt_logprobs, want->prompt_logprobs, sizeof want->prompt_logprobs);
+    ck_assert_mem_eq(got->prompt_ntop, want->prompt_ntop, sizeof want->prompt_ntop);
+    ck_assert_mem_eq(got->prompt_top_id, want->prompt_top_id, sizeof want->prompt_top_id);
+    ck_assert_mem_eq(got->prompt_top_lp, want->prompt_top_lp, sizeof want->prompt_top_lp);
+}
+
+START_TEST(sched_prefix_cache_same_bits_cached_partly_cached_or_not)
+{
+    int32_t p[150];
+    prompt_of(p, 150, 21);
+    static rec ref, ref_echo, warm, part, full, echo;
+    reference(&ref, p, 150, 20, 5, 0.8f, 0);
+    reference(&ref_echo, p, 150, 5, 5, 0.0f, 1);
+    memset(&warm, 0, sizeof warm);
+    memset(&part, 0, sizeof part);
+    memset(&full, 0, sizeof full);
+    memset(&echo, 0, sizeof echo);
+    /* Chunks of 40 rows: blocks are completed across chunk boundaries. */
+    eng_sched *s = make_sched(64, 4, 16, 40);
+    submit_ids(s, &warm, p, 100, 3, 1, 0.0f, 0); /* the first 100 tokens */
+    run_all(s);
+    ck_assert_uint_eq(warm.cached, 0);
+    submit_ids(s, &part, p, 150, 20, 5, 0.8f, 0);
+    run_all(s);
+    ck_assert_uint_eq(part.cached, 96); /* warm's 6 full blocks */
+    assert_same(&part, &ref);
+    submit_ids(s, &full, p, 150, 20, 5, 0.8f, 0);
+    run_all(s);
+    ck_assert_uint_eq(full.cached, 144); /* all but the block of the last token */
+    assert_same(&full, &ref);
+    /* echo needs every prompt position's logprobs, which the blocks of
+     * requests without echo do not keep: computed, the same bits. */
+    submit_ids(s, &echo, p, 150, 5, 5, 0.0f, 1);
+    run_all(s);
+    ck_assert_uint_eq(echo.cached, 0);
+    assert_same(&echo, &ref_echo);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_lookups, 4);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 96 + 144);
+    ck_assert_uint_gt(st.kv_blocks_cached, 0);
+    ck_assert_uint_eq(st.prefix_evictions, 0);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_same_bits_batched_with_shared_prefixes)
+{
+    /* Eight prompts that begin with the same 80 tokens (two of them
+     * identical, as the choices of n = 2), six unrelated ones beside them,
+     * all submitted at once, twice. */
+    enum { NP = 8, NN = 6 };
+    static int32_t p[NP][160];
+    static size_t len[NP];
+    static rec ref[NP], got[NP], again[NP], noise[NN];
+    for (unsigned i = 0; i < NP; i++) {
+        prompt_of(p[i], 80, 31);
+        unsigned salt = i == 7 ? 40 + 6 : 40 + i; /* 7 repeats 6's suffix */
+        len[i] = 80 + 5 + (i == 7 ? 6 : i) * 11;
+        prompt_of(p[i] + 80, len[i] - 80, salt);
+        reference(&ref[i], p[i], len[i], 15, 50 + i, i % 2 ? 0.8f : 0.0f, 0);
+    }
+    memset(got, 0, sizeof got);
+    memset(again, 0, sizeof again);
+    memset(noise, 0, sizeof noise);
+    eng_sched *s = make_sched(160, 16, 64, 64);
+    driver d = {.s = s};
+    ck_assert_int_eq(uv_loop_init(&d.loop), 0);
+    for (unsigned i = 0; i < NN; i++) submit(s, &noise[i], 3 + i * 19, 25, 70 + i, 1.0f);
+    for (unsigned i = 0; i < NP; i++)
+        submit_ids(s, &got[i], p[i], len[i], 15, 50 + i, i % 2 ? 0.8f : 0.0f, 0);
+    drive(&d);
+    for (unsigned i = 0; i < NP; i++) {
+        assert_same(&got[i], &ref[i]);
+        /* The first computes the shared 80 tokens, the others wait for them. */
+        if (i > 0) ck_assert_uint_ge(got[i].cached, 80);
+    }
+    ck_assert_uint_eq(got[0].cached, 0);
+    ck_assert_uint_eq(got[7].cached, (len[7] - 1) / 16 * 16); /* 6's whole prompt */
+    for (unsigned i = 0; i < NN; i++) ck_assert_uint_eq(noise[i].done_count, 1);
+    for (unsigned i = 0; i < NP; i++)
+        submit_ids(s, &again[i], p[i], len[i], 15, 50 + i, i % 2 ? 0.8f : 0.0f, 0);
+    drive(&d);
+    for (unsigned i = 0; i < NP; i++) {
+        assert_same(&again[i], &ref[i]);
+        ck_assert_uint_eq(again[i].cached, (len[i] - 1) / 16 * 16);
+    }
+    assert_idle(s);
+    eng_sched_free(s);
+    ck_assert_int_eq(uv_loop_close(&d.loop), 0);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_choices_of_one_prompt_compute_it_once)
+{
+    int32_t p[100];
+    prompt_of(p, 100, 33);
+    static rec ref[4], got[4];
+    memset(got, 0, sizeof got);
+    for (unsigned i = 0; i < 4; i++) reference(&ref[i], p, 100, 10, 900 + i, 1.0f, 0);
+    eng_sched *s = make_sched(64, 8, 16, 512);
+    for (unsigned i = 0; i < 4; i++) submit_ids(s, &got[i], p, 100, 10, 900 + i, 1.0f, 0);
+    run_all(s);
+    size_t computed = 0;
+    for (unsigned i = 0; i < 4; i++) {
+        assert_same(&got[i], &ref[i]);
+        computed += 100 - got[i].cached;
+    }
+    /* The 96 tokens of the full blocks once; the last 4 by each choice. */
+    ck_assert_uint_eq(computed, 96 + 4 * 4);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 3 * 96);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_evicts_under_pressure_and_admits_everything)
+{
+    /* 12 blocks; each request needs 5 (60 prompt + 20 generated), so at
+     * most two run at once, and ten prefixes (each asked four times) cannot
+     * all stay cached. */
+    enum { NR = 40 };
+    static int32_t p[NR][60];
+    static rec ref[NR], got[NR], big_ref, big;
+    for (unsigned i = 0; i < NR; i++) {
+        /* Round robin over the ten first (least recently used is always
+         * gone), then in pairs (the second finds the first's blocks). */
+        prompt_of(p[i], 60, 200 + (i < 20 ? i % 10 : (i / 2) % 10));
+        reference(&ref[i], p[i], 60, 20, i, 0.8f, 0);
+    }
+    memset(got, 0, sizeof got);
+    memset(&big, 0, sizeof big);
+    eng_sched *s = make_sched(12, 8, 64, 64);
+    driver d = {.s = s};
+    ck_assert_int_eq(uv_loop_init(&d.loop), 0);
+    for (unsigned i = 0; i < NR; i++) submit_ids(s, &got[i], p[i], 60, 20, i, 0.8f, 0);
+    drive(&d);
+    size_t hits = 0;
+    for (unsigned i = 0; i < NR; i++) {
+        assert_same(&got[i], &ref[i]);
+        hits += got[i].cached > 0;
+    }
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_gt(hits, 0);
+    ck_assert_uint_gt(st.prefix_evictions, 0);
+    ck_assert_uint_le(st.kv_blocks_cached, 12);
+    ck_assert_uint_gt(st.kv_blocks_cached, 0);
+    assert_idle(s); /* cached blocks count as free */
+    /* A request that needs the whole pool still fits: the cache gives way. */
+    int32_t q[150];
+    prompt_of(q, 150, 77);
+    reference(&big_ref, q, 150, 42, 3, 0.8f, 0);
+    submit_ids(s, &big, q, 150, 42, 3, 0.8f, 0);
+    drive(&d);
+    assert_same(&big, &big_ref);
+    assert_idle(s);
+    eng_sched_free(s);
+    ck_assert_int_eq(uv_loop_close(&d.loop), 0);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_hash_collisions_never_share_different_prefixes)
+{
+    /* Every hash 0: only the token and parent comparisons tell blocks
+     * apart. b differs from a in its first token only, so its later blocks
+     * hold the same tokens as a's, after a different prefix. */
+    int32_t a[50], b[50];
+    prompt_of(a, 50, 61);
+    memcpy(b, a, sizeof a);
+    b[0] = (a[0] + 1) % 600;
+    static rec ref_a, ref_b, got_a, got_b, again_a, again_b;
+    reference(&ref_a, a, 50, 12, 8, 0.8f, 0);
+    reference(&ref_b, b, 50, 12, 8, 0.8f, 0);
+    memset(&got_a, 0, sizeof got_a);
+    memset(&got_b, 0, sizeof got_b);
+    memset(&again_a, 0, sizeof again_a);
+    memset(&again_b, 0, sizeof again_b);
+    eng_sched *s = make_sched(64, 4, 16, 64);
+    sch_kv(s)->hash_mask = 0;
+    submit_ids(s, &got_a, a, 50, 12, 8, 0.8f, 0);
+    run_all(s);
+    submit_ids(s, &got_b, b, 50, 12, 8, 0.8f, 0);
+    run_all(s);
+    ck_assert_uint_eq(got_b.cached, 0);
+    assert_same(&got_a, &ref_a);
+    assert_same(&got_b, &ref_b);
+    /* Both chains are cached side by side, in one bucket. */
+    submit_ids(s, &again_a, a, 50, 12, 8, 0.8f, 0);
+    submit_ids(s, &again_b, b, 50, 12, 8, 0.8f, 0);
+    run_all(s);
+    ck_assert_uint_eq(again_a.cached, 48);
+    ck_assert_uint_eq(again_b.cached, 48);
+    assert_same(&again_a, &ref_a);
+    assert_same(&again_b, &ref_b);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_echo_takes_stored_prompt_logprobs)
+{
+    /* p: 100 tokens (6 full blocks); t: p's first 60, then others. */
+    int32_t p[100], t[100];
+    prompt_of(p, 100, 41);
+    memcpy(t, p, 60 * sizeof *t);
+    prompt_of(t + 60, 40, 42);
+    static rec ref3, ref1, ref_t, plain, a, b, c, d;
+    reference_lp(&ref3, p, 100, 0, 1, 0.0f, 1, 3);
+    reference_lp(&ref1, p, 100, 4, 7, 0.8f, 1, 1);
+    reference_lp(&ref_t, t, 100, 0, 1, 0.0f, 1, 5);
+    rec *all[] = {&plain, &a, &b, &c, &d};
+    for (size_t i = 0; i < 5; i++) memset(all[i], 0, sizeof *all[i]);
+    eng_sched *s = make_sched(64, 4, 16, 40);
+    /* Without echo: blocks without logprobs; echo finds none of them. */
+    submit_lp(s, &plain, p, 100, 4, 7, 0.8f, 0, 1);
+    run_all(s);
+    submit_lp(s, &a, p, 100, 0, 1, 0.0f, 1, 3);
+    run_all(s);
+    ck_assert_uint_eq(a.cached, 0);
+    assert_same(&a, &ref3);
+    /* a left its logprobs with the blocks: the next echo takes five of the
+     * six (the sixth's first position is the logprob the fifth's last row
+     * gives), and computes from there. */
+    submit_lp(s, &b, p, 100, 0, 1, 0.0f, 1, 3);
+    run_all(s);
+    ck_assert_uint_eq(b.cached, 80);
+    ck_assert_uint_eq(b.prompt_events, 99);
+    assert_same(&b, &ref3);
+    /* Fewer alternatives asked, and tokens generated after the prompt. */
+    submit_lp(s, &c, p, 100, 4, 7, 0.8f, 1, 1);
+    run_all(s);
+    ck_assert_uint_eq(c.cached, 80);
+    assert_same(&c, &ref1);
+    ck_assert_mem_eq(c.tokens, plain.tokens, 4 * sizeof(int32_t));
+    /* A prompt that shares 3 blocks and 12 tokens: 2 blocks taken. */
+    submit_lp(s, &d, t, 100, 0, 1, 0.0f, 1, 5);
+    run_all(s);
+    ck_assert_uint_eq(d.cached, 32);
+    assert_same(&d, &ref_t);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 80 + 80 + 32);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_echo_batch_of_continuations_shares_the_context)
+{
+    /* Scoring continuations of one 64-token context, submitted together as
+     * an evaluation harness does (one request, a list of prompts): the
+     * first computes the context, the others wait for its blocks and take
+     * all but the one whose last row predicts their own continuation. The
+     * second is the first again (n = 2): it waits for the first's fifth
+     * block too, which the first computes in its second chunk. */
+    enum { NC = 5 };
+    static int32_t p[NC][84];
+    static rec ref[NC], got[NC];
+    memset(got, 0, sizeof got);
+    for (unsigned i = 0; i < NC; i++) {
+        prompt_of(p[i], 64, 51);
+        prompt_of(p[i] + 64, 20, 60 + (i == 1 ? 0 : i));
+        reference_lp(&ref[i], p[i], 84, 0, 1, 0.0f, 1, 2);
+    }
+    eng_sched *s = make_sched(64, 8, 16, 64);
+    for (unsigned i = 0; i < NC; i++) submit_lp(s, &got[i], p[i], 84, 0, 1, 0.0f, 1, 2);
+    run_all(s);
+    for (unsigned i = 0; i < NC; i++) {
+        assert_same(&got[i], &ref[i]);
+        ck_assert_uint_eq(got[i].prompt_events, 83);
+    }
+    ck_assert_uint_eq(got[0].cached, 0);
+    ck_assert_uint_eq(got[1].cached, 64);
+    for (unsigned i = 2; i < NC; i++) ck_assert_uint_eq(got[i].cached, 48);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -578,6 +941,13 @@ int main(void)
     tcase_add_test(tc, sched_chunked_prefill_keeps_decoders_flowing);
     tcase_add_test(tc, sched_echo_logprobs_bias_and_penalties);
     tcase_add_test(tc, sched_end_of_text_ends_unless_ignored);
+    tcase_add_test(tc, sched_prefix_cache_same_bits_cached_partly_cached_or_not);
+    tcase_add_test(tc, sched_prefix_cache_same_bits_batched_with_shared_prefixes);
+    tcase_add_test(tc, sched_prefix_cache_choices_of_one_prompt_compute_it_once);
+    tcase_add_test(tc, sched_prefix_cache_evicts_under_pressure_and_admits_everything);
+    tcase_add_test(tc, sched_prefix_cache_hash_collisions_never_share_different_prefixes);
+    tcase_add_test(tc, sched_prefix_cache_echo_takes_stored_prompt_logprobs);
+    tcase_add_test(tc, sched_prefix_cache_echo_batch_of_continuations_shares_the_context);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

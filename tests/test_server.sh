@@ -65,7 +65,8 @@ c = json.load(open(sys.argv[2]))
 assert c["choices"][0]["text"] == gen, (c["choices"][0]["text"], gen)
 u = dict(c["usage"])
 t = u.pop("timings")  # the documented extension; the OpenAI fields stay exact
-assert u == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}, c["usage"]
+assert u == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17,
+             "prompt_tokens_details": {"cached_tokens": 0}}, c["usage"]
 assert all(type(v) is int for v in t.values()) and 0 <= t["ttft_ms"] <= t["total_ms"], t
 # tokens/s is 12 over the unrounded total: within the rounding of total_ms
 lo, hi = 12 / ((t["total_ms"] + 0.5) / 1e3), 12 / (max(t["total_ms"] - 0.5, 0.01) / 1e3)
@@ -111,9 +112,62 @@ python3 - "$(post /v1/completions '{"model":"gpt2","prompt":["One","Two"],"n":2,
 import json, sys
 d = json.loads(sys.argv[1])
 assert [c["index"] for c in d["choices"]] == [0, 1, 2, 3], d
-assert d["usage"]["completion_tokens"] == 12 and d["usage"]["prompt_tokens"] == 4, d["usage"]
+# Each prompt counts once, whatever n (as OpenAI counts them).
+assert d["usage"]["completion_tokens"] == 12 and d["usage"]["prompt_tokens"] == 2, d["usage"]
 e = json.loads(sys.argv[2])
 assert e["choices"][0]["text"].startswith("Hello,"), e
+PY
+
+# The prefix cache: a second identical request takes its prompt's full KV
+# blocks from the cache (usage.prompt_tokens_details.cached_tokens) and gives
+# the same text and logprobs, streamed or not; echo's prompt logprobs are the
+# same; a server with --prefix-cache false gives the same bytes, never cached.
+long='{"model":"gpt2","prompt":"The prefix cache keeps the key and value blocks of prompts it has seen, so that a prompt which begins the same way starts from them instead of computing its beginning again.","max_tokens":8,"temperature":1,"seed":3,"logprobs":2'
+first=$(post /v1/completions "$long}")
+second=$(post /v1/completions "$long}")
+streamed=$(curl -sN -m 30 "$base/v1/completions" -d "$long,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")
+echoed=$(post /v1/completions "$long,\"echo\":true}")
+echoed2=$(post /v1/completions "$long,\"echo\":true}")
+main_port=$port
+start nocache model --prefix-cache false
+off_port=$port
+port=$main_port
+off1=$(port=$off_port post /v1/completions "$long}")
+off2=$(port=$off_port post /v1/completions "$long}")
+off_echo=$(port=$off_port post /v1/completions "$long,\"echo\":true}")
+off_metrics=$(curl -s "http://127.0.0.1:$off_port/metrics")
+kill "$last_pid"
+python3 - "$first" "$second" "$streamed" "$echoed" "$off1" "$off2" "$off_echo" "$off_metrics" "$(curl -s "$base/metrics")" "$echoed2" <<'PY' || fail "prefix cache"
+import json, sys
+first, second, streamed, echoed, off1, off2, off_echo = (sys.argv[i] for i in range(1, 8))
+off_metrics, metrics, echoed2 = sys.argv[8:]
+first, second, echoed, off1, off2, off_echo, echoed2 = (json.loads(x) for x in (first, second, echoed, off1, off2, off_echo, echoed2))
+pt = first["usage"]["prompt_tokens"]
+assert pt > 32, first["usage"]
+assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, first["usage"]
+cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert cached == (pt - 1) // 16 * 16, (cached, pt)  # all full blocks but the last token's
+for d in (second, off1, off2):
+    assert d["choices"] == first["choices"], (d["choices"], first["choices"])
+chunks = [json.loads(e[6:]) for e in streamed.split("\n\n") if e.startswith("data: {")]
+assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == first["choices"][0]["text"]
+assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == cached, chunks[-1]
+assert echoed["choices"] == off_echo["choices"], (echoed, off_echo)
+# The first echo finds blocks without prompt logprobs and computes; the
+# second takes the blocks the first left them with (all but one).
+assert echoed["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, echoed["usage"]
+assert echoed2["choices"] == off_echo["choices"], (echoed2, off_echo)
+assert echoed2["usage"]["prompt_tokens_details"]["cached_tokens"] == cached - 16, echoed2["usage"]
+for d in (off1, off2, off_echo):
+    assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, d["usage"]
+def metric(text, name):
+    return float([l.split()[1] for l in text.splitlines() if l.startswith(name + " ")][0])
+assert metric(metrics, "gpt2d_prefix_cache_hit_tokens_total") >= 2 * cached
+assert metric(metrics, "gpt2d_prefix_cache_lookups_total") >= 5
+assert metric(metrics, "gpt2d_prefix_cache_blocks") > 0
+assert metric(metrics, "gpt2d_prefix_cache_evictions_total") == 0
+for name in ("lookups_total", "hit_tokens_total", "blocks"):
+    assert metric(off_metrics, "gpt2d_prefix_cache_" + name) == 0, name
 PY
 
 # "<|endoftext|>" in a prompt is the token 50256, as in Hugging Face's
@@ -138,7 +192,7 @@ assert empty["choices"][0]["text"] == gen, (empty, gen)
 c = score["choices"][0]
 assert c["text"] == "Hello<|endoftext|> world" and c["finish_reason"] == "length", c
 assert c["logprobs"]["tokens"] == ["Hello", "<|endoftext|>", " world"], c["logprobs"]
-assert {k: score["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}, score
+assert {k: score["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")} == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}, score
 assert score["usage"]["timings"]["ttft_ms"] == 0, score  # no token was generated
 want = ids["choices"][0]["logprobs"]
 assert c["logprobs"]["token_logprobs"] == want["token_logprobs"][:3], (c, want)
