@@ -34,7 +34,10 @@ typedef struct {
     char host[256];
     uint16_t port;
     size_t max_connections;
-    double connection_timeout_s; /* idle keep-alive connections */
+    double connection_timeout_s;     /* idle keep-alive connections */
+    double request_header_timeout_s; /* a new connection's complete head */
+    double body_timeout_s;           /* the longest gap between body bytes */
+    size_t max_connections_per_ip;   /* 0: no limit */
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128]; /* the `model` clients must send */

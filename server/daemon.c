@@ -55,6 +55,8 @@ static void close_all(srv *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_timer_stop(&s->timer);
     uv_close((uv_handle_t *)&s->timer, NULL);
+    uv_timer_stop(&s->sweep);
+    uv_close((uv_handle_t *)&s->sweep, NULL);
     uv_timer_stop(&s->watchdog);
     uv_close((uv_handle_t *)&s->watchdog, NULL);
     uv_poll_stop(&s->poll);
@@ -189,18 +191,26 @@ int srv_main(int argc, char **argv)
         }
         flags |= MHD_USE_IPv6;
     }
+    /* Connections over max_connections reach conn_on_notify, which closes an
+     * idle one to make room (or refuses the newcomer): conn.c. libmicrohttpd
+     * gets headroom for those closing: at its own limit it stops accepting
+     * until its next run, which may be a timer's second away. */
+    unsigned mhd_limit = (unsigned)s.cfg.max_connections + SRV_CONN_HEADROOM;
+    unsigned per_ip = (unsigned)s.cfg.max_connections_per_ip;
     if (lfd >= 0)
-        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
-                                 MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_NOTIFY_COMPLETED,
-                                 http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)s.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+        s.mhd = MHD_start_daemon(
+            flags, 0, NULL, NULL, http_on_request, &s, MHD_OPTION_LISTEN_SOCKET, lfd,
+            MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s, MHD_OPTION_NOTIFY_CONNECTION,
+            conn_on_notify, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     else
         s.mhd = MHD_start_daemon(
             flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_SOCK_ADDR,
             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+            MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_CONNECTION_LIMIT,
+            mhd_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
     if (s.mhd == NULL) {
         if (lfd >= 0)
             snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",
@@ -223,6 +233,9 @@ int srv_main(int argc, char **argv)
     uv_timer_init(s.loop, &s.tick);
     s.tick.data = &s;
     uv_timer_start(&s.tick, loop_on_tick, 1000, 1000);
+    uv_timer_init(s.loop, &s.sweep);
+    s.sweep.data = &s;
+    uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
     uv_signal_init(s.loop, &s.sigterm);
     uv_signal_init(s.loop, &s.sigint);
     s.sigterm.data = s.sigint.data = &s;

@@ -135,6 +135,9 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->conn = conn;
     r->state = HTTP_REQ_HEAD;
     r->t_start = log_now();
+    r->t_progress = r->t_start;
+    r->sc = conn_of(conn);
+    if (r->sc != NULL) r->sc->req = r;
     r->created = (long long)time(NULL);
     snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
              (unsigned long long)(s->next_id++ & 0xFFFFFF));
@@ -150,6 +153,7 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
 static void on_body(srv_req *r, const char *data, size_t n)
 {
     assert(r->state == HTTP_REQ_BODY);
+    r->t_progress = log_now();
     if (r->too_large || r->body_oom) return;
     if (r->body_len + n > r->s->cfg.max_body_bytes)
         r->too_large = 1;
@@ -235,6 +239,12 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     else if (r->state == HTTP_REQ_STREAMING)
         http_req_set_state(r, HTTP_REQ_FINISHED);
     r->conn_done = 1;
+    if (r->sc != NULL) { /* the connection waits for its next head now */
+        r->sc->req = NULL;
+        r->sc->t_ready = log_now();
+        r->sc->served++;
+        r->sc = NULL;
+    }
     r->cont = NULL;
     *con_cls = NULL;
     /* The client went away (or the response is sent): stop what still runs.

@@ -5,6 +5,8 @@
  *
  *   daemon.c       start-up, listen, signals, drain, shutdown; builds the
  *                  route table
+ *   conn.c         the connections: head and body deadlines, the
+ *                  max_connections policy (idle ones closed first)
  *   loop.c         libmicrohttpd's epoll fd and timer in libuv; suspend and
  *                  resume; the engine step driver; the 1 s tick; watchdog
  *   http.c         on_request/on_completed: the per-request state machine,
@@ -60,6 +62,7 @@
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
+typedef struct srv_conn srv_conn;
 
 /* ---- log.c --------------------------------------------------------------- */
 
@@ -222,6 +225,7 @@ typedef enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } srv_kind;
 struct srv_req {
     srv *s;
     struct MHD_Connection *conn;
+    srv_conn *sc; /* its connection's record (NULL once it is done) */
     http_state state;
     http_cont cont;           /* set by http_suspend, run by on_request on resume */
     int suspended, conn_done; /* libmicrohttpd's view of the connection */
@@ -253,6 +257,7 @@ struct srv_req {
     char id[40];
     long long created;
     double t_start;
+    double t_progress; /* the head, or the last body byte (body_timeout) */
     /* Streaming: SSE bytes waiting to be sent. */
     sse_queue sse;
     int error_status; /* a failure after submission */
@@ -298,6 +303,10 @@ struct srv {
     size_t active; /* requests alive */
     srv_req *head; /* requests with engine work (for the 1 s tick) */
     uv_timer_t tick;
+    /* The connections (conn.c): every accepted one, newest first. */
+    srv_conn *conns;
+    size_t nconns, nconns_closing;
+    uv_timer_t sweep;
     /* The routes (daemon.c builds them from the configuration). */
     const http_route *routes;
     size_t nroutes;
@@ -309,6 +318,54 @@ struct srv {
     unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
     srv_metrics met;        /* loop thread only */
 };
+
+/* ---- conn.c: connections ------------------------------------------------ */
+
+/* One accepted connection (loop thread; freed when libmicrohttpd closes it). */
+struct srv_conn {
+    srv *s;
+    struct MHD_Connection *conn;
+    int fd;
+    double t_ready; /* accepted, or its last request ended */
+    size_t served;  /* requests ended on it */
+    srv_req *req;   /* the request in progress; NULL between requests */
+    int closing;    /* shut down here; libmicrohttpd closes it next */
+    srv_conn *prev, *next;
+};
+
+/* What a connection is waiting for, and until when (log_now() seconds). */
+typedef enum {
+    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered */
+    CONN_WAIT_HEAD, /* a new connection's first head: request_header_timeout */
+    CONN_WAIT_IDLE, /* keep-alive between requests: connection_timeout      */
+    CONN_WAIT_BODY  /* the next body byte: body_timeout                     */
+} conn_wait;
+
+typedef struct {
+    conn_wait kind;
+    double at;
+} conn_deadline;
+
+#define CONN_SWEEP_MS 200
+/* Connections libmicrohttpd accepts past max_connections, each closed at
+ * once (conn_on_notify); LimitNOFILE must cover max_connections + this. */
+#define SRV_CONN_HEADROOM 64u
+
+/* The deadline of c under cfg (pure). */
+conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
+/* The connection of list head, other than except, that has no request in
+ * progress and has been so longest; NULL when none (pure). */
+srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
+/* The record of libmicrohttpd's connection mc (NULL: untracked). */
+srv_conn *conn_of(struct MHD_Connection *mc);
+/* Shuts c's socket down; libmicrohttpd closes it on its next run. */
+void conn_close(srv_conn *c);
+/* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
+ * max_connections. */
+void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                    enum MHD_ConnectionNotificationCode toe);
+/* Every CONN_SWEEP_MS: closes connections past their deadline. */
+void conn_on_sweep(uv_timer_t *t);
 
 /* ---- loop.c --------------------------------------------------------------- */
 
