@@ -38,6 +38,8 @@ typedef struct {
     double request_header_timeout_s; /* a new connection's complete head */
     double body_timeout_s;           /* the longest gap between body bytes */
     size_t max_connections_per_ip;   /* 0: no limit */
+    size_t stream_backlog_bytes;     /* unread SSE bytes before a stream pauses */
+    double stream_stall_timeout_s;   /* paused that long: cancelled */
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128]; /* the `model` clients must send */

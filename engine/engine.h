@@ -263,6 +263,13 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
  * ignored. */
 void eng_sched_cancel(eng_sched *s, uint64_t id);
 
+/* Holds request id out of the steps (paused 1) or lets it back in (0). A
+ * paused request keeps its place, and once admitted its KV blocks, but gets
+ * no rows and so no events: a consumer that cannot keep up (a client not
+ * reading its stream) stops its generation without losing it. A step
+ * already planned is not changed. Unknown ids are ignored. */
+void eng_sched_pause(eng_sched *s, uint64_t id, int paused);
+
 /* 1 while request id waits in the queue (not yet admitted). */
 int eng_sched_waiting(const eng_sched *s, uint64_t id);
 

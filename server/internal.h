@@ -258,8 +258,11 @@ struct srv_req {
     long long created;
     double t_start;
     double t_progress; /* the head, or the last body byte (body_timeout) */
-    /* Streaming: SSE bytes waiting to be sent. */
+    /* Streaming: SSE bytes waiting to be sent. Over sse.limit the choices
+     * are paused (eng_sched_pause) since t_over; cmpl_backlog decides. */
     sse_queue sse;
+    int paused;
+    double t_over;
     int error_status; /* a failure after submission */
     char error_msg[256];
     srv_req *prev, *next; /* the list of requests with engine work */
@@ -418,6 +421,14 @@ enum MHD_Result cmpl_start_stream(srv_req *r);
  * Ties keep their order, and with best_of == n the candidates stay as they
  * are. */
 void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order);
+/* A stream's back-pressure, after its queue grew or shrank: pauses its
+ * choices while the client leaves more than stream_backlog_bytes unread,
+ * resumes them when it catches up; 1 when it resumed them (the caller
+ * kicks the engine). */
+int cmpl_backlog(srv_req *r);
+/* Cancels a stream paused for longer than stream_stall_timeout, with an
+ * error event; 1 if it did. */
+int cmpl_stall_check(srv_req *r, double now);
 /* Ends r with a 500 once (an error event for a stream): out of memory. */
 void cmpl_fail_oom(srv_req *r);
 /* Appends n bytes of text to choice c (a failure ends r with a 500). */
