@@ -41,6 +41,8 @@ static const spec specs[] = {
      "SSE bytes a streaming client may leave unread; over it, its sequences pause"},
     {"stream_stall_timeout", K_SECONDS, F(stream_stall_timeout_s), 1, 86400, "30",
      "seconds a stream may stay over stream_backlog_bytes before it is cancelled"},
+    {"tokenize_concurrency", K_SIZE, F(tokenize_concurrency), 1, 64, "2",
+     "large request bodies tokenized at once; more wait in a queue (max_queue) or get 429"},
     {"model", K_STR, F(model_dir), 0, 0, "",
      "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
     {"model_name", K_STR, F(model_name), 0, 0, "gpt2",

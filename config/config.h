@@ -40,6 +40,7 @@ typedef struct {
     size_t max_connections_per_ip;   /* 0: no limit */
     size_t stream_backlog_bytes;     /* unread SSE bytes before a stream pauses */
     double stream_stall_timeout_s;   /* paused that long: cancelled */
+    size_t tokenize_concurrency;     /* bodies tokenized at once on the work queue */
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128]; /* the `model` clients must send */

@@ -26,7 +26,7 @@ static void drain_check(uv_timer_t *t)
     srv *s = t->data;
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
-    if ((st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing == 0)
+    if ((st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing + s->tok_nwait == 0)
         || log_now() - s->drain_started > s->cfg.shutdown_timeout_s)
         close_all(s);
 }
@@ -173,6 +173,15 @@ int srv_main(int argc, char **argv)
     http_route routes[SRV_MAX_ROUTES];
     s.nroutes = build_routes(&s.cfg, routes);
     s.routes = routes;
+    /* libuv's work queue runs up to tokenize_concurrency tokenizations and the
+     * engine step: its pool (4 threads unless told) gets exactly one thread
+     * more than the tokenizations, so a step never waits behind them. An
+     * operator's UV_THREADPOOL_SIZE is kept. */
+    if (getenv("UV_THREADPOOL_SIZE") == NULL) {
+        char pool[24];
+        snprintf(pool, sizeof pool, "%zu", s.cfg.tokenize_concurrency + 1);
+        setenv("UV_THREADPOOL_SIZE", pool, 1);
+    }
     s.loop = uv_default_loop();
     /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port. */
     int lfd = srv_sd_listen_fd(err, sizeof err);

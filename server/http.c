@@ -112,6 +112,7 @@ static void req_free(srv_req *r)
     free(r->prompt_len);
     oai_request_free(&r->oreq);
     json_decref(r->tok_json);
+    free(r->tok_resp);
     free(r->body);
     sse_free(&r->sse);
     r->s->active--;
@@ -249,6 +250,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
     /* The client went away (or the response is sent): stop what still runs.
      * A cancel may deliver DONE at once, so r is freed only after the loop. */
+    if (r->tok_waiting) tok_unwait(r);
     r->cancelling = 1;
     for (size_t i = 0; i < r->nchoices; i++)
         if (r->choices[i].live) eng_sched_cancel(s->sched, r->choices[i].id);

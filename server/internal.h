@@ -240,8 +240,13 @@ struct srv_req {
      * worker writes prompt_ids/prompt_len and tok_err, nothing else touches
      * them until tok_after_cb runs on the loop thread. */
     uv_work_t tok_work;
-    int tok_running;  /* a worker holds the fields below: r is not freed */
+    int tok_running; /* a worker holds the fields below: r is not freed */
+    int tok_waiting; /* in the srv's tokenize wait list (tok_wprev/next) */
+    srv_req *tok_wprev, *tok_wnext;
     json_t *tok_json; /* /tokenize: the parsed body, which holds the text */
+    int tok_http;     /* /tokenize: a 400 for the body (tok_param, tok_err) */
+    const char *tok_param;
+    char *tok_resp; /* /tokenize: the answer's JSON, made beside the tokens */
     int tok_failed;
     bpe_status tok_status; /* of the prompt that failed */
     char tok_err[256];
@@ -297,6 +302,10 @@ struct srv {
     uv_work_t work;
     int in_flight, draining;
     size_t tokenizing; /* requests tokenizing on the work queue */
+    /* Requests waiting for a tokenize slot (tokenize_concurrency), oldest
+     * first; at most max_queue of them. */
+    srv_req *tok_wait_head, *tok_wait_tail;
+    size_t tok_nwait;
     double drain_started;
     bpe *tok;
     eng_model *model;
@@ -445,8 +454,15 @@ void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
 /* ---- tokenize.c ----------------------------------------------------------- */
 
 /* Tokenizes r's text prompts (inline, or on the work queue with r
- * suspended), then runs then. */
+ * suspended), then runs then. Large bodies are admitted like generation:
+ * tokenize_concurrency at once on the work queue, up to max_queue more
+ * waiting (for at most queue_timeout: 503), others get 429. A completion's
+ * prompt stops being tokenized past max_prompt_tokens (BPE_ETOOBIG). */
 enum MHD_Result tok_prompts(srv_req *r, http_cont then);
+/* Takes r out of the tokenize wait list (its client left). */
+void tok_unwait(srv_req *r);
+/* The 1 s tick: waiting bodies past queue_timeout get 503. */
+void tok_tick(srv *s, double now);
 /* Token ids as text: their bytes made valid UTF-8 (a split character is
  * U+FFFD). *out is malloc'd; BPE_EUNKNOWN for an id that is not a token
  * (with err), BPE_ENOMEM. */

@@ -161,6 +161,7 @@ void loop_on_tick(uv_timer_t *t)
             http_resume(r);
         }
     }
+    tok_tick(s, now);
     loop_sd_status(s);
     loop_mhd_run(s);
 }
