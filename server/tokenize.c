@@ -67,6 +67,67 @@ static int tokenize_body_parse(srv_req *r)
     return 0;
 }
 
+/* POST /detokenize's work: the body's ids as text, its answer into tok_resp
+ * (errors as for /tokenize). Thread: the loop thread, or a worker while
+ * tok_running. */
+static void detokenize_run(srv_req *r)
+{
+    json_error_t jerr;
+    json_t *o = json_loadb(r->body ? r->body : "", r->body_len, JSON_ALLOW_NUL, &jerr);
+    r->tok_param = "tokens";
+    if (o == NULL || !json_is_object(o)) {
+        json_decref(o);
+        r->tok_http = 400;
+        r->tok_param = NULL;
+        snprintf(r->tok_err, sizeof r->tok_err, "the body must be a JSON object");
+        return;
+    }
+    json_t *t = json_object_get(o, "tokens");
+    size_t n = json_array_size(t);
+    int32_t *ids = NULL;
+    if (!json_is_array(t)) {
+        r->tok_http = 400;
+        snprintf(r->tok_err, sizeof r->tok_err, "'tokens' must be a list of token ids");
+        goto done;
+    }
+    ids = malloc((n ? n : 1) * sizeof *ids);
+    if (ids == NULL) {
+        r->tok_failed = 1;
+        r->tok_status = BPE_ENOMEM;
+        snprintf(r->tok_err, sizeof r->tok_err, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            r->tok_http = 400;
+            snprintf(r->tok_err, sizeof r->tok_err, "'tokens' entry %zu is not a token id", i);
+            goto done;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    char *text;
+    size_t tn;
+    bpe_status st = tok_ids_text(r->s->tok, ids, n, &text, &tn, r->tok_err, sizeof r->tok_err);
+    if (st != BPE_OK) {
+        r->tok_failed = 1;
+        r->tok_status = st;
+        goto done;
+    }
+    json_t *answer = json_pack("{s:s%}", "prompt", text, tn);
+    free(text);
+    r->tok_resp = answer != NULL ? json_dumps(answer, JSON_COMPACT) : NULL;
+    json_decref(answer);
+    if (r->tok_resp == NULL) {
+        r->tok_failed = 1;
+        r->tok_status = BPE_ENOMEM;
+        snprintf(r->tok_err, sizeof r->tok_err, "out of memory");
+    }
+done:
+    free(ids);
+    json_decref(o);
+}
+
 /* /tokenize's answer, {"tokens":[...],"count":N}, into tok_resp (the same
  * bytes jansson's compact form gives, without an object per token). */
 static void tokenize_body_answer(srv_req *r)
@@ -87,10 +148,14 @@ static void tokenize_body_answer(srv_req *r)
 }
 
 /* Encodes every text prompt into prompt_ids/prompt_len (for /tokenize, parses
- * the body first and writes the answer after). Thread: the loop thread, or
+ * the body first and writes the answer after; /detokenize's work too). Thread: the loop thread, or
  * a worker while tok_running. */
 static void tokenize_run(srv_req *r)
 {
+    if (r->kind == R_DETOKENIZE) {
+        detokenize_run(r);
+        return;
+    }
     if (r->kind == R_TOKENIZE && r->tok_json == NULL && tokenize_body_parse(r) != 0) return;
     for (size_t i = 0; i < r->nprompts && !r->tok_failed; i++) {
         size_t len;
@@ -203,7 +268,7 @@ enum MHD_Result tok_prompts(srv_req *r, http_cont then)
 {
     assert(r->state == HTTP_REQ_BODY);
     size_t bytes = 0;
-    if (r->kind == R_TOKENIZE) /* not parsed yet: its body is the work */
+    if (r->kind == R_TOKENIZE || r->kind == R_DETOKENIZE) /* not parsed yet: the body is the work */
         bytes = r->body_len;
     else
         for (size_t i = 0; i < r->nprompts; i++) {
@@ -245,21 +310,7 @@ enum MHD_Result tok_prompts(srv_req *r, http_cont then)
     return then(r);
 }
 
-/* The body as a JSON object, or NULL with a 400 queued (*rc). */
-static json_t *body_object(srv_req *r, enum MHD_Result *rc)
-{
-    json_error_t jerr;
-    json_t *o = json_loadb(r->body ? r->body : "", r->body_len, JSON_ALLOW_NUL, &jerr);
-    if (o == NULL || !json_is_object(o)) {
-        json_decref(o);
-        *rc = http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
-                              "the body must be a JSON object");
-        return NULL;
-    }
-    return o;
-}
-
-/* POST /tokenize, once the prompt is tokenized (the continuation). */
+/* POST /tokenize and /detokenize, once the work is done (the continuation). */
 static enum MHD_Result tokenize_respond(srv_req *r)
 {
     assert(r->state == HTTP_REQ_BODY || r->state == HTTP_REQ_TOKENIZING);
@@ -267,7 +318,8 @@ static enum MHD_Result tokenize_respond(srv_req *r)
         return http_send_error(r, r->tok_http, "invalid_request_error", NULL, r->tok_param, NULL,
                                "%s", r->tok_err);
     if (r->tok_failed)
-        return http_send_status(r, HTTP_SRC_BPE, (int)r->tok_status, "prompt", r->tok_err);
+        return http_send_status(r, HTTP_SRC_BPE, (int)r->tok_status,
+                                r->kind == R_DETOKENIZE ? "tokens" : "prompt", r->tok_err);
     enum MHD_Result rc = http_send_json(r, 200, r->tok_resp, NULL);
     free(r->tok_resp);
     r->tok_resp = NULL;
@@ -287,36 +339,6 @@ enum MHD_Result tok_route_tokenize(srv_req *r)
 
 enum MHD_Result tok_route_detokenize(srv_req *r)
 {
-    enum MHD_Result rc;
-    json_t *o = body_object(r, &rc);
-    if (o == NULL) return rc;
-    r->kind = R_DETOKENIZE;
-    json_t *t = json_object_get(o, "tokens");
-    size_t n = json_array_size(t);
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    if (!json_is_array(t) || ids == NULL) {
-        free(ids);
-        json_decref(o);
-        return http_send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL,
-                               "'tokens' must be a list of token ids");
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *v = json_array_get(t, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            free(ids);
-            json_decref(o);
-            return http_send_error(r, 400, "invalid_request_error", NULL, "tokens", NULL,
-                                   "'tokens' entry %zu is not a token id", i);
-        }
-        ids[i] = (int32_t)json_integer_value(v);
-    }
-    json_decref(o);
-    char *text, err[256];
-    size_t tn;
-    bpe_status st = tok_ids_text(r->s->tok, ids, n, &text, &tn, err, sizeof err);
-    free(ids);
-    if (st != BPE_OK) return http_send_status(r, HTTP_SRC_BPE, (int)st, "tokens", err);
-    rc = http_send_obj(r, json_pack("{s:s%}", "prompt", text, tn));
-    free(text);
-    return rc;
+    r->kind = R_DETOKENIZE; /* parsed and decoded like a body to tokenize */
+    return tok_prompts(r, tokenize_respond);
 }

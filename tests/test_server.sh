@@ -289,6 +289,14 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["tokens"] == [31373] + [23748] * 39999 + [220] and d["count"] == 40001, d.get("count")
 PY
+# A large /detokenize is parsed and decoded on the work queue too.
+python3 -c 'import json; print(json.dumps({"tokens": [15496] * 20000}))' > "$dir/big_detok.json"
+curl -s "$base/detokenize" --data-binary @"$dir/big_detok.json" |
+    python3 -c 'import json, sys; assert json.load(sys.stdin)["prompt"] == "Hello" * 20000' ||
+    fail "a large /detokenize"
+python3 -c 'import json; print(json.dumps({"tokens": [15496] * 20000 + [-1]}))' > "$dir/big_detok.json"
+curl -s "$base/detokenize" --data-binary @"$dir/big_detok.json" | grep -q "'tokens' entry 20000 is not a token id" ||
+    fail "a large /detokenize with a bad id"
 python3 -c 'import json; print(json.dumps({"model": "gpt2", "prompt": "hello " * 40000}))' > "$dir/big_prompt.json"
 curl -s "$base/v1/completions" --data-binary @"$dir/big_prompt.json" | grep -q 'prompt 0 has more than 1024 tokens; the limit is 1024 (max_prompt_tokens)' ||
     fail "a large prompt is not measured"
