@@ -63,6 +63,7 @@ static void close_all(srv *s)
     uv_close((uv_handle_t *)&s->poll, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
     uv_close((uv_handle_t *)&s->sigint, NULL);
+    tpool_close(s->tokpool);
 }
 
 static void serve_usage(FILE *out)
@@ -173,16 +174,11 @@ int srv_main(int argc, char **argv)
     http_route routes[SRV_MAX_ROUTES];
     s.nroutes = build_routes(&s.cfg, routes);
     s.routes = routes;
-    /* libuv's work queue runs up to tokenize_concurrency tokenizations and the
-     * engine step: its pool (4 threads unless told) gets exactly one thread
-     * more than the tokenizations, so a step never waits behind them. An
-     * operator's UV_THREADPOOL_SIZE is kept. */
-    if (getenv("UV_THREADPOOL_SIZE") == NULL) {
-        char pool[24];
-        snprintf(pool, sizeof pool, "%zu", s.cfg.tokenize_concurrency + 1);
-        setenv("UV_THREADPOOL_SIZE", pool, 1);
-    }
     s.loop = uv_default_loop();
+    if (tok_pool_start(&s, err, sizeof err) != 0) {
+        log_fatal(err);
+        goto done;
+    }
     /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port. */
     int lfd = srv_sd_listen_fd(err, sizeof err);
     if (lfd == -2) {
@@ -274,6 +270,8 @@ int srv_main(int argc, char **argv)
     log_line("info", "stopped");
     rc = 0;
 done:
+    if (rc != 0) tpool_close(s.tokpool);
+    tpool_free(s.tokpool);
     eng_sched_free(s.sched);
     eng_model_free(s.model);
     bpe_free(s.tok);

@@ -13,8 +13,9 @@
  *                  the head phase, the body, dispatch through the router
  *   router.c       the {method, path, handler, needs_key} table lookup; the
  *                  API key check
- *   tokenize.c     tokenizing bodies (inline or on the work queue);
- *                  /tokenize and /detokenize
+ *   tokenize.c     tokenizing bodies (inline or on a tokenizer thread,
+ *                  admitted like generation); /tokenize and /detokenize
+ *   tokpool.c      the tokenizer threads (low priority)
  *   completions.c  /v1/completions: admission, engine events, choices
  *   cmpl_respond.c best_of ranking, the JSON answer and the SSE stream
  *   logprobs.c     the logprobs object of a choice
@@ -24,12 +25,14 @@
  *   metrics.c      counters, histograms, the Prometheus page
  *   log.c          log lines and the access log
  *
- * Thread: everything here runs on the loop thread, except tokenize_run and
- * the step (eng_sched_execute) on the libuv work queue.
+ * Thread: everything here runs on the loop thread, except tokenize_run (on
+ * tokpool.c's threads) and the step (eng_sched_execute, on the libuv work
+ * queue).
  *
  * Prefixes: srv_ (daemon), http_ (connection, state, routing, responses),
  * loop_ (the libuv glue), cmpl_ (completions), lp_ (logprobs), tok_
- * (tokenizing), probe_ (the small GET routes), met_ (metrics), log_.
+ * (tokenizing), tpool_ (its threads, tokpool.c), conn_ (connections), probe_ (the
+ * small GET routes), met_ (metrics), log_.
  */
 #ifndef GPT2D_SERVER_INTERNAL_H
 #define GPT2D_SERVER_INTERNAL_H
@@ -63,6 +66,7 @@
 typedef struct srv srv;
 typedef struct srv_req srv_req;
 typedef struct srv_conn srv_conn;
+typedef struct tokpool tokpool;
 
 /* ---- log.c --------------------------------------------------------------- */
 
@@ -239,9 +243,9 @@ struct srv_req {
     /* Tokenizing a large body runs on the work queue (state TOKENIZING): the
      * worker writes prompt_ids/prompt_len and tok_err, nothing else touches
      * them until tok_after_cb runs on the loop thread. */
-    uv_work_t tok_work;
-    int tok_running; /* a worker holds the fields below: r is not freed */
-    int tok_waiting; /* in the srv's tokenize wait list (tok_wprev/next) */
+    srv_req *tok_qnext; /* tokpool.c's queues */
+    int tok_running;    /* a worker holds the fields below: r is not freed */
+    int tok_waiting;    /* in the srv's tokenize wait list (tok_wprev/next) */
     srv_req *tok_wprev, *tok_wnext;
     json_t *tok_json; /* /tokenize: the parsed body, which holds the text */
     int tok_http;     /* /tokenize: a 400 for the body (tok_param, tok_err) */
@@ -301,7 +305,8 @@ struct srv {
     uv_timer_t drain_timer;
     uv_work_t work;
     int in_flight, draining;
-    size_t tokenizing; /* requests tokenizing on the work queue */
+    size_t tokenizing; /* requests tokenizing on the tokenizer threads */
+    tokpool *tokpool;
     /* Requests waiting for a tokenize slot (tokenize_concurrency), oldest
      * first; at most max_queue of them. */
     srv_req *tok_wait_head, *tok_wait_tail;
@@ -451,6 +456,24 @@ size_t lp_offset_feed(srv_choice *c, int32_t id);
 /* Appends one token's entry (ev NULL: the first prompt token, no logprob). */
 void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
 
+/* ---- tokpool.c: the tokenizer threads ------------------------------------ */
+
+typedef void (*tpool_fn)(srv_req *r);
+
+/* Starts nthreads low-priority threads that call run(r) for each submitted
+ * request, then done(r) on the loop thread. 0, or -1 with err (then
+ * tpool_close and tpool_free what *out holds). */
+int tpool_new(uv_loop_t *loop, size_t nthreads, tpool_fn run, tpool_fn done, tokpool **out,
+              char *err, size_t errlen);
+/* Queues r (FIFO); one thread runs it when free. */
+void tpool_submit(tokpool *p, srv_req *r);
+/* Stops taking work and closes the wake-up handle (before uv_run returns);
+ * done is not called again. NULL: nothing. */
+void tpool_close(tokpool *p);
+/* Joins the threads (a job running finishes first) and frees p. After
+ * uv_run returned. NULL: nothing. */
+void tpool_free(tokpool *p);
+
 /* ---- tokenize.c ----------------------------------------------------------- */
 
 /* Tokenizes r's text prompts (inline, or on the work queue with r
@@ -459,6 +482,8 @@ void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
  * waiting (for at most queue_timeout: 503), others get 429. A completion's
  * prompt stops being tokenized past max_prompt_tokens (BPE_ETOOBIG). */
 enum MHD_Result tok_prompts(srv_req *r, http_cont then);
+/* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
+int tok_pool_start(srv *s, char *err, size_t errlen);
 /* Takes r out of the tokenize wait list (its client left). */
 void tok_unwait(srv_req *r);
 /* The 1 s tick: waiting bodies past queue_timeout get 503. */

@@ -179,21 +179,12 @@ static void tokenize_run(srv_req *r)
     if (r->kind == R_TOKENIZE && !r->tok_failed) tokenize_body_answer(r);
 }
 
-static void tok_work_cb(uv_work_t *w)
+/* Starts r's tokenization on a tokenizer thread. */
+static void tok_start(srv_req *r)
 {
-    tokenize_run(w->data);
-}
-
-static void tok_after_cb(uv_work_t *w, int status);
-
-/* Starts r's tokenization on the work queue; 0, or -1 (not started). */
-static int tok_start(srv_req *r)
-{
-    r->tok_work.data = r;
-    if (uv_queue_work(r->s->loop, &r->tok_work, tok_work_cb, tok_after_cb) != 0) return -1;
     r->tok_running = 1;
     r->s->tokenizing++;
-    return 0;
+    tpool_submit(r->s->tokpool, r);
 }
 
 void tok_unwait(srv_req *r)
@@ -219,10 +210,7 @@ static void tok_admit_waiting(srv *s)
     while (s->tokenizing < s->cfg.tokenize_concurrency && s->tok_wait_head != NULL) {
         srv_req *r = s->tok_wait_head;
         tok_unwait(r);
-        if (tok_start(r) != 0) { /* cannot happen with a live loop: do it here */
-            tokenize_run(r);
-            http_resume(r);
-        }
+        tok_start(r);
     }
 }
 
@@ -249,10 +237,9 @@ void tok_tick(srv *s, double now)
     }
 }
 
-static void tok_after_cb(uv_work_t *w, int status)
+/* A tokenizer thread is done with r (loop thread). */
+static void tok_done(srv_req *r)
 {
-    (void)status;
-    srv_req *r = w->data;
     r->s->tokenizing--;
     r->tok_running = 0;
     tok_admit_waiting(r->s);
@@ -262,6 +249,12 @@ static void tok_after_cb(uv_work_t *w, int status)
     }
     http_resume(r); /* on_request runs the continuation */
     loop_mhd_run(r->s);
+}
+
+int tok_pool_start(srv *s, char *err, size_t errlen)
+{
+    return tpool_new(s->loop, s->cfg.tokenize_concurrency, tokenize_run, tok_done, &s->tokpool, err,
+                     errlen);
 }
 
 enum MHD_Result tok_prompts(srv_req *r, http_cont then)
@@ -278,11 +271,10 @@ enum MHD_Result tok_prompts(srv_req *r, http_cont then)
     srv *s = r->s;
     if (bytes >= SRV_TOKENIZE_INLINE_BYTES) {
         if (s->tokenizing < s->cfg.tokenize_concurrency) {
-            if (tok_start(r) == 0) {
-                http_req_set_state(r, HTTP_REQ_TOKENIZING);
-                http_suspend(r, then);
-                return MHD_YES;
-            }
+            http_req_set_state(r, HTTP_REQ_TOKENIZING);
+            http_suspend(r, then);
+            tok_start(r);
+            return MHD_YES;
         } else if (s->tok_nwait < s->cfg.max_queue) {
             /* Wait for a slot: a tokenizer on every core would hold up the
              * engine's steps (and every stream's next token). */
