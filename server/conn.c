@@ -10,10 +10,11 @@
  *     byte-a-second client would hold a slot for ever); a body must not stall
  *     for longer than body_timeout; a keep-alive connection between requests
  *     is closed connection_timeout after its last answer, bytes or not;
- *   - max_connections: libmicrohttpd is allowed one connection more, and
- *     when that one arrives the oldest connection without a request in
- *     progress (idle keep-alive, or a head still coming) is closed so that
- *     the new client is served; with none idle the new one gets a 503.
+ *   - max_connections: libmicrohttpd is allowed SRV_CONN_HEADROOM more,
+ *     and when a connection over max_connections arrives the oldest one
+ *     without a request in progress (idle keep-alive, or a head still
+ *     coming) is closed so that the new client is served; with none idle
+ *     the new one gets a 503.
  *
  * A connection is closed by shutting its socket down; libmicrohttpd sees
  * the end on its next read and closes it (on_completed runs for a request in
