@@ -655,6 +655,55 @@ def case_tokenize_flood(ctx):
           % (t_reject, t_full, t_parse))
 
 
+def case_tokenize_queue(ctx):
+    """3: with --tokenize-concurrency 1 --max-queue 1, of three large bodies
+    posted together one is tokenized, one waits and one gets 429 (JSON,
+    Retry-After); a client that leaves while its body waits is dropped and
+    the server goes on serving."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--tokenize-concurrency", "1", "--max-queue", "1",
+                 "--max-body-bytes", "8000000")
+    # ~6 MB of varied words: parsed and tokenized in about half a second on
+    # the tokenizer thread, while the next bodies arrive (tens of ms each).
+    text = " ".join("w%dq" % (i * 7919 % 1000003) for i in range(650000))
+    big = json.dumps({"prompt": text}).encode()
+    results = []
+
+    def post():
+        try:
+            results.append(request(srv.port, "POST", "/tokenize", big, timeout=25))
+        except (OSError, http.client.HTTPException) as e:
+            results.append((0, {}, str(e).encode()))
+    first = threading.Thread(target=post)
+    first.start()
+    time.sleep(0.1)
+    others = [threading.Thread(target=post) for _ in range(2)]
+    for t in others:
+        t.start()
+    for t in [first] + others:
+        t.join(30)
+    statuses = sorted(r[0] for r in results)
+    check(statuses == [200, 200, 429], "three large bodies with one tokenizing and one waiting allowed: %s"
+          % statuses)
+    refused = [r for r in results if r[0] == 429][0]
+    check("retry-after" in refused[1], "the 429 has no Retry-After: %r" % refused[1])
+    error_envelope(refused[2], "the 429 for a full tokenize queue")
+    counts = {json.loads(r[2])["count"] for r in results if r[0] == 200}
+    check(len(counts) == 1, "the two tokenized bodies got different counts: %s" % counts)
+    # A client that leaves while its body waits: the server drops it and
+    # serves the next one (the freed slot goes to a live request).
+    first = threading.Thread(target=post)
+    first.start()
+    time.sleep(0.1)
+    s = connect(srv.port, 5)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(big) + big)
+    time.sleep(0.1)
+    s.close()
+    first.join(30)
+    st, _, b = request(srv.port, "POST", "/tokenize", big, timeout=25)
+    check(st == 200, "a body after one whose client left while waiting: %d %r" % (st, b[:200]))
+    check(srv.proc.poll() is None, "the server exited: " + srv.tail(3))
+
+
 LONG_STREAM = {"model": "gpt2", "prompt": "Drain", "max_tokens": 800, "ignore_eos": True, "stream": True}
 STEP_DELAY = {"GPT2D_TEST_STEP_DELAY_MS": "20"}  # 800 tokens take over 16 s
 
@@ -1105,6 +1154,7 @@ CASES = [
     ("slow_body", case_slow_body),
     ("stalled_stream", case_stalled_stream),
     ("tokenize_flood", case_tokenize_flood),
+    ("tokenize_queue", case_tokenize_queue),
     ("sigterm_timeout", case_sigterm_timeout),
     ("double_signal", case_double_signal),
     ("sighup_reload", case_sighup_reload),
