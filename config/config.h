@@ -35,7 +35,13 @@ typedef struct {
     char host[256];
     uint16_t port;
     size_t max_connections;
-    double connection_timeout_s; /* idle keep-alive connections */
+    double connection_timeout_s;     /* idle keep-alive connections */
+    double request_header_timeout_s; /* a new connection's complete head */
+    double body_timeout_s;           /* the longest gap between body bytes */
+    size_t max_connections_per_ip;   /* 0: no limit */
+    size_t stream_backlog_bytes;     /* unread SSE bytes before a stream pauses */
+    double stream_stall_timeout_s;   /* paused that long: cancelled */
+    size_t tokenize_concurrency;     /* bodies tokenized at once on the work queue */
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128];                 /* the first name: what responses and /v1/models report */

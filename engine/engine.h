@@ -280,6 +280,12 @@ void eng_sched_cancel(eng_sched *s, uint64_t id);
  * bound; requests already waiting stay. ENG_ENOMEM (err) when a larger
  * queue cannot be allocated; then nothing changed. */
 eng_status eng_sched_set_max_queue(eng_sched *s, size_t max_queue, char *err, size_t errlen);
+/* Holds request id out of the steps (paused 1) or lets it back in (0). A
+ * paused request keeps its place, and once admitted its KV blocks, but gets
+ * no rows and so no events: a consumer that cannot keep up (a client not
+ * reading its stream) stops its generation without losing it. A step
+ * already planned is not changed. Unknown ids are ignored. */
+void eng_sched_pause(eng_sched *s, uint64_t id, int paused);
 
 /* 1 while request id waits in the queue (not yet admitted). */
 int eng_sched_waiting(const eng_sched *s, uint64_t id);

@@ -43,6 +43,7 @@ typedef struct {
     size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
     eng_rng rng;
     int cancelled;
+    int paused; /* eng_sched_pause: no rows until resumed */
     int in_step;
     /* This step. */
     size_t step_first, step_n; /* rows [first, first + n) of the prompt or the last token */
@@ -331,6 +332,16 @@ eng_status eng_sched_set_max_queue(eng_sched *s, size_t max_queue, char *err, si
     return ENG_OK;
 }
 
+void eng_sched_pause(eng_sched *s, uint64_t id, int paused)
+{
+    for (size_t i = 0; i < s->qlen; i++) {
+        sch_seq *q = s->queue[(s->qhead + i) % s->o.max_queue];
+        if (q->id == id) q->paused = paused != 0;
+    }
+    for (size_t i = 0; i < s->nrunning; i++)
+        if (s->running[i]->id == id) s->running[i]->paused = paused != 0;
+}
+
 int eng_sched_waiting(const eng_sched *s, uint64_t id)
 {
     for (size_t i = 0; i < s->qlen; i++)
@@ -409,6 +420,7 @@ int eng_sched_plan(eng_sched *s)
         for (size_t i = 0; i < s->nrunning; i++) {
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
+            if (q->paused) continue;
             if (decoding != (pass == 0) || (!decoding && budget == 0)) continue;
             if (!decoding && q->maxhit > 0) {
                 /* Blocks cached since the last step (a sibling's prefill). */

@@ -5,8 +5,10 @@
 #include "internal.h"
 
 #include <math.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 json_t *cmpl_base(const srv_req *r)
 {
@@ -211,6 +213,38 @@ enum MHD_Result cmpl_send(srv_req *r)
     return http_send_obj(r, o);
 }
 
+int cmpl_backlog(srv_req *r)
+{
+    if (!r->oreq.stream || r->conn_done) return 0;
+    int over = sse_over_limit(&r->sse);
+    if (over && r->t_over == 0) r->t_over = log_now();
+    if (!over) r->t_over = 0;
+    if (over == r->paused) return 0;
+    r->paused = over;
+    for (size_t i = 0; i < r->nchoices; i++)
+        if (r->choices[i].live) eng_sched_pause(r->s->sched, r->choices[i].id, over);
+    return !over;
+}
+
+int cmpl_stall_check(srv_req *r, double now)
+{
+    if (!r->paused || now - r->t_over <= r->s->cfg.stream_stall_timeout_s) return 0;
+    log_line("info",
+             "%s: the client left %zu bytes of its stream unread for %.0f s "
+             "(stream_stall_timeout); cancelled",
+             r->id, sse_pending(&r->sse), now - r->t_over);
+    if (r->error_status == 0) {
+        r->error_status = 408;
+        snprintf(r->error_msg, sizeof r->error_msg,
+                 "The stream was cancelled: the client left over %zu bytes unread for %.0f s "
+                 "(stream_backlog_bytes, stream_stall_timeout)",
+                 r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
+    }
+    for (size_t i = 0; i < r->nchoices; i++) /* DONE events end the stream: error, [DONE] */
+        if (r->choices[i].live) eng_sched_cancel(r->s->sched, r->choices[i].id);
+    return 1;
+}
+
 /* The SSE body, chunk by chunk as on_event produces it. */
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
@@ -218,7 +252,11 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     srv_req *r = cls;
     assert(r->state == HTTP_REQ_STREAMING);
     if (r->sse.failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory */
-    if (sse_pending(&r->sse) > 0) return (ssize_t)sse_take(&r->sse, buf, max);
+    if (sse_pending(&r->sse) > 0) {
+        ssize_t n = (ssize_t)sse_take(&r->sse, buf, max);
+        if (r->paused && cmpl_backlog(r)) loop_kick(r->s); /* caught up: resume */
+        return n;
+    }
     if (sse_finished(&r->sse)) return MHD_CONTENT_READER_END_OF_STREAM;
     /* Nothing yet: sleep until on_event resumes us (no busy polling). */
     http_suspend(r, NULL);
@@ -231,6 +269,14 @@ enum MHD_Result cmpl_start_stream(srv_req *r)
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, r, NULL);
     if (resp == NULL) return MHD_NO;
     http_req_set_state(r, HTTP_REQ_STREAMING);
+    /* The kernel's send buffer is part of what a stalled client pins: left to
+     * autotuning it grows to megabytes (tcp_wmem) before any backlog forms
+     * here. A token stream needs little of it. */
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int sndbuf = r->s->cfg.stream_backlog_bytes > INT_MAX / 2 ? INT_MAX / 2
+                                                              : (int)r->s->cfg.stream_backlog_bytes;
+    if (fi != NULL) setsockopt(fi->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");

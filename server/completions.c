@@ -376,6 +376,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
     r->next = s->head;
     if (s->head) s->head->prev = r;
     s->head = r;
+    if (q->stream) r->sse.limit = s->cfg.stream_backlog_bytes;
     if (q->stream && q->echo)
         for (size_t i = 0; i < r->nchoices; i++) {
             srv_choice *c = &r->choices[i];

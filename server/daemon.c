@@ -165,6 +165,10 @@ int srv_main(int argc, char **argv)
     s.nroutes = build_routes(&s.cfg, routes);
     s.routes = routes;
     s.loop = uv_default_loop();
+    if (tok_pool_start(&s, err, sizeof err) != 0) {
+        log_fatal(err);
+        goto done;
+    }
     /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port. */
     int lfd = srv_sd_listen_fd(err, sizeof err);
     if (lfd == -2) {
@@ -182,19 +186,29 @@ int srv_main(int argc, char **argv)
         }
         flags |= MHD_USE_IPv6;
     }
+    /* Connections over max_connections reach conn_on_notify, which closes an
+     * idle one to make room (or refuses the newcomer): conn.c. libmicrohttpd
+     * gets headroom for those closing: at its own limit it stops accepting
+     * until its next run, which may be a timer's second away. */
+    unsigned mhd_limit = (unsigned)s.cfg.max_connections + SRV_CONN_HEADROOM;
+    unsigned per_ip = (unsigned)s.cfg.max_connections_per_ip;
+    /* The options both ways of listening share: the undecoded path,
+     * libmicrohttpd's per-connection memory, the completion and connection
+     * callbacks, the limits and the idle timeout. */
+#define SRV_MHD_OPTIONS                                                                            \
+    MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,          \
+        (size_t)SRV_CONN_POOL_BYTES, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,           \
+        MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,  \
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,                 \
+        (unsigned)s.cfg.connection_timeout_s
     if (lfd >= 0)
-        s.mhd = MHD_start_daemon(
-            flags, 0, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped,
-            NULL, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
+                                 MHD_OPTION_LISTEN_SOCKET, lfd, SRV_MHD_OPTIONS, MHD_OPTION_END);
     else
-        s.mhd = MHD_start_daemon(
-            flags, s.cfg.port, NULL, NULL, http_on_request, &s, MHD_OPTION_UNESCAPE_CALLBACK,
-            keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_POOL_BYTES,
-            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED,
-            http_on_completed, &s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s.cfg.max_connections,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s.cfg.connection_timeout_s, MHD_OPTION_END);
+        s.mhd = MHD_start_daemon(flags, s.cfg.port, NULL, NULL, http_on_request, &s,
+                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, SRV_MHD_OPTIONS,
+                                 MHD_OPTION_END);
+#undef SRV_MHD_OPTIONS
     if (s.mhd == NULL) {
         if (lfd >= 0)
             snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",
@@ -217,6 +231,9 @@ int srv_main(int argc, char **argv)
     uv_timer_init(s.loop, &s.tick);
     s.tick.data = &s;
     uv_timer_start(&s.tick, loop_on_tick, 1000, 1000);
+    uv_timer_init(s.loop, &s.sweep);
+    s.sweep.data = &s;
+    uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
     srv_signals_start(&s);
     srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
@@ -250,6 +267,8 @@ int srv_main(int argc, char **argv)
     rc = s.exit_code;
     log_line("info", "stopped (exit status %d)", rc);
 done:
+    if (rc != 0) tpool_close(s.tokpool);
+    tpool_free(s.tokpool);
     oai_template_free(&s.chat);
     eng_sched_free(s.sched);
     eng_model_free(s.model);

@@ -122,6 +122,7 @@ static void req_free(srv_req *r)
     free(r->prompt_len);
     oai_request_free(&r->oreq);
     json_decref(r->tok_json);
+    free(r->tok_resp);
     free(r->body);
     sse_free(&r->sse);
     r->s->active--;
@@ -272,6 +273,9 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->conn = conn;
     r->state = HTTP_REQ_HEAD;
     r->t_start = log_now();
+    r->t_progress = r->t_start;
+    r->sc = conn_of(conn);
+    if (r->sc != NULL) r->sc->req = r;
     r->created = (long long)time(NULL);
     set_request_id(r);
     snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
@@ -290,6 +294,7 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
 static void on_body(srv_req *r, const char *data, size_t n)
 {
     assert(r->state == HTTP_REQ_BODY);
+    r->t_progress = log_now();
     if (r->too_large || r->body_oom) return;
     if (r->body_len + n > r->s->cfg.max_body_bytes)
         r->too_large = 1;
@@ -362,10 +367,17 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     else if (r->state == HTTP_REQ_STREAMING)
         http_req_set_state(r, HTTP_REQ_FINISHED);
     r->conn_done = 1;
+    if (r->sc != NULL) { /* the connection waits for its next head now */
+        r->sc->req = NULL;
+        r->sc->t_ready = log_now();
+        r->sc->served++;
+        r->sc = NULL;
+    }
     r->cont = NULL;
     *con_cls = NULL;
     /* The client went away (or the response is sent): stop what still runs.
      * A cancel may deliver DONE at once, so r is freed only after the loop. */
+    if (r->tok_waiting) tok_unwait(r);
     r->cancelling = 1;
     for (size_t i = 0; i < r->nchoices; i++)
         if (r->choices[i].live) eng_sched_cancel(s->sched, r->choices[i].id);

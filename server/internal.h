@@ -5,14 +5,17 @@
  *
  *   daemon.c       start-up, listen, signals, drain, shutdown; builds the
  *                  route table
+ *   conn.c         the connections: head and body deadlines, the
+ *                  max_connections policy (idle ones closed first)
  *   loop.c         libmicrohttpd's epoll fd and timer in libuv; suspend and
  *                  resume; the engine step driver; the 1 s tick; watchdog
  *   http.c         on_request/on_completed: the per-request state machine,
  *                  the head phase, the body, dispatch through the router
  *   router.c       the {method, path, handler, needs_key} table lookup; the
  *                  API key check
- *   tokenize.c     tokenizing bodies (inline or on the work queue);
- *                  /tokenize and /detokenize
+ *   tokenize.c     tokenizing bodies (inline or on a tokenizer thread,
+ *                  admitted like generation); /tokenize and /detokenize
+ *   tokpool.c      the tokenizer threads (low priority)
  *   completions.c  /v1/completions and /v1/chat/completions: admission,
  *                  engine events, choices
  *   cmpl_respond.c best_of ranking, the JSON answer and the SSE stream
@@ -25,12 +28,14 @@
  *   metrics.c      counters, histograms, the Prometheus page
  *   log.c          log lines and the access log
  *
- * Thread: everything here runs on the loop thread, except tokenize_run and
- * the step (eng_sched_execute) on the libuv work queue.
+ * Thread: everything here runs on the loop thread, except tokenize_run (on
+ * tokpool.c's threads) and the step (eng_sched_execute, on the libuv work
+ * queue).
  *
  * Prefixes: srv_ (daemon), http_ (connection, state, routing, responses),
  * loop_ (the libuv glue), cmpl_ (completions), lp_ (logprobs), tok_
- * (tokenizing), probe_ (the small GET routes), met_ (metrics), log_.
+ * (tokenizing), tpool_ (its threads, tokpool.c), conn_ (connections), probe_ (the
+ * small GET routes), met_ (metrics), log_.
  */
 #ifndef GPT2D_SERVER_INTERNAL_H
 #define GPT2D_SERVER_INTERNAL_H
@@ -73,6 +78,8 @@
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
+typedef struct srv_conn srv_conn;
+typedef struct tokpool tokpool;
 
 /* ---- log.c --------------------------------------------------------------- */
 
@@ -275,6 +282,7 @@ typedef enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } srv_kind;
 struct srv_req {
     srv *s;
     struct MHD_Connection *conn;
+    srv_conn *sc; /* its connection's record (NULL once it is done) */
     http_state state;
     http_cont cont;           /* set by http_suspend, run by on_request on resume */
     int suspended, conn_done; /* libmicrohttpd's view of the connection */
@@ -290,9 +298,14 @@ struct srv_req {
     /* Tokenizing a large body runs on the work queue (state TOKENIZING): the
      * worker writes prompt_ids/prompt_len and tok_err, nothing else touches
      * them until tok_after_cb runs on the loop thread. */
-    uv_work_t tok_work;
-    int tok_running;  /* a worker holds the fields below: r is not freed */
+    srv_req *tok_qnext; /* tokpool.c's queues */
+    int tok_running;    /* a worker holds the fields below: r is not freed */
+    int tok_waiting;    /* in the srv's tokenize wait list (tok_wprev/next) */
+    srv_req *tok_wprev, *tok_wnext;
     json_t *tok_json; /* /tokenize: the parsed body, which holds the text */
+    int tok_http;     /* /tokenize: a 400 for the body (tok_param, tok_err) */
+    const char *tok_param;
+    char *tok_resp; /* /tokenize: the answer's JSON, made beside the tokens */
     int tok_failed;
     bpe_status tok_status; /* of the prompt that failed */
     char tok_err[256];
@@ -308,9 +321,13 @@ struct srv_req {
     char id[40];
     long long created;
     double t_start;
-    double t_first; /* the first generated token (0: none yet) */
-    /* Streaming: SSE bytes waiting to be sent. */
+    double t_first;    /* the first generated token (0: none yet) */
+    double t_progress; /* the head, or the last body byte (body_timeout) */
+    /* Streaming: SSE bytes waiting to be sent. Over sse.limit the choices
+     * are paused (eng_sched_pause) since t_over; cmpl_backlog decides. */
     sse_queue sse;
+    int paused;
+    double t_over;
     int error_status; /* a failure after submission */
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
@@ -357,7 +374,12 @@ struct srv {
     uv_timer_t drain_timer;
     uv_work_t work;
     int in_flight, draining;
-    size_t tokenizing; /* requests tokenizing on the work queue */
+    size_t tokenizing; /* requests tokenizing on the tokenizer threads */
+    tokpool *tokpool;
+    /* Requests waiting for a tokenize slot (tokenize_concurrency), oldest
+     * first; at most max_queue of them. */
+    srv_req *tok_wait_head, *tok_wait_tail;
+    size_t tok_nwait;
     double drain_started;
     bpe *tok;
     eng_model *model;
@@ -367,6 +389,10 @@ struct srv {
     size_t active; /* requests alive */
     srv_req *head; /* requests with engine work (for the 1 s tick) */
     uv_timer_t tick;
+    /* The connections (conn.c): every accepted one, newest first. */
+    srv_conn *conns;
+    size_t nconns, nconns_closing;
+    uv_timer_t sweep;
     /* The routes (daemon.c builds them from the configuration). */
     const http_route *routes;
     size_t nroutes;
@@ -401,6 +427,54 @@ struct srv {
     char model_path[CFG_STR_MAX + 32];
     srv_file_id model_id;
 };
+
+/* ---- conn.c: connections ------------------------------------------------ */
+
+/* One accepted connection (loop thread; freed when libmicrohttpd closes it). */
+struct srv_conn {
+    srv *s;
+    struct MHD_Connection *conn;
+    int fd;
+    double t_ready; /* accepted, or its last request ended */
+    size_t served;  /* requests ended on it */
+    srv_req *req;   /* the request in progress; NULL between requests */
+    int closing;    /* shut down here; libmicrohttpd closes it next */
+    srv_conn *prev, *next;
+};
+
+/* What a connection is waiting for, and until when (log_now() seconds). */
+typedef enum {
+    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered */
+    CONN_WAIT_HEAD, /* a new connection's first head: request_header_timeout */
+    CONN_WAIT_IDLE, /* keep-alive between requests: connection_timeout      */
+    CONN_WAIT_BODY  /* the next body byte: body_timeout                     */
+} conn_wait;
+
+typedef struct {
+    conn_wait kind;
+    double at;
+} conn_deadline;
+
+#define CONN_SWEEP_MS 200
+/* Connections libmicrohttpd accepts past max_connections, each closed at
+ * once (conn_on_notify); LimitNOFILE must cover max_connections + this. */
+#define SRV_CONN_HEADROOM 64u
+
+/* The deadline of c under cfg (pure). */
+conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
+/* The connection of list head, other than except, that has no request in
+ * progress and has been so longest; NULL when none (pure). */
+srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
+/* The record of libmicrohttpd's connection mc (NULL: untracked). */
+srv_conn *conn_of(struct MHD_Connection *mc);
+/* Shuts c's socket down; libmicrohttpd closes it on its next run. */
+void conn_close(srv_conn *c);
+/* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
+ * max_connections. */
+void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                    enum MHD_ConnectionNotificationCode toe);
+/* Every CONN_SWEEP_MS: closes connections past their deadline. */
+void conn_on_sweep(uv_timer_t *t);
 
 /* ---- loop.c --------------------------------------------------------------- */
 
@@ -511,6 +585,14 @@ enum MHD_Result cmpl_start_stream(srv_req *r);
  * Ties keep their order, and with best_of == n the candidates stay as they
  * are. */
 void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order);
+/* A stream's back-pressure, after its queue grew or shrank: pauses its
+ * choices while the client leaves more than stream_backlog_bytes unread,
+ * resumes them when it catches up; 1 when it resumed them (the caller
+ * kicks the engine). */
+int cmpl_backlog(srv_req *r);
+/* Cancels a stream paused for longer than stream_stall_timeout, with an
+ * error event; 1 if it did. */
+int cmpl_stall_check(srv_req *r, double now);
 /* Ends r with a 500 once (an error event for a stream): out of memory. */
 void cmpl_fail_oom(srv_req *r);
 /* Appends n bytes of text to choice c (a failure ends r with a 500). */
@@ -528,11 +610,38 @@ size_t lp_offset_feed(srv_choice *c, int32_t id);
 /* Appends one token's entry (ev NULL: the first prompt token, no logprob). */
 void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
 
+/* ---- tokpool.c: the tokenizer threads ------------------------------------ */
+
+typedef void (*tpool_fn)(srv_req *r);
+
+/* Starts nthreads low-priority threads that call run(r) for each submitted
+ * request, then done(r) on the loop thread. 0, or -1 with err (then
+ * tpool_close and tpool_free what *out holds). */
+int tpool_new(uv_loop_t *loop, size_t nthreads, tpool_fn run, tpool_fn done, tokpool **out,
+              char *err, size_t errlen);
+/* Queues r (FIFO); one thread runs it when free. */
+void tpool_submit(tokpool *p, srv_req *r);
+/* Stops taking work and closes the wake-up handle (before uv_run returns);
+ * done is not called again. NULL: nothing. */
+void tpool_close(tokpool *p);
+/* Joins the threads (a job running finishes first) and frees p. After
+ * uv_run returned. NULL: nothing. */
+void tpool_free(tokpool *p);
+
 /* ---- tokenize.c ----------------------------------------------------------- */
 
 /* Tokenizes r's text prompts (inline, or on the work queue with r
- * suspended), then runs then. */
+ * suspended), then runs then. Large bodies are admitted like generation:
+ * tokenize_concurrency at once on the work queue, up to max_queue more
+ * waiting (for at most queue_timeout: 503), others get 429. A completion's
+ * prompt stops being tokenized past max_prompt_tokens (BPE_ETOOBIG). */
 enum MHD_Result tok_prompts(srv_req *r, http_cont then);
+/* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
+int tok_pool_start(srv *s, char *err, size_t errlen);
+/* Takes r out of the tokenize wait list (its client left). */
+void tok_unwait(srv_req *r);
+/* The 1 s tick: waiting bodies past queue_timeout get 503. */
+void tok_tick(srv *s, double now);
 /* Token ids as text: their bytes made valid UTF-8 (a split character is
  * U+FFFD). *out is malloc'd; BPE_EUNKNOWN for an id that is not a token
  * (with err), BPE_ENOMEM. */

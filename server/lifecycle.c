@@ -46,8 +46,10 @@ static void close_all(srv *s)
         (uv_handle_t *)&s->watchdog, (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->sigterm,
         (uv_handle_t *)&s->sigint,   (uv_handle_t *)&s->sighup,      (uv_handle_t *)&s->sigusr1,
         (uv_handle_t *)&s->sigusr2,  (uv_handle_t *)&s->model_timer, (uv_handle_t *)&s->info_timer,
+        (uv_handle_t *)&s->sweep,
     };
     for (size_t i = 0; i < sizeof handles / sizeof handles[0]; i++) close_handle(handles[i]);
+    tpool_close(s->tokpool);
 }
 
 /* Nothing generates, waits or tokenizes, and every request's response is
@@ -56,7 +58,7 @@ static int all_answered(const srv *s)
 {
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
-    return st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing == 0
+    return st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing + s->tok_nwait == 0
            && s->active == 0;
 }
 

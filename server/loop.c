@@ -70,6 +70,8 @@ static void after_cb(uv_work_t *w, int status)
     eng_sched_stats_get(s->sched, &st);
     met_observe(&s->met.step_seconds, st.last_step_seconds);
     met_observe(&s->met.step_rows, (double)st.last_step_rows);
+    /* Streams whose clients fell behind sit out the next step. */
+    for (srv_req *r = s->head; r != NULL; r = r->next) cmpl_backlog(r);
     loop_kick(s);
     loop_mhd_run(s); /* serve the connections the events resumed */
 }
@@ -146,6 +148,7 @@ void loop_on_tick(uv_timer_t *t)
             cancel_all(r); /* DONE events may free nothing: the connection is open */
             continue;
         }
+        if (cmpl_stall_check(r, now)) continue;
         if (r->oreq.timeout_s > 0 && age > r->oreq.timeout_s) {
             /* The request's own deadline ends generation like max_tokens. */
             cancel_all(r);
@@ -158,6 +161,7 @@ void loop_on_tick(uv_timer_t *t)
             http_resume(r);
         }
     }
+    tok_tick(s, now);
     loop_sd_status(s);
     loop_mhd_run(s);
 }

@@ -28,6 +28,12 @@ static int put(sse_queue *q, const char *a, const char *b, size_t blen, const ch
         q->failed = 1;
         return -1;
     }
+    if (need > q->cap && q->off > 0) { /* a slow reader: reuse what it took */
+        memmove(q->buf, q->buf + q->off, q->len - q->off);
+        q->len -= q->off;
+        need -= q->off;
+        q->off = 0;
+    }
     if (need > q->cap) {
         size_t cap = q->cap ? q->cap : 1024;
         while (cap < need) {

@@ -545,7 +545,7 @@ def case_stalled_stream(ctx):
     warm.wait(20, "the warm-up stream")
     time.sleep(0.2)
     base = srv.rss_kib()
-    block_kib = kv_mb * 1024 / srv.metric("gpt2d_kv_blocks_total")
+    block_kib = kv_mb * 1024 / srv.metric("gpt2d_kv_blocks_capacity")
     tokens_before = srv.metric("gpt2d_completion_tokens_total")
     # The bound: the baseline, the backlog, the KV cache the stream holds
     # (its blocks, reserved at admission and first touched now: 16 x 1011
@@ -627,7 +627,12 @@ def case_tokenize_flood(ctx):
             t.join(6)
     # Varied words (few repeats for the BPE cache), ~1 MB, ~400,000 tokens.
     text = " ".join("w%dq" % (i * 7919 % 1000003) for i in range(110000))
-    t_full = t_reject = 1e9
+    # Every request here pays for sending and parsing 1 MB of JSON (jansson:
+    # ~10 ms a MB, 15% of /tokenize's time on the 2-core CI machine) before
+    # any token: that floor is measured with a body refused after the parse
+    # and before tokenizing (an unknown model, 404), and only the time above
+    # it is compared, tokenizing against tokenizing.
+    t_full = t_reject = t_parse = 1e9
     for _ in range(3):  # the fastest of three, against the noise of a shared machine
         t0 = time.monotonic()
         st, _, b = request(srv.port, "POST", "/tokenize", json.dumps({"prompt": text}), timeout=25)
@@ -639,8 +644,64 @@ def case_tokenize_flood(ctx):
         t_reject = min(t_reject, time.monotonic() - t0)
         check(st == 400, "a 1 MB prompt over max_prompt_tokens got %d" % st)
         error_envelope(b, "the 400 for a long prompt")
-    check(t_reject < 0.15 * t_full, "the 1 MB prompt was refused after %.3f s; /tokenize of it takes %.3f s "
-          "(want under 15%%: tokenizing stops at max_prompt_tokens)" % (t_reject, t_full))
+        t0 = time.monotonic()
+        st, _, b = request(srv.port, "POST", "/v1/completions", json.dumps({"model": "no-such", "prompt": text}),
+                           timeout=25)
+        t_parse = min(t_parse, time.monotonic() - t0)
+        check(st == 404, "a 1 MB prompt for an unknown model got %d" % st)
+    check(t_reject - t_parse < 0.15 * (t_full - t_parse),
+          "the 1 MB prompt was refused after %.3f s; /tokenize of it takes %.3f s, and a body refused before "
+          "tokenizing %.3f s (want the tokenizing part under 15%%: tokenizing stops at max_prompt_tokens)"
+          % (t_reject, t_full, t_parse))
+
+
+def case_tokenize_queue(ctx):
+    """3: with --tokenize-concurrency 1 --max-queue 1, of three large bodies
+    posted together one is tokenized, one waits and one gets 429 (JSON,
+    Retry-After); a client that leaves while its body waits is dropped and
+    the server goes on serving."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--tokenize-concurrency", "1", "--max-queue", "1",
+                 "--max-body-bytes", "8000000")
+    # ~6 MB of varied words: parsed and tokenized in about half a second on
+    # the tokenizer thread, while the next bodies arrive (tens of ms each).
+    text = " ".join("w%dq" % (i * 7919 % 1000003) for i in range(650000))
+    big = json.dumps({"prompt": text}).encode()
+    results = []
+
+    def post():
+        try:
+            results.append(request(srv.port, "POST", "/tokenize", big, timeout=25))
+        except (OSError, http.client.HTTPException) as e:
+            results.append((0, {}, str(e).encode()))
+    first = threading.Thread(target=post)
+    first.start()
+    time.sleep(0.1)
+    others = [threading.Thread(target=post) for _ in range(2)]
+    for t in others:
+        t.start()
+    for t in [first] + others:
+        t.join(30)
+    statuses = sorted(r[0] for r in results)
+    check(statuses == [200, 200, 429], "three large bodies with one tokenizing and one waiting allowed: %s"
+          % statuses)
+    refused = [r for r in results if r[0] == 429][0]
+    check("retry-after" in refused[1], "the 429 has no Retry-After: %r" % refused[1])
+    error_envelope(refused[2], "the 429 for a full tokenize queue")
+    counts = {json.loads(r[2])["count"] for r in results if r[0] == 200}
+    check(len(counts) == 1, "the two tokenized bodies got different counts: %s" % counts)
+    # A client that leaves while its body waits: the server drops it and
+    # serves the next one (the freed slot goes to a live request).
+    first = threading.Thread(target=post)
+    first.start()
+    time.sleep(0.1)
+    s = connect(srv.port, 5)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(big) + big)
+    time.sleep(0.1)
+    s.close()
+    first.join(30)
+    st, _, b = request(srv.port, "POST", "/tokenize", big, timeout=25)
+    check(st == 200, "a body after one whose client left while waiting: %d %r" % (st, b[:200]))
+    check(srv.proc.poll() is None, "the server exited: " + srv.tail(3))
 
 
 LONG_STREAM = {"model": "gpt2", "prompt": "Drain", "max_tokens": 800, "ignore_eos": True, "stream": True}
@@ -1010,6 +1071,12 @@ def case_protocol_errors(ctx):
     (its connection memory pool is larger than its head limits), so those
     must be JSON."""
     srv = Server(ctx, ctx.models.get("tiny"))
+    # (status, the server's own JSON, how many answers): libmicrohttpd 0.9.75
+    # writes its 400 for a malformed Content-Length twice (its own head and
+    # body, twice, before the server sees the request; 0.9.76 and 0.9.77 take
+    # the same path). The server cannot reach that answer, so the case checks
+    # the status and the closed connection, and fails when a libmicrohttpd
+    # that answers once arrives, so that this exception is removed then.
     cases = [
         (400, False, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}"),
         (414, True, b"GET /" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
@@ -1029,7 +1096,10 @@ def case_protocol_errors(ctx):
             got = read_until_close(s, 3)
         finally:
             s.close()
-        check(got.count(b"HTTP/1.") == 1, "%s: %d status lines: %r" % (what, got.count(b"HTTP/1."), got[:300]))
+        answers = 2 if b"12abc" in data else 1
+        check(got.count(b"HTTP/1.") == answers,
+              "%s: %d status lines (libmicrohttpd's known count: %d): %r"
+              % (what, got.count(b"HTTP/1."), answers, got[:300]))
         status, headers, rest = parse_head(got)
         check(status == want, "%s: status %d, want %d" % (what, status, want))
         if ours:
@@ -1103,6 +1173,7 @@ CASES = [
     ("slow_body", case_slow_body),
     ("stalled_stream", case_stalled_stream),
     ("tokenize_flood", case_tokenize_flood),
+    ("tokenize_queue", case_tokenize_queue),
     ("sigterm_timeout", case_sigterm_timeout),
     ("double_signal", case_double_signal),
     ("sighup_reload", case_sighup_reload),

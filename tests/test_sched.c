@@ -315,6 +315,47 @@ START_TEST(sched_cancel_during_an_executing_step_ends_at_completion)
 }
 END_TEST
 
+START_TEST(sched_pause_holds_rows_and_blocks_then_resumes_same_tokens)
+{
+    /* The reference: request 0 alone, never paused. */
+    eng_sched *s = make_sched(16, 4, 16, 64);
+    static rec ref, r[2];
+    memset(&ref, 0, sizeof ref);
+    memset(r, 0, sizeof r);
+    submit(s, &ref, 10, 20, 1, 0.8f);
+    while (eng_sched_step(s)) {
+    }
+    ck_assert_uint_eq(ref.n, 20);
+    eng_sched_free(s);
+
+    s = make_sched(16, 4, 16, 64);
+    submit(s, &r[0], 10, 20, 1, 0.8f);
+    submit(s, &r[1], 10, 20, 2, 0.8f);
+    ck_assert(eng_sched_step(s)); /* both admitted and prefilled: a token each */
+    ck_assert_uint_eq(r[0].n, 1);
+    eng_sched_pause(s, r[0].id, 1);
+    eng_sched_pause(s, 999999, 1); /* unknown: ignored */
+    for (int i = 0; i < 5; i++) ck_assert(eng_sched_step(s));
+    ck_assert_uint_eq(r[0].n, 1); /* no rows while paused */
+    ck_assert_uint_eq(r[1].n, 6);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.running, 2); /* still admitted, blocks kept */
+    ck_assert_uint_eq(st.kv_blocks_used, 4);
+    eng_sched_pause(s, r[1].id, 1);
+    ck_assert(!eng_sched_plan(s)); /* everything paused: no step */
+    eng_sched_pause(s, r[0].id, 0);
+    eng_sched_pause(s, r[1].id, 0);
+    while (eng_sched_step(s)) {
+    }
+    ck_assert_uint_eq(r[0].n, 20);
+    ck_assert_uint_eq(r[1].n, 20);
+    for (size_t i = 0; i < 20; i++) ck_assert_int_eq(r[0].tokens[i], ref.tokens[i]);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 START_TEST(sched_queue_overflow_and_impossible_requests_are_refused)
 {
     eng_sched *s = make_sched(4, 1, 3, 64);
@@ -936,6 +977,7 @@ int main(void)
     tcase_add_test(tc, sched_same_seed_same_tokens_alone_or_batched);
     tcase_add_test(tc, sched_cancel_waiting_running_and_from_callback);
     tcase_add_test(tc, sched_cancel_during_an_executing_step_ends_at_completion);
+    tcase_add_test(tc, sched_pause_holds_rows_and_blocks_then_resumes_same_tokens);
     tcase_add_test(tc, sched_queue_overflow_and_impossible_requests_are_refused);
     tcase_add_test(tc, sched_set_max_queue_grows_in_order_and_shrinks);
     tcase_add_test(tc, sched_chunked_prefill_keeps_decoders_flowing);

@@ -336,7 +336,8 @@ done
 
 # Large bodies are tokenized on the work queue: a 240 KB /tokenize gives
 # tiktoken's ids ("hello" 31373, " hello" 23748, a lone trailing " " 220), a
-# 240 KB completion prompt is measured and refused with its real length, and
+# 240 KB completion prompt is refused as soon as it passes the limit (issue
+# 14: its tokenizing stops there, so its whole length is never known), and
 # a client that leaves while its body is tokenized frees everything (ASan).
 python3 -c 'import json; print(json.dumps({"prompt": "hello " * 40000}))' > "$dir/big_tok.json"
 served() { curl -s "$base/metrics" | sed -n 's/^gpt2d_prompt_tokens_total //p'; }
@@ -349,8 +350,16 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["tokens"] == [31373] + [23748] * 39999 + [220] and d["count"] == 40001, d.get("count")
 PY
+# A large /detokenize is parsed and decoded on the work queue too.
+python3 -c 'import json; print(json.dumps({"tokens": [15496] * 20000}))' > "$dir/big_detok.json"
+curl -s "$base/detokenize" --data-binary @"$dir/big_detok.json" |
+    python3 -c 'import json, sys; assert json.load(sys.stdin)["prompt"] == "Hello" * 20000' ||
+    fail "a large /detokenize"
+python3 -c 'import json; print(json.dumps({"tokens": [15496] * 20000 + [-1]}))' > "$dir/big_detok.json"
+curl -s "$base/detokenize" --data-binary @"$dir/big_detok.json" | grep -q "'tokens' entry 20000 is not a token id" ||
+    fail "a large /detokenize with a bad id"
 python3 -c 'import json; print(json.dumps({"model": "gpt2", "prompt": "hello " * 40000}))' > "$dir/big_prompt.json"
-curl -s "$base/v1/completions" --data-binary @"$dir/big_prompt.json" | grep -q 'prompt 0 has 40001 tokens; the limit is 1024' ||
+curl -s "$base/v1/completions" --data-binary @"$dir/big_prompt.json" | grep -q 'prompt 0 has more than 1024 tokens; the limit is 1024 (max_prompt_tokens)' ||
     fail "a large prompt is not measured"
 for _ in 1 2 3 4; do curl -s -m 0.01 "$base/tokenize" --data-binary @"$dir/big_tok.json" > /dev/null || true; done
 [ "$(curl -s "$base/health")" = '{"status":"ok"}' ] || fail "health after clients left mid-tokenization"

@@ -465,6 +465,53 @@ START_TEST(sse_over_limit_backlog_bound)
 }
 END_TEST
 
+/* ---- Connections (conn.c) ------------------------------------------------ */
+
+START_TEST(conn_deadline_of_each_phase_its_timeout)
+{
+    cfg_config cfg;
+    cfg_defaults(&cfg);
+    cfg.request_header_timeout_s = 2;
+    cfg.body_timeout_s = 3;
+    cfg.connection_timeout_s = 60;
+    srv_conn c = {.t_ready = 100.0};
+    conn_deadline d = conn_deadline_of(&cfg, &c); /* a new connection: its first head */
+    ck_assert_int_eq(d.kind, CONN_WAIT_HEAD);
+    ck_assert_double_eq(d.at, 102.0);
+    c.served = 1; /* keep-alive between requests: bytes or not, connection_timeout */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_IDLE);
+    ck_assert_double_eq(d.at, 160.0);
+    srv_req r = {.state = HTTP_REQ_BODY, .t_progress = 130.0};
+    c.req = &r; /* a body: from its last byte */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_BODY);
+    ck_assert_double_eq(d.at, 133.0);
+    r.state = HTTP_REQ_HEAD; /* the head is in, no body byte yet */
+    ck_assert_int_eq(conn_deadline_of(&cfg, &c).kind, CONN_WAIT_BODY);
+    r.state = HTTP_REQ_STREAMING; /* being answered: no deadline here */
+    ck_assert_int_eq(conn_deadline_of(&cfg, &c).kind, CONN_WAIT_NONE);
+    r.state = HTTP_REQ_BODY;
+    c.closing = 1; /* already closing: nothing more */
+    ck_assert_int_eq(conn_deadline_of(&cfg, &c).kind, CONN_WAIT_NONE);
+}
+END_TEST
+
+START_TEST(conn_pick_idle_oldest_without_request)
+{
+    srv_req busy = {.state = HTTP_REQ_RUNNING};
+    srv_conn c[4] = {{.t_ready = 5.0},
+                     {.t_ready = 1.0, .req = &busy},
+                     {.t_ready = 3.0},
+                     {.t_ready = 2.0, .closing = 1}};
+    for (int i = 0; i < 3; i++) c[i].next = &c[i + 1];
+    ck_assert_ptr_eq(conn_pick_idle(&c[0], NULL), &c[2]); /* 1 is busy, 3 is closing */
+    ck_assert_ptr_eq(conn_pick_idle(&c[0], &c[2]), &c[0]);
+    c[0].req = c[2].req = &busy;
+    ck_assert_ptr_null(conn_pick_idle(&c[0], NULL)); /* none idle */
+}
+END_TEST
+
 /* ---- /metrics ------------------------------------------------------------ */
 
 static int has_line(const char *page, const char *line)
@@ -672,6 +719,10 @@ int main(void)
     tc = tcase_create("lifecycle");
     tcase_add_test(tc, srv_file_id_same_changes_in_place_rename_and_delete_differ);
     tcase_add_test(tc, srv_config_read_file_then_options_and_bad_files_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("conn");
+    tcase_add_test(tc, conn_deadline_of_each_phase_its_timeout);
+    tcase_add_test(tc, conn_pick_idle_oldest_without_request);
     suite_add_tcase(s, tc);
     tc = tcase_create("metrics");
     tcase_add_test(tc, met_render_counters_and_histograms_prometheus);

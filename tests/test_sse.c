@@ -174,6 +174,34 @@ START_TEST(sse_rejects_what_would_span_lines)
 }
 END_TEST
 
+START_TEST(sse_slow_reader_buffer_stays_bounded)
+{
+    /* A reader that always leaves part behind never empties the queue, so
+     * the start-over of put() never runs: the taken bytes must still be
+     * reused, or the buffer grows with everything ever sent. */
+    sse_queue q;
+    sse_init(&q);
+    char out[64];
+    size_t sent = 0, got = 0;
+    for (int i = 0; i < 10000; i++) {
+        ck_assert_int_eq(sse_comment(&q, "0123456789012345678901234567890123456789"), 0);
+        sent += 44;
+        got += sse_take(&q, out, 40); /* 4 bytes a round stay behind */
+        ck_assert_uint_eq(sse_pending(&q), sent - got);
+    }
+    ck_assert_uint_eq(sse_pending(&q), 40000);
+    ck_assert_uint_le(q.cap, 2 * 40000 + 1024); /* not the 440,000 bytes sent */
+    /* The stream is intact where it stood: event after event, in order. */
+    const char *ev = ": 0123456789012345678901234567890123456789\n\n";
+    char rest[44];
+    for (size_t k = 0; k < 3; k++) {
+        ck_assert_uint_eq(sse_take(&q, rest, 1), 1);
+        ck_assert_int_eq(rest[0], ev[(got + k) % 44]);
+    }
+    sse_free(&q);
+}
+END_TEST
+
 START_TEST(sse_partial_takes_and_reuse)
 {
     sse_queue q;
@@ -211,6 +239,7 @@ int main(void)
     tcase_add_test(tc, sse_nothing_after_done);
     tcase_add_test(tc, sse_rejects_what_would_span_lines);
     tcase_add_test(tc, sse_partial_takes_and_reuse);
+    tcase_add_test(tc, sse_slow_reader_buffer_stays_bounded);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -122,6 +122,41 @@ START_TEST(bpe_encode_special_makes_endoftext_one_token)
 }
 END_TEST
 
+START_TEST(bpe_encode_special_max_stops_past_the_limit)
+{
+    /* "Hello, world!" is 4 tokens: a limit of 4 or more encodes it whole. */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[128];
+    ck_assert_int_eq(
+        bpe_encode_special_max(gpt2, "Hello, world!", 13, 4, &ids, &n, err, sizeof err), BPE_OK);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_int_eq(ids[3], 0);
+    free(ids);
+    ids = (int32_t *)1;
+    ck_assert_int_eq(
+        bpe_encode_special_max(gpt2, "Hello, world!", 13, 3, &ids, &n, err, sizeof err),
+        BPE_ETOOBIG);
+    ck_assert_ptr_null(ids);
+    ck_assert_msg(strstr(err, "more than 3 tokens") != NULL, "err: %s", err);
+    size_t big = 70000;
+    char *text = malloc(big);
+    ck_assert_ptr_nonnull(text);
+    for (size_t i = 0; i < big; i++) text[i] = i % 7 == 6 ? ' ' : (char)('a' + (i * 7919) % 26);
+    /* The same text with room for it all: every id, as bpe_encode_special. */
+    int32_t *all = NULL, *ref = NULL;
+    size_t nall = 0, nref = 0;
+    ck_assert_int_eq(bpe_encode_special_max(gpt2, text, big, SIZE_MAX, &all, &nall, NULL, 0),
+                     BPE_OK);
+    ck_assert_int_eq(bpe_encode_special(gpt2, text, big, &ref, &nref, NULL, 0), BPE_OK);
+    ck_assert_uint_eq(nall, nref);
+    ck_assert_mem_eq(all, ref, nref * sizeof *ref);
+    free(all);
+    free(ref);
+    free(text);
+}
+END_TEST
+
 START_TEST(bpe_encode_empty_text_is_no_ids)
 {
     int32_t *ids = (int32_t *)1;
@@ -385,6 +420,25 @@ static bpe *load_fixture(const char *vocab, const char *merges)
 
 #define TINY_VOCAB                                                                                 \
     "{\"h\": 0, \"e\": 1, \"l\": 2, \"he\": 3, \"el\": 4, \"hel\": 5, \"a\": 6, \"aa\": 7}"
+
+START_TEST(bpe_encode_special_max_never_reads_past_the_limit)
+{
+    /* "!" has no token here: reaching it is BPE_EUNKNOWN. With a limit the
+     * first piece passes, the encoder stops before the "!" piece. */
+    bpe *t = load_fixture(TINY_VOCAB, "#version: 0.2\nh e\ne l\nhe l\n");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(bpe_encode_special_max(t, "hel!", 4, SIZE_MAX, &ids, &n, NULL, 0),
+                     BPE_EUNKNOWN);
+    ck_assert_int_eq(bpe_encode_special_max(t, "hel!", 4, 0, &ids, &n, NULL, 0), BPE_ETOOBIG);
+    ck_assert_ptr_null(ids);
+    ck_assert_int_eq(bpe_encode_special_max(t, "hel", 3, 1, &ids, &n, NULL, 0), BPE_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(ids[0], 5);
+    free(ids);
+    bpe_free(t);
+}
+END_TEST
 
 START_TEST(bpe_merges_follow_their_rank)
 {
@@ -813,6 +867,7 @@ static Suite *bpe_suite(void)
     tcase_add_test(tc, bpe_encode_japanese_splits_characters_across_tokens);
     tcase_add_test(tc, bpe_encode_endoftext_is_ordinary_text);
     tcase_add_test(tc, bpe_encode_special_makes_endoftext_one_token);
+    tcase_add_test(tc, bpe_encode_special_max_stops_past_the_limit);
     tcase_add_test(tc, bpe_encode_empty_text_is_no_ids);
     tcase_add_test(tc, bpe_encode_long_runs_round_trip);
     tcase_add_test(tc, bpe_decode_round_trips_every_byte);
@@ -830,6 +885,7 @@ static Suite *bpe_suite(void)
     tc = tcase_create("bpe_load");
     tcase_add_checked_fixture(tc, fix_setup, fix_teardown);
     tcase_add_test(tc, bpe_merges_follow_their_rank);
+    tcase_add_test(tc, bpe_encode_special_max_never_reads_past_the_limit);
     tcase_add_test(tc, bpe_merges_lower_rank_wins_over_earlier_position);
     tcase_add_test(tc, bpe_merges_non_overlapping_left_to_right);
     tcase_add_test(tc, bpe_encode_byte_without_token_is_eunknown);

@@ -621,13 +621,16 @@ static size_t merge_large(const bpe *t, scratch *s, size_t n)
 }
 
 /* Encodes text[from..n) ordinarily (as if the text began at from), appending
- * to out at *k: never more ids than bytes. */
-static bpe_status encode_span(const bpe *t, const char *text, size_t from, size_t n, int32_t *out,
-                              size_t *k, scratch *s, char *err, size_t errlen)
+ * to out at *k: never more ids than bytes. BPE_ETOOBIG as soon as *k passes
+ * max (after the piece that passed it). */
+static bpe_status encode_span(const bpe *t, const char *text, size_t from, size_t n, size_t max,
+                              int32_t *out, size_t *k, scratch *s, char *err, size_t errlen)
 {
     const unsigned char *u = (const unsigned char *)text;
     size_t pos = from;
     while (pos < n) {
+        if (*k > max)
+            return fail(err, errlen, BPE_ETOOBIG, "the text has more than %zu tokens", max);
         size_t end = bpe_split_next(text, n, pos);
         size_t m = end - pos;
         int32_t whole = str_find(t, u + pos, m);
@@ -658,8 +661,8 @@ static bpe_status encode_span(const bpe *t, const char *text, size_t from, size_
 /* bpe_encode and bpe_encode_special: with `special`, every occurrence of
  * BPE_EOT_TEXT is its token (when the vocabulary has one) and the text
  * between is encoded ordinarily. */
-static bpe_status encode(const bpe *t, const char *text, size_t n, int special, int32_t **ids,
-                         size_t *nids, char *err, size_t errlen)
+static bpe_status encode(const bpe *t, const char *text, size_t n, int special, size_t max,
+                         int32_t **ids, size_t *nids, char *err, size_t errlen)
 {
     *ids = NULL;
     *nids = 0;
@@ -678,13 +681,15 @@ static bpe_status encode(const bpe *t, const char *text, size_t n, int special, 
     while (rc == BPE_OK && pos < n) {
         const char *hit = eot >= 0 ? memmem(text + pos, n - pos, BPE_EOT_TEXT, elen) : NULL;
         size_t end = hit != NULL ? (size_t)(hit - text) : n;
-        rc = encode_span(t, text, pos, end, out, &k, &s, err, errlen);
+        rc = encode_span(t, text, pos, end, max, out, &k, &s, err, errlen);
         if (hit != NULL && rc == BPE_OK) {
             out[k++] = eot;
             end += elen;
         }
         pos = end;
     }
+    if (rc == BPE_OK && k > max)
+        rc = fail(err, errlen, BPE_ETOOBIG, "the text has more than %zu tokens", max);
     scratch_free(&s);
     if (rc != BPE_OK) {
         free(out);
@@ -699,13 +704,19 @@ static bpe_status encode(const bpe *t, const char *text, size_t n, int special, 
 bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
                       char *err, size_t errlen)
 {
-    return encode(t, text, n, 0, ids, nids, err, errlen);
+    return encode(t, text, n, 0, SIZE_MAX, ids, nids, err, errlen);
 }
 
 bpe_status bpe_encode_special(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
                               char *err, size_t errlen)
 {
-    return encode(t, text, n, 1, ids, nids, err, errlen);
+    return encode(t, text, n, 1, SIZE_MAX, ids, nids, err, errlen);
+}
+
+bpe_status bpe_encode_special_max(const bpe *t, const char *text, size_t n, size_t max,
+                                  int32_t **ids, size_t *nids, char *err, size_t errlen)
+{
+    return encode(t, text, n, 1, max, ids, nids, err, errlen);
 }
 
 /* ---- Decoding ----------------------------------------------------------- */

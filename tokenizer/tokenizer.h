@@ -27,7 +27,7 @@ typedef enum {
     BPE_ENOMEM = 3,
     BPE_EUNKNOWN = 4, /* an id not in the vocabulary, or text with a byte
                        * the vocabulary cannot represent                      */
-    BPE_ETOOBIG = 5   /* a file or an id over the limits below                */
+    BPE_ETOOBIG = 5   /* a file, an id or a text over its limit                */
 } bpe_status;
 
 /* Bounds for hostile files. GPT-2's vocab.json is 1 MB with ids < 50,257. */
@@ -84,6 +84,16 @@ bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, s
  */
 bpe_status bpe_encode_special(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
                               char *err, size_t errlen);
+
+/*
+ * bpe_encode_special for a text that may have at most max tokens: it stops
+ * as soon as the text is known to have more (within one pre-tokenizer piece
+ * of the limit), and returns BPE_ETOOBIG with *ids NULL, so a long text over
+ * a small limit costs the work of max tokens, not of the whole text.
+ * Thread: any.
+ */
+bpe_status bpe_encode_special_max(const bpe *t, const char *text, size_t n, size_t max,
+                                  int32_t **ids, size_t *nids, char *err, size_t errlen);
 
 /* The bytes of one token, or NULL for an id not in the vocabulary. Valid
  * until bpe_free(t). Thread: any. */

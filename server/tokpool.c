@@ -1,0 +1,145 @@
+/*
+ * server/tokpool.c (prefix tpool_): the threads that tokenize large bodies. Not libuv's work
+ * queue: its threads also run the engine step, whose calling thread computes
+ * a share of every matmul, so they must keep their priority; these run at
+ * nice TOKPOOL_NICE, so that on a machine with few cores a flood of bodies
+ * to tokenize takes the cores the engine leaves idle, not the engine's
+ * share (tokenizing is throughput, a stream's next token is latency).
+ *
+ * tokenize_concurrency threads take requests from a FIFO; a finished one is
+ * handed back to the loop thread through a uv_async and its done callback
+ * runs there. Thread: tpool_submit, tpool_close on the loop thread; the
+ * run callback on a pool thread, the done callback on the loop thread.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+/* Linux's per-thread nice: 10 gets about a tenth of a core against a thread
+ * at 0 that wants it, and all of an idle one. */
+#define TOKPOOL_NICE 10
+
+struct tokpool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_req *todo_head, *todo_tail; /* protected by mu */
+    srv_req *done_head, *done_tail; /* protected by mu */
+    int stop;                       /* protected by mu */
+    tpool_fn run, done;
+    uv_async_t async;
+    pthread_t *threads;
+    size_t nthreads;
+};
+
+static void push(srv_req **head, srv_req **tail, srv_req *r)
+{
+    r->tok_qnext = NULL;
+    if (*tail)
+        (*tail)->tok_qnext = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+static void *worker_main(void *arg)
+{
+    tokpool *p = arg;
+    /* Failure leaves the thread at the process's priority: still correct. */
+    (void)setpriority(PRIO_PROCESS, (id_t)gettid(), TOKPOOL_NICE);
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->todo_head == NULL && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) break;
+        srv_req *r = p->todo_head;
+        p->todo_head = r->tok_qnext;
+        if (p->todo_head == NULL) p->todo_tail = NULL;
+        pthread_mutex_unlock(&p->mu);
+        p->run(r);
+        pthread_mutex_lock(&p->mu);
+        push(&p->done_head, &p->done_tail, r);
+        if (!p->stop) uv_async_send(&p->async); /* closed once stop is set */
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void on_async(uv_async_t *a)
+{
+    tokpool *p = a->data;
+    pthread_mutex_lock(&p->mu);
+    srv_req *r = p->done_head;
+    p->done_head = p->done_tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    while (r != NULL) {
+        srv_req *next = r->tok_qnext;
+        r->tok_qnext = NULL;
+        p->done(r);
+        r = next;
+    }
+}
+
+int tpool_new(uv_loop_t *loop, size_t nthreads, tpool_fn run, tpool_fn done, tokpool **out,
+              char *err, size_t errlen)
+{
+    *out = NULL;
+    tokpool *p = calloc(1, sizeof *p);
+    if (p == NULL || (p->threads = calloc(nthreads, sizeof *p->threads)) == NULL) {
+        free(p);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->run = run;
+    p->done = done;
+    p->async.data = p;
+    if (uv_async_init(loop, &p->async, on_async) != 0) {
+        snprintf(err, errlen, "cannot set up the tokenizer threads' wake-up");
+        free(p->threads);
+        free(p);
+        return -1;
+    }
+    for (; p->nthreads < nthreads; p->nthreads++) {
+        int rc = pthread_create(&p->threads[p->nthreads], NULL, worker_main, p);
+        if (rc != 0) {
+            snprintf(err, errlen, "cannot start tokenizer thread %zu of %zu: %s", p->nthreads + 1,
+                     nthreads, strerror(rc));
+            *out = p; /* tpool_close + tpool_free undo the rest */
+            return -1;
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+void tpool_submit(tokpool *p, srv_req *r)
+{
+    pthread_mutex_lock(&p->mu);
+    push(&p->todo_head, &p->todo_tail, r);
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void tpool_close(tokpool *p)
+{
+    if (p == NULL) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    uv_close((uv_handle_t *)&p->async, NULL);
+}
+
+void tpool_free(tokpool *p)
+{
+    if (p == NULL) return;
+    for (size_t i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->threads);
+    free(p);
+}
