@@ -113,7 +113,8 @@ int main(int argc, char **argv)
     }
     float *in = randn((size_t)TMAX * 4 * C, 41u), *out = randn((size_t)TMAX * 4 * C, 51u);
     float *logits = randn((size_t)TMAX * V, 61u);
-    float *pack = aligned_alloc(64, op_pool_size(pool) * (4 * C + 6) * 64 * sizeof(float));
+    float *pack = aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), 4 * C, 4 * C)
+                                        * sizeof(float));
     if (pack == NULL) return 1;
     printf("{\"threads\": %zu, \"weights\": \"%s\", \"runs\": [", op_pool_size(pool),
            anon ? "anonymous memory" : "a mapped file");

@@ -3,7 +3,7 @@
  *
  * Every item's new tokens are stacked into one (T, C) activation, so each
  * weight matrix is read once per step for all sequences together. Every
- * kernel (ops.c) reduces each output element in a fixed order that does not
+ * kernel (op_*.c, kernels.h) reduces each output element in a fixed order that does not
  * depend on T, so a sequence's numbers do not depend on its neighbours in
  * the batch (tests/test_engine.c checks it bitwise). Attention runs per row
  * over its own sequence's blocks.
@@ -30,7 +30,7 @@ struct eng_workspace {
     float *tmp;    /* (T, C)                 */
     float *fc;     /* (T, 4C)                */
     float *scores; /* (threads, 4, n_ctx)    */
-    float *pack;   /* (threads, 4C + 6, 64): matmul strips and tails */
+    float *pack;   /* op_matmul_scratch_floats(threads, 4C, 4C) */
     float *lrows;  /* (LOGIT_ROWS, C)        */
     float *logits; /* (LOGIT_ROWS, V)        */
     size_t *pos;   /* (T) position of each row  */
@@ -68,7 +68,7 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->tmp = falloc(R * C);
     w->fc = falloc(R * 4 * C);
     w->scores = falloc(op_pool_size(w->pool) * OP_ATT_ROWS * c->n_ctx);
-    w->pack = falloc(op_pool_size(w->pool) * (4 * C + 6) * 64);
+    w->pack = falloc(op_matmul_scratch_floats(op_pool_size(w->pool), 4 * C, 4 * C));
     w->lrows = falloc(LOGIT_ROWS * C);
     w->logits = falloc(LOGIT_ROWS * c->n_vocab);
     w->pos = malloc(R * sizeof *w->pos);

@@ -3,7 +3,8 @@
 #ifndef GPT2D_ENGINE_INTERNAL_H
 #define GPT2D_ENGINE_INTERNAL_H
 
-#include "engine.h"
+#include "kernels.h"
+#include "step.h"
 #include "safetensors.h"
 
 /* One transformer block's weights: views into the mapping (or the slab). */
@@ -55,44 +56,9 @@ static inline float *kv_head(const eng_kv *kv, const eng_seq *seq, size_t l, int
     return kv->pool + off * kv->HS;
 }
 
-/* ---- Worker threads (pool.c) ---- */
-
-typedef struct op_pool op_pool;
-/* fn(ctx, begin, end, tid): one contiguous range of [0, n) per thread. */
-typedef void (*op_task)(void *ctx, size_t begin, size_t end, size_t tid);
-op_pool *op_pool_new(size_t nthreads); /* NULL on failure */
-void op_pool_free(op_pool *p);
-size_t op_pool_size(const op_pool *p);
-/* Runs fn over [0, n) on every thread; returns when all are done.
- * Thread: the one step thread. */
-void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
-/* The same, but threads claim chunks of grain items in turn until [0, n)
- * is used up, so uneven items or a descheduled thread balance out. */
-void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx);
-
 /* The worker pool of a step's workspace (forward.c), for the scheduler's
  * sampling. */
 op_pool *gpt2_workspace_pool(eng_workspace *w);
-
-/* ---- Kernels (ops.c); fixed reduction orders, see there ---- */
-
-/* pack: per-thread scratch, threads x (K + 6) x 64 floats, 64-byte aligned. */
-void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const float *W,
-               const float *b, size_t T, size_t K, size_t N);
-void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, size_t T, size_t C,
-                size_t V);
-void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
-                  size_t T, size_t C, float eps);
-void op_gelu(op_pool *pool, float *x, size_t n);
-/* scores: per-thread scratch, threads x OP_ATT_ROWS x n_ctx floats. */
-#define OP_ATT_ROWS 4
-void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
-                  const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
-                  size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);
-float op_dot(const float *a, const float *b, size_t n);
-/* x[i] = exp(x[i] - m) (clamped to exp(-87) below), returning their sum in a
- * fixed lane order; the same bits on every path. */
-float op_exp_sub_sum(float *x, size_t n, float m);
 
 eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
 #if defined(__GNUC__)

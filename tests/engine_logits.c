@@ -4,7 +4,7 @@
  * test. MODE "all": one prefill step with logits for every row;
  * "incremental": one token per step through the KV cache.
  */
-#include "engine.h"
+#include "step.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * cache through the forward pass, layouts that must give identical logits,
  * and the errors.
  */
-#include "engine.h"
+#include "step.h"
 #include "internal.h"
 #include "safetensors.h"
 #include "tools.h"
@@ -635,7 +635,8 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
     enum { K = 70, N = 112, TMAX = 70 };
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
-    float *pack = aligned_alloc(64, op_pool_size(pool) * (K + 6) * 64 * sizeof(float));
+    float *pack =
+        aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), K, N) * sizeof(float));
     float *in = malloc(TMAX * K * sizeof *in), *W = malloc(K * N * sizeof *W);
     float *b = malloc(N * sizeof *b), *out = malloc(TMAX * N * sizeof *out);
     float *want = malloc(TMAX * N * sizeof *want);
