@@ -47,9 +47,10 @@ typedef struct eng_model eng_model;
 
 /*
  * Loads DIR/model.safetensors (and DIR/config.json when present). The file
- * is mapped once, read-only; aligned F32 tensors are used in place, the
- * others copied once into aligned memory (see eng_model_copied_bytes), F16
- * and BF16 converted to F32. A "transformer." prefix is stripped;
+ * is mapped once, read-only; aligned tensors are used in place, in their
+ * format (F32, F16 or BF16: the kernels widen 16-bit weights in registers
+ * and give exactly the logits of the F32 widening), misaligned ones copied
+ * once into aligned memory (see eng_model_copied_bytes). A "transformer." prefix is stripped;
  * h.{i}.attn.bias and lm_head.weight are ignored (the head is tied to wte).
  * Every expected tensor must be present with its shape and a float dtype,
  * else ENG_EFORMAT naming it. Free with eng_model_free. Thread: any.
@@ -59,8 +60,8 @@ void eng_model_free(eng_model *m); /* accepts NULL */
 
 const eng_config *eng_model_config(const eng_model *m);
 
-/* Bytes of weights held in private memory (misaligned copies, converted
- * half-precision tensors); 0 for an aligned F32 file. */
+/* Bytes of weights held in private memory (misaligned copies); 0 for an
+ * aligned file of any format. */
 size_t eng_model_copied_bytes(const eng_model *m);
 
 /* Number of parameters (wte, wpe, blocks, ln_f). */

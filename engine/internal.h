@@ -7,24 +7,24 @@
 #include "step.h"
 #include "safetensors.h"
 
-/* One transformer block's weights: views into the mapping (or the slab). */
+/* One transformer block's weights: views into the mapping, in the file's
+ * format (kernels.h, op_w). */
 typedef struct {
-    const float *ln1_g, *ln1_b;   /* (C)                       */
-    const float *attn_w, *attn_b; /* (C, 3C), (3C): Conv1D      */
-    const float *proj_w, *proj_b; /* (C, C), (C)                */
-    const float *ln2_g, *ln2_b;   /* (C)                        */
-    const float *fc_w, *fc_b;     /* (C, 4C), (4C)              */
-    const float *fc2_w, *fc2_b;   /* (4C, C), (C)               */
+    op_w ln1_g, ln1_b;   /* (C)                       */
+    op_w attn_w, attn_b; /* (C, 3C), (3C): Conv1D      */
+    op_w proj_w, proj_b; /* (C, C), (C)                */
+    op_w ln2_g, ln2_b;   /* (C)                        */
+    op_w fc_w, fc_b;     /* (C, 4C), (4C)              */
+    op_w fc2_w, fc2_b;   /* (4C, C), (C)               */
 } gpt2_layer;
 
 struct eng_model {
     eng_config cfg;
-    const float *wte;   /* (V, C); also the LM head, transposed */
-    const float *wpe;   /* (n_ctx, C)                           */
+    op_w wte;           /* (V, C); also the LM head, transposed */
+    op_w wpe;           /* (n_ctx, C)                           */
     gpt2_layer *layers; /* [L]                                  */
-    const float *lnf_g, *lnf_b;
-    sft_data *data;   /* keeps the mapping and copies alive   */
-    float *converted; /* F16/BF16 tensors as F32, or NULL     */
+    op_w lnf_g, lnf_b;
+    sft_data *data; /* keeps the mapping (and copies) alive */
     size_t copied;
     size_t params;
 };

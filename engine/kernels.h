@@ -27,9 +27,11 @@
 #ifndef GPT2D_ENGINE_KERNELS_H
 #define GPT2D_ENGINE_KERNELS_H
 
+#include "safetensors.h"
 #include "step.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -37,6 +39,11 @@
 #else
 #define HAVE_X86 0
 #endif
+
+/* Function attributes of the SIMD paths. Every AVX2 function may widen F16
+ * (F16C); every AVX-512 one may call the AVX2 helpers. */
+#define OP_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define OP_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 /* ---- Dispatch (op_dispatch.c) ---- */
 
@@ -61,6 +68,48 @@ void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
  * is used up, so uneven items or a descheduled thread balance out. */
 void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx);
 
+/* ---- Weights as stored ---- */
+
+/*
+ * A weight tensor in its file's format, read in place (from the shared
+ * mapping): the kernels widen each element to F32 in registers and compute
+ * in F32, so a tensor gives exactly the results of its F32 widening.
+ *   OP_F32   floats;
+ *   OP_F16   IEEE half, widened exactly (sft_f16_to_f32, or F16C);
+ *   OP_BF16  bfloat16, widened by a 16-bit shift (sft_bf16_to_f32);
+ *   OP_Q8    int8 q with F32 scales s, one per OP_Q8_BLOCK elements along
+ *            the reduction dimension; the value is the F32 product
+ *            (float)q * s, rounded once. For a projection W (K, N) the
+ *            scale of W[k][n] is scale[(k / 32) * N + n]; for the token
+ *            embeddings (V, C) that of wte[v][c] is scale[(v * C + c) / 32]
+ *            (C a multiple of 32, so a block never crosses a row).
+ */
+typedef enum { OP_F32 = 0, OP_F16 = 1, OP_BF16 = 2, OP_Q8 = 3 } op_dtype;
+#define OP_Q8_BLOCK 32
+
+typedef struct {
+    const void *p;      /* the elements, row-major                     */
+    const float *scale; /* OP_Q8 only                                  */
+    op_dtype dt;
+} op_w;
+
+/* Element i of w, widened; si is its scale's index (OP_Q8). The reference
+ * widening of every kernel. */
+static inline float op_widen1(const op_w *w, size_t i, size_t si)
+{
+    switch (w->dt) {
+    case OP_F16: return sft_f16_to_f32(((const uint16_t *)w->p)[i]);
+    case OP_BF16: return sft_bf16_to_f32(((const uint16_t *)w->p)[i]);
+    case OP_Q8: return (float)((const int8_t *)w->p)[i] * w->scale[si];
+    case OP_F32: break;
+    }
+    return ((const float *)w->p)[i];
+}
+
+/* dst[j] = element off + j of w, widened, j < n; Q8 scales by the flat
+ * index (the embeddings' layout). A copy for F32. (op_elementwise.c) */
+void op_widen(float *dst, const op_w *w, size_t off, size_t n);
+
 /* ---- Kernels; fixed reduction orders, see each file ---- */
 
 /* Floats of scratch that op_matmul needs on a pool of `threads` threads for
@@ -69,11 +118,12 @@ void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ct
 size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N);
 /* out (T,N) = in (T,K) @ W (K,N) + b. scratch: op_matmul_scratch_floats
  * floats (or more) for at least these K and N, 64-byte aligned. */
-void op_matmul(op_pool *pool, float *scratch, float *out, const float *in, const float *W,
-               const float *b, size_t T, size_t K, size_t N);
-void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, size_t T, size_t C,
+void op_matmul(op_pool *pool, float *scratch, float *out, const float *in, const op_w *W,
+               const op_w *b, size_t T, size_t K, size_t N);
+/* logits (T,V) = h (T,C) @ wte^T, wte (V, C) in any op_dtype. */
+void op_lm_head(op_pool *pool, float *out, const float *h, const op_w *wte, size_t T, size_t C,
                 size_t V);
-void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
+void op_layernorm(op_pool *pool, float *out, const float *in, const op_w *g, const op_w *b,
                   size_t T, size_t C, float eps);
 void op_gelu(op_pool *pool, float *x, size_t n);
 /* scores: per-thread scratch, threads x OP_ATT_ROWS x n_ctx floats. */
@@ -108,6 +158,44 @@ __attribute__((target("avx512f"), always_inline)) static inline float op_hsum16(
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
     return _mm_cvtss_f32(s);
+}
+
+/* 16 (AVX-512) or 8 (AVX2) elements of p from element i, widened exactly;
+ * OP_Q8 gives the integers as floats (the caller multiplies by the scale).
+ * dt is a constant where these are inlined, so each kernel is compiled once
+ * per format. */
+OP_AVX512 __attribute__((always_inline)) static inline __m512 op_ld16(const void *p, size_t i,
+                                                                      const op_dtype dt)
+{
+    switch (dt) {
+    case OP_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)p + i)));
+    case OP_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)((const uint16_t *)p + i))),
+            16));
+    case OP_Q8:
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)((const int8_t *)p + i))));
+    case OP_F32: break;
+    }
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline __m256 op_ld8(const void *p, size_t i,
+                                                                   const op_dtype dt)
+{
+    switch (dt) {
+    case OP_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const void *)((const uint16_t *)p + i)));
+    case OP_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)((const uint16_t *)p + i))), 16));
+    case OP_Q8:
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)((const int8_t *)p + i))));
+    case OP_F32: break;
+    }
+    return _mm256_loadu_ps((const float *)p + i);
 }
 #endif
 

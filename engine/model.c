@@ -4,7 +4,10 @@
  * The weights are views into the sft_data of the checkpoint (kept alive by a
  * reference, so the sft_file with its names is closed after loading). Conv1D
  * weights are used as stored, [in, out]: y = x @ W + b is a row-major GEMM
- * without transposes. Half-precision tensors are converted into one slab.
+ * without transposes. Every tensor is used in its file's format (F32, F16
+ * or BF16): the kernels widen 16-bit weights in registers, so a 16-bit file
+ * stays in the shared mapping (no private copy) and gives exactly the
+ * logits of its F32 widening.
  */
 #include "internal.h"
 
@@ -43,7 +46,6 @@ void eng_model_free(eng_model *m)
 {
     if (m == NULL) return;
     free(m->layers);
-    free(m->converted);
     sft_data_unref(m->data);
     free(m);
 }
@@ -67,16 +69,16 @@ typedef struct {
     const char *path;
     char *err;
     size_t errlen;
-    /* Half-precision tensors are converted in a second pass into this slab. */
-    float *slab;
-    size_t slab_used, slab_cap;
-    int pass; /* 0: check and size; 1: bind */
     size_t params;
 } binder;
 
-/* Finds name with the given shape and binds *dst to its F32 data. */
-static eng_status bind(binder *b, const float **dst, const char *name, size_t ndim, size_t d0,
-                       size_t d1)
+static op_dtype op_dtype_of(sft_dtype d)
+{
+    return d == SFT_F16 ? OP_F16 : d == SFT_BF16 ? OP_BF16 : OP_F32;
+}
+
+/* Finds name with the given shape and binds *dst to its data as stored. */
+static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1)
 {
     char full[160];
     snprintf(full, sizeof full, "%s%s", b->prefix, name);
@@ -100,22 +102,8 @@ static eng_status bind(binder *b, const float **dst, const char *name, size_t nd
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
                          "%s: tensor '%s' is %s; expected F32, F16 or BF16", b->path, full,
                          sft_dtype_name(t->dtype));
-    size_t n = sft_tensor_numel(t);
-    if (b->pass == 0) {
-        b->params += n;
-        if (t->dtype != SFT_F32) b->slab_cap += (n + 15) / 16 * 16;
-        return ENG_OK;
-    }
-    if (t->dtype == SFT_F32) {
-        *dst = t->data;
-        return ENG_OK;
-    }
-    float *out = b->slab + b->slab_used;
-    b->slab_used += (n + 15) / 16 * 16;
-    char e[128];
-    if (sft_tensor_to_f32(t, out, n, e, sizeof e) != SFT_OK)
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: %s", b->path, e);
-    *dst = out;
+    b->params += sft_tensor_numel(t);
+    *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype)};
     return ENG_OK;
 }
 
@@ -262,21 +250,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
         goto done;
     }
-    rc = bind_all(&b, m); /* pass 0: check everything, size the slab */
-    if (rc != ENG_OK) goto done;
-    if (b.slab_cap > 0) {
-        b.slab = aligned_alloc(64, b.slab_cap * sizeof(float));
-        if (b.slab == NULL) {
-            rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory converting half precision");
-            goto done;
-        }
-        m->converted = b.slab;
-    }
-    b.pass = 1;
     rc = bind_all(&b, m);
     if (rc != ENG_OK) goto done;
     m->params = b.params;
-    m->copied = sft_copied_bytes(f) + b.slab_cap * sizeof(float);
+    m->copied = sft_copied_bytes(f);
     m->data = sft_data_ref(f);
 done:
     sft_close(f);

@@ -28,8 +28,8 @@ typedef struct {
 } att_ctx;
 
 #if HAVE_X86
-__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x,
-                                                          size_t n)
+__attribute__((target("avx2,fma,f16c"))) static void axpy_avx2(float *y, float a, const float *x,
+                                                               size_t n)
 {
     __m256 va = _mm256_set1_ps(a);
     size_t i = 0;
@@ -95,7 +95,7 @@ static void att_task(void *arg, size_t begin, size_t end, size_t tid)
  * the output is o += (score * inv) * v for s = 0..p by FMA (axpy's). The
  * cache is walked block by block, one address computation per block.
  */
-__attribute__((target("avx512f"), always_inline)) static inline void
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline void
 att_tile64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, size_t h0,
                   float *scores, const size_t R, const size_t G)
 {
@@ -185,8 +185,8 @@ att_tile64_avx512(const att_ctx *c, const eng_seq *seq, size_t t0, size_t p0, si
  * consecutive positions is one 4-row (or shorter) tile of this head; a
  * lone row (a decode row) is done with the next heads up to four at once,
  * by the job of the first of them. */
-__attribute__((target("avx512f"))) static void att64_task(void *arg, size_t begin, size_t end,
-                                                          size_t tid)
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void att64_task(void *arg, size_t begin,
+                                                                        size_t end, size_t tid)
 {
     const att_ctx *c = arg;
     float *scores = c->scores + tid * OP_ATT_ROWS * c->n_ctx;

@@ -70,7 +70,7 @@ static float exp_sub_sum_c(float *x, size_t n, float m)
 }
 
 #if HAVE_X86
-__attribute__((target("avx2,fma"), always_inline)) static inline __m256 exp_avx2(__m256 x)
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256 exp_avx2(__m256 x)
 {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
@@ -84,7 +84,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 exp_avx2
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-__attribute__((target("avx2,fma"))) static void gelu_avx2(float *x, size_t n)
+__attribute__((target("avx2,fma,f16c"))) static void gelu_avx2(float *x, size_t n)
 {
     const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f),
                  two = _mm256_set1_ps(2.0f), s = _mm256_set1_ps(0.7978845608028654f),
@@ -103,7 +103,7 @@ __attribute__((target("avx2,fma"))) static void gelu_avx2(float *x, size_t n)
 }
 
 /* x[i] = exp(x[i] - m), returning the sum in lane order then the tail. */
-__attribute__((target("avx2,fma"))) static float exp_sub_sum_avx2(float *x, size_t n, float m)
+__attribute__((target("avx2,fma,f16c"))) static float exp_sub_sum_avx2(float *x, size_t n, float m)
 {
     __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
     size_t i = 0;
@@ -129,14 +129,45 @@ float op_exp_sub_sum(float *x, size_t n, float m)
     return exp_sub_sum_c(x, n, m);
 }
 
+/* ---- Widening weights ------------------------------------------------------ */
+
+#if HAVE_X86
+/* F16C and the BF16 shift give op_widen1's floats, eight at a time. */
+OP_AVX2 static size_t widen16_avx2(float *dst, const op_w *w, size_t off, size_t n)
+{
+    size_t i = 0;
+    if (w->dt == OP_F16)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, op_ld8(w->p, off + i, OP_F16));
+    if (w->dt == OP_BF16)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, op_ld8(w->p, off + i, OP_BF16));
+    return i;
+}
+#endif
+
+void op_widen(float *dst, const op_w *w, size_t off, size_t n)
+{
+    if (w->dt == OP_F32) {
+        memcpy(dst, (const float *)w->p + off, n * sizeof(float));
+        return;
+    }
+    size_t i = 0;
+#if HAVE_X86
+    if (op_use_avx2()) i = widen16_avx2(dst, w, off, n);
+#endif
+    for (; i < n; i++) dst[i] = op_widen1(w, off + i, (off + i) / OP_Q8_BLOCK);
+}
+
 /* ---- Layer norm and GELU, by rows ----------------------------------------- */
 
 typedef struct {
     float *out;
-    const float *in, *g, *b;
+    const float *in;
+    const op_w *g, *b; /* (C) in any 16- or 32-bit float format */
     size_t C;
     float eps;
 } ln_ctx;
+
+#define LN_CHUNK 64
 
 /* Mean and variance in double, so the result does not drift with width. */
 static void ln_task(void *arg, size_t begin, size_t end, size_t tid)
@@ -153,11 +184,17 @@ static void ln_task(void *arg, size_t begin, size_t end, size_t tid)
         var /= (double)c->C;
         float rstd = (float)(1.0 / sqrt(var + c->eps));
         float m = (float)mean;
-        for (size_t i = 0; i < c->C; i++) y[i] = (x[i] - m) * rstd * c->g[i] + c->b[i];
+        float g[LN_CHUNK], b[LN_CHUNK]; /* widened, chunk by chunk */
+        for (size_t i0 = 0; i0 < c->C; i0 += LN_CHUNK) {
+            size_t n = c->C - i0 < LN_CHUNK ? c->C - i0 : LN_CHUNK;
+            op_widen(g, c->g, i0, n);
+            op_widen(b, c->b, i0, n);
+            for (size_t i = 0; i < n; i++) y[i0 + i] = (x[i0 + i] - m) * rstd * g[i] + b[i];
+        }
     }
 }
 
-void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
+void op_layernorm(op_pool *pool, float *out, const float *in, const op_w *g, const op_w *b,
                   size_t T, size_t C, float eps)
 {
     ln_ctx c = {out, in, g, b, C, eps};

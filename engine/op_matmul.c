@@ -3,7 +3,9 @@
  * projections of every layer (W as stored by GPT-2's Conv1D, [in, out]).
  *
  * The reduction order, on every path: out[t][n] = b[n], then
- * out[t][n] = fma(in[t][k], W[k][n], out[t][n]) for k = 0, 1, ..., K-1;
+ * out[t][n] = fma(in[t][k], W[k][n], out[t][n]) for k = 0, 1, ..., K-1,
+ * where W[k][n] is the weight widened to F32 (op_widen1: exact for F16 and
+ * BF16, the product q * scale for Q8; kernels.h);
  * one rounding per step, nothing depending on T, the tile, the thread or
  * alignment. mm_stream_c below is that order written plainly (the
  * reference, and the portable path); the AVX2 and AVX-512 versions that
@@ -40,20 +42,35 @@
  */
 typedef struct {
     float *out;
-    const float *in, *W, *b;
+    const float *in;
+    op_w W;         /* (K, N), any op_dtype                             */
+    op_w bias;      /* (N) as stored                                    */
+    const float *b; /* (N) as F32: the file's, or NULL until a task widens it */
     size_t T, K, N;
-    float *pack; /* per thread: K x MM_COLS floats */
+    float *pack; /* per thread: mm_thread_floats(K, N) floats */
 } mm_ctx;
 
+/* W[k][n] widened: the reference (kernels.h, op_widen1). */
+static inline float mm_w_at(const mm_ctx *c, size_t k, size_t n)
+{
+    return op_widen1(&c->W, k * c->N + n, (k / OP_Q8_BLOCK) * c->N + n);
+}
+
+/* The reference: columns [n0, n1) of every row in the fixed order. Each W
+ * row segment is widened once into wrow and used by every row t. */
 static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
 {
+    float wrow[MM_COLS];
     for (size_t t = 0; t < c->T; t++)
         memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
     for (size_t k = 0; k < c->K; k++) {
-        const float *w = c->W + k * c->N;
-        for (size_t t = 0; t < c->T; t++) {
-            float x = c->in[t * c->K + k], *o = c->out + t * c->N;
-            for (size_t n = n0; n < n1; n++) o[n] = fmaf(x, w[n], o[n]);
+        for (size_t nb = n0; nb < n1; nb += MM_COLS) {
+            size_t ne = nb + MM_COLS < n1 ? nb + MM_COLS : n1;
+            for (size_t n = nb; n < ne; n++) wrow[n - nb] = mm_w_at(c, k, n);
+            for (size_t t = 0; t < c->T; t++) {
+                float x = c->in[t * c->K + k], *o = c->out + t * c->N;
+                for (size_t n = nb; n < ne; n++) o[n] = fmaf(x, wrow[n - nb], o[n]);
+            }
         }
     }
 }
@@ -74,7 +91,7 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
  * GPT-2), and the starts of those are where the hardware prefetchers lose
  * most. Prefetches change no result. */
 static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, size_t kb,
-                               size_t ke)
+                               size_t ke, const size_t esize)
 {
     size_t ahead = n - n0 + MM_PF_COLS, span = n1 - n0;
     size_t pk = kb, pn = n0 + ahead;
@@ -85,9 +102,9 @@ static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, 
     if (pk >= c->K || pn + 32 > n1) return;
     size_t pe = pk + KB < c->K ? pk + KB : c->K;
     for (size_t k = pk; k < pe; k++) {
-        const char *p = (const char *)(c->W + k * c->N + pn);
+        const char *p = (const char *)c->W.p + (k * c->N + pn) * esize;
         _mm_prefetch(p, _MM_HINT_T0);
-        _mm_prefetch(p + 64, _MM_HINT_T0);
+        if (esize == 4) _mm_prefetch(p + 64, _MM_HINT_T0);
     }
 }
 
@@ -101,9 +118,48 @@ static inline void gather_inputs(const mm_ctx *c, float *xs, size_t kb, size_t k
         for (size_t k = kb; k < ke; k++) xs[(k - kb) * c->T + t] = c->in[t * c->K + k];
 }
 
-__attribute__((target("avx2,fma"), always_inline)) static inline void
+/* Eight columns of W at row k from column n, widened; sc: the eight Q8
+ * scales of the k-block (unused otherwise). */
+OP_AVX2 __attribute__((always_inline)) static inline __m256
+mm_w8(const mm_ctx *c, size_t k, size_t n, __m256 sc, const op_dtype dt)
+{
+    __m256 w = op_ld8(c->W.p, k * c->N + n, dt);
+    return dt == OP_Q8 ? _mm256_mul_ps(w, sc) : w;
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline __m512
+mm_w16(const mm_ctx *c, size_t k, size_t n, __m512 sc, const op_dtype dt)
+{
+    __m512 w = op_ld16(c->W.p, k * c->N + n, dt);
+    return dt == OP_Q8 ? _mm512_mul_ps(w, sc) : w;
+}
+
+/* The Q8 scales of row k's block at column n (zeros for other formats). */
+OP_AVX2 __attribute__((always_inline)) static inline __m256 mm_sc8(const mm_ctx *c, size_t k,
+                                                                   size_t n, const op_dtype dt)
+{
+    return dt == OP_Q8 ? _mm256_loadu_ps(c->W.scale + (k / OP_Q8_BLOCK) * c->N + n)
+                       : _mm256_setzero_ps();
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline __m512 mm_sc16(const mm_ctx *c, size_t k,
+                                                                      size_t n, const op_dtype dt)
+{
+    return dt == OP_Q8 ? _mm512_loadu_ps(c->W.scale + (k / OP_Q8_BLOCK) * c->N + n)
+                       : _mm512_setzero_ps();
+}
+
+static size_t mm_esize(op_dtype dt)
+{
+    return dt == OP_F32 ? 4 : dt == OP_Q8 ? 1 : 2;
+}
+
+/* A k-block [kb, ke) lies in one Q8 scale block: KB divides OP_Q8_BLOCK. */
+_Static_assert(OP_Q8_BLOCK % KB == 0, "a k-block must not cross a Q8 block");
+
+OP_AVX2 __attribute__((always_inline)) static inline void
 kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
-             const size_t R)
+             const size_t R, const op_dtype dt)
 {
     __m256 acc[3][4];
 #pragma GCC unroll 3
@@ -112,10 +168,11 @@ kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, 
 #pragma GCC unroll 4
         for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(src + 8 * v);
     }
+    __m256 s0 = mm_sc8(c, kb, n0, dt), s1 = mm_sc8(c, kb, n0 + 8, dt);
+    __m256 s2 = mm_sc8(c, kb, n0 + 16, dt), s3 = mm_sc8(c, kb, n0 + 24, dt);
     for (size_t k = kb; k < ke; k++) {
-        const float *w = c->W + k * c->N + n0;
-        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-        __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+        __m256 w0 = mm_w8(c, k, n0, s0, dt), w1 = mm_w8(c, k, n0 + 8, s1, dt);
+        __m256 w2 = mm_w8(c, k, n0 + 16, s2, dt), w3 = mm_w8(c, k, n0 + 24, s3, dt);
 #pragma GCC unroll 3
         for (size_t r = 0; r < R; r++) {
             __m256 x = _mm256_broadcast_ss(xs + (k - kb) * c->T + t0 + r);
@@ -132,27 +189,37 @@ kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, 
             _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
 }
 
-__attribute__((target("avx2,fma"))) static void mm_kblock_avx2(const mm_ctx *c, size_t n0,
-                                                               size_t n1, float *xs)
+OP_AVX2 __attribute__((always_inline)) static inline void
+mm_kblock_avx2_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
         gather_inputs(c, xs, kb, ke);
         for (size_t n = n0; n + 32 <= n1; n += 32) {
-            kb_prefetch(c, n0, n1, n, kb, ke);
+            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
             size_t t = 0;
-            for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, xs, t, n, kb, ke, 3);
-            if (c->T - t == 2) kb_tile_avx2(c, xs, t, n, kb, ke, 2);
-            if (c->T - t == 1) kb_tile_avx2(c, xs, t, n, kb, ke, 1);
+            for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, xs, t, n, kb, ke, 3, dt);
+            if (c->T - t == 2) kb_tile_avx2(c, xs, t, n, kb, ke, 2, dt);
+            if (c->T - t == 1) kb_tile_avx2(c, xs, t, n, kb, ke, 1, dt);
         }
+    }
+}
+
+OP_AVX2 static void mm_kblock_avx2(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+{
+    switch (c->W.dt) {
+    case OP_F32: mm_kblock_avx2_t(c, n0, n1, xs, OP_F32); break;
+    case OP_F16: mm_kblock_avx2_t(c, n0, n1, xs, OP_F16); break;
+    case OP_BF16: mm_kblock_avx2_t(c, n0, n1, xs, OP_BF16); break;
+    case OP_Q8: mm_kblock_avx2_t(c, n0, n1, xs, OP_Q8); break;
     }
 }
 
 #define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
 
-__attribute__((target("avx512f"), always_inline)) static inline void
+OP_AVX512 __attribute__((always_inline)) static inline void
 kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
-               const size_t R)
+               const size_t R, const op_dtype dt)
 {
     __m512 acc[KB_ROWS512][2];
 #pragma GCC unroll 8
@@ -161,9 +228,9 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
         acc[r][0] = _mm512_loadu_ps(src);
         acc[r][1] = _mm512_loadu_ps(src + 16);
     }
+    __m512 s0 = mm_sc16(c, kb, n0, dt), s1 = mm_sc16(c, kb, n0 + 16, dt);
     for (size_t k = kb; k < ke; k++) {
-        const float *w = c->W + k * c->N + n0;
-        __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+        __m512 w0 = mm_w16(c, k, n0, s0, dt), w1 = mm_w16(c, k, n0 + 16, s1, dt);
 #pragma GCC unroll 8
         for (size_t r = 0; r < R; r++) {
             __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
@@ -178,32 +245,66 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
     }
 }
 
-__attribute__((target("avx512f"))) static void mm_kblock_avx512(const mm_ctx *c, size_t n0,
-                                                                size_t n1, float *xs)
+OP_AVX512 __attribute__((always_inline)) static inline void
+mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
         gather_inputs(c, xs, kb, ke);
         for (size_t n = n0; n + 32 <= n1; n += 32) {
-            kb_prefetch(c, n0, n1, n, kb, ke);
+            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
             size_t t = 0;
             for (; t + KB_ROWS512 <= c->T; t += KB_ROWS512)
-                kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512);
+                kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512, dt);
             switch (c->T - t) {
-            case 7: kb_tile_avx512(c, xs, t, n, kb, ke, 7); break;
-            case 6: kb_tile_avx512(c, xs, t, n, kb, ke, 6); break;
-            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5); break;
-            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4); break;
-            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3); break;
-            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2); break;
-            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1); break;
+            case 7: kb_tile_avx512(c, xs, t, n, kb, ke, 7, dt); break;
+            case 6: kb_tile_avx512(c, xs, t, n, kb, ke, 6, dt); break;
+            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5, dt); break;
+            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4, dt); break;
+            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3, dt); break;
+            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2, dt); break;
+            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1, dt); break;
             default: break;
             }
         }
     }
 }
 
-__attribute__((target("avx2,fma"), always_inline)) static inline void
+OP_AVX512 static void mm_kblock_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+{
+    switch (c->W.dt) {
+    case OP_F32: mm_kblock_avx512_t(c, n0, n1, xs, OP_F32); break;
+    case OP_F16: mm_kblock_avx512_t(c, n0, n1, xs, OP_F16); break;
+    case OP_BF16: mm_kblock_avx512_t(c, n0, n1, xs, OP_BF16); break;
+    case OP_Q8: mm_kblock_avx512_t(c, n0, n1, xs, OP_Q8); break;
+    }
+}
+
+/* Packs columns [n0, n0 + cols) of W, widened, into strip (K x cols floats,
+ * cols 32 or 64): copies of the widened values, so no bit changes. */
+OP_AVX2 __attribute__((always_inline)) static inline void
+mm_pack_t(const mm_ctx *c, size_t n0, size_t cols, float *strip, const op_dtype dt)
+{
+    for (size_t k = 0; k < c->K; k++)
+        for (size_t j = 0; j < cols; j += 8)
+            _mm256_store_ps(strip + k * cols + j,
+                            mm_w8(c, k, n0 + j, mm_sc8(c, k, n0 + j, dt), dt));
+}
+
+OP_AVX2 static void mm_pack(const mm_ctx *c, size_t n0, size_t cols, float *strip)
+{
+    switch (c->W.dt) {
+    case OP_F32:
+        for (size_t k = 0; k < c->K; k++)
+            memcpy(strip + k * cols, (const float *)c->W.p + k * c->N + n0, cols * sizeof(float));
+        break;
+    case OP_F16: mm_pack_t(c, n0, cols, strip, OP_F16); break;
+    case OP_BF16: mm_pack_t(c, n0, cols, strip, OP_BF16); break;
+    case OP_Q8: mm_pack_t(c, n0, cols, strip, OP_Q8); break;
+    }
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline void
 mm_tile_avx2(const mm_ctx *c, const float *strip, size_t t0, size_t n0, const size_t R)
 {
     __m256 acc[MM_ROWS][4];
@@ -226,18 +327,14 @@ mm_tile_avx2(const mm_ctx *c, const float *strip, size_t t0, size_t n0, const si
             _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
 }
 
-__attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, size_t n0,
-                                                              float *strip)
+OP_AVX2 static void mm_block_avx2(const mm_ctx *c, size_t n0, float *strip)
 {
-    for (size_t k = 0; k < c->K; k++)
-        memcpy(strip + k * MM_COLS, c->W + k * c->N + n0, MM_COLS * sizeof(float));
+    mm_pack(c, n0, MM_COLS, strip);
     size_t t = 0;
     for (; t + 3 <= c->T; t += 3) mm_tile_avx2(c, strip, t, n0, 3);
     if (c->T - t == 2) mm_tile_avx2(c, strip, t, n0, 2);
     if (c->T - t == 1) mm_tile_avx2(c, strip, t, n0, 1);
 }
-#endif
-
 /* AVX-512: register tiles of 6 rows x 64 columns (24 accumulators). A
  * 512-bit FMA rounds each lane exactly as a 256-bit one or fmaf does, so
  * the bits are those of the other paths. */
@@ -249,10 +346,9 @@ __attribute__((target("avx2,fma"))) static void mm_block_avx2(const mm_ctx *c, s
  * rows of the packed strip, starting from init[r] (the bias, or the partial
  * sums from the previous k-block) and written to o[0..5]. Fully unrolled so
  * that the 24 accumulators stay in registers. */
-__attribute__((target("avx512f"))) static void mm_tile6_avx512(float *const o[6],
-                                                               const float *const x[6],
-                                                               const float *strip,
-                                                               const float *const init[6], size_t K)
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void
+mm_tile6_avx512(float *const o[6], const float *const x[6], const float *strip,
+                const float *const init[6], size_t K)
 {
 #define ACC(r)                                                                                     \
     __m512 a##r##0 = _mm512_loadu_ps(init[r]), a##r##1 = _mm512_loadu_ps(init[r] + 16),            \
@@ -302,11 +398,10 @@ __attribute__((target("avx512f"))) static void mm_tile6_avx512(float *const o[6]
 
 /* tail: per-thread scratch of 6 x 64 floats for the rows past the last full
  * tile (their inputs repeat a real row; their outputs are dropped). */
-__attribute__((target("avx512f"))) static void mm_block_avx512(const mm_ctx *c, size_t n0,
-                                                               float *strip, float *tail)
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void
+mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
 {
-    for (size_t k = 0; k < c->K; k++)
-        memcpy(strip + k * MM512_COLS, c->W + k * c->N + n0, MM512_COLS * sizeof(float));
+    mm_pack(c, n0, MM512_COLS, strip);
     /* k-blocks of MM512_KC rows (64 KB of strip, in L1/L2 while every row
      * tile passes over it): 256 measured best of 64, 128, 256 and none. */
     for (size_t kb = 0; kb < c->K; kb += MM512_KC) {
@@ -325,42 +420,48 @@ __attribute__((target("avx512f"))) static void mm_block_avx512(const mm_ctx *c, 
     }
 }
 
+#endif
+
 /* Per thread: a strip of K x 64 floats of W and 6 x 64 floats for the rows
  * past the last full AVX-512 tile (mm_block_avx512), or T x KB inputs for the
- * k-blocked tiles (T <= MM_STREAM_MAX, KB = 16: less than the strip). */
+ * k-blocked tiles (T <= MM_STREAM_MAX, KB = 16: less than the strip); then
+ * N floats for the bias widened from F16 or BF16 (the task's columns). */
 static size_t mm_thread_floats(size_t K, size_t N)
 {
-    (void)N;
-    return (K + MM512_ROWS) * MM512_COLS;
+    return (K + MM512_ROWS) * MM512_COLS + (N + 15) / 16 * 16;
 }
 
 static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 {
-    const mm_ctx *c = arg;
+    mm_ctx task = *(const mm_ctx *)arg;
+    const mm_ctx *c = &task;
     size_t n0 = begin * MM_COLS, n1 = end * MM_COLS < c->N ? end * MM_COLS : c->N;
+    float *mine = c->pack + tid * mm_thread_floats(c->K, c->N);
+    if (c->b == NULL) { /* a 16-bit bias: this task's columns, widened */
+        float *wb = mine + (c->K + MM512_ROWS) * MM512_COLS;
+        op_widen(wb + n0, &c->bias, n0, n1 - n0);
+        task.b = wb;
+    }
 #if HAVE_X86
     if (op_use_avx2()) {
         if (c->T <= (op_use_avx512() ? MM_STREAM_MAX_512 : MM_STREAM_MAX)) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
-            float *xs = c->pack + tid * mm_thread_floats(c->K, c->N); /* T x KB */
             if (op_use_avx512())
-                mm_kblock_avx512(c, n0, nv, xs);
+                mm_kblock_avx512(c, n0, nv, mine); /* T x KB inputs */
             else
-                mm_kblock_avx2(c, n0, nv, xs);
+                mm_kblock_avx2(c, n0, nv, mine);
             if (nv < n1) mm_stream_c(c, nv, n1);
             return;
         }
         size_t n = n0;
-        float *strip = c->pack + tid * mm_thread_floats(c->K, c->N);
         if (op_use_avx512())
             for (; n + MM512_COLS <= n1; n += MM512_COLS)
-                mm_block_avx512(c, n, strip, strip + c->K * MM512_COLS);
-        for (; n + MM_COLS <= n1; n += MM_COLS) mm_block_avx2(c, n, strip);
+                mm_block_avx512(c, n, mine, mine + c->K * MM512_COLS);
+        for (; n + MM_COLS <= n1; n += MM_COLS) mm_block_avx2(c, n, mine);
         if (n < n1) mm_stream_c(c, n, n1);
         return;
     }
 #endif
-    (void)tid;
     mm_stream_c(c, n0, n1);
 }
 
@@ -369,9 +470,9 @@ size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N)
     return threads * mm_thread_floats(K, N);
 }
 
-void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const float *W,
-               const float *b, size_t T, size_t K, size_t N)
+void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const op_w *W,
+               const op_w *b, size_t T, size_t K, size_t N)
 {
-    mm_ctx c = {out, in, W, b, T, K, N, pack};
+    mm_ctx c = {out, in, *W, *b, b->dt == OP_F32 ? b->p : NULL, T, K, N, pack};
     op_pool_run(pool, (N + MM_COLS - 1) / MM_COLS, mm_task, &c);
 }

@@ -295,7 +295,7 @@ START_TEST(eng_model_half_precision_loads_exactly)
         run_alone(m, want);
         eng_model_free(m);
         m = load("half");
-        ck_assert_uint_gt(eng_model_copied_bytes(m), 0); /* converted into a slab */
+        ck_assert_uint_eq(eng_model_copied_bytes(m), 0); /* served from the mapping */
         run_alone(m, got);
         eng_model_free(m);
         ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s logits differ",
@@ -623,51 +623,192 @@ START_TEST(eng_sample_full_vocabulary_follows_softmax)
 }
 END_TEST
 
+/* ---- Kernels against their reference order, in every weight format ---- */
+
+static unsigned lcg(unsigned *seed)
+{
+    return *seed = *seed * 1103515245u + 12345u;
+}
+
+static float unit(unsigned *seed)
+{
+    return (float)lcg(seed) / 4e9f - 0.5f;
+}
+
+/* A weight tensor of R x Cc elements in format dt and its F32 widening,
+ * computed here from the definitions (kernels.h): F16 by sft_f16_to_f32 of
+ * any finite half (subnormals included), BF16 the top 16 bits, Q8 the F32
+ * product q * scale with scales per 32 rows (rows = 1: a projection, K x N)
+ * or per 32 consecutive elements (rows = 0: the embeddings). */
+typedef struct {
+    void *p;
+    float *scale, *wide;
+    op_w w;
+} test_w;
+
+static void test_w_make(test_w *t, op_dtype dt, size_t R, size_t Cc, int rows, unsigned *seed)
+{
+    size_t n = R * Cc, nsc = rows ? (R + 31) / 32 * Cc : (n + 31) / 32;
+    t->wide = malloc(n * sizeof(float));
+    t->p = malloc(n * 4);
+    t->scale = dt == OP_Q8 ? malloc(nsc * sizeof(float)) : NULL;
+    ck_assert(t->wide && t->p && (dt != OP_Q8 || t->scale));
+    for (size_t i = 0; dt == OP_Q8 && i < nsc; i++)
+        t->scale[i] = ((float)(lcg(seed) % 1000) + 1) / 65536.0f;
+    for (size_t i = 0; i < n; i++) {
+        float f = unit(seed);
+        uint16_t h;
+        switch (dt) {
+        case OP_F32: ((float *)t->p)[i] = t->wide[i] = f; break;
+        case OP_F16:
+            do h = (uint16_t)(lcg(seed) >> 8);
+            while ((h & 0x7C00u) == 0x7C00u); /* finite halves, subnormals too */
+            ((uint16_t *)t->p)[i] = h;
+            t->wide[i] = sft_f16_to_f32(h);
+            break;
+        case OP_BF16:
+            h = (uint16_t)(((lcg(seed) >> 8) & 0x80FFu) | (uint16_t)((100 + lcg(seed) % 40) << 7));
+            ((uint16_t *)t->p)[i] = h;
+            t->wide[i] = sft_bf16_to_f32(h);
+            break;
+        case OP_Q8: {
+            int8_t q = (int8_t)((int)(lcg(seed) % 255) - 127);
+            ((int8_t *)t->p)[i] = q;
+            size_t si = rows ? (i / Cc / 32) * Cc + i % Cc : i / 32;
+            t->wide[i] = (float)q * t->scale[si];
+            break;
+        }
+        }
+    }
+    t->w = (op_w){t->p, t->scale, dt};
+}
+
+static void test_w_free(test_w *t)
+{
+    free(t->p);
+    free(t->scale);
+    free(t->wide);
+}
+
+static const char *const dt_names[] = {"F32", "F16", "BF16", "Q8"};
+
 /* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
  * 24 rows with AVX-512 or 48 with AVX2, k-blocked tiles; more, packed
  * strips; and every partial tile of each); each must give, bit for bit,
- * b[n] followed by one FMA per k in increasing k, computed here with fmaf.
- * K = 70 leaves a k-block tail and N = 112 a column tail past the
- * 32-column tasks. Run at every kernel level (GPT2D_KERNELS) by
- * tests/meson.build. */
+ * b[n] followed by one FMA per k in increasing k over the widened weights,
+ * computed here with fmaf, in every weight format (loop index) and with a
+ * 16-bit bias too. K = 70 leaves a k-block tail (and a partial Q8 block)
+ * and N = 112 a column tail past the 32-column tasks. Run at every kernel
+ * level (GPT2D_KERNELS) by tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
     enum { K = 70, N = 112, TMAX = 70 };
+    op_dtype dt = (op_dtype)_i;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
     float *pack =
         aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), K, N) * sizeof(float));
-    float *in = malloc(TMAX * K * sizeof *in), *W = malloc(K * N * sizeof *W);
-    float *b = malloc(N * sizeof *b), *out = malloc(TMAX * N * sizeof *out);
+    float *in = malloc(TMAX * K * sizeof *in), *out = malloc(TMAX * N * sizeof *out);
     float *want = malloc(TMAX * N * sizeof *want);
-    ck_assert(pack && in && W && b && out && want);
+    ck_assert(pack && in && out && want);
     unsigned seed = 7;
-    for (size_t i = 0; i < TMAX * K; i++)
-        in[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
-    for (size_t i = 0; i < K * N; i++)
-        W[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
-    for (size_t i = 0; i < N; i++) b[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
+    for (size_t i = 0; i < TMAX * K; i++) in[i] = unit(&seed);
+    test_w W, b;
+    test_w_make(&W, dt, K, N, 1, &seed);
+    test_w_make(&b, dt == OP_Q8 ? OP_F32 : dt, 1, N, 0, &seed);
     for (size_t t = 0; t < TMAX; t++)
         for (size_t n = 0; n < N; n++) {
-            float acc = b[n];
-            for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W[k * N + n], acc);
+            float acc = b.wide[n];
+            for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W.wide[k * N + n], acc);
             want[t * N + n] = acc;
         }
     for (size_t T = 1; T <= TMAX; T++) {
         memset(out, 0xff, TMAX * N * sizeof *out);
-        op_matmul(pool, pack, out, in, W, b, T, K, N);
+        op_matmul(pool, pack, out, in, &W.w, &b.w, T, K, N);
         for (size_t i = 0; i < T * N; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "T = %zu: row %zu column %zu is %a, want %a", T, i / N, i % N,
-                          (double)out[i], (double)want[i]);
+                          "%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt], T, i / N,
+                          i % N, (double)out[i], (double)want[i]);
     }
+    test_w_free(&W);
+    test_w_free(&b);
     free(pack);
     free(in);
-    free(W);
-    free(b);
     free(out);
     free(want);
     op_pool_free(pool);
+}
+END_TEST
+
+/* The LM head for every row count 1..70 (4-row tiles and single rows,
+ * vocabulary tiles of four and the rest) against the dot product's order,
+ * written out here: sixteen lanes by FMA, the pairs l[j] + l[j + 8], the
+ * tree ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)), then the tail by
+ * FMA. C = 70 (a tail of 6) for the float formats; Q8 needs C % 32 == 0. */
+START_TEST(op_lm_head_every_row_count_is_the_fixed_order)
+{
+    op_dtype dt = (op_dtype)_i;
+    const size_t C = dt == OP_Q8 ? 96 : 70, V = 133, TMAX = 70;
+    op_pool *pool = op_pool_new(2);
+    ck_assert_ptr_nonnull(pool);
+    float *h = malloc(TMAX * C * sizeof *h), *out = malloc(TMAX * V * sizeof *out);
+    float *want = malloc(TMAX * V * sizeof *want);
+    ck_assert(h && out && want);
+    unsigned seed = 11;
+    for (size_t i = 0; i < TMAX * C; i++) h[i] = unit(&seed);
+    test_w wte;
+    test_w_make(&wte, dt, V, C, 0, &seed);
+    for (size_t t = 0; t < TMAX; t++)
+        for (size_t v = 0; v < V; v++) {
+            const float *a = h + t * C, *b = wte.wide + v * C;
+            float l[16] = {0}, m[8];
+            size_t i = 0;
+            for (; i + 16 <= C; i += 16)
+                for (size_t j = 0; j < 16; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
+            for (size_t j = 0; j < 8; j++) m[j] = l[j] + l[j + 8];
+            float s = ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]));
+            for (; i < C; i++) s = fmaf(a[i], b[i], s);
+            want[t * V + v] = s;
+        }
+    for (size_t T = 1; T <= TMAX; T++) {
+        memset(out, 0xff, TMAX * V * sizeof *out);
+        op_lm_head(pool, out, h, &wte.w, T, C, V);
+        for (size_t i = 0; i < T * V; i++)
+            ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
+                          "%s, T = %zu: row %zu token %zu is %a, want %a", dt_names[dt], T, i / V,
+                          i % V, (double)out[i], (double)want[i]);
+    }
+    test_w_free(&wte);
+    free(h);
+    free(out);
+    free(want);
+    op_pool_free(pool);
+}
+END_TEST
+
+/* op_widen (the embeddings, layer norm, biases) of every F16 and BF16 bit
+ * pattern equals the formats module's conversion; NaNs stay NaNs (F16C
+ * quiets a signalling NaN, which any arithmetic on it does anyway). */
+START_TEST(op_widen_every_16_bit_value_is_exact)
+{
+    uint16_t *bits = malloc(65536 * sizeof *bits);
+    float *got = malloc(65536 * sizeof *got);
+    ck_assert(bits && got);
+    for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
+    for (int k = 0; k < 2; k++) {
+        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16};
+        op_widen(got, &w, 0, 65536);
+        for (size_t i = 0; i < 65536; i++) {
+            float want = k == 0 ? sft_f16_to_f32(bits[i]) : sft_bf16_to_f32(bits[i]);
+            if (isnan(want))
+                ck_assert_msg(isnan(got[i]), "%s 0x%04zx is not NaN", k ? "BF16" : "F16", i);
+            else
+                ck_assert_msg(memcmp(&got[i], &want, sizeof want) == 0, "%s 0x%04zx: %a, want %a",
+                              k ? "BF16" : "F16", i, (double)got[i], (double)want);
+        }
+    }
+    free(bits);
+    free(got);
 }
 END_TEST
 
@@ -693,7 +834,9 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("op_kernels");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, op_matmul_every_row_count_is_the_fixed_order);
+    tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
+    tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
+    tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
