@@ -67,6 +67,14 @@ size_t eng_model_copied_bytes(const eng_model *m);
 /* Number of parameters (wte, wpe, blocks, ln_f). */
 size_t eng_model_params(const eng_model *m);
 
+/* The format the model is served in, as the file stores it: "f32", "f16",
+ * "bf16", "q8" (formats/wformat.h) or "mixed". A static string. */
+const char *eng_model_dtype(const eng_model *m);
+
+/* Bytes of the weights as stored (Q8 scales included): what one step reads
+ * at most, and the bandwidth bound's numerator. */
+size_t eng_model_weight_bytes(const eng_model *m);
+
 /* ---- Step timings -------------------------------------------------------- */
 
 /* Where the steps' time went, cumulative seconds (for benchmarks). */

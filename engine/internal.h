@@ -27,6 +27,8 @@ struct eng_model {
     sft_data *data; /* keeps the mapping (and copies) alive */
     size_t copied;
     size_t params;
+    size_t weight_bytes; /* as stored, read once per step          */
+    const char *dtype;   /* wf_detect's name: "f32", "bf16", ...    */
 };
 
 struct eng_kv {

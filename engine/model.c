@@ -10,6 +10,7 @@
  * logits of its F32 widening.
  */
 #include "internal.h"
+#include "wformat.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -62,6 +63,14 @@ size_t eng_model_params(const eng_model *m)
 {
     return m->params;
 }
+const char *eng_model_dtype(const eng_model *m)
+{
+    return m->dtype;
+}
+size_t eng_model_weight_bytes(const eng_model *m)
+{
+    return m->weight_bytes;
+}
 
 typedef struct {
     const sft_file *f;
@@ -70,6 +79,7 @@ typedef struct {
     char *err;
     size_t errlen;
     size_t params;
+    size_t bytes; /* as stored, scales included */
 } binder;
 
 static op_dtype op_dtype_of(sft_dtype d)
@@ -103,6 +113,7 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
                          "%s: tensor '%s' is %s; expected F32, F16 or BF16", b->path, full,
                          sft_dtype_name(t->dtype));
     b->params += sft_tensor_numel(t);
+    b->bytes += t->nbytes;
     *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype)};
     return ENG_OK;
 }
@@ -250,9 +261,14 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
         goto done;
     }
+    if (wf_detect(f, &m->dtype, e, sizeof e) != SFT_OK) {
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
+        goto done;
+    }
     rc = bind_all(&b, m);
     if (rc != ENG_OK) goto done;
     m->params = b.params;
+    m->weight_bytes = b.bytes;
     m->copied = sft_copied_bytes(f);
     m->data = sft_data_ref(f);
 done:

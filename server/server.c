@@ -845,6 +845,11 @@ static enum MHD_Result route_metrics(srv_req *r)
             (unsigned long long)s->completion_tokens, st.running, st.queued, st.kv_blocks_used,
             st.kv_blocks_total, (unsigned long long)st.steps, st.last_step_rows,
             st.last_step_seconds);
+    /* The weight format served (engine.h, eng_model_dtype). */
+    fprintf(m,
+            "# HELP gpt2d_model_info The served model's weight format.\n"
+            "# TYPE gpt2d_model_info gauge\ngpt2d_model_info{dtype=\"%s\"} 1\n",
+            eng_model_dtype(s->model));
     int bad = ferror(m);
     if (fclose(m) != 0 || bad || buf == NULL) { /* a write failed: never a partial page */
         free(buf);
@@ -864,9 +869,9 @@ static enum MHD_Result route_metrics(srv_req *r)
 
 static enum MHD_Result route_models(srv_req *r)
 {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s}]}", "object", "list", "data", "id",
                           r->s->cfg.model_name, "object", "model", "created", (json_int_t)0,
-                          "owned_by", "gpt2d");
+                          "owned_by", "gpt2d", "dtype", eng_model_dtype(r->s->model));
     return send_obj(r, o);
 }
 
@@ -1560,9 +1565,11 @@ int srv_main(int argc, char **argv)
         fatal_line(err);
         goto done;
     }
+    log_line("info", "weights: %s, %.1f MB as stored", eng_model_dtype(s.model),
+             (double)eng_model_weight_bytes(s.model) / 1e6);
     if (eng_model_copied_bytes(s.model) > 0)
         log_line("warn",
-                 "copied %.1f MB of misaligned or half-precision weights; "
+                 "copied %.1f MB of misaligned weights; "
                  "`gpt2d convert` writes a file that maps without copying",
                  (double)eng_model_copied_bytes(s.model) / 1e6);
     eng_sched_opts so = {.kv_bytes = s.cfg.kv_cache_mb << 20,
