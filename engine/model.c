@@ -87,8 +87,27 @@ static op_dtype op_dtype_of(sft_dtype d)
     return d == SFT_F16 ? OP_F16 : d == SFT_BF16 ? OP_BF16 : OP_F32;
 }
 
-/* Finds name with the given shape and binds *dst to its data as stored. */
-static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1)
+/* Binds the F32 scales of the Q8 matrix t (their shape was checked by
+ * wf_detect; checked again here, as the kernels index by it). */
+static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t)
+{
+    char sname[200];
+    int64_t want[2];
+    snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX);
+    const sft_tensor *s = sft_find(b->f, sname);
+    if (s == NULL || wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], want) != 0
+        || s->dtype != SFT_F32 || s->ndim != 2 || s->shape[0] != want[0] || s->shape[1] != want[1])
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: q8 tensor '%s' lacks valid scales",
+                         b->path, t->name);
+    b->bytes += s->nbytes;
+    *dst = (op_w){t->data, s->data, OP_Q8};
+    return ENG_OK;
+}
+
+/* Finds name with the given shape and binds *dst to its data as stored;
+ * a weight matrix (q8 = 1) may be a Q8 one. */
+static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1,
+                       int q8)
 {
     char full[160];
     snprintf(full, sizeof full, "%s%s", b->prefix, name);
@@ -108,10 +127,15 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
                          "%s: tensor '%s' has shape %s, expected [%zu%s%.0zu]", b->path, full, got,
                          d0, ndim == 2 ? ", " : "", ndim == 2 ? d1 : (size_t)0);
     }
+    if (t->dtype == SFT_I8 && q8) {
+        b->params += sft_tensor_numel(t);
+        b->bytes += t->nbytes;
+        return bind_scales(b, dst, t);
+    }
     if (t->dtype != SFT_F32 && t->dtype != SFT_F16 && t->dtype != SFT_BF16)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
-                         "%s: tensor '%s' is %s; expected F32, F16 or BF16", b->path, full,
-                         sft_dtype_name(t->dtype));
+                         "%s: tensor '%s' is %s; expected F32, F16 or BF16%s", b->path, full,
+                         sft_dtype_name(t->dtype), q8 ? " (or I8 in a q8 file)" : "");
     b->params += sft_tensor_numel(t);
     b->bytes += t->nbytes;
     *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype)};
@@ -123,33 +147,33 @@ static eng_status bind_all(binder *b, eng_model *m)
     const eng_config *c = &m->cfg;
     size_t C = c->n_embd;
     eng_status rc;
-#define B(dst, name, ndim, d0, d1)                                                                 \
+#define B(dst, name, ndim, d0, d1, q8)                                                             \
     do {                                                                                           \
-        rc = bind(b, dst, name, ndim, d0, d1);                                                     \
+        rc = bind(b, dst, name, ndim, d0, d1, q8);                                                 \
         if (rc != ENG_OK) return rc;                                                               \
     } while (0)
-    B(&m->wte, "wte.weight", 2, c->n_vocab, C);
-    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C);
+    B(&m->wte, "wte.weight", 2, c->n_vocab, C, 1);
+    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C, 0);
     for (size_t i = 0; i < c->n_layer; i++) {
         gpt2_layer *L = &m->layers[i];
         char nm[96];
 #define N(fmt) (snprintf(nm, sizeof nm, "h.%zu." fmt, i), nm)
-        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0);
-        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0);
-        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C);
-        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0);
-        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C);
-        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0);
-        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0);
-        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0);
-        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C);
-        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0);
-        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C);
-        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0);
+        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0, 0);
+        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0, 0);
+        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C, 1);
+        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0, 0);
+        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C, 1);
+        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0, 0);
+        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0, 0);
+        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0, 0);
+        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C, 1);
+        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0, 0);
+        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C, 1);
+        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0, 0);
 #undef N
     }
-    B(&m->lnf_g, "ln_f.weight", 1, C, 0);
-    B(&m->lnf_b, "ln_f.bias", 1, C, 0);
+    B(&m->lnf_g, "ln_f.weight", 1, C, 0, 0);
+    B(&m->lnf_b, "ln_f.bias", 1, C, 0, 0);
 #undef B
     return ENG_OK;
 }

@@ -162,6 +162,33 @@ for k, (dt, x) in a.items():
     back = (bf[k][1].astype(np.uint32) << 16).view("<f4")
     assert wide[k][0] == "F32" and np.array_equal(back, wide[k][1]), k
 PY
+# A q8 file whose scale tensor is gone: inspect and convert refuse it, one
+# line naming the tensor.
+/usr/bin/python3 - "$dir/a_q8.safetensors" "$dir/q8bad.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+d = b[8 + n:]
+drop = "h.0.mlp.c_fc.weight.q8_scale"
+out, pos, hdr = b"", 0, {"__metadata__": h["__metadata__"]}
+for k in sorted(x for x in h if x not in ("__metadata__", drop)):
+    s, e = h[k]["data_offsets"]
+    hdr[k] = dict(h[k], data_offsets=[pos, pos + e - s])
+    out += d[s:e]
+    pos += e - s
+j = json.dumps(hdr).encode()
+j += b" " * (-len(j) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(j)) + j + out)
+PY
+set +e
+"$gpt2d" inspect "$dir/q8bad.safetensors" >/dev/null 2>"$dir/err"; rc=$?
+"$gpt2d" convert "$dir/q8bad.safetensors" "$dir/x.safetensors" 2>"$dir/err2"; rc2=$?
+set -e
+[ "$rc" = 1 ] && [ "$(wc -l < "$dir/err")" = 1 ] \
+    && grep -q "q8 tensor 'h.0.mlp.c_fc.weight' has no scale tensor 'h.0.mlp.c_fc.weight.q8_scale'" "$dir/err" \
+    || { cat "$dir/err"; fail "inspect of a malformed q8 file exited $rc"; }
+[ "$rc2" = 1 ] && grep -q "no scale tensor" "$dir/err2" || fail "convert of a malformed q8 file exited $rc2"
 set +e
 "$gpt2d" convert "$dir/a.safetensors" "$dir/x.safetensors" --dtype f8 2>"$dir/err"; rc=$?
 set -e

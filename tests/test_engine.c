@@ -52,8 +52,23 @@ static void synth_hs64(void)
     ck_assert_int_eq(tool_synth((int)(sizeof argv / sizeof *argv), argv), 0);
 }
 
-/* The models the invariance tests run on, by loop index. */
-static const char *const inv_models[] = {"aligned", "hs64"};
+/* DIR/to/model.safetensors = `gpt2d convert DIR/from/... --dtype dtype`. */
+static void convert(const char *from, const char *to, const char *dtype)
+{
+    char in[320], out[320], cfg[700];
+    snprintf(out, sizeof out, "%s/%s", dir, to);
+    mkdir(out, 0755);
+    snprintf(in, sizeof in, "%s/%s/model.safetensors", dir, from);
+    snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, to);
+    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype};
+    ck_assert_int_eq(tool_convert(5, argv), 0);
+    snprintf(cfg, sizeof cfg, "cp '%s/%s/config.json' '%s/%s/'", dir, from, dir, to);
+    ck_assert_int_eq(system(cfg), 0);
+}
+
+/* The models the invariance tests run on, by loop index: GPT-2's head size
+ * also in BF16 and in Q8, whose kernels widen the weights in registers. */
+static const char *const inv_models[] = {"aligned", "hs64", "hs64_bf16", "hs64_q8"};
 
 static void setup(void)
 {
@@ -61,6 +76,8 @@ static void setup(void)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     synth("aligned", NULL, NULL);
     synth_hs64();
+    convert("hs64", "hs64_bf16", "bf16");
+    convert("hs64", "hs64_q8", "q8");
 }
 
 static void teardown(void)
@@ -303,6 +320,89 @@ START_TEST(eng_model_half_precision_loads_exactly)
     }
     free(want);
     free(got);
+}
+END_TEST
+
+/* A q8 file is served as stored (0 bytes copied) and gives exactly the
+ * logits of `convert --dtype f32` of it, which writes q * scale. */
+START_TEST(eng_model_q8_gives_the_logits_of_its_dequantization)
+{
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    convert("aligned", "q8", "q8");
+    convert("q8", "dequant", "f32");
+    eng_model *m = load("dequant");
+    ck_assert_str_eq(eng_model_dtype(m), "f32");
+    run_alone(m, want);
+    eng_model_free(m);
+    m = load("q8");
+    ck_assert_str_eq(eng_model_dtype(m), "q8");
+    ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+    /* int8 matrices plus one F32 scale per 32 weights: 1.125 bytes each */
+    ck_assert_uint_lt(eng_model_weight_bytes(m), eng_model_params(m) * 2);
+    run_alone(m, got);
+    eng_model_free(m);
+    ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "q8 logits differ");
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* Rewrites DIR/q8 with one change and expects the loader to refuse it with
+ * an error containing `expect`. kind: 0 drop a scale tensor, 1 a scale
+ * tensor of the wrong shape, 2 of the wrong dtype, 3 no block metadata,
+ * 4 no q8 metadata at all (I8 matrices in a float file), 5 a block of 64. */
+static void malformed_q8(int kind, const char *expect)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/q8/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f), k = 0;
+    sft_tensor *t = malloc(n * sizeof *t);
+    static const int64_t bad_shape[] = {1, 192};
+    static float zeros[192];
+    static uint16_t halves[2 * 192];
+    for (size_t i = 0; i < n; i++) {
+        t[k] = *sft_tensor_at(f, i);
+        if (strcmp(t[k].name, "h.0.attn.c_attn.weight.q8_scale") == 0) {
+            if (kind == 0) continue;
+            if (kind == 1) {
+                t[k].shape = bad_shape;
+                t[k].data = zeros;
+            }
+            if (kind == 2) {
+                t[k].dtype = SFT_F16;
+                t[k].data = halves;
+            }
+        }
+        k++;
+    }
+    sft_meta meta[2] = {{"gpt2d.format", "q8"}, {"gpt2d.q8_block", kind == 5 ? "64" : "32"}};
+    size_t nmeta = kind == 4 ? 0 : kind == 3 ? 1 : 2;
+    snprintf(p, sizeof p, "%s/bad", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/bad/model.safetensors", dir);
+    ck_assert_int_eq(sft_save(p, t, k, meta, nmeta, NULL, err, sizeof err), SFT_OK);
+    eng_model *m = (eng_model *)1;
+    snprintf(p, sizeof p, "%s/bad", dir);
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EFORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, expect) != NULL, "kind %d: '%s' lacks '%s'", kind, err, expect);
+    free(t);
+    sft_close(f);
+}
+
+START_TEST(eng_model_malformed_q8_is_refused)
+{
+    convert("aligned", "q8", "q8");
+    malformed_q8(0, "q8 tensor 'h.0.attn.c_attn.weight' has no scale tensor "
+                    "'h.0.attn.c_attn.weight.q8_scale'");
+    malformed_q8(1, "q8 scale 'h.0.attn.c_attn.weight.q8_scale' must be F32 [2, 192]");
+    malformed_q8(2, "q8 scale 'h.0.attn.c_attn.weight.q8_scale' must be F32 [2, 192]");
+    malformed_q8(3, "metadata gpt2d.q8_block is missing; expected \"32\"");
+    malformed_q8(4, "I8 matrix 'h.0.attn.c_attn.weight' in a file without gpt2d.format \"q8\"");
+    malformed_q8(5, "metadata gpt2d.q8_block is \"64\"; expected \"32\"");
 }
 END_TEST
 
@@ -818,10 +918,12 @@ int main(void)
     TCase *tc = tcase_create("eng_forward");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 2);
-    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 2);
+    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 4);
+    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 4);
     tcase_add_test(tc, eng_model_layouts_give_identical_logits);
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
+    tcase_add_test(tc, eng_model_q8_gives_the_logits_of_its_dequantization);
+    tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
     tcase_add_test(tc, eng_forward_rejects_bad_items_before_computing);

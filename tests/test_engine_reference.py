@@ -62,7 +62,7 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
     # heads the kernel takes together), and so does each weight format of
     # it (`gpt2d convert --dtype`), whose kernels widen in registers.
     probes = [(m, p, "all") for m, p in probes] + [(d64, probes[-1][1], "incremental")]
-    for dt in ("f16", "bf16"):
+    for dt in ("f16", "bf16", "q8"):
         dd = os.path.join(d, "hs64_" + dt)
         os.mkdir(dd)
         shutil.copy(os.path.join(d64, "config.json"), dd)
