@@ -162,6 +162,38 @@ for k, (dt, x) in a.items():
     back = (bf[k][1].astype(np.uint32) << 16).view("<f4")
     assert wide[k][0] == "F32" and np.array_equal(back, wide[k][1]), k
 PY
+# q8 back to float: the dequantized values q * scale (blocks of 32 down the
+# rows of a projection, along the rows of wte), and on to bf16.
+"$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_f32.safetensors" --dtype f32 2>/dev/null
+"$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_bf16.safetensors" --dtype bf16 2>/dev/null
+"$gpt2d" inspect "$dir/q8_bf16.safetensors" > "$dir/insp"
+grep -q "^format      bf16 " "$dir/insp" || fail "q8 -> bf16"
+/usr/bin/python3 - "$dir/a.safetensors" "$dir/a_q8.safetensors" "$dir/q8_f32.safetensors" <<'PY' || fail "q8 values"
+import json, struct, sys
+import numpy as np
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    d = b[8 + n:]
+    types = {"F32": "<f4", "I8": "i1"}
+    return {k: np.frombuffer(d[v["data_offsets"][0]:v["data_offsets"][1]],
+                             dtype=types[v["dtype"]]).reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+a, q, back = (load(p) for p in sys.argv[1:4])
+assert "wte.weight.q8_scale" in q and "wpe.weight.q8_scale" not in q
+for k, w in a.items():
+    if w.ndim != 2 or k == "wpe.weight":
+        assert np.array_equal(w, back[k]), k
+        continue
+    s = q[k + ".q8_scale"]
+    if k == "wte.weight":
+        full = np.repeat(s, 32, axis=1)
+    else:
+        full = np.repeat(s, 32, axis=0)[:w.shape[0]]
+    assert np.array_equal((q[k].astype(np.float32) * full).astype(np.float32), back[k]), k
+    assert np.abs(q[k]).max() <= 127 and np.abs(w - back[k]).max() <= full.max() / 2 * 1.001, k
+PY
 # A q8 file whose scale tensor is gone: inspect and convert refuse it, one
 # line naming the tensor.
 /usr/bin/python3 - "$dir/a_q8.safetensors" "$dir/q8bad.safetensors" <<'PY'

@@ -94,6 +94,7 @@ static int convert_float(const sft_file *f, sft_dtype to, sft_tensor *t, void **
         }
         t[i].dtype = to;
         t[i].data = bufs[i];
+        t[i].nbytes = n * sft_dtype_size(to);
     }
     return 0;
 }
@@ -180,6 +181,7 @@ int tool_convert(int argc, char **argv)
             bufs[n + i] = h;
             t[i].dtype = to;
             t[i].data = h;
+            t[i].nbytes = cnt * sizeof *h;
         }
     } else if (dtype != NULL && !q8) {
         if (convert_float(f, to, t, bufs, err, sizeof err) != 0) goto fail;

@@ -104,7 +104,13 @@ int tool_quantize_q8(const sft_file *f, sft_tensor *t, void **bufs, size_t *nout
         snprintf(name, nlen, "%s%s", src->name, WF_Q8_SCALE_SUFFIX);
         t[i].dtype = SFT_I8;
         t[i].data = q;
-        t[k++] = (sft_tensor){.name = name, .dtype = SFT_F32, .ndim = 2, .shape = ss, .data = sc};
+        t[i].nbytes = cnt;
+        t[k++] = (sft_tensor){.name = name,
+                              .dtype = SFT_F32,
+                              .ndim = 2,
+                              .shape = ss,
+                              .data = sc,
+                              .nbytes = nsc * sizeof *sc};
     }
     *nout = k;
     return 0;
@@ -141,6 +147,7 @@ int tool_dequantize_q8(const sft_file *f, sft_tensor *t, void **bufs, size_t *no
                 }
             t[k].dtype = SFT_F32;
             t[k].data = w;
+            t[k].nbytes = R * Cc * sizeof *w;
         }
         k++;
     }
