@@ -96,15 +96,15 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
         if ((size_t)snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX)
             >= sizeof sname)
             return wf_fail(err, errlen, "%s: q8 tensor '%s': name too long", path, t->name);
-        const sft_tensor *s = sft_find(f, sname);
-        if (s == NULL)
-            return wf_fail(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
-                           t->name, sname);
         int64_t shape[2];
         if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
             return wf_fail(err, errlen,
                            "%s: q8 tensor '%s': %lld columns are not a multiple of the block %d",
                            path, t->name, (long long)t->shape[1], WF_Q8_BLOCK);
+        const sft_tensor *s = sft_find(f, sname);
+        if (s == NULL)
+            return wf_fail(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
+                           t->name, sname);
         if (s->dtype != SFT_F32 || s->ndim != 2 || s->shape[0] != shape[0]
             || s->shape[1] != shape[1])
             return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,

@@ -8,6 +8,7 @@
  */
 #include "step.h"
 #include "internal.h"
+#include "quantize.h"
 #include "safetensors.h"
 #include "tools.h"
 
@@ -912,6 +913,39 @@ START_TEST(op_widen_every_16_bit_value_is_exact)
 }
 END_TEST
 
+/* BF16 rounding of `gpt2d convert --dtype bf16`: to nearest, ties to even,
+ * carries into the exponent, overflow to infinity, NaN stays NaN. */
+START_TEST(tool_f32_to_bf16_rounds_to_nearest_even)
+{
+    static const struct {
+        uint32_t in;
+        uint16_t want;
+    } cases[] = {
+        {0x3F800000u, 0x3F80u}, /* 1.0 exactly */
+        {0x3F808000u, 0x3F80u}, /* tie, even below: down */
+        {0x3F818000u, 0x3F82u}, /* tie, odd below: up */
+        {0x3F808001u, 0x3F81u}, /* above the tie: up */
+        {0x3F807FFFu, 0x3F80u}, /* below the tie: down */
+        {0xBF818000u, 0xBF82u}, /* negative tie: away from the odd */
+        {0x3FFFFFFFu, 0x4000u}, /* carries into the exponent */
+        {0x7F7FFFFFu, 0x7F80u}, /* the largest float: to infinity */
+        {0xFF800000u, 0xFF80u}, /* -infinity */
+        {0x00000001u, 0x0000u}, /* the smallest subnormal: to zero */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float f;
+        memcpy(&f, &cases[i].in, sizeof f);
+        ck_assert_msg(tool_f32_to_bf16(f) == cases[i].want, "0x%08x -> 0x%04x, want 0x%04x",
+                      cases[i].in, tool_f32_to_bf16(f), cases[i].want);
+    }
+    uint32_t nan_bits = 0x7F800001u; /* a signalling NaN whose payload is in the low half */
+    float nan;
+    memcpy(&nan, &nan_bits, sizeof nan);
+    uint16_t h = tool_f32_to_bf16(nan);
+    ck_assert_msg((h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) != 0, "NaN became 0x%04x", h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -939,6 +973,9 @@ int main(void)
     tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
     tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
     tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tool_convert");
+    tcase_add_test(tc, tool_f32_to_bf16_rounds_to_nearest_even);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
