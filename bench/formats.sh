@@ -6,7 +6,8 @@
 #  - `gpt2d bench --sequences 1,16` (prefill of 512 tokens, decode at 1 and
 #    16 sequences, the bandwidth bound of each format's bytes);
 #  - `gpt2d serve`: peak RSS (VmHWM) after one 1-stream run of 128 tokens
-#    (bench/load_stream.py), with its tokens/s.
+#    (bench/load_stream.py), with its tokens/s, then 16 and 64 streams of
+#    128 tokens (32-token prompts).
 # Prints one JSON line per measurement. A benchmark, never a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,9 @@ for _ in $(seq "$rounds"); do
         bench_serve "$b" "$m"
         s=$(python3 bench/load_stream.py "$base" 1 1 128 32)
         echo "{\"format\": \"$tag\", \"serve_1_stream\": $s, \"serve_peak_rss_mb\": $(awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$srv/status")}"
+        for n in 16 64; do
+            echo "{\"format\": \"$tag\", \"serve_${n}_streams\": $(python3 bench/load_stream.py "$base" "$n" 1 128 32)}"
+        done
         bench_stop
     done
 done
