@@ -217,32 +217,36 @@ OP_AVX2 static void mm_kblock_avx2(const mm_ctx *c, size_t n0, size_t n1, float 
 
 #define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
 
+/* R rows x 16 V columns (V = 2, or 4 for up to 4 rows: more independent
+ * accumulators per W load when there are few rows). */
 OP_AVX512 __attribute__((always_inline)) static inline void
 kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
-               const size_t R, const op_dtype dt)
+               const size_t R, const size_t V, const op_dtype dt)
 {
-    __m512 acc[KB_ROWS512][2];
+    __m512 acc[KB_ROWS512][4], s[4], w[4];
 #pragma GCC unroll 8
     for (size_t r = 0; r < R; r++) {
         const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
-        acc[r][0] = _mm512_loadu_ps(src);
-        acc[r][1] = _mm512_loadu_ps(src + 16);
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_loadu_ps(src + 16 * v);
     }
-    __m512 s0 = mm_sc16(c, kb, n0, dt), s1 = mm_sc16(c, kb, n0 + 16, dt);
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; v++) s[v] = mm_sc16(c, kb, n0 + 16 * v, dt);
     for (size_t k = kb; k < ke; k++) {
-        __m512 w0 = mm_w16(c, k, n0, s0, dt), w1 = mm_w16(c, k, n0 + 16, s1, dt);
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) w[v] = mm_w16(c, k, n0 + 16 * v, s[v], dt);
 #pragma GCC unroll 8
         for (size_t r = 0; r < R; r++) {
             __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
-            acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
         }
     }
 #pragma GCC unroll 8
-    for (size_t r = 0; r < R; r++) {
-        _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0, acc[r][0]);
-        _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16, acc[r][1]);
-    }
+    for (size_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++)
+            _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
 }
 
 OP_AVX512 __attribute__((always_inline)) static inline void
@@ -251,19 +255,31 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
         gather_inputs(c, xs, kb, ke);
-        for (size_t n = n0; n + 32 <= n1; n += 32) {
+        size_t n = n0;
+        /* Up to 4 rows: 64-column tiles (4 accumulators a row). */
+        for (; c->T <= 4 && n + 64 <= n1; n += 64) {
+            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
+            kb_prefetch(c, n0, n1, n + 32, kb, ke, mm_esize(dt));
+            switch (c->T) {
+            case 4: kb_tile_avx512(c, xs, 0, n, kb, ke, 4, 4, dt); break;
+            case 3: kb_tile_avx512(c, xs, 0, n, kb, ke, 3, 4, dt); break;
+            case 2: kb_tile_avx512(c, xs, 0, n, kb, ke, 2, 4, dt); break;
+            default: kb_tile_avx512(c, xs, 0, n, kb, ke, 1, 4, dt); break;
+            }
+        }
+        for (; n + 32 <= n1; n += 32) {
             kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
             size_t t = 0;
             for (; t + KB_ROWS512 <= c->T; t += KB_ROWS512)
-                kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512, dt);
+                kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512, 2, dt);
             switch (c->T - t) {
-            case 7: kb_tile_avx512(c, xs, t, n, kb, ke, 7, dt); break;
-            case 6: kb_tile_avx512(c, xs, t, n, kb, ke, 6, dt); break;
-            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5, dt); break;
-            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4, dt); break;
-            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3, dt); break;
-            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2, dt); break;
-            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1, dt); break;
+            case 7: kb_tile_avx512(c, xs, t, n, kb, ke, 7, 2, dt); break;
+            case 6: kb_tile_avx512(c, xs, t, n, kb, ke, 6, 2, dt); break;
+            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5, 2, dt); break;
+            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4, 2, dt); break;
+            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3, 2, dt); break;
+            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2, 2, dt); break;
+            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1, 2, dt); break;
             default: break;
             }
         }
