@@ -52,6 +52,8 @@
  * Cached after the first call. Thread: any. */
 int op_use_avx512(void);
 int op_use_avx2(void);
+/* 1 when op_use_avx512 and the CPU has AVX512BW (the BF16 decode tiles). */
+int op_use_avx512bw(void);
 
 /* ---- Worker threads (pool.c) ---- */
 

@@ -45,7 +45,17 @@ static int cached(atomic_int *cache, int (*probe)(void))
     return v;
 }
 
-static atomic_int have_avx512 = -1, have_avx2 = -1;
+static int probe_avx512bw(void)
+{
+    return probe_avx512() && __builtin_cpu_supports("avx512bw");
+}
+
+static atomic_int have_avx512 = -1, have_avx2 = -1, have_avx512bw = -1;
+
+int op_use_avx512bw(void)
+{
+    return cached(&have_avx512bw, probe_avx512bw);
+}
 
 int op_use_avx512(void)
 {
@@ -58,6 +68,11 @@ int op_use_avx2(void)
 }
 #else
 int op_use_avx512(void)
+{
+    return 0;
+}
+
+int op_use_avx512bw(void)
 {
     return 0;
 }

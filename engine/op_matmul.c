@@ -249,6 +249,93 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
             _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
 }
 
+/* BF16, 32 columns at a time from one 64-byte load: unpacking against
+ * zeros widens them in two instructions, but per 128-bit lane, so one
+ * vector holds the columns {0-3, 8-11, 16-19, 24-27} of the 32 and the other
+ * {4-7, 12-15, 20-23, 28-31}. The accumulators keep that order (the partial
+ * sums are permuted in on load and out on store, exact copies), so every
+ * column still gets b[n] then one FMA per k in increasing k. */
+OP_AVX512 __attribute__((target("avx512bw"), always_inline)) static inline void
+kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+                    const size_t R, const size_t V)
+{
+    const __m512i in_lo =
+        _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i in_hi =
+        _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i out0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i out1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[4][4]; /* [row][lo, hi of 32 columns, lo, hi of the next 32] */
+#pragma GCC unroll 4
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 2
+        for (size_t h = 0; h < V / 2; h++) {
+            __m512 a = _mm512_loadu_ps(src + 32 * h), b = _mm512_loadu_ps(src + 32 * h + 16);
+            acc[r][2 * h] = _mm512_permutex2var_ps(a, in_lo, b);
+            acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, in_hi, b);
+        }
+    }
+    for (size_t k = kb; k < ke; k++) {
+        __m512 w[4];
+        const uint16_t *row = (const uint16_t *)c->W.p + k * c->N + n0;
+#pragma GCC unroll 2
+        for (size_t h = 0; h < V / 2; h++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(row + 32 * h));
+            w[2 * h] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+            w[2 * h + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+        }
+#pragma GCC unroll 4
+        for (size_t r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (size_t r = 0; r < R; r++) {
+        float *dst = c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 2
+        for (size_t h = 0; h < V / 2; h++) {
+            __m512 lo = acc[r][2 * h], hi = acc[r][2 * h + 1];
+            _mm512_storeu_ps(dst + 32 * h, _mm512_permutex2var_ps(lo, out0, hi));
+            _mm512_storeu_ps(dst + 32 * h + 16, _mm512_permutex2var_ps(lo, out1, hi));
+        }
+    }
+}
+
+/* BF16 k-blocked tiles for up to 4 rows (decode); more rows take the
+ * generic tiles. */
+OP_AVX512 __attribute__((target("avx512bw"))) static void
+mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+{
+    for (size_t kb = 0; kb < c->K; kb += KB) {
+        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        gather_inputs(c, xs, kb, ke);
+        size_t n = n0;
+        for (; n + 64 <= n1; n += 64) {
+            kb_prefetch(c, n0, n1, n, kb, ke, 2);
+            switch (c->T) {
+            case 4: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 4, 4); break;
+            case 3: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 3, 4); break;
+            case 2: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 2, 4); break;
+            default: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 1, 4); break;
+            }
+        }
+        for (; n + 32 <= n1; n += 32) {
+            kb_prefetch(c, n0, n1, n, kb, ke, 2);
+            switch (c->T) {
+            case 4: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 4, 2); break;
+            case 3: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 3, 2); break;
+            case 2: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 2, 2); break;
+            default: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 1, 2); break;
+            }
+        }
+    }
+}
+
 OP_AVX512 __attribute__((always_inline)) static inline void
 mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
 {
@@ -291,7 +378,12 @@ OP_AVX512 static void mm_kblock_avx512(const mm_ctx *c, size_t n0, size_t n1, fl
     switch (c->W.dt) {
     case OP_F32: mm_kblock_avx512_t(c, n0, n1, xs, OP_F32); break;
     case OP_F16: mm_kblock_avx512_t(c, n0, n1, xs, OP_F16); break;
-    case OP_BF16: mm_kblock_avx512_t(c, n0, n1, xs, OP_BF16); break;
+    case OP_BF16:
+        if (c->T <= 4 && op_use_avx512bw())
+            mm_kblock_bf16_avx512(c, n0, n1, xs);
+        else
+            mm_kblock_avx512_t(c, n0, n1, xs, OP_BF16);
+        break;
     case OP_Q8: mm_kblock_avx512_t(c, n0, n1, xs, OP_Q8); break;
     }
 }
