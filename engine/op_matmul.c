@@ -399,7 +399,11 @@ mm_pack_t(const mm_ctx *c, size_t n0, size_t cols, float *strip, const op_dtype 
                             mm_w8(c, k, n0 + j, mm_sc8(c, k, n0 + j, dt), dt));
 }
 
-OP_AVX2 static void mm_pack(const mm_ctx *c, size_t n0, size_t cols, float *strip)
+/* cols is a constant where this is inlined (32 or 64): the F32 copy is then
+ * a few vector moves a row, not a call of memcpy (a call per row took
+ * prefill's matmuls from 120-131 to 155-330 ms in bench_ops at 256 rows). */
+OP_AVX2 __attribute__((always_inline)) static inline void mm_pack(const mm_ctx *c, size_t n0,
+                                                                  const size_t cols, float *strip)
 {
     switch (c->W.dt) {
     case OP_F32:
