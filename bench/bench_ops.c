@@ -113,7 +113,8 @@ int main(int argc, char **argv)
     }
     float *in = randn((size_t)TMAX * 4 * C, 41u), *out = randn((size_t)TMAX * 4 * C, 51u);
     float *logits = randn((size_t)TMAX * V, 61u);
-    float *pack = aligned_alloc(64, op_pool_size(pool) * (4 * C + 6) * 64 * sizeof(float));
+    float *pack = aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), 4 * C, 4 * C)
+                                        * sizeof(float));
     if (pack == NULL) return 1;
     printf("{\"threads\": %zu, \"weights\": \"%s\", \"runs\": [", op_pool_size(pool),
            anon ? "anonymous memory" : "a mapped file");
@@ -125,9 +126,10 @@ int main(int argc, char **argv)
             double t0 = now();
             for (int l = 0; l < L; l++)
                 for (int i = 0; i < 4; i++)
-                    op_matmul(pool, pack, out, in, W[l][i], b[i], T, shapes[i][0], shapes[i][1]);
+                    op_matmul(pool, pack, out, in, &(op_w){W[l][i], NULL, OP_F32},
+                              &(op_w){b[i], NULL, OP_F32}, T, shapes[i][0], shapes[i][1]);
             double t1 = now();
-            op_lm_head(pool, logits, in, wte, T, C, V);
+            op_lm_head(pool, logits, in, &(op_w){wte, NULL, OP_F32}, T, C, V);
             double t2 = now();
             if (t1 - t0 < best_mm) best_mm = t1 - t0;
             if (t2 - t1 < best_lm) best_lm = t2 - t1;

@@ -5,6 +5,11 @@
  * Dimensions: T rows in a step (every sequence's new tokens stacked),
  * C width, NH heads, HS = C / NH head size, V vocabulary, L layers.
  *
+ * This header is what the server uses (the model, the scheduler, its events
+ * and the sampling parameters); the step-level API under the scheduler (the
+ * KV cache, the workspace, one forward step) is engine/step.h, for tests,
+ * benchmarks and tools.
+ *
  * Prefix: eng_ (internal files: gpt2_, op_, kv_, samp_).
  */
 #ifndef GPT2D_ENGINE_ENGINE_H
@@ -42,9 +47,10 @@ typedef struct eng_model eng_model;
 
 /*
  * Loads DIR/model.safetensors (and DIR/config.json when present). The file
- * is mapped once, read-only; aligned F32 tensors are used in place, the
- * others copied once into aligned memory (see eng_model_copied_bytes), F16
- * and BF16 converted to F32. A "transformer." prefix is stripped;
+ * is mapped once, read-only; aligned tensors are used in place, in their
+ * format (F32, F16 or BF16: the kernels widen 16-bit weights in registers
+ * and give exactly the logits of the F32 widening), misaligned ones copied
+ * once into aligned memory (see eng_model_copied_bytes). A "transformer." prefix is stripped;
  * h.{i}.attn.bias and lm_head.weight are ignored (the head is tied to wte).
  * Every expected tensor must be present with its shape and a float dtype,
  * else ENG_EFORMAT naming it. Free with eng_model_free. Thread: any.
@@ -58,65 +64,22 @@ const eng_config *eng_model_config(const eng_model *m);
  * (GPT2D_KERNELS caps it). Thread: any. */
 const char *eng_kernels(void);
 
-/* Bytes of weights held in private memory (misaligned copies, converted
- * half-precision tensors); 0 for an aligned F32 file. */
+/* Bytes of weights held in private memory (misaligned copies); 0 for an
+ * aligned file of any format. */
 size_t eng_model_copied_bytes(const eng_model *m);
 
 /* Number of parameters (wte, wpe, blocks, ln_f). */
 size_t eng_model_params(const eng_model *m);
 
-/* ---- The paged KV cache -------------------------------------------------- */
+/* The format the model is served in, as the file stores it: "f32", "f16",
+ * "bf16", "q8" (formats/wformat.h) or "mixed". A static string. */
+const char *eng_model_dtype(const eng_model *m);
 
-typedef struct eng_kv eng_kv;
+/* Bytes of the weights as stored (Q8 scales included): what one step reads
+ * at most, and the bandwidth bound's numerator. */
+size_t eng_model_weight_bytes(const eng_model *m);
 
-/* A pool of blocks of block_len positions each (every layer's K and V, C
- * floats per position), as many as fit in budget_bytes. */
-eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len, eng_kv **out,
-                      char *err, size_t errlen);
-void eng_kv_free(eng_kv *kv);
-size_t eng_kv_blocks_total(const eng_kv *kv);
-size_t eng_kv_blocks_free(const eng_kv *kv);
-size_t eng_kv_block_len(const eng_kv *kv);
-
-/* A sequence's block table. Zero-initialise. */
-typedef struct {
-    int32_t *blocks; /* block ids, owned (released by eng_kv_release) */
-    size_t nblocks;
-    size_t len; /* positions already in the cache */
-    size_t cap; /* positions the reserved blocks hold */
-} eng_seq;
-
-/* Reserves blocks so that seq can hold `positions` positions in all. All or
- * nothing: ENG_ENOMEM leaves seq and the pool unchanged. */
-eng_status eng_kv_reserve(eng_kv *kv, eng_seq *seq, size_t positions);
-
-/* Returns seq's blocks to the pool and zeroes seq. */
-void eng_kv_release(eng_kv *kv, eng_seq *seq);
-
-/* ---- The batched forward pass -------------------------------------------- */
-
-/* Which rows of an item get logits. */
-typedef enum { ENG_LOGITS_NONE = 0, ENG_LOGITS_LAST = 1, ENG_LOGITS_ALL = 2 } eng_logits;
-
-/* One sequence's part of a step: n new tokens at positions seq->len ..
- * seq->len + n - 1 (a prefill chunk, or one decode token). */
-typedef struct {
-    eng_seq *seq;
-    const int32_t *tokens;
-    size_t n;
-    eng_logits want;
-    float *logits; /* out: V floats (LAST) or n * V (ALL); caller's memory */
-} eng_item;
-
-typedef struct eng_workspace eng_workspace;
-
-/* Activation scratch for steps of up to max_rows rows, and the step's
- * worker threads (threads in all, counting the thread that calls
- * eng_forward; 0 means one per online CPU); allocated once, so a step never
- * allocates. */
-eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads,
-                             eng_workspace **out);
-void eng_workspace_free(eng_workspace *w);
+/* ---- Step timings -------------------------------------------------------- */
 
 /* Where the steps' time went, cumulative seconds (for benchmarks). */
 typedef struct {
@@ -126,19 +89,6 @@ typedef struct {
     double other;     /* layer norms, GELU, residual adds          */
     double sample;    /* sampling, logprobs (scheduler)            */
 } eng_times;
-
-void eng_workspace_times(const eng_workspace *w, eng_times *out);
-
-/*
- * One step: the rows of every item stacked into one [T, C] activation, so
- * each weight matrix is read once for the whole batch; attention per item
- * over its own KV blocks. On success every item's seq->len advanced by n.
- * ENG_EINVAL (nothing computed) if a token is out of the vocabulary, a
- * position past n_ctx or past the sequence's reserved blocks, or the rows
- * exceed the workspace. Thread: one step at a time per kv and workspace.
- */
-eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_item *items,
-                       size_t nitems, char *err, size_t errlen);
 
 /* ---- Sampling ------------------------------------------------------------ */
 

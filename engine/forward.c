@@ -3,7 +3,7 @@
  *
  * Every item's new tokens are stacked into one (T, C) activation, so each
  * weight matrix is read once per step for all sequences together. Every
- * kernel (ops.c) reduces each output element in a fixed order that does not
+ * kernel (op_*.c, kernels.h) reduces each output element in a fixed order that does not
  * depend on T, so a sequence's numbers do not depend on its neighbours in
  * the batch (tests/test_engine.c checks it bitwise). Attention runs per row
  * over its own sequence's blocks.
@@ -30,7 +30,7 @@ struct eng_workspace {
     float *tmp;    /* (T, C)                 */
     float *fc;     /* (T, 4C)                */
     float *scores; /* (threads, 4, n_ctx)    */
-    float *pack;   /* (threads, 4C + 6, 64): matmul strips and tails */
+    float *pack;   /* op_matmul_scratch_floats(threads, 4C, 4C) */
     float *lrows;  /* (LOGIT_ROWS, C)        */
     float *logits; /* (LOGIT_ROWS, V)        */
     size_t *pos;   /* (T) position of each row  */
@@ -68,7 +68,7 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->tmp = falloc(R * C);
     w->fc = falloc(R * 4 * C);
     w->scores = falloc(op_pool_size(w->pool) * OP_ATT_ROWS * c->n_ctx);
-    w->pack = falloc(op_pool_size(w->pool) * (4 * C + 6) * 64);
+    w->pack = falloc(op_matmul_scratch_floats(op_pool_size(w->pool), 4 * C, 4 * C));
     w->lrows = falloc(LOGIT_ROWS * C);
     w->logits = falloc(LOGIT_ROWS * c->n_vocab);
     w->pos = malloc(R * sizeof *w->pos);
@@ -138,8 +138,8 @@ static void residual_add(float *x, const float *y, size_t n)
 static void lm_head(eng_workspace *w, const eng_model *m, float *const *dest, size_t k)
 {
     const eng_config *c = &m->cfg;
-    op_layernorm(w->pool, w->lrows, w->lrows, m->lnf_g, m->lnf_b, k, c->n_embd, c->ln_eps);
-    op_lm_head(w->pool, w->logits, w->lrows, m->wte, k, c->n_embd, c->n_vocab);
+    op_layernorm(w->pool, w->lrows, w->lrows, &m->lnf_g, &m->lnf_b, k, c->n_embd, c->ln_eps);
+    op_lm_head(w->pool, w->logits, w->lrows, &m->wte, k, c->n_embd, c->n_vocab);
     for (size_t q = 0; q < k; q++)
         memcpy(dest[q], w->logits + q * c->n_vocab, c->n_vocab * sizeof(float));
 }
@@ -175,13 +175,16 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         return gpt2_fail(err, errlen, ENG_EINVAL, "%zu rows exceed the workspace's %zu", T,
                          w->max_rows);
 
-    /* Embeddings: x = wte[token] + wpe[position]. */
+    /* Embeddings: x = wte[token] + wpe[position], both widened from the
+     * file's format (the LM head reads the same wte). */
     size_t r = 0;
     for (size_t i = 0; i < nitems; i++) {
         for (size_t k = 0; k < items[i].n; k++, r++) {
             size_t pos = items[i].seq->len + k;
-            const float *te = m->wte + (size_t)items[i].tokens[k] * C, *pe = m->wpe + pos * C;
-            for (size_t j = 0; j < C; j++) w->x[r * C + j] = te[j] + pe[j];
+            float *te = w->x + r * C, *pe = w->tmp;
+            op_widen(te, &m->wte, (size_t)items[i].tokens[k] * C, C);
+            op_widen(pe, &m->wpe, pos * C, C);
+            for (size_t j = 0; j < C; j++) te[j] += pe[j];
             w->pos[r] = pos;
             w->item[r] = i;
         }
@@ -190,8 +193,8 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
     op_pool *P = w->pool;
     for (size_t l = 0; l < c->n_layer; l++) {
         const gpt2_layer *L = &m->layers[l];
-        TIMED(other, op_layernorm(P, w->ln, w->x, L->ln1_g, L->ln1_b, T, C, c->ln_eps));
-        TIMED(matmul, op_matmul(P, w->pack, w->qkv, w->ln, L->attn_w, L->attn_b, T, C, 3 * C));
+        TIMED(other, op_layernorm(P, w->ln, w->x, &L->ln1_g, &L->ln1_b, T, C, c->ln_eps));
+        TIMED(matmul, op_matmul(P, w->pack, w->qkv, w->ln, &L->attn_w, &L->attn_b, T, C, 3 * C));
         double t0 = clock_s(); /* K, V rows -> the cache, then attention (T,C) */
         for (size_t t = 0; t < T; t++) {
             const eng_seq *seq = items[w->item[t]].seq;
@@ -207,12 +210,12 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         op_attention(P, w->att, w->qkv, kv, items, w->item, w->pos, T, l, NH, HS, w->scores,
                      c->n_ctx);
         w->times.attention += clock_s() - t0;
-        TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->att, L->proj_w, L->proj_b, T, C, C));
+        TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->att, &L->proj_w, &L->proj_b, T, C, C));
         TIMED(other, residual_add(w->x, w->tmp, T * C));
-        TIMED(other, op_layernorm(P, w->ln, w->x, L->ln2_g, L->ln2_b, T, C, c->ln_eps));
-        TIMED(matmul, op_matmul(P, w->pack, w->fc, w->ln, L->fc_w, L->fc_b, T, C, 4 * C));
+        TIMED(other, op_layernorm(P, w->ln, w->x, &L->ln2_g, &L->ln2_b, T, C, c->ln_eps));
+        TIMED(matmul, op_matmul(P, w->pack, w->fc, w->ln, &L->fc_w, &L->fc_b, T, C, 4 * C));
         TIMED(other, op_gelu(P, w->fc, T * 4 * C));
-        TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->fc, L->fc2_w, L->fc2_b, T, 4 * C, C));
+        TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->fc, &L->fc2_w, &L->fc2_b, T, 4 * C, C));
         TIMED(other, residual_add(w->x, w->tmp, T * C));
     }
 

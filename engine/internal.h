@@ -3,29 +3,32 @@
 #ifndef GPT2D_ENGINE_INTERNAL_H
 #define GPT2D_ENGINE_INTERNAL_H
 
-#include "engine.h"
+#include "kernels.h"
+#include "step.h"
 #include "safetensors.h"
 
-/* One transformer block's weights: views into the mapping (or the slab). */
+/* One transformer block's weights: views into the mapping, in the file's
+ * format (kernels.h, op_w). */
 typedef struct {
-    const float *ln1_g, *ln1_b;   /* (C)                       */
-    const float *attn_w, *attn_b; /* (C, 3C), (3C): Conv1D      */
-    const float *proj_w, *proj_b; /* (C, C), (C)                */
-    const float *ln2_g, *ln2_b;   /* (C)                        */
-    const float *fc_w, *fc_b;     /* (C, 4C), (4C)              */
-    const float *fc2_w, *fc2_b;   /* (4C, C), (C)               */
+    op_w ln1_g, ln1_b;   /* (C)                       */
+    op_w attn_w, attn_b; /* (C, 3C), (3C): Conv1D      */
+    op_w proj_w, proj_b; /* (C, C), (C)                */
+    op_w ln2_g, ln2_b;   /* (C)                        */
+    op_w fc_w, fc_b;     /* (C, 4C), (4C)              */
+    op_w fc2_w, fc2_b;   /* (4C, C), (C)               */
 } gpt2_layer;
 
 struct eng_model {
     eng_config cfg;
-    const float *wte;   /* (V, C); also the LM head, transposed */
-    const float *wpe;   /* (n_ctx, C)                           */
+    op_w wte;           /* (V, C); also the LM head, transposed */
+    op_w wpe;           /* (n_ctx, C)                           */
     gpt2_layer *layers; /* [L]                                  */
-    const float *lnf_g, *lnf_b;
-    sft_data *data;   /* keeps the mapping and copies alive   */
-    float *converted; /* F16/BF16 tensors as F32, or NULL     */
+    op_w lnf_g, lnf_b;
+    sft_data *data; /* keeps the mapping (and copies) alive */
     size_t copied;
     size_t params;
+    size_t weight_bytes; /* as stored, read once per step          */
+    const char *dtype;   /* wf_detect's name: "f32", "bf16", ...    */
 };
 
 /* The logprob of the prompt token at one position and the top alternatives
@@ -132,44 +135,9 @@ static inline float *kv_head(const eng_kv *kv, const eng_seq *seq, size_t l, int
 /* The scheduler's KV pool (tests narrow its hash_mask). */
 eng_kv *sch_kv(eng_sched *s);
 
-/* ---- Worker threads (pool.c) ---- */
-
-typedef struct op_pool op_pool;
-/* fn(ctx, begin, end, tid): one contiguous range of [0, n) per thread. */
-typedef void (*op_task)(void *ctx, size_t begin, size_t end, size_t tid);
-op_pool *op_pool_new(size_t nthreads); /* NULL on failure */
-void op_pool_free(op_pool *p);
-size_t op_pool_size(const op_pool *p);
-/* Runs fn over [0, n) on every thread; returns when all are done.
- * Thread: the one step thread. */
-void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
-/* The same, but threads claim chunks of grain items in turn until [0, n)
- * is used up, so uneven items or a descheduled thread balance out. */
-void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx);
-
 /* The worker pool of a step's workspace (forward.c), for the scheduler's
  * sampling. */
 op_pool *gpt2_workspace_pool(eng_workspace *w);
-
-/* ---- Kernels (ops.c); fixed reduction orders, see there ---- */
-
-/* pack: per-thread scratch, threads x (K + 6) x 64 floats, 64-byte aligned. */
-void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const float *W,
-               const float *b, size_t T, size_t K, size_t N);
-void op_lm_head(op_pool *pool, float *out, const float *h, const float *wte, size_t T, size_t C,
-                size_t V);
-void op_layernorm(op_pool *pool, float *out, const float *in, const float *g, const float *b,
-                  size_t T, size_t C, float eps);
-void op_gelu(op_pool *pool, float *x, size_t n);
-/* scores: per-thread scratch, threads x OP_ATT_ROWS x n_ctx floats. */
-#define OP_ATT_ROWS 4
-void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
-                  const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
-                  size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);
-float op_dot(const float *a, const float *b, size_t n);
-/* x[i] = exp(x[i] - m) (clamped to exp(-87) below), returning their sum in a
- * fixed lane order; the same bits on every path. */
-float op_exp_sub_sum(float *x, size_t n, float m);
 
 eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
 #if defined(__GNUC__)

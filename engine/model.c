@@ -4,9 +4,13 @@
  * The weights are views into the sft_data of the checkpoint (kept alive by a
  * reference, so the sft_file with its names is closed after loading). Conv1D
  * weights are used as stored, [in, out]: y = x @ W + b is a row-major GEMM
- * without transposes. Half-precision tensors are converted into one slab.
+ * without transposes. Every tensor is used in its file's format (F32, F16
+ * or BF16): the kernels widen 16-bit weights in registers, so a 16-bit file
+ * stays in the shared mapping (no private copy) and gives exactly the
+ * logits of its F32 widening.
  */
 #include "internal.h"
+#include "wformat.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -43,7 +47,6 @@ void eng_model_free(eng_model *m)
 {
     if (m == NULL) return;
     free(m->layers);
-    free(m->converted);
     sft_data_unref(m->data);
     free(m);
 }
@@ -60,6 +63,14 @@ size_t eng_model_params(const eng_model *m)
 {
     return m->params;
 }
+const char *eng_model_dtype(const eng_model *m)
+{
+    return m->dtype;
+}
+size_t eng_model_weight_bytes(const eng_model *m)
+{
+    return m->weight_bytes;
+}
 
 typedef struct {
     const sft_file *f;
@@ -67,16 +78,36 @@ typedef struct {
     const char *path;
     char *err;
     size_t errlen;
-    /* Half-precision tensors are converted in a second pass into this slab. */
-    float *slab;
-    size_t slab_used, slab_cap;
-    int pass; /* 0: check and size; 1: bind */
     size_t params;
+    size_t bytes; /* as stored, scales included */
 } binder;
 
-/* Finds name with the given shape and binds *dst to its F32 data. */
-static eng_status bind(binder *b, const float **dst, const char *name, size_t ndim, size_t d0,
-                       size_t d1)
+static op_dtype op_dtype_of(sft_dtype d)
+{
+    return d == SFT_F16 ? OP_F16 : d == SFT_BF16 ? OP_BF16 : OP_F32;
+}
+
+/* Binds the F32 scales of the Q8 matrix t (their shape was checked by
+ * wf_detect; checked again here, as the kernels index by it). */
+static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t)
+{
+    char sname[200];
+    int64_t want[2];
+    snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX);
+    const sft_tensor *s = sft_find(b->f, sname);
+    if (s == NULL || wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], want) != 0
+        || s->dtype != SFT_F32 || s->ndim != 2 || s->shape[0] != want[0] || s->shape[1] != want[1])
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: q8 tensor '%s' lacks valid scales",
+                         b->path, t->name);
+    b->bytes += s->nbytes;
+    *dst = (op_w){t->data, s->data, OP_Q8};
+    return ENG_OK;
+}
+
+/* Finds name with the given shape and binds *dst to its data as stored;
+ * a weight matrix (q8 = 1) may be a Q8 one. */
+static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1,
+                       int q8)
 {
     char full[160];
     snprintf(full, sizeof full, "%s%s", b->prefix, name);
@@ -96,26 +127,18 @@ static eng_status bind(binder *b, const float **dst, const char *name, size_t nd
                          "%s: tensor '%s' has shape %s, expected [%zu%s%.0zu]", b->path, full, got,
                          d0, ndim == 2 ? ", " : "", ndim == 2 ? d1 : (size_t)0);
     }
+    if (t->dtype == SFT_I8 && q8) {
+        b->params += sft_tensor_numel(t);
+        b->bytes += t->nbytes;
+        return bind_scales(b, dst, t);
+    }
     if (t->dtype != SFT_F32 && t->dtype != SFT_F16 && t->dtype != SFT_BF16)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
-                         "%s: tensor '%s' is %s; expected F32, F16 or BF16", b->path, full,
-                         sft_dtype_name(t->dtype));
-    size_t n = sft_tensor_numel(t);
-    if (b->pass == 0) {
-        b->params += n;
-        if (t->dtype != SFT_F32) b->slab_cap += (n + 15) / 16 * 16;
-        return ENG_OK;
-    }
-    if (t->dtype == SFT_F32) {
-        *dst = t->data;
-        return ENG_OK;
-    }
-    float *out = b->slab + b->slab_used;
-    b->slab_used += (n + 15) / 16 * 16;
-    char e[128];
-    if (sft_tensor_to_f32(t, out, n, e, sizeof e) != SFT_OK)
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: %s", b->path, e);
-    *dst = out;
+                         "%s: tensor '%s' is %s; expected F32, F16 or BF16%s", b->path, full,
+                         sft_dtype_name(t->dtype), q8 ? " (or I8 in a q8 file)" : "");
+    b->params += sft_tensor_numel(t);
+    b->bytes += t->nbytes;
+    *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype)};
     return ENG_OK;
 }
 
@@ -124,33 +147,33 @@ static eng_status bind_all(binder *b, eng_model *m)
     const eng_config *c = &m->cfg;
     size_t C = c->n_embd;
     eng_status rc;
-#define B(dst, name, ndim, d0, d1)                                                                 \
+#define B(dst, name, ndim, d0, d1, q8)                                                             \
     do {                                                                                           \
-        rc = bind(b, dst, name, ndim, d0, d1);                                                     \
+        rc = bind(b, dst, name, ndim, d0, d1, q8);                                                 \
         if (rc != ENG_OK) return rc;                                                               \
     } while (0)
-    B(&m->wte, "wte.weight", 2, c->n_vocab, C);
-    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C);
+    B(&m->wte, "wte.weight", 2, c->n_vocab, C, 1);
+    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C, 0);
     for (size_t i = 0; i < c->n_layer; i++) {
         gpt2_layer *L = &m->layers[i];
         char nm[96];
 #define N(fmt) (snprintf(nm, sizeof nm, "h.%zu." fmt, i), nm)
-        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0);
-        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0);
-        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C);
-        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0);
-        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C);
-        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0);
-        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0);
-        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0);
-        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C);
-        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0);
-        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C);
-        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0);
+        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0, 0);
+        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0, 0);
+        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C, 1);
+        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0, 0);
+        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C, 1);
+        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0, 0);
+        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0, 0);
+        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0, 0);
+        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C, 1);
+        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0, 0);
+        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C, 1);
+        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0, 0);
 #undef N
     }
-    B(&m->lnf_g, "ln_f.weight", 1, C, 0);
-    B(&m->lnf_b, "ln_f.bias", 1, C, 0);
+    B(&m->lnf_g, "ln_f.weight", 1, C, 0, 0);
+    B(&m->lnf_b, "ln_f.bias", 1, C, 0, 0);
 #undef B
     return ENG_OK;
 }
@@ -262,21 +285,15 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
         goto done;
     }
-    rc = bind_all(&b, m); /* pass 0: check everything, size the slab */
-    if (rc != ENG_OK) goto done;
-    if (b.slab_cap > 0) {
-        b.slab = aligned_alloc(64, b.slab_cap * sizeof(float));
-        if (b.slab == NULL) {
-            rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory converting half precision");
-            goto done;
-        }
-        m->converted = b.slab;
+    if (wf_detect(f, &m->dtype, e, sizeof e) != SFT_OK) {
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
+        goto done;
     }
-    b.pass = 1;
     rc = bind_all(&b, m);
     if (rc != ENG_OK) goto done;
     m->params = b.params;
-    m->copied = sft_copied_bytes(f) + b.slab_cap * sizeof(float);
+    m->weight_bytes = b.bytes;
+    m->copied = sft_copied_bytes(f);
     m->data = sft_data_ref(f);
 done:
     sft_close(f);

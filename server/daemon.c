@@ -128,9 +128,11 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
+    log_line("info", "weights: %s, %.1f MB as stored", eng_model_dtype(s.model),
+             (double)eng_model_weight_bytes(s.model) / 1e6);
     if (eng_model_copied_bytes(s.model) > 0)
         log_line("warn",
-                 "copied %.1f MB of misaligned or half-precision weights; "
+                 "copied %.1f MB of misaligned weights; "
                  "`gpt2d convert` writes a file that maps without copying",
                  (double)eng_model_copied_bytes(s.model) / 1e6);
     eng_sched_opts so = {.kv_bytes = s.cfg.kv_cache_mb << 20,

@@ -121,7 +121,7 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
     fputs("\",kernels=\"", m);
     label(m, info->kernels);
     fputs("\",dtype=\"", m);
-    label(m, info->dtype ? info->dtype : "f32");
+    label(m, info->dtype);
     fputs("\",model=\"", m);
     label(m, info->model);
     fputs("\"} 1\n", m);

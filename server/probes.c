@@ -47,16 +47,18 @@ enum MHD_Result probe_ready(srv_req *r)
 }
 
 /* One model object, OpenAI's shape; id is the name asked for. */
-static json_t *model_json(const char *id)
+/* One model object, OpenAI's shape, with gpt2d's `dtype` (the weights'
+ * format); id is the name asked for. */
+static json_t *model_json(const srv *s, const char *id)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created", (json_int_t)0,
-                     "owned_by", "gpt2d");
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object", "model", "created",
+                     (json_int_t)0, "owned_by", "gpt2d", "dtype", eng_model_dtype(s->model));
 }
 
 enum MHD_Result probe_models(srv_req *r)
 {
     json_t *o =
-        json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(r->s->cfg.model_name));
+        json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(r->s, r->s->cfg.model_name));
     return http_send_obj(r, o);
 }
 
@@ -92,15 +94,15 @@ enum MHD_Result probe_model(srv_req *r)
         return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                                "The model '%s' does not exist; this server serves '%s'", id,
                                r->s->cfg.model_name);
-    return http_send_obj(r, model_json(id));
+    return http_send_obj(r, model_json(r->s, id));
 }
 
 enum MHD_Result probe_version(srv_req *r)
 {
     const srv *s = r->s;
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
                           srv_commit(), "buildtype", srv_buildtype(), "kernels", eng_kernels(),
-                          "model", s->cfg.model_name);
+                          "model", s->cfg.model_name, "dtype", eng_model_dtype(s->model));
     return http_send_obj(r, o);
 }
 
@@ -112,7 +114,7 @@ static void process_info(const srv *s, met_info *info)
     info->buildtype = srv_buildtype();
     info->kernels = eng_kernels();
     info->model = s->cfg.model_name;
-    info->dtype = NULL; /* the weights' format; f32 until the engine serves others */
+    info->dtype = eng_model_dtype(s->model);
     info->start_time = s->started_wall;
     struct rusage ru;
     info->cpu_seconds = getrusage(RUSAGE_SELF, &ru) == 0

@@ -4,7 +4,7 @@
  * test. MODE "all": one prefill step with logits for every row;
  * "incremental": one token per step through the KV cache.
  */
-#include "engine.h"
+#include "step.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +30,9 @@ int main(int argc, char **argv)
     eng_kv *kv;
     eng_workspace *w;
     eng_seq seq = {0};
-    if (eng_kv_new(m, 64u << 20, 16, &kv, err, sizeof err) != ENG_OK
+    const eng_config *cfg = eng_model_config(m);
+    size_t kv_bytes = (n + 32) * cfg->n_layer * 2 * cfg->n_embd * sizeof(float); /* n positions */
+    if (eng_kv_new(m, kv_bytes, 16, &kv, err, sizeof err) != ENG_OK
         || eng_kv_reserve(kv, &seq, n) != ENG_OK || eng_workspace_new(m, n, 0, &w) != ENG_OK) {
         fprintf(stderr, "kv/workspace: %s\n", err);
         return 1;

@@ -3,7 +3,7 @@
  * every weight page is read), prints "ready" and holds the model until stdin
  * closes. tests/test_shared_weights.sh reads its memory from /proc.
  */
-#include "engine.h"
+#include "step.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -126,4 +126,113 @@ for bad in 0 65 1,2,3,4,5,6,7,8,9 4,x 4,; do
     [ "$rc" = 2 ] || fail "--sequences $bad exited $rc"
 done
 
+# gpt2d convert --dtype: f16 and bf16 round to nearest even (checked here
+# against numpy's float16 and the bf16 rounding written out), inspect and
+# bench name the format, a bad --dtype is a usage error.
+for dt in f16 bf16 q8; do
+    "$gpt2d" convert "$dir/a.safetensors" "$dir/a_$dt.safetensors" --dtype "$dt" 2>/dev/null
+    "$gpt2d" inspect "$dir/a_$dt.safetensors" > "$dir/insp"
+    grep -q "^format      $dt " "$dir/insp" || fail "inspect does not say $dt"
+done
+"$gpt2d" convert "$dir/a_bf16.safetensors" "$dir/a_back.safetensors" 2>/dev/null
+"$gpt2d" inspect "$dir/a_back.safetensors" > "$dir/insp"
+grep -q "^format      bf16 " "$dir/insp" || fail "convert without --dtype changed the format"
+"$gpt2d" convert "$dir/a_bf16.safetensors" "$dir/a_wide.safetensors" --dtype f32 2>/dev/null
+"$gpt2d" inspect --json "$dir/a_wide.safetensors" > "$dir/wide.json"
+grep -q '^  "format": "f32",$' "$dir/wide.json" || fail "inspect --json format"
+/usr/bin/python3 - "$dir/a.safetensors" "$dir/a_f16.safetensors" "$dir/a_bf16.safetensors" \
+    "$dir/a_wide.safetensors" <<'PY' || fail "convert rounding"
+import json, struct, sys
+import numpy as np
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    d = b[8 + n:]
+    types = {"F32": "<f4", "F16": "<u2", "BF16": "<u2", "I8": "i1"}
+    return {k: (v["dtype"], np.frombuffer(d[v["data_offsets"][0]:v["data_offsets"][1]],
+                                          dtype=types[v["dtype"]]))
+            for k, v in h.items() if k != "__metadata__"}
+a, h, bf, wide = (load(p) for p in sys.argv[1:5])
+for k, (dt, x) in a.items():
+    assert h[k][0] == "F16" and np.array_equal(x.astype("<f2").view("<u2"), h[k][1]), k
+    u = x.view("<u4").astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    assert bf[k][0] == "BF16" and np.array_equal(r, bf[k][1]), k
+    back = (bf[k][1].astype(np.uint32) << 16).view("<f4")
+    assert wide[k][0] == "F32" and np.array_equal(back, wide[k][1]), k
+PY
+# q8 back to float: the dequantized values q * scale (blocks of 32 down the
+# rows of a projection, along the rows of wte), and on to bf16.
+"$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_f32.safetensors" --dtype f32 2>/dev/null
+"$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_bf16.safetensors" --dtype bf16 2>/dev/null
+"$gpt2d" inspect "$dir/q8_bf16.safetensors" > "$dir/insp"
+grep -q "^format      bf16 " "$dir/insp" || fail "q8 -> bf16"
+/usr/bin/python3 - "$dir/a.safetensors" "$dir/a_q8.safetensors" "$dir/q8_f32.safetensors" <<'PY' || fail "q8 values"
+import json, struct, sys
+import numpy as np
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    d = b[8 + n:]
+    types = {"F32": "<f4", "I8": "i1"}
+    return {k: np.frombuffer(d[v["data_offsets"][0]:v["data_offsets"][1]],
+                             dtype=types[v["dtype"]]).reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+a, q, back = (load(p) for p in sys.argv[1:4])
+assert "wte.weight.q8_scale" in q and "wpe.weight.q8_scale" not in q
+for k, w in a.items():
+    if w.ndim != 2 or k == "wpe.weight":
+        assert np.array_equal(w, back[k]), k
+        continue
+    s = q[k + ".q8_scale"]
+    if k == "wte.weight":
+        full = np.repeat(s, 32, axis=1)
+    else:
+        full = np.repeat(s, 32, axis=0)[:w.shape[0]]
+    assert np.array_equal((q[k].astype(np.float32) * full).astype(np.float32), back[k]), k
+    assert np.abs(q[k]).max() <= 127 and np.abs(w - back[k]).max() <= full.max() / 2 * 1.001, k
+PY
+# A q8 file whose scale tensor is gone: inspect and convert refuse it, one
+# line naming the tensor.
+/usr/bin/python3 - "$dir/a_q8.safetensors" "$dir/q8bad.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+d = b[8 + n:]
+drop = "h.0.mlp.c_fc.weight.q8_scale"
+out, pos, hdr = b"", 0, {"__metadata__": h["__metadata__"]}
+for k in sorted(x for x in h if x not in ("__metadata__", drop)):
+    s, e = h[k]["data_offsets"]
+    hdr[k] = dict(h[k], data_offsets=[pos, pos + e - s])
+    out += d[s:e]
+    pos += e - s
+j = json.dumps(hdr).encode()
+j += b" " * (-len(j) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(j)) + j + out)
+PY
+set +e
+"$gpt2d" inspect "$dir/q8bad.safetensors" >/dev/null 2>"$dir/err"; rc=$?
+"$gpt2d" convert "$dir/q8bad.safetensors" "$dir/x.safetensors" 2>"$dir/err2"; rc2=$?
+set -e
+[ "$rc" = 1 ] && [ "$(wc -l < "$dir/err")" = 1 ] \
+    && grep -q "q8 tensor 'h.0.mlp.c_fc.weight' has no scale tensor 'h.0.mlp.c_fc.weight.q8_scale'" "$dir/err" \
+    || { cat "$dir/err"; fail "inspect of a malformed q8 file exited $rc"; }
+[ "$rc2" = 1 ] && grep -q "no scale tensor" "$dir/err2" || fail "convert of a malformed q8 file exited $rc2"
+set +e
+"$gpt2d" convert "$dir/a.safetensors" "$dir/x.safetensors" --dtype f8 2>"$dir/err"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "f32, f16, bf16 or q8" "$dir/err" || fail "--dtype f8 exited $rc"
+mkdir -p "$dir/bench16"
+"$gpt2d" convert "$dir/bench/model.safetensors" "$dir/bench16/model.safetensors" --dtype bf16 2>/dev/null
+"$gpt2d" bench --model "$dir/bench16" --tokens 4 --sequences 1 > "$dir/bench16.json"
+python3 - "$dir/bench.json" "$dir/bench16.json" <<'PY' || fail "gpt2d bench format"
+import json, sys
+f32, bf16 = (json.load(open(p)) for p in sys.argv[1:3])
+assert f32["model"]["format"] == "f32" and bf16["model"]["format"] == "bf16", (f32, bf16)
+assert bf16["model"]["weight_bytes"] * 2 == f32["model"]["weight_bytes"], (f32, bf16)
+PY
+
 echo "cli: ok"

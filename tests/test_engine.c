@@ -6,8 +6,9 @@
  * cache through the forward pass, layouts that must give identical logits,
  * and the errors.
  */
-#include "engine.h"
+#include "step.h"
 #include "internal.h"
+#include "quantize.h"
 #include "safetensors.h"
 #include "tools.h"
 
@@ -52,8 +53,23 @@ static void synth_hs64(void)
     ck_assert_int_eq(tool_synth((int)(sizeof argv / sizeof *argv), argv), 0);
 }
 
-/* The models the invariance tests run on, by loop index. */
-static const char *const inv_models[] = {"aligned", "hs64"};
+/* DIR/to/model.safetensors = `gpt2d convert DIR/from/... --dtype dtype`. */
+static void convert(const char *from, const char *to, const char *dtype)
+{
+    char in[320], out[320], cfg[700];
+    snprintf(out, sizeof out, "%s/%s", dir, to);
+    mkdir(out, 0755);
+    snprintf(in, sizeof in, "%s/%s/model.safetensors", dir, from);
+    snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, to);
+    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype};
+    ck_assert_int_eq(tool_convert(5, argv), 0);
+    snprintf(cfg, sizeof cfg, "cp '%s/%s/config.json' '%s/%s/'", dir, from, dir, to);
+    ck_assert_int_eq(system(cfg), 0);
+}
+
+/* The models the invariance tests run on, by loop index: GPT-2's head size
+ * also in BF16 and in Q8, whose kernels widen the weights in registers. */
+static const char *const inv_models[] = {"aligned", "hs64", "hs64_bf16", "hs64_q8"};
 
 static void setup(void)
 {
@@ -61,6 +77,8 @@ static void setup(void)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     synth("aligned", NULL, NULL);
     synth_hs64();
+    convert("hs64", "hs64_bf16", "bf16");
+    convert("hs64", "hs64_q8", "q8");
 }
 
 static void teardown(void)
@@ -295,7 +313,7 @@ START_TEST(eng_model_half_precision_loads_exactly)
         run_alone(m, want);
         eng_model_free(m);
         m = load("half");
-        ck_assert_uint_gt(eng_model_copied_bytes(m), 0); /* converted into a slab */
+        ck_assert_uint_eq(eng_model_copied_bytes(m), 0); /* served from the mapping */
         run_alone(m, got);
         eng_model_free(m);
         ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s logits differ",
@@ -303,6 +321,89 @@ START_TEST(eng_model_half_precision_loads_exactly)
     }
     free(want);
     free(got);
+}
+END_TEST
+
+/* A q8 file is served as stored (0 bytes copied) and gives exactly the
+ * logits of `convert --dtype f32` of it, which writes q * scale. */
+START_TEST(eng_model_q8_gives_the_logits_of_its_dequantization)
+{
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    convert("aligned", "q8", "q8");
+    convert("q8", "dequant", "f32");
+    eng_model *m = load("dequant");
+    ck_assert_str_eq(eng_model_dtype(m), "f32");
+    run_alone(m, want);
+    eng_model_free(m);
+    m = load("q8");
+    ck_assert_str_eq(eng_model_dtype(m), "q8");
+    ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+    /* int8 matrices plus one F32 scale per 32 weights: 1.125 bytes each */
+    ck_assert_uint_lt(eng_model_weight_bytes(m), eng_model_params(m) * 2);
+    run_alone(m, got);
+    eng_model_free(m);
+    ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "q8 logits differ");
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* Rewrites DIR/q8 with one change and expects the loader to refuse it with
+ * an error containing `expect`. kind: 0 drop a scale tensor, 1 a scale
+ * tensor of the wrong shape, 2 of the wrong dtype, 3 no block metadata,
+ * 4 no q8 metadata at all (I8 matrices in a float file), 5 a block of 64. */
+static void malformed_q8(int kind, const char *expect)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/q8/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f), k = 0;
+    sft_tensor *t = malloc(n * sizeof *t);
+    static const int64_t bad_shape[] = {1, 192};
+    static float zeros[192];
+    static uint16_t halves[2 * 192];
+    for (size_t i = 0; i < n; i++) {
+        t[k] = *sft_tensor_at(f, i);
+        if (strcmp(t[k].name, "h.0.attn.c_attn.weight.q8_scale") == 0) {
+            if (kind == 0) continue;
+            if (kind == 1) {
+                t[k].shape = bad_shape;
+                t[k].data = zeros;
+            }
+            if (kind == 2) {
+                t[k].dtype = SFT_F16;
+                t[k].data = halves;
+            }
+        }
+        k++;
+    }
+    sft_meta meta[2] = {{"gpt2d.format", "q8"}, {"gpt2d.q8_block", kind == 5 ? "64" : "32"}};
+    size_t nmeta = kind == 4 ? 0 : kind == 3 ? 1 : 2;
+    snprintf(p, sizeof p, "%s/bad", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/bad/model.safetensors", dir);
+    ck_assert_int_eq(sft_save(p, t, k, meta, nmeta, NULL, err, sizeof err), SFT_OK);
+    eng_model *m = (eng_model *)1;
+    snprintf(p, sizeof p, "%s/bad", dir);
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EFORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, expect) != NULL, "kind %d: '%s' lacks '%s'", kind, err, expect);
+    free(t);
+    sft_close(f);
+}
+
+START_TEST(eng_model_malformed_q8_is_refused)
+{
+    convert("aligned", "q8", "q8");
+    malformed_q8(0, "q8 tensor 'h.0.attn.c_attn.weight' has no scale tensor "
+                    "'h.0.attn.c_attn.weight.q8_scale'");
+    malformed_q8(1, "q8 scale 'h.0.attn.c_attn.weight.q8_scale' must be F32 [2, 192]");
+    malformed_q8(2, "q8 scale 'h.0.attn.c_attn.weight.q8_scale' must be F32 [2, 192]");
+    malformed_q8(3, "metadata gpt2d.q8_block is missing; expected \"32\"");
+    malformed_q8(4, "I8 matrix 'h.0.attn.c_attn.weight' in a file without gpt2d.format \"q8\"");
+    malformed_q8(5, "metadata gpt2d.q8_block is \"64\"; expected \"32\"");
 }
 END_TEST
 
@@ -623,47 +724,117 @@ START_TEST(eng_sample_full_vocabulary_follows_softmax)
 }
 END_TEST
 
+/* ---- Kernels against their reference order, in every weight format ---- */
+
+static unsigned lcg(unsigned *seed)
+{
+    return *seed = *seed * 1103515245u + 12345u;
+}
+
+static float unit(unsigned *seed)
+{
+    return (float)lcg(seed) / 4e9f - 0.5f;
+}
+
+/* A weight tensor of R x Cc elements in format dt and its F32 widening,
+ * computed here from the definitions (kernels.h): F16 by sft_f16_to_f32 of
+ * any finite half (subnormals included), BF16 the top 16 bits, Q8 the F32
+ * product q * scale with scales per 32 rows (rows = 1: a projection, K x N)
+ * or per 32 consecutive elements (rows = 0: the embeddings). */
+typedef struct {
+    void *p;
+    float *scale, *wide;
+    op_w w;
+} test_w;
+
+static void test_w_make(test_w *t, op_dtype dt, size_t R, size_t Cc, int rows, unsigned *seed)
+{
+    size_t n = R * Cc, nsc = rows ? (R + 31) / 32 * Cc : (n + 31) / 32;
+    t->wide = malloc(n * sizeof(float));
+    t->p = malloc(n * 4);
+    t->scale = dt == OP_Q8 ? malloc(nsc * sizeof(float)) : NULL;
+    ck_assert(t->wide && t->p && (dt != OP_Q8 || t->scale));
+    for (size_t i = 0; dt == OP_Q8 && i < nsc; i++)
+        t->scale[i] = ((float)(lcg(seed) % 1000) + 1) / 65536.0f;
+    for (size_t i = 0; i < n; i++) {
+        float f = unit(seed);
+        uint16_t h;
+        switch (dt) {
+        case OP_F32: ((float *)t->p)[i] = t->wide[i] = f; break;
+        case OP_F16:
+            do h = (uint16_t)(lcg(seed) >> 8);
+            while ((h & 0x7C00u) == 0x7C00u); /* finite halves, subnormals too */
+            ((uint16_t *)t->p)[i] = h;
+            t->wide[i] = sft_f16_to_f32(h);
+            break;
+        case OP_BF16:
+            h = (uint16_t)(((lcg(seed) >> 8) & 0x80FFu) | (uint16_t)((100 + lcg(seed) % 40) << 7));
+            ((uint16_t *)t->p)[i] = h;
+            t->wide[i] = sft_bf16_to_f32(h);
+            break;
+        case OP_Q8: {
+            int8_t q = (int8_t)((int)(lcg(seed) % 255) - 127);
+            ((int8_t *)t->p)[i] = q;
+            size_t si = rows ? (i / Cc / 32) * Cc + i % Cc : i / 32;
+            t->wide[i] = (float)q * t->scale[si];
+            break;
+        }
+        }
+    }
+    t->w = (op_w){t->p, t->scale, dt};
+}
+
+static void test_w_free(test_w *t)
+{
+    free(t->p);
+    free(t->scale);
+    free(t->wide);
+}
+
+static const char *const dt_names[] = {"F32", "F16", "BF16", "Q8"};
+
 /* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
  * 24 rows with AVX-512 or 48 with AVX2, k-blocked tiles; more, packed
  * strips; and every partial tile of each); each must give, bit for bit,
- * b[n] followed by one FMA per k in increasing k, computed here with fmaf.
- * K = 70 leaves a k-block tail and N = 112 a column tail past the
- * 32-column tasks. Run at every kernel level (GPT2D_KERNELS) by
- * tests/meson.build. */
+ * b[n] followed by one FMA per k in increasing k over the widened weights,
+ * computed here with fmaf, in every weight format (loop index) and with a
+ * 16-bit bias too. K = 70 leaves a k-block tail (and a partial Q8 block)
+ * and N = 112 a column tail past the 32-column tasks. Run at every kernel
+ * level (GPT2D_KERNELS) by tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
     enum { K = 70, N = 112, TMAX = 70 };
+    op_dtype dt = (op_dtype)_i;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
-    float *pack = aligned_alloc(64, op_pool_size(pool) * (K + 6) * 64 * sizeof(float));
-    float *in = malloc(TMAX * K * sizeof *in), *W = malloc(K * N * sizeof *W);
-    float *b = malloc(N * sizeof *b), *out = malloc(TMAX * N * sizeof *out);
+    float *pack =
+        aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), K, N) * sizeof(float));
+    float *in = malloc(TMAX * K * sizeof *in), *out = malloc(TMAX * N * sizeof *out);
     float *want = malloc(TMAX * N * sizeof *want);
-    ck_assert(pack && in && W && b && out && want);
+    ck_assert(pack && in && out && want);
     unsigned seed = 7;
-    for (size_t i = 0; i < TMAX * K; i++)
-        in[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
-    for (size_t i = 0; i < K * N; i++)
-        W[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
-    for (size_t i = 0; i < N; i++) b[i] = (float)(seed = seed * 1103515245u + 12345u) / 4e9f - 0.5f;
+    for (size_t i = 0; i < TMAX * K; i++) in[i] = unit(&seed);
+    test_w W, b;
+    test_w_make(&W, dt, K, N, 1, &seed);
+    test_w_make(&b, dt == OP_Q8 ? OP_F32 : dt, 1, N, 0, &seed);
     for (size_t t = 0; t < TMAX; t++)
         for (size_t n = 0; n < N; n++) {
-            float acc = b[n];
-            for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W[k * N + n], acc);
+            float acc = b.wide[n];
+            for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W.wide[k * N + n], acc);
             want[t * N + n] = acc;
         }
     for (size_t T = 1; T <= TMAX; T++) {
         memset(out, 0xff, TMAX * N * sizeof *out);
-        op_matmul(pool, pack, out, in, W, b, T, K, N);
+        op_matmul(pool, pack, out, in, &W.w, &b.w, T, K, N);
         for (size_t i = 0; i < T * N; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "T = %zu: row %zu column %zu is %a, want %a", T, i / N, i % N,
-                          (double)out[i], (double)want[i]);
+                          "%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt], T, i / N,
+                          i % N, (double)out[i], (double)want[i]);
     }
+    test_w_free(&W);
+    test_w_free(&b);
     free(pack);
     free(in);
-    free(W);
-    free(b);
     free(out);
     free(want);
     op_pool_free(pool);
@@ -861,16 +1032,123 @@ START_TEST(eng_kv_prefix_echo_blocks_keep_their_prompt_logprobs)
 }
 END_TEST
 
+/* The LM head for every row count 1..70 (4-row tiles and single rows,
+ * vocabulary tiles of four and the rest) against the dot product's order,
+ * written out here: sixteen lanes by FMA, the pairs l[j] + l[j + 8], the
+ * tree ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)), then the tail by
+ * FMA. C = 70 (a tail of 6) for the float formats; Q8 needs C % 32 == 0. */
+START_TEST(op_lm_head_every_row_count_is_the_fixed_order)
+{
+    op_dtype dt = (op_dtype)_i;
+    const size_t C = dt == OP_Q8 ? 96 : 70, V = 133, TMAX = 70;
+    op_pool *pool = op_pool_new(2);
+    ck_assert_ptr_nonnull(pool);
+    float *h = malloc(TMAX * C * sizeof *h), *out = malloc(TMAX * V * sizeof *out);
+    float *want = malloc(TMAX * V * sizeof *want);
+    ck_assert(h && out && want);
+    unsigned seed = 11;
+    for (size_t i = 0; i < TMAX * C; i++) h[i] = unit(&seed);
+    test_w wte;
+    test_w_make(&wte, dt, V, C, 0, &seed);
+    for (size_t t = 0; t < TMAX; t++)
+        for (size_t v = 0; v < V; v++) {
+            const float *a = h + t * C, *b = wte.wide + v * C;
+            float l[16] = {0}, m[8];
+            size_t i = 0;
+            for (; i + 16 <= C; i += 16)
+                for (size_t j = 0; j < 16; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
+            for (size_t j = 0; j < 8; j++) m[j] = l[j] + l[j + 8];
+            float s = ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]));
+            for (; i < C; i++) s = fmaf(a[i], b[i], s);
+            want[t * V + v] = s;
+        }
+    for (size_t T = 1; T <= TMAX; T++) {
+        memset(out, 0xff, TMAX * V * sizeof *out);
+        op_lm_head(pool, out, h, &wte.w, T, C, V);
+        for (size_t i = 0; i < T * V; i++)
+            ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
+                          "%s, T = %zu: row %zu token %zu is %a, want %a", dt_names[dt], T, i / V,
+                          i % V, (double)out[i], (double)want[i]);
+    }
+    test_w_free(&wte);
+    free(h);
+    free(out);
+    free(want);
+    op_pool_free(pool);
+}
+END_TEST
+
+/* op_widen (the embeddings, layer norm, biases) of every F16 and BF16 bit
+ * pattern equals the formats module's conversion; NaNs stay NaNs (F16C
+ * quiets a signalling NaN, which any arithmetic on it does anyway). */
+START_TEST(op_widen_every_16_bit_value_is_exact)
+{
+    uint16_t *bits = malloc(65536 * sizeof *bits);
+    float *got = malloc(65536 * sizeof *got);
+    ck_assert(bits && got);
+    for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
+    for (int k = 0; k < 2; k++) {
+        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16};
+        op_widen(got, &w, 0, 65536);
+        for (size_t i = 0; i < 65536; i++) {
+            float want = k == 0 ? sft_f16_to_f32(bits[i]) : sft_bf16_to_f32(bits[i]);
+            if (isnan(want))
+                ck_assert_msg(isnan(got[i]), "%s 0x%04zx is not NaN", k ? "BF16" : "F16", i);
+            else
+                ck_assert_msg(memcmp(&got[i], &want, sizeof want) == 0, "%s 0x%04zx: %a, want %a",
+                              k ? "BF16" : "F16", i, (double)got[i], (double)want);
+        }
+    }
+    free(bits);
+    free(got);
+}
+END_TEST
+
+/* BF16 rounding of `gpt2d convert --dtype bf16`: to nearest, ties to even,
+ * carries into the exponent, overflow to infinity, NaN stays NaN. */
+START_TEST(tool_f32_to_bf16_rounds_to_nearest_even)
+{
+    static const struct {
+        uint32_t in;
+        uint16_t want;
+    } cases[] = {
+        {0x3F800000u, 0x3F80u}, /* 1.0 exactly */
+        {0x3F808000u, 0x3F80u}, /* tie, even below: down */
+        {0x3F818000u, 0x3F82u}, /* tie, odd below: up */
+        {0x3F808001u, 0x3F81u}, /* above the tie: up */
+        {0x3F807FFFu, 0x3F80u}, /* below the tie: down */
+        {0xBF818000u, 0xBF82u}, /* negative tie: away from the odd */
+        {0x3FFFFFFFu, 0x4000u}, /* carries into the exponent */
+        {0x7F7FFFFFu, 0x7F80u}, /* the largest float: to infinity */
+        {0xFF800000u, 0xFF80u}, /* -infinity */
+        {0x00000001u, 0x0000u}, /* the smallest subnormal: to zero */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float f;
+        memcpy(&f, &cases[i].in, sizeof f);
+        ck_assert_msg(tool_f32_to_bf16(f) == cases[i].want, "0x%08x -> 0x%04x, want 0x%04x",
+                      cases[i].in, tool_f32_to_bf16(f), cases[i].want);
+    }
+    uint32_t nan_bits = 0x7F800001u; /* a signalling NaN whose payload is in the low half */
+    float nan;
+    memcpy(&nan, &nan_bits, sizeof nan);
+    uint16_t h = tool_f32_to_bf16(nan);
+    ck_assert_msg((h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) != 0, "NaN became 0x%04x", h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("eng_forward");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 2);
-    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 2);
+    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 4);
+    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 4);
     tcase_add_test(tc, eng_model_layouts_give_identical_logits);
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
+    tcase_add_test(tc, eng_model_q8_gives_the_logits_of_its_dequantization);
+    tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
     tcase_add_test(tc, eng_kv_prefix_refcounts_lru_and_leaves_first);
@@ -886,7 +1164,12 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("op_kernels");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, op_matmul_every_row_count_is_the_fixed_order);
+    tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
+    tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
+    tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tool_convert");
+    tcase_add_test(tc, tool_f32_to_bf16_rounds_to_nearest_even);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -59,8 +59,17 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
     probes = [(d, sids), (d, (sids * 4)[:60]),
               (d64, [str(int(i) % 700) for i in (sids * 4)[:60]])]
     # The head-64 model also goes one token at a time (decode rows, whose
-    # heads the kernel takes together).
+    # heads the kernel takes together), and so does each weight format of
+    # it (`gpt2d convert --dtype`), whose kernels widen in registers.
     probes = [(m, p, "all") for m, p in probes] + [(d64, probes[-1][1], "incremental")]
+    for dt in ("f16", "bf16", "q8"):
+        dd = os.path.join(d, "hs64_" + dt)
+        os.mkdir(dd)
+        shutil.copy(os.path.join(d64, "config.json"), dd)
+        subprocess.run([gpt2d, "convert", os.path.join(d64, "model.safetensors"),
+                        os.path.join(dd, "model.safetensors"), "--dtype", dt],
+                       check=True, capture_output=True)
+        probes += [(dd, probes[2][1], "all"), (dd, probes[2][1][:19], "incremental")]
     for model_dir, probe, mode in probes:
         base = subprocess.run([engine_logits, mode, model_dir] + probe, capture_output=True,
                               check=True).stdout

@@ -8,6 +8,7 @@
  * and writer runs under ASan/LSan.
  */
 #include "safetensors.h"
+#include "wformat.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -889,6 +890,106 @@ START_TEST(sft_dtype_names_round_trip)
 }
 END_TEST
 
+/* ---- wf_detect: the weight formats ---------------------------------------- */
+
+/* A file of the given tensors and metadata; wf_detect's verdict on it:
+ * the format name, or the error text (SFT_EFORMAT). */
+static const char *detect(const sft_tensor *t, size_t n, const sft_meta *meta, size_t nmeta,
+                          char *err, size_t errlen)
+{
+    const char *p = tpath("wf.safetensors");
+    ck_assert_int_eq(sft_save(p, t, n, meta, nmeta, NULL, err, errlen), SFT_OK);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, errlen), SFT_OK);
+    const char *name = NULL;
+    sft_status s = wf_detect(f, &name, err, errlen);
+    sft_close(f);
+    return s == SFT_OK ? name : NULL;
+}
+
+static const int64_t shape_64x32[] = {64, 32}, shape_2x32[] = {2, 32}, shape_64x1[] = {64, 1};
+static const int64_t shape_64x40[] = {64, 40}, shape_4[] = {4};
+static float wf_f32[64 * 40];
+static int8_t wf_i8[64 * 40];
+static uint16_t wf_u16[64 * 40];
+
+START_TEST(wf_detect_names_every_format)
+{
+    char err[256];
+    sft_tensor t[3] = {
+        {.name = "h.0.mlp.c_fc.weight",
+         .dtype = SFT_F32,
+         .ndim = 2,
+         .shape = shape_64x32,
+         .data = wf_f32},
+        {.name = "h.0.mlp.c_fc.bias",
+         .dtype = SFT_F32,
+         .ndim = 1,
+         .shape = shape_4,
+         .data = wf_f32},
+        {.name = "wte.weight", .dtype = SFT_F32, .ndim = 2, .shape = shape_64x32, .data = wf_f32}};
+    ck_assert_str_eq(detect(t, 3, NULL, 0, err, sizeof err), "f32");
+    t[0].dtype = t[2].dtype = SFT_BF16;
+    t[0].data = t[2].data = wf_u16;
+    ck_assert_str_eq(detect(t, 3, NULL, 0, err, sizeof err), "bf16"); /* F32 vectors allowed */
+    t[2].dtype = SFT_F16;
+    ck_assert_str_eq(detect(t, 3, NULL, 0, err, sizeof err), "mixed");
+    t[0].dtype = SFT_F16;
+    ck_assert_str_eq(detect(t, 3, NULL, 0, err, sizeof err), "f16");
+    /* q8: matrices I8, scales [ceil(64/32), 32] down the rows, [64, 1] along wte's. */
+    sft_tensor q[5] = {
+        {.name = "h.0.mlp.c_fc.weight",
+         .dtype = SFT_I8,
+         .ndim = 2,
+         .shape = shape_64x32,
+         .data = wf_i8},
+        {.name = "h.0.mlp.c_fc.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 2,
+         .shape = shape_2x32,
+         .data = wf_f32},
+        {.name = "h.0.mlp.c_fc.bias",
+         .dtype = SFT_F32,
+         .ndim = 1,
+         .shape = shape_4,
+         .data = wf_f32},
+        {.name = "wte.weight", .dtype = SFT_I8, .ndim = 2, .shape = shape_64x32, .data = wf_i8},
+        {.name = "wte.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 2,
+         .shape = shape_64x1,
+         .data = wf_f32}};
+    sft_meta meta[2] = {{"gpt2d.format", "q8"}, {"gpt2d.q8_block", "32"}};
+    ck_assert_str_eq(detect(q, 5, meta, 2, err, sizeof err), "q8");
+    /* The scales of wte the other way round are wrong. */
+    q[4].shape = shape_2x32;
+    ck_assert_ptr_null(detect(q, 5, meta, 2, err, sizeof err));
+    ck_assert_msg(strstr(err, "q8 scale 'wte.weight.q8_scale' must be F32 [64, 1]") != NULL, "%s",
+                  err);
+    q[4].shape = shape_64x1;
+    /* A float matrix left in a q8 file. */
+    q[3].dtype = SFT_F32;
+    q[3].data = wf_f32;
+    ck_assert_ptr_null(detect(q, 4, meta, 2, err, sizeof err));
+    ck_assert_msg(strstr(err, "matrix 'wte.weight' is F32, expected I8") != NULL, "%s", err);
+    /* A scale tensor without its I8 matrix. */
+    q[3] = q[4];
+    ck_assert_ptr_null(detect(q, 4, meta, 2, err, sizeof err));
+    ck_assert_msg(strstr(err, "q8 scale 'wte.weight.q8_scale' has no I8 tensor 'wte.weight'")
+                      != NULL,
+                  "%s", err);
+    /* wte's width must be a multiple of the block. */
+    q[3] = (sft_tensor){
+        .name = "wte.weight", .dtype = SFT_I8, .ndim = 2, .shape = shape_64x40, .data = wf_i8};
+    ck_assert_ptr_null(detect(q, 4, meta, 2, err, sizeof err));
+    ck_assert_msg(strstr(err, "40 columns are not a multiple of the block 32") != NULL, "%s", err);
+    /* An unknown format name in the metadata. */
+    sft_meta other = {"gpt2d.format", "q4"};
+    ck_assert_ptr_null(detect(t, 3, &other, 1, err, sizeof err));
+    ck_assert_msg(strstr(err, "metadata gpt2d.format is \"q4\"") != NULL, "%s", err);
+}
+END_TEST
+
 static Suite *sft_suite(void)
 {
     Suite *s = suite_create("formats");
@@ -923,6 +1024,10 @@ static Suite *sft_suite(void)
     tcase_add_loop_test(tc, sft_open_and_save_survive_every_allocation_failure, 0, 2);
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("wf_detect");
+    tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
+    tcase_add_test(tc, wf_detect_names_every_format);
+    suite_add_tcase(s, tc);
     tc = tcase_create("sft_convert");
     tcase_add_test(tc, sft_f16_to_f32_known_values);
     tcase_add_test(tc, sft_tensor_to_f32_converts_half_types);

@@ -52,6 +52,7 @@ base="http://127.0.0.1:$port"
 python3 - "$(curl -s "$base/v1/models")" <<'PY' || fail models
 import json, sys
 d = json.loads(sys.argv[1]); assert d["object"] == "list" and d["data"][0]["id"] == "gpt2", d
+assert d["data"][0]["dtype"] == "f32", d  # the weight format served (engine.h, eng_model_dtype)
 PY
 
 # Greedy text through the API equals gpt2d generate.
@@ -303,6 +304,7 @@ for name in ("gpt2d_time_to_first_token_seconds", "gpt2d_inter_token_latency_sec
 assert 'gpt2d_requests_total{route="/v1/completions",status="200"}' in m
 for g in ("gpt2d_queued_requests", "gpt2d_kv_blocks_capacity", "gpt2d_completion_tokens_total"):
     assert g in m, g
+assert any(l.startswith("gpt2d_build_info{") and 'dtype="f32"' in l and l.endswith("} 1") for l in m.splitlines()), m
 PY
 
 # Bad input: each with its status and an OpenAI error body.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tests/test_shared_weights.sh GPT2D HOLD_MODEL: two processes that map the
 # same aligned checkpoint share one copy of the weights in the page cache
-# (each one's Pss is about half the file), while a misaligned checkpoint
-# costs each process a private copy. Reads /proc/PID/smaps_rollup.
+# (each one's Pss is about half the file), in F32 and in the 16-bit and
+# 8-bit formats, which are served as stored (no private F32 copy), while a
+# misaligned checkpoint costs each process a private copy. Reads
+# /proc/PID/smaps_rollup.
 set -euo pipefail
 gpt2d=$1 hold=$2
 dir=$(mktemp -d /tmp/gpt2d-pss-XXXXXX)
@@ -56,5 +58,21 @@ done
 # Misaligned: each holds a private copy.
 for p in "$mana" "$manb"; do
     [ "$p" -gt $(( weights_kb * 9 / 10 )) ] || fail "misaligned private memory $p kB is not a full copy"
+done
+# BF16 and q8 (`gpt2d convert --dtype`): shared too, nothing widened into
+# private memory.
+for dt in bf16 q8; do
+    mkdir "$dir/$dt"
+    "$gpt2d" convert "$dir/al/model.safetensors" "$dir/$dt/model.safetensors" --dtype "$dt" 2>/dev/null
+    cp "$dir/al/config.json" "$dir/$dt/"
+    kb=$(( $(stat -c %s "$dir/$dt/model.safetensors") / 1024 ))
+    read -r pa aa pb ab <<< "$(measure "$dir/$dt")"
+    echo "$dt: weights ${kb} kB; Pss ${pa} + ${pb} kB, of which private ${aa} + ${ab} kB"
+    for p in "$pa" "$pb"; do
+        [ "$p" -lt $(( kb * 3 / 4 )) ] || fail "$dt Pss $p kB is not shared (weights $kb kB)"
+    done
+    for p in "$aa" "$ab"; do
+        [ "$p" -lt $(( weights_kb / 5 )) ] || fail "$dt private memory $p kB"
+    done
 done
 echo "shared weights: ok"

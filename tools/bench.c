@@ -7,7 +7,7 @@
  *   - decode at 1, 4, 16 and 64 concurrent sequences through the scheduler:
  *     aggregate tokens/s over pure-decode steps, median step time, and, at
  *     one sequence, the fraction of the bandwidth bound (every weight byte
- *     read once per token);
+ *     read once per token, in the file's format: eng_model_weight_bytes);
  *   - where step time goes (matmul, attention, LM head, the rest, sampling);
  *   - peak RSS.
  * A benchmark, never a test: numbers go to docs/benchmarks.md.
@@ -356,7 +356,7 @@ int tool_bench(int argc, char **argv)
     }
     size_t nthreads = threads ? (size_t)threads : (size_t)sysconf(_SC_NPROCESSORS_ONLN);
     const eng_config *cfg = eng_model_config(m);
-    double weight_bytes = (double)eng_model_params(m) * 4.0;
+    double weight_bytes = (double)eng_model_weight_bytes(m); /* as stored */
     /* The machine is shared: bandwidth is measured before and after the
      * engine runs, and the bound uses the higher reading. */
     double bw_before = bandwidth(nthreads);
@@ -387,9 +387,10 @@ int tool_bench(int argc, char **argv)
     double bw_after = bandwidth(nthreads);
     double bw = bw_before > bw_after ? bw_before : bw_after;
     double bound = bw * 1e9 / weight_bytes;
-    printf("{\n  \"model\": {\"layers\": %zu, \"width\": %zu, \"vocab\": %zu, \"params\": %zu, "
-           "\"weight_bytes\": %.0f},\n",
-           cfg->n_layer, cfg->n_embd, cfg->n_vocab, eng_model_params(m), weight_bytes);
+    printf("{\n  \"model\": {\"format\": \"%s\", \"layers\": %zu, \"width\": %zu, "
+           "\"vocab\": %zu, \"params\": %zu, \"weight_bytes\": %.0f},\n",
+           eng_model_dtype(m), cfg->n_layer, cfg->n_embd, cfg->n_vocab, eng_model_params(m),
+           weight_bytes);
     printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
            "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f},\n",
            nthreads, bw, bw_before, bw_after, gflops);

@@ -6,6 +6,7 @@
 #include "tools.h"
 
 #include "safetensors.h"
+#include "wformat.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -15,7 +16,8 @@
 static void inspect_usage(FILE *out)
 {
     fprintf(out, "usage: gpt2d inspect FILE [--json]\n"
-                 "Validates a safetensors file and prints its metadata and tensors.\n"
+                 "Validates a safetensors file and prints its weight format (f32, f16, bf16,\n"
+                 "q8 or mixed; a malformed q8 file is refused), metadata and tensors.\n"
                  "  --json   machine-readable output\n"
                  "  --help   this text\n");
 }
@@ -36,7 +38,7 @@ static void shape_text(char *buf, size_t len, const sft_tensor *t)
     if (used < len) snprintf(buf + used, len - used, "]");
 }
 
-static int print_json(const sft_file *f)
+static int print_json(const sft_file *f, const char *format)
 {
     json_t *root = json_object();
     json_t *meta = json_object();
@@ -61,6 +63,7 @@ static int print_json(const sft_file *f)
     json_object_set_new(root, "file_size", json_integer((json_int_t)sft_file_size(f)));
     json_object_set_new(root, "header_length", json_integer((json_int_t)sft_header_len(f)));
     json_object_set_new(root, "data_start", json_integer((json_int_t)sft_data_start(f)));
+    json_object_set_new(root, "format", json_string(format));
     json_object_set_new(root, "tensor_count", json_integer((json_int_t)sft_count(f)));
     json_object_set_new(root, "aligned_count", json_integer((json_int_t)aligned));
     json_object_set_new(root, "metadata", meta);
@@ -71,7 +74,7 @@ static int print_json(const sft_file *f)
     return rc;
 }
 
-static void print_table(const sft_file *f)
+static void print_table(const sft_file *f, const char *format)
 {
     size_t nmeta;
     const sft_meta *m = sft_metadata(f, &nmeta);
@@ -80,6 +83,7 @@ static void print_table(const sft_file *f)
     printf("header      %llu bytes; data starts at byte %llu (%s)\n",
            (unsigned long long)sft_header_len(f), (unsigned long long)sft_data_start(f),
            sft_data_start(f) % 8 == 0 ? "8-byte aligned" : "not 8-byte aligned");
+    printf("format      %s (the weight matrices'; docs/api.md)\n", format);
     printf("metadata   ");
     if (nmeta == 0) printf(" (none)");
     for (size_t i = 0; i < nmeta; i++) printf(" %s=%s", m[i].key, m[i].value);
@@ -131,11 +135,17 @@ int tool_inspect(int argc, char **argv)
         fprintf(stderr, "gpt2d inspect: %s: %s\n", sft_strerror(s), err);
         return 1;
     }
+    const char *format;
+    if (wf_detect(f, &format, err, sizeof err) != SFT_OK) {
+        fprintf(stderr, "gpt2d inspect: %s: %s\n", sft_strerror(SFT_EFORMAT), err);
+        sft_close(f);
+        return 1;
+    }
     int rc = 0;
     if (json)
-        rc = print_json(f);
+        rc = print_json(f, format);
     else
-        print_table(f);
+        print_table(f, format);
     sft_close(f);
     return rc;
 }

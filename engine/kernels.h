@@ -1,0 +1,204 @@
+/*
+ * engine/kernels.h: the kernels of a step (op_*), shared by the engine's
+ * files; never included from outside engine/ (and bench_ops).
+ *
+ * Batch invariance: a sequence must get the same bits whether it runs alone
+ * or beside others. OpenBLAS's SGEMM does not give that here (a row's bits
+ * change with the number of rows and the weights' alignment), so the
+ * kernels are our own: every output element is reduced in one order that
+ * depends only on the shapes, never on T, on the tile it falls in, on the
+ * thread that computes it or on alignment. Each family has its own file,
+ * which opens with the plain C reference and its reduction order, followed
+ * by the AVX2 and AVX-512 versions that must equal it bit for bit:
+ *   op_dispatch.c     which instruction set (GPT2D_KERNELS caps it);
+ *   op_matmul.c       the four projections of a layer;
+ *   op_attention.c    causal attention over the paged KV cache;
+ *   op_lmhead.c       logits = h @ wte^T and the fixed-order dot product;
+ *   op_elementwise.c  exp, GELU, softmax sums and layer norm.
+ *
+ * Parallelism: op_pool_run splits columns (matmul), vocabulary rows
+ * (LM head) and rows (layer norm, GELU) into one contiguous range per
+ * thread; attention's (head, rows) jobs, whose costs differ, are claimed
+ * one at a time (op_pool_run_chunks). Claiming the matmul's columns in
+ * chunks instead was measured slower (16 streams through the server, 3
+ * alternated runs: 8 % fewer tokens/s), as each chunk gathers its inputs
+ * again and loses the contiguous run of W.
+ */
+#ifndef GPT2D_ENGINE_KERNELS_H
+#define GPT2D_ENGINE_KERNELS_H
+
+#include "safetensors.h"
+#include "step.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#else
+#define HAVE_X86 0
+#endif
+
+/* Function attributes of the SIMD paths. Every AVX2 function may widen F16
+ * (F16C); every AVX-512 one may call the AVX2 helpers. */
+#define OP_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define OP_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/* ---- Dispatch (op_dispatch.c) ---- */
+
+/* 1 when the AVX-512 (avx512f) or AVX2 (avx2, fma, f16c) kernels may run:
+ * the CPU has them and GPT2D_KERNELS (portable, avx2) does not cap them.
+ * Cached after the first call. Thread: any. */
+int op_use_avx512(void);
+int op_use_avx2(void);
+/* 1 when op_use_avx512 and the CPU has AVX512BW (the BF16 decode tiles). */
+int op_use_avx512bw(void);
+
+/* ---- Worker threads (pool.c) ---- */
+
+typedef struct op_pool op_pool;
+/* fn(ctx, begin, end, tid): one contiguous range of [0, n) per thread. */
+typedef void (*op_task)(void *ctx, size_t begin, size_t end, size_t tid);
+op_pool *op_pool_new(size_t nthreads); /* NULL on failure */
+void op_pool_free(op_pool *p);
+size_t op_pool_size(const op_pool *p);
+/* Runs fn over [0, n) on every thread; returns when all are done.
+ * Thread: the one step thread. */
+void op_pool_run(op_pool *p, size_t n, op_task fn, void *ctx);
+/* The same, but threads claim chunks of grain items in turn until [0, n)
+ * is used up, so uneven items or a descheduled thread balance out. */
+void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ctx);
+
+/* ---- Weights as stored ---- */
+
+/*
+ * A weight tensor in its file's format, read in place (from the shared
+ * mapping): the kernels widen each element to F32 in registers and compute
+ * in F32, so a tensor gives exactly the results of its F32 widening.
+ *   OP_F32   floats;
+ *   OP_F16   IEEE half, widened exactly (sft_f16_to_f32, or F16C);
+ *   OP_BF16  bfloat16, widened by a 16-bit shift (sft_bf16_to_f32);
+ *   OP_Q8    int8 q with F32 scales s, one per OP_Q8_BLOCK elements along
+ *            the reduction dimension; the value is the F32 product
+ *            (float)q * s, rounded once. For a projection W (K, N) the
+ *            scale of W[k][n] is scale[(k / 32) * N + n]; for the token
+ *            embeddings (V, C) that of wte[v][c] is scale[(v * C + c) / 32]
+ *            (C a multiple of 32, so a block never crosses a row).
+ */
+typedef enum { OP_F32 = 0, OP_F16 = 1, OP_BF16 = 2, OP_Q8 = 3 } op_dtype;
+#define OP_Q8_BLOCK 32
+
+typedef struct {
+    const void *p;      /* the elements, row-major                     */
+    const float *scale; /* OP_Q8 only                                  */
+    op_dtype dt;
+} op_w;
+
+/* Element i of w, widened; si is its scale's index (OP_Q8). The reference
+ * widening of every kernel. */
+static inline float op_widen1(const op_w *w, size_t i, size_t si)
+{
+    switch (w->dt) {
+    case OP_F16: return sft_f16_to_f32(((const uint16_t *)w->p)[i]);
+    case OP_BF16: return sft_bf16_to_f32(((const uint16_t *)w->p)[i]);
+    case OP_Q8: return (float)((const int8_t *)w->p)[i] * w->scale[si];
+    case OP_F32: break;
+    }
+    return ((const float *)w->p)[i];
+}
+
+/* dst[j] = element off + j of w, widened, j < n; Q8 scales by the flat
+ * index (the embeddings' layout). A copy for F32. (op_elementwise.c) */
+void op_widen(float *dst, const op_w *w, size_t off, size_t n);
+
+/* ---- Kernels; fixed reduction orders, see each file ---- */
+
+/* Floats of scratch that op_matmul needs on a pool of `threads` threads for
+ * every product of up to K x N (the largest of a step): the one place that
+ * sizes it (forward.c, tests, bench_ops). */
+size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N);
+/* out (T,N) = in (T,K) @ W (K,N) + b. scratch: op_matmul_scratch_floats
+ * floats (or more) for at least these K and N, 64-byte aligned. */
+void op_matmul(op_pool *pool, float *scratch, float *out, const float *in, const op_w *W,
+               const op_w *b, size_t T, size_t K, size_t N);
+/* logits (T,V) = h (T,C) @ wte^T, wte (V, C) in any op_dtype. */
+void op_lm_head(op_pool *pool, float *out, const float *h, const op_w *wte, size_t T, size_t C,
+                size_t V);
+void op_layernorm(op_pool *pool, float *out, const float *in, const op_w *g, const op_w *b,
+                  size_t T, size_t C, float eps);
+void op_gelu(op_pool *pool, float *x, size_t n);
+/* scores: per-thread scratch, threads x OP_ATT_ROWS x n_ctx floats. */
+#define OP_ATT_ROWS 4
+void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
+                  const eng_item *items, const size_t *row_item, const size_t *row_pos, size_t T,
+                  size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);
+/* The fixed-order dot product of op_lmhead.c (attention's scores too). */
+float op_dot(const float *a, const float *b, size_t n);
+/* x[i] = exp(x[i] - m) (clamped to exp(-87) below), returning their sum in a
+ * fixed lane order; the same bits on every path. */
+float op_exp_sub_sum(float *x, size_t n, float m);
+
+/* ---- Horizontal sums in the fixed tree of every path ---- */
+
+#if HAVE_X86
+/* ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)) of the eight lanes. */
+__attribute__((target("avx2,fma"), always_inline)) static inline float op_hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s)); /* (m0+m4)+(m2+m6), (m1+m5)+(m3+m7) */
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+}
+
+/* The pairs l[j] + l[j + 8], then op_hsum8's tree. */
+__attribute__((target("avx512f"), always_inline)) static inline float op_hsum16(__m512 v)
+{
+    __m256 m = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 (AVX-512) or 8 (AVX2) elements of p from element i, widened exactly;
+ * OP_Q8 gives the integers as floats (the caller multiplies by the scale).
+ * dt is a constant where these are inlined, so each kernel is compiled once
+ * per format. */
+OP_AVX512 __attribute__((always_inline)) static inline __m512 op_ld16(const void *p, size_t i,
+                                                                      const op_dtype dt)
+{
+    switch (dt) {
+    case OP_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)p + i)));
+    case OP_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)((const uint16_t *)p + i))),
+            16));
+    case OP_Q8:
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)((const int8_t *)p + i))));
+    case OP_F32: break;
+    }
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline __m256 op_ld8(const void *p, size_t i,
+                                                                   const op_dtype dt)
+{
+    switch (dt) {
+    case OP_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const void *)((const uint16_t *)p + i)));
+    case OP_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)((const uint16_t *)p + i))), 16));
+    case OP_Q8:
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)((const int8_t *)p + i))));
+    case OP_F32: break;
+    }
+    return _mm256_loadu_ps((const float *)p + i);
+}
+#endif
+
+#endif

@@ -1,0 +1,217 @@
+/*
+ * engine/op_lmhead.c: logits (T,V) = h (T,C) @ wte^T, the LM head tied to
+ * the token embeddings, and the fixed-order dot product it is made of
+ * (attention's scores use it too).
+ *
+ * The reduction order, on every path (dot16_c below, the reference):
+ * sixteen lanes, lane j summing a[i] * b[i] for i = j, j + 16, ... by FMA
+ * from 0; then the pairs (l[j] + l[j + 8]); then the tree
+ * ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)); then the n % 16 tail
+ * by FMA in order. AVX-512 holds the lanes in one register, AVX2 in two,
+ * the portable code in an array: the same operations on every path. The
+ * embeddings are read in their file's format (kernels.h, op_w) and widened
+ * element by element (op_widen1 is the reference; op_ld16 and op_ld8 give
+ * the same floats), so a 16-bit or 8-bit wte gives exactly the logits of
+ * its F32 widening.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- The reference: one dot product in the fixed order ----------------- */
+
+/* dot(a, w[off .. off + n)), w's Q8 scales by the flat index. */
+static float dot16_c(const float *a, const op_w *w, size_t off, size_t n)
+{
+    float l[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (size_t j = 0; j < 16; j++) {
+            size_t e = off + i + j;
+            l[j] = fmaf(a[i + j], op_widen1(w, e, e / OP_Q8_BLOCK), l[j]);
+        }
+    float m[8];
+    for (size_t j = 0; j < 8; j++) m[j] = l[j] + l[j + 8];
+    float s = ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]));
+    for (; i < n; i++) s = fmaf(a[i], op_widen1(w, off + i, (off + i) / OP_Q8_BLOCK), s);
+    return s;
+}
+
+#if HAVE_X86
+/* Sixteen elements of w from the flat index e, widened; Q8 blocks of 32
+ * hold whole 16-element groups (e a multiple of 16 then, C % 32 == 0). */
+OP_AVX512 __attribute__((always_inline)) static inline __m512 lm_w16(const op_w *w, size_t e,
+                                                                     const op_dtype dt)
+{
+    __m512 v = op_ld16(w->p, e, dt);
+    return dt == OP_Q8 ? _mm512_mul_ps(v, _mm512_set1_ps(w->scale[e / OP_Q8_BLOCK])) : v;
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline __m256 lm_w8(const op_w *w, size_t e,
+                                                                  const op_dtype dt)
+{
+    __m256 v = op_ld8(w->p, e, dt);
+    return dt == OP_Q8 ? _mm256_mul_ps(v, _mm256_set1_ps(w->scale[e / OP_Q8_BLOCK])) : v;
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline float
+dot16_avx2_t(const float *a, const op_w *w, size_t off, size_t n, const op_dtype dt)
+{
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), lm_w8(w, off + i, dt), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), lm_w8(w, off + i + 8, dt), hi);
+    }
+    float s = op_hsum8(_mm256_add_ps(lo, hi));
+    for (; i < n; i++) s = fmaf(a[i], op_widen1(w, off + i, (off + i) / OP_Q8_BLOCK), s);
+    return s;
+}
+
+OP_AVX2 static float dot16_avx2(const float *a, const op_w *w, size_t off, size_t n)
+{
+    switch (w->dt) {
+    case OP_F16: return dot16_avx2_t(a, w, off, n, OP_F16);
+    case OP_BF16: return dot16_avx2_t(a, w, off, n, OP_BF16);
+    case OP_Q8: return dot16_avx2_t(a, w, off, n, OP_Q8);
+    case OP_F32: break;
+    }
+    return dot16_avx2_t(a, w, off, n, OP_F32);
+}
+
+/* Four rows of h against wte rows v .. v + 3: 16 dot products at once, each
+ * with exactly dot16's operations. out[r * ldo + j]. */
+OP_AVX512 __attribute__((always_inline)) static inline void
+dot_4x4_avx512(float *out, size_t ldo, const float *h, const op_w *w, size_t v, size_t C,
+               const op_dtype dt)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    size_t i = 0, e = v * C;
+    for (; i + 16 <= C; i += 16) {
+        __m512 w0 = lm_w16(w, e + i, dt), w1 = lm_w16(w, e + C + i, dt);
+        __m512 w2 = lm_w16(w, e + 2 * C + i, dt), w3 = lm_w16(w, e + 3 * C + i, dt);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512 x = _mm512_loadu_ps(h + (size_t)r * C + i);
+            acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(x, w2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(x, w3, acc[r][3]);
+        }
+    }
+    for (size_t r = 0; r < 4; r++)
+        for (size_t j = 0; j < 4; j++) {
+            float s = op_hsum16(acc[r][j]);
+            for (size_t q = i; q < C; q++) {
+                size_t f = e + j * C + q;
+                s = fmaf(h[r * C + q], op_widen1(w, f, f / OP_Q8_BLOCK), s);
+            }
+            out[r * ldo + j] = s;
+        }
+}
+
+/* One row of h against wte rows v .. v + 3 (decode). */
+OP_AVX512 __attribute__((always_inline)) static inline void
+dot_1x4_avx512(float *out, const float *h, const op_w *w, size_t v, size_t C, const op_dtype dt)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0, e = v * C;
+    for (; i + 16 <= C; i += 16) {
+        __m512 x = _mm512_loadu_ps(h + i);
+        a0 = _mm512_fmadd_ps(x, lm_w16(w, e + i, dt), a0);
+        a1 = _mm512_fmadd_ps(x, lm_w16(w, e + C + i, dt), a1);
+        a2 = _mm512_fmadd_ps(x, lm_w16(w, e + 2 * C + i, dt), a2);
+        a3 = _mm512_fmadd_ps(x, lm_w16(w, e + 3 * C + i, dt), a3);
+    }
+    float s[4] = {op_hsum16(a0), op_hsum16(a1), op_hsum16(a2), op_hsum16(a3)};
+    for (size_t j = 0; j < 4; j++) {
+        for (size_t q = i; q < C; q++) {
+            size_t f = e + j * C + q;
+            s[j] = fmaf(h[q], op_widen1(w, f, f / OP_Q8_BLOCK), s[j]);
+        }
+        out[j] = s[j];
+    }
+}
+#endif
+
+/* dot(a, w[off .. off + n)) on the best path. */
+static float dot16(const float *a, const op_w *w, size_t off, size_t n)
+{
+#if HAVE_X86
+    if (op_use_avx2()) return dot16_avx2(a, w, off, n);
+#endif
+    return dot16_c(a, w, off, n);
+}
+
+float op_dot(const float *a, const float *b, size_t n)
+{
+    op_w w = {b, NULL, OP_F32};
+    return dot16(a, &w, 0, n);
+}
+
+/* ---- LM head: logits (T,V) = h (T,C) @ wte^T ------------------------------ */
+
+#define LM_VROWS 64 /* vocabulary rows per task */
+
+typedef struct {
+    float *out;
+    const float *h;
+    const op_w *wte;
+    size_t T, C, V;
+} lm_ctx;
+
+#if HAVE_X86
+/* Vocabulary rows [v0, v0 + 4 * n4) in tiles of four, every row of h. */
+OP_AVX512 __attribute__((always_inline)) static inline void
+lm_rows_avx512_t(const lm_ctx *c, size_t v0, size_t v1, const op_dtype dt)
+{
+    for (size_t v = v0; v + 4 <= v1; v += 4) {
+        size_t t = 0;
+        for (; t + 4 <= c->T; t += 4)
+            dot_4x4_avx512(c->out + t * c->V + v, c->V, c->h + t * c->C, c->wte, v, c->C, dt);
+        for (; t < c->T; t++)
+            dot_1x4_avx512(c->out + t * c->V + v, c->h + t * c->C, c->wte, v, c->C, dt);
+    }
+}
+
+OP_AVX512 static void lm_rows_avx512(const lm_ctx *c, size_t v0, size_t v1)
+{
+    switch (c->wte->dt) {
+    case OP_F32: lm_rows_avx512_t(c, v0, v1, OP_F32); break;
+    case OP_F16: lm_rows_avx512_t(c, v0, v1, OP_F16); break;
+    case OP_BF16: lm_rows_avx512_t(c, v0, v1, OP_BF16); break;
+    case OP_Q8: lm_rows_avx512_t(c, v0, v1, OP_Q8); break;
+    }
+}
+#endif
+
+static void lm_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    (void)tid;
+    const lm_ctx *c = arg;
+    for (size_t blk = begin; blk < end; blk++) {
+        size_t v0 = blk * LM_VROWS, v1 = v0 + LM_VROWS < c->V ? v0 + LM_VROWS : c->V;
+        size_t v = v0;
+#if HAVE_X86
+        if (op_use_avx512()) {
+            lm_rows_avx512(c, v0, v1);
+            v = v0 + (v1 - v0) / 4 * 4;
+        }
+#endif
+        for (; v < v1; v++)
+            for (size_t t = 0; t < c->T; t++)
+                c->out[t * c->V + v] = dot16(c->h + t * c->C, c->wte, v * c->C, c->C);
+    }
+}
+
+void op_lm_head(op_pool *pool, float *out, const float *h, const op_w *wte, size_t T, size_t C,
+                size_t V)
+{
+    lm_ctx c = {out, h, wte, T, C, V};
+    op_pool_run(pool, (V + LM_VROWS - 1) / LM_VROWS, lm_task, &c);
+}

@@ -1,0 +1,590 @@
+/*
+ * engine/op_matmul.c: out (T,N) = in (T,K) @ W (K,N) + b, the four
+ * projections of every layer (W as stored by GPT-2's Conv1D, [in, out]).
+ *
+ * The reduction order, on every path: out[t][n] = b[n], then
+ * out[t][n] = fma(in[t][k], W[k][n], out[t][n]) for k = 0, 1, ..., K-1,
+ * where W[k][n] is the weight widened to F32 (op_widen1: exact for F16 and
+ * BF16, the product q * scale for Q8; kernels.h);
+ * one rounding per step, nothing depending on T, the tile, the thread or
+ * alignment. mm_stream_c below is that order written plainly (the
+ * reference, and the portable path); the AVX2 and AVX-512 versions that
+ * follow perform the same operations on 8 or 16 columns at once, so they
+ * give the same bits (tests/test_engine.c, op_matmul_*, every row count
+ * 1..70 at every kernel level).
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
+
+#define MM_COLS 32 /* columns per block: four 8-float vectors          */
+#define MM_ROWS 3  /* rows per register tile (12 accumulators)         */
+/* Up to this many rows, k-blocked tiles over W; above, packed strips. The
+ * packed AVX-512 tiles take about the same time from 24 to 48 rows (the
+ * weights' reading bounds them), the k-blocked ones grow with the rows:
+ * `gpt2d bench --sequences 20,24,28,32,40,48`, 3 alternated runs, matmul ms
+ * a step, k-blocked / packed: 24 rows 28-31 / 32-34, 28 rows 28-29 / 24-27,
+ * 48 rows 49-63 / 33-34. The packed AVX2 tiles (3 x 32) lose at every row
+ * count to 48: 40 rows 78-80 / 122-127 ms. */
+#define MM_STREAM_MAX 48
+#define MM_STREAM_MAX_512 24
+
+/*
+ * Two loop orders, one arithmetic. Few rows (decode): W is streamed once,
+ * KB rows at a time, in register tiles whose accumulators rest in out
+ * between k-blocks (kb_tile_*). Many rows (prefill): a strip
+ * of 32 columns of W is packed into contiguous memory once, then register
+ * tiles of 3 rows x 32 columns run k = 0..K-1 over it. Either way each
+ * element is b[n] followed by one FMA per k in increasing k.
+ */
+typedef struct {
+    float *out;
+    const float *in;
+    op_w W;         /* (K, N), any op_dtype                             */
+    op_w bias;      /* (N) as stored                                    */
+    const float *b; /* (N) as F32: the file's, or NULL until a task widens it */
+    size_t T, K, N;
+    float *pack; /* per thread: mm_thread_floats(K, N) floats */
+} mm_ctx;
+
+/* W[k][n] widened: the reference (kernels.h, op_widen1). */
+static inline float mm_w_at(const mm_ctx *c, size_t k, size_t n)
+{
+    return op_widen1(&c->W, k * c->N + n, (k / OP_Q8_BLOCK) * c->N + n);
+}
+
+/* The reference: columns [n0, n1) of every row in the fixed order. Each W
+ * row segment is widened once into wrow and used by every row t. */
+static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
+{
+    float wrow[MM_COLS];
+    for (size_t t = 0; t < c->T; t++)
+        memcpy(c->out + t * c->N + n0, c->b + n0, (n1 - n0) * sizeof(float));
+    for (size_t k = 0; k < c->K; k++) {
+        for (size_t nb = n0; nb < n1; nb += MM_COLS) {
+            size_t ne = nb + MM_COLS < n1 ? nb + MM_COLS : n1;
+            for (size_t n = nb; n < ne; n++) wrow[n - nb] = mm_w_at(c, k, n);
+            for (size_t t = 0; t < c->T; t++) {
+                float x = c->in[t * c->K + k], *o = c->out + t * c->N;
+                for (size_t n = nb; n < ne; n++) o[n] = fmaf(x, wrow[n - nb], o[n]);
+            }
+        }
+    }
+}
+
+#if HAVE_X86
+/* k-blocked tiles for few rows: W is read straight from the weights, KB
+ * rows at a time (KB streams for the prefetcher), each tile of R rows x 32
+ * columns keeping its accumulators in registers for those KB steps and in
+ * out between them. A float stored and reloaded is exact, so this is still
+ * b[n] then one FMA per k in increasing k. */
+#define KB 16
+#define MM_PF_COLS 128 /* software prefetch distance, in columns of W */
+
+/* Prefetches W one 32-column segment MM_PF_COLS ahead in the order the
+ * k-blocked loops read it: further along the current KB rows, or, near the
+ * end of the thread's column range, the start of the next KB rows. Each
+ * thread reads its part of every W row in short segments (1.5 to 6 KB for
+ * GPT-2), and the starts of those are where the hardware prefetchers lose
+ * most. Prefetches change no result. */
+static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, size_t kb,
+                               size_t ke, const size_t esize)
+{
+    size_t ahead = n - n0 + MM_PF_COLS, span = n1 - n0;
+    size_t pk = kb, pn = n0 + ahead;
+    if (ahead >= span) {
+        pk = ke;
+        pn = n0 + (ahead - span);
+    }
+    if (pk >= c->K || pn + 32 > n1) return;
+    size_t pe = pk + KB < c->K ? pk + KB : c->K;
+    for (size_t k = pk; k < pe; k++) {
+        const char *p = (const char *)c->W.p + (k * c->N + pn) * esize;
+        _mm_prefetch(p, _MM_HINT_T0);
+        if (esize == 4) _mm_prefetch(p + 64, _MM_HINT_T0);
+    }
+}
+
+/* The inputs of k-block [kb, ke) for all T rows, k-major, in per-thread
+ * scratch: the tiles broadcast them from one contiguous block of T x KB
+ * floats instead of T rows K floats apart (K = 768 or 3072 puts the rows in
+ * the same few L1 sets: 16 rows conflicted). Copies, so no bit changes. */
+static inline void gather_inputs(const mm_ctx *c, float *xs, size_t kb, size_t ke)
+{
+    for (size_t t = 0; t < c->T; t++)
+        for (size_t k = kb; k < ke; k++) xs[(k - kb) * c->T + t] = c->in[t * c->K + k];
+}
+
+/* Eight columns of W at row k from column n, widened; sc: the eight Q8
+ * scales of the k-block (unused otherwise). */
+OP_AVX2 __attribute__((always_inline)) static inline __m256
+mm_w8(const mm_ctx *c, size_t k, size_t n, __m256 sc, const op_dtype dt)
+{
+    __m256 w = op_ld8(c->W.p, k * c->N + n, dt);
+    return dt == OP_Q8 ? _mm256_mul_ps(w, sc) : w;
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline __m512
+mm_w16(const mm_ctx *c, size_t k, size_t n, __m512 sc, const op_dtype dt)
+{
+    __m512 w = op_ld16(c->W.p, k * c->N + n, dt);
+    return dt == OP_Q8 ? _mm512_mul_ps(w, sc) : w;
+}
+
+/* The Q8 scales of row k's block at column n (zeros for other formats). */
+OP_AVX2 __attribute__((always_inline)) static inline __m256 mm_sc8(const mm_ctx *c, size_t k,
+                                                                   size_t n, const op_dtype dt)
+{
+    return dt == OP_Q8 ? _mm256_loadu_ps(c->W.scale + (k / OP_Q8_BLOCK) * c->N + n)
+                       : _mm256_setzero_ps();
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline __m512 mm_sc16(const mm_ctx *c, size_t k,
+                                                                      size_t n, const op_dtype dt)
+{
+    return dt == OP_Q8 ? _mm512_loadu_ps(c->W.scale + (k / OP_Q8_BLOCK) * c->N + n)
+                       : _mm512_setzero_ps();
+}
+
+static size_t mm_esize(op_dtype dt)
+{
+    return dt == OP_F32 ? 4 : dt == OP_Q8 ? 1 : 2;
+}
+
+/* A k-block [kb, ke) lies in one Q8 scale block: KB divides OP_Q8_BLOCK. */
+_Static_assert(OP_Q8_BLOCK % KB == 0, "a k-block must not cross a Q8 block");
+
+OP_AVX2 __attribute__((always_inline)) static inline void
+kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+             const size_t R, const op_dtype dt)
+{
+    __m256 acc[3][4];
+#pragma GCC unroll 3
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(src + 8 * v);
+    }
+    __m256 s0 = mm_sc8(c, kb, n0, dt), s1 = mm_sc8(c, kb, n0 + 8, dt);
+    __m256 s2 = mm_sc8(c, kb, n0 + 16, dt), s3 = mm_sc8(c, kb, n0 + 24, dt);
+    for (size_t k = kb; k < ke; k++) {
+        __m256 w0 = mm_w8(c, k, n0, s0, dt), w1 = mm_w8(c, k, n0 + 8, s1, dt);
+        __m256 w2 = mm_w8(c, k, n0 + 16, s2, dt), w3 = mm_w8(c, k, n0 + 24, s3, dt);
+#pragma GCC unroll 3
+        for (size_t r = 0; r < R; r++) {
+            __m256 x = _mm256_broadcast_ss(xs + (k - kb) * c->T + t0 + r);
+            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
+            acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
+        }
+    }
+#pragma GCC unroll 3
+    for (size_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++)
+            _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline void
+mm_kblock_avx2_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
+{
+    for (size_t kb = 0; kb < c->K; kb += KB) {
+        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        gather_inputs(c, xs, kb, ke);
+        for (size_t n = n0; n + 32 <= n1; n += 32) {
+            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
+            size_t t = 0;
+            for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, xs, t, n, kb, ke, 3, dt);
+            if (c->T - t == 2) kb_tile_avx2(c, xs, t, n, kb, ke, 2, dt);
+            if (c->T - t == 1) kb_tile_avx2(c, xs, t, n, kb, ke, 1, dt);
+        }
+    }
+}
+
+OP_AVX2 static void mm_kblock_avx2(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+{
+    switch (c->W.dt) {
+    case OP_F32: mm_kblock_avx2_t(c, n0, n1, xs, OP_F32); break;
+    case OP_F16: mm_kblock_avx2_t(c, n0, n1, xs, OP_F16); break;
+    case OP_BF16: mm_kblock_avx2_t(c, n0, n1, xs, OP_BF16); break;
+    case OP_Q8: mm_kblock_avx2_t(c, n0, n1, xs, OP_Q8); break;
+    }
+}
+
+#define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
+
+/* R rows x 16 V columns (V = 2, or 4 for up to 4 rows: more independent
+ * accumulators per W load when there are few rows). */
+OP_AVX512 __attribute__((always_inline)) static inline void
+kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+               const size_t R, const size_t V, const op_dtype dt)
+{
+    __m512 acc[KB_ROWS512][4], s[4], w[4];
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_loadu_ps(src + 16 * v);
+    }
+#pragma GCC unroll 4
+    for (size_t v = 0; v < V; v++) s[v] = mm_sc16(c, kb, n0 + 16 * v, dt);
+    for (size_t k = kb; k < ke; k++) {
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) w[v] = mm_w16(c, k, n0 + 16 * v, s[v], dt);
+#pragma GCC unroll 8
+        for (size_t r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++)
+            _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
+}
+
+/* BF16, 32 columns at a time from one 64-byte load: unpacking against
+ * zeros widens them in two instructions, but per 128-bit lane, so one
+ * vector holds the columns {0-3, 8-11, 16-19, 24-27} of the 32 and the other
+ * {4-7, 12-15, 20-23, 28-31}. The accumulators keep that order (the partial
+ * sums are permuted in on load and out on store, exact copies), so every
+ * column still gets b[n] then one FMA per k in increasing k. */
+OP_AVX512 __attribute__((target("avx512bw"), always_inline)) static inline void
+kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+                    const size_t R, const size_t V)
+{
+    const __m512i in_lo =
+        _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i in_hi =
+        _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i out0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i out1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[4][4]; /* [row][lo, hi of 32 columns, lo, hi of the next 32] */
+#pragma GCC unroll 4
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 2
+        for (size_t h = 0; h < V / 2; h++) {
+            __m512 a = _mm512_loadu_ps(src + 32 * h), b = _mm512_loadu_ps(src + 32 * h + 16);
+            acc[r][2 * h] = _mm512_permutex2var_ps(a, in_lo, b);
+            acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, in_hi, b);
+        }
+    }
+    for (size_t k = kb; k < ke; k++) {
+        __m512 w[4];
+        const uint16_t *row = (const uint16_t *)c->W.p + k * c->N + n0;
+#pragma GCC unroll 2
+        for (size_t h = 0; h < V / 2; h++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(row + 32 * h));
+            w[2 * h] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+            w[2 * h + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+        }
+#pragma GCC unroll 4
+        for (size_t r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (size_t r = 0; r < R; r++) {
+        float *dst = c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 2
+        for (size_t h = 0; h < V / 2; h++) {
+            __m512 lo = acc[r][2 * h], hi = acc[r][2 * h + 1];
+            _mm512_storeu_ps(dst + 32 * h, _mm512_permutex2var_ps(lo, out0, hi));
+            _mm512_storeu_ps(dst + 32 * h + 16, _mm512_permutex2var_ps(lo, out1, hi));
+        }
+    }
+}
+
+/* BF16 k-blocked tiles for up to 4 rows (decode); more rows take the
+ * generic tiles. */
+OP_AVX512 __attribute__((target("avx512bw"))) static void
+mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+{
+    for (size_t kb = 0; kb < c->K; kb += KB) {
+        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        gather_inputs(c, xs, kb, ke);
+        size_t n = n0;
+        for (; n + 64 <= n1; n += 64) {
+            kb_prefetch(c, n0, n1, n, kb, ke, 2);
+            switch (c->T) {
+            case 4: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 4, 4); break;
+            case 3: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 3, 4); break;
+            case 2: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 2, 4); break;
+            default: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 1, 4); break;
+            }
+        }
+        for (; n + 32 <= n1; n += 32) {
+            kb_prefetch(c, n0, n1, n, kb, ke, 2);
+            switch (c->T) {
+            case 4: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 4, 2); break;
+            case 3: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 3, 2); break;
+            case 2: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 2, 2); break;
+            default: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 1, 2); break;
+            }
+        }
+    }
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline void
+mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
+{
+    for (size_t kb = 0; kb < c->K; kb += KB) {
+        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+        gather_inputs(c, xs, kb, ke);
+        size_t n = n0;
+        /* Up to 4 rows: 64-column tiles (4 accumulators a row). */
+        for (; c->T <= 4 && n + 64 <= n1; n += 64) {
+            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
+            kb_prefetch(c, n0, n1, n + 32, kb, ke, mm_esize(dt));
+            switch (c->T) {
+            case 4: kb_tile_avx512(c, xs, 0, n, kb, ke, 4, 4, dt); break;
+            case 3: kb_tile_avx512(c, xs, 0, n, kb, ke, 3, 4, dt); break;
+            case 2: kb_tile_avx512(c, xs, 0, n, kb, ke, 2, 4, dt); break;
+            default: kb_tile_avx512(c, xs, 0, n, kb, ke, 1, 4, dt); break;
+            }
+        }
+        for (; n + 32 <= n1; n += 32) {
+            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
+            size_t t = 0;
+            for (; t + KB_ROWS512 <= c->T; t += KB_ROWS512)
+                kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512, 2, dt);
+            switch (c->T - t) {
+            case 7: kb_tile_avx512(c, xs, t, n, kb, ke, 7, 2, dt); break;
+            case 6: kb_tile_avx512(c, xs, t, n, kb, ke, 6, 2, dt); break;
+            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5, 2, dt); break;
+            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4, 2, dt); break;
+            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3, 2, dt); break;
+            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2, 2, dt); break;
+            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1, 2, dt); break;
+            default: break;
+            }
+        }
+    }
+}
+
+OP_AVX512 static void mm_kblock_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+{
+    switch (c->W.dt) {
+    case OP_F32: mm_kblock_avx512_t(c, n0, n1, xs, OP_F32); break;
+    case OP_F16: mm_kblock_avx512_t(c, n0, n1, xs, OP_F16); break;
+    case OP_BF16:
+        if (c->T <= 4 && op_use_avx512bw())
+            mm_kblock_bf16_avx512(c, n0, n1, xs);
+        else
+            mm_kblock_avx512_t(c, n0, n1, xs, OP_BF16);
+        break;
+    case OP_Q8: mm_kblock_avx512_t(c, n0, n1, xs, OP_Q8); break;
+    }
+}
+
+/* Packs columns [n0, n0 + cols) of W, widened, into strip (K x cols floats,
+ * cols 32 or 64): copies of the widened values, so no bit changes. */
+OP_AVX2 __attribute__((always_inline)) static inline void
+mm_pack_t(const mm_ctx *c, size_t n0, size_t cols, float *strip, const op_dtype dt)
+{
+    for (size_t k = 0; k < c->K; k++)
+        for (size_t j = 0; j < cols; j += 8)
+            _mm256_store_ps(strip + k * cols + j,
+                            mm_w8(c, k, n0 + j, mm_sc8(c, k, n0 + j, dt), dt));
+}
+
+/* cols is a constant where this is inlined (32 or 64): the F32 copy is then
+ * a few vector moves a row, not a call of memcpy (a call per row took
+ * prefill's matmuls from 120-131 to 155-330 ms in bench_ops at 256 rows). */
+OP_AVX2 __attribute__((always_inline)) static inline void mm_pack(const mm_ctx *c, size_t n0,
+                                                                  const size_t cols, float *strip)
+{
+    switch (c->W.dt) {
+    case OP_F32:
+        for (size_t k = 0; k < c->K; k++)
+            memcpy(strip + k * cols, (const float *)c->W.p + k * c->N + n0, cols * sizeof(float));
+        break;
+    case OP_F16: mm_pack_t(c, n0, cols, strip, OP_F16); break;
+    case OP_BF16: mm_pack_t(c, n0, cols, strip, OP_BF16); break;
+    case OP_Q8: mm_pack_t(c, n0, cols, strip, OP_Q8); break;
+    }
+}
+
+OP_AVX2 __attribute__((always_inline)) static inline void
+mm_tile_avx2(const mm_ctx *c, const float *strip, size_t t0, size_t n0, const size_t R)
+{
+    __m256 acc[MM_ROWS][4];
+    for (size_t r = 0; r < R; r++)
+        for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(c->b + n0 + 8 * v);
+    const float *w = strip;
+    for (size_t k = 0; k < c->K; k++, w += MM_COLS) {
+        __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
+        __m256 w2 = _mm256_load_ps(w + 16), w3 = _mm256_load_ps(w + 24);
+        for (size_t r = 0; r < R; r++) {
+            __m256 x = _mm256_broadcast_ss(c->in + (t0 + r) * c->K + k);
+            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
+            acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
+        }
+    }
+    for (size_t r = 0; r < R; r++)
+        for (size_t v = 0; v < 4; v++)
+            _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
+}
+
+OP_AVX2 static void mm_block_avx2(const mm_ctx *c, size_t n0, float *strip)
+{
+    mm_pack(c, n0, MM_COLS, strip);
+    size_t t = 0;
+    for (; t + 3 <= c->T; t += 3) mm_tile_avx2(c, strip, t, n0, 3);
+    if (c->T - t == 2) mm_tile_avx2(c, strip, t, n0, 2);
+    if (c->T - t == 1) mm_tile_avx2(c, strip, t, n0, 1);
+}
+/* AVX-512: register tiles of 6 rows x 64 columns (24 accumulators). A
+ * 512-bit FMA rounds each lane exactly as a 256-bit one or fmaf does, so
+ * the bits are those of the other paths. */
+#define MM512_COLS 64
+#define MM512_ROWS 6
+#define MM512_KC 256
+
+/* One register tile: rows x[0..5] (K floats from the current k) against K
+ * rows of the packed strip, starting from init[r] (the bias, or the partial
+ * sums from the previous k-block) and written to o[0..5]. Fully unrolled so
+ * that the 24 accumulators stay in registers. */
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void
+mm_tile6_avx512(float *const o[6], const float *const x[6], const float *strip,
+                const float *const init[6], size_t K)
+{
+#define ACC(r)                                                                                     \
+    __m512 a##r##0 = _mm512_loadu_ps(init[r]), a##r##1 = _mm512_loadu_ps(init[r] + 16),            \
+           a##r##2 = _mm512_loadu_ps(init[r] + 32), a##r##3 = _mm512_loadu_ps(init[r] + 48)
+    ACC(0);
+    ACC(1);
+    ACC(2);
+    ACC(3);
+    ACC(4);
+    ACC(5);
+#undef ACC
+    const float *w = strip;
+    for (size_t k = 0; k < K; k++, w += MM512_COLS) {
+        __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
+        __m512 w2 = _mm512_load_ps(w + 32), w3 = _mm512_load_ps(w + 48);
+#define ROW(r)                                                                                     \
+    do {                                                                                           \
+        __m512 v = _mm512_set1_ps(x[r][k]);                                                        \
+        a##r##0 = _mm512_fmadd_ps(v, w0, a##r##0);                                                 \
+        a##r##1 = _mm512_fmadd_ps(v, w1, a##r##1);                                                 \
+        a##r##2 = _mm512_fmadd_ps(v, w2, a##r##2);                                                 \
+        a##r##3 = _mm512_fmadd_ps(v, w3, a##r##3);                                                 \
+    } while (0)
+        ROW(0);
+        ROW(1);
+        ROW(2);
+        ROW(3);
+        ROW(4);
+        ROW(5);
+#undef ROW
+    }
+#define OUT(r)                                                                                     \
+    do {                                                                                           \
+        _mm512_storeu_ps(o[r], a##r##0);                                                           \
+        _mm512_storeu_ps(o[r] + 16, a##r##1);                                                      \
+        _mm512_storeu_ps(o[r] + 32, a##r##2);                                                      \
+        _mm512_storeu_ps(o[r] + 48, a##r##3);                                                      \
+    } while (0)
+    OUT(0);
+    OUT(1);
+    OUT(2);
+    OUT(3);
+    OUT(4);
+    OUT(5);
+#undef OUT
+}
+
+/* tail: per-thread scratch of 6 x 64 floats for the rows past the last full
+ * tile (their inputs repeat a real row; their outputs are dropped). */
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void
+mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
+{
+    mm_pack(c, n0, MM512_COLS, strip);
+    /* k-blocks of MM512_KC rows (64 KB of strip, in L1/L2 while every row
+     * tile passes over it): 256 measured best of 64, 128, 256 and none. */
+    for (size_t kb = 0; kb < c->K; kb += MM512_KC) {
+        size_t kn = kb + MM512_KC < c->K ? MM512_KC : c->K - kb;
+        for (size_t t = 0; t < c->T; t += MM512_ROWS) {
+            float *o[MM512_ROWS];
+            const float *x[MM512_ROWS], *init[MM512_ROWS];
+            for (size_t r = 0; r < MM512_ROWS; r++) {
+                int real = t + r < c->T;
+                x[r] = c->in + (real ? t + r : t) * c->K + kb;
+                o[r] = real ? c->out + (t + r) * c->N + n0 : tail + r * MM512_COLS;
+                init[r] = kb == 0 ? c->b + n0 : o[r];
+            }
+            mm_tile6_avx512(o, x, strip + kb * MM512_COLS, init, kn);
+        }
+    }
+}
+
+#endif
+
+/* Per thread: a strip of K x 64 floats of W and 6 x 64 floats for the rows
+ * past the last full AVX-512 tile (mm_block_avx512), or T x KB inputs for the
+ * k-blocked tiles (T <= MM_STREAM_MAX, KB = 16: less than the strip); then
+ * N floats for the bias widened from F16 or BF16 (the task's columns). */
+static size_t mm_thread_floats(size_t K, size_t N)
+{
+    return (K + MM512_ROWS) * MM512_COLS + (N + 15) / 16 * 16;
+}
+
+static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
+{
+    mm_ctx task = *(const mm_ctx *)arg;
+    const mm_ctx *c = &task;
+    size_t n0 = begin * MM_COLS, n1 = end * MM_COLS < c->N ? end * MM_COLS : c->N;
+    float *mine = c->pack + tid * mm_thread_floats(c->K, c->N);
+    if (c->b == NULL) { /* a 16-bit bias: this task's columns, widened */
+        float *wb = mine + (c->K + MM512_ROWS) * MM512_COLS;
+        op_widen(wb + n0, &c->bias, n0, n1 - n0);
+        task.b = wb;
+    }
+#if HAVE_X86
+    if (op_use_avx2()) {
+        if (c->T <= (op_use_avx512() ? MM_STREAM_MAX_512 : MM_STREAM_MAX)) {
+            size_t nv = n0 + (n1 - n0) / 32 * 32;
+            if (op_use_avx512())
+                mm_kblock_avx512(c, n0, nv, mine); /* T x KB inputs */
+            else
+                mm_kblock_avx2(c, n0, nv, mine);
+            if (nv < n1) mm_stream_c(c, nv, n1);
+            return;
+        }
+        size_t n = n0;
+        if (op_use_avx512())
+            for (; n + MM512_COLS <= n1; n += MM512_COLS)
+                mm_block_avx512(c, n, mine, mine + c->K * MM512_COLS);
+        for (; n + MM_COLS <= n1; n += MM_COLS) mm_block_avx2(c, n, mine);
+        if (n < n1) mm_stream_c(c, n, n1);
+        return;
+    }
+#endif
+    mm_stream_c(c, n0, n1);
+}
+
+size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N)
+{
+    return threads * mm_thread_floats(K, N);
+}
+
+void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const op_w *W,
+               const op_w *b, size_t T, size_t K, size_t N)
+{
+    mm_ctx c = {out, in, *W, *b, b->dt == OP_F32 ? b->p : NULL, T, K, N, pack};
+    op_pool_run(pool, (N + MM_COLS - 1) / MM_COLS, mm_task, &c);
+}

@@ -1,0 +1,150 @@
+/*
+ * formats/wformat.c: naming and checking gpt2d's weight formats (see
+ * wformat.h).
+ */
+#include "wformat.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static sft_status wf_fail(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static sft_status wf_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return SFT_EFORMAT;
+}
+
+int wf_q8_along_columns(const char *name)
+{
+    size_t n = strlen(name), s = strlen("wte.weight");
+    return n >= s && strcmp(name + n - s, "wte.weight") == 0;
+}
+
+int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[2])
+{
+    if (wf_q8_along_columns(name)) {
+        if (cols % WF_Q8_BLOCK != 0) return -1;
+        out[0] = rows;
+        out[1] = cols / WF_Q8_BLOCK;
+    } else {
+        out[0] = (rows + WF_Q8_BLOCK - 1) / WF_Q8_BLOCK;
+        out[1] = cols;
+    }
+    return 0;
+}
+
+static int is_scale_name(const char *name)
+{
+    size_t n = strlen(name), s = strlen(WF_Q8_SCALE_SUFFIX);
+    return n > s && strcmp(name + n - s, WF_Q8_SCALE_SUFFIX) == 0;
+}
+
+static int is_float(sft_dtype d)
+{
+    return d == SFT_F32 || d == SFT_F16 || d == SFT_BF16;
+}
+
+/* The q8 checks: every I8 matrix has its scale tensor, every scale tensor
+ * its I8 matrix, and no float matrix is left. */
+static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
+{
+    const char *path = sft_path(f), *block = sft_metadata_get(f, WF_META_Q8_BLOCK);
+    char want_block[16];
+    snprintf(want_block, sizeof want_block, "%d", WF_Q8_BLOCK);
+    if (block == NULL || strcmp(block, want_block) != 0)
+        return wf_fail(err, errlen, "%s: q8 file: metadata %s is %s%s%s; expected \"%d\"", path,
+                       WF_META_Q8_BLOCK, block ? "\"" : "missing", block ? block : "",
+                       block ? "\"" : "", WF_Q8_BLOCK);
+    size_t nq = 0;
+    for (size_t i = 0; i < sft_count(f); i++) {
+        const sft_tensor *t = sft_tensor_at(f, i);
+        if (is_scale_name(t->name)) {
+            char base[512];
+            size_t len = strlen(t->name) - strlen(WF_Q8_SCALE_SUFFIX);
+            if (len >= sizeof base)
+                return wf_fail(err, errlen, "%s: q8 scale '%s': name too long", path, t->name);
+            memcpy(base, t->name, len);
+            base[len] = '\0';
+            const sft_tensor *q = sft_find(f, base);
+            if (q == NULL || q->dtype != SFT_I8)
+                return wf_fail(err, errlen, "%s: q8 scale '%s' has no I8 tensor '%s'", path,
+                               t->name, base);
+            continue;
+        }
+        if (t->ndim != 2) {
+            if (t->dtype == SFT_I8)
+                return wf_fail(err, errlen, "%s: q8 file: I8 tensor '%s' is not a matrix", path,
+                               t->name);
+            continue;
+        }
+        if (is_float(t->dtype) && strstr(t->name, "wpe.weight") == NULL)
+            return wf_fail(err, errlen, "%s: q8 file: matrix '%s' is %s, expected I8", path,
+                           t->name, sft_dtype_name(t->dtype));
+        if (t->dtype != SFT_I8) continue;
+        char sname[512];
+        if ((size_t)snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX)
+            >= sizeof sname)
+            return wf_fail(err, errlen, "%s: q8 tensor '%s': name too long", path, t->name);
+        int64_t shape[2];
+        if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
+            return wf_fail(err, errlen,
+                           "%s: q8 tensor '%s': %lld columns are not a multiple of the block %d",
+                           path, t->name, (long long)t->shape[1], WF_Q8_BLOCK);
+        const sft_tensor *s = sft_find(f, sname);
+        if (s == NULL)
+            return wf_fail(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
+                           t->name, sname);
+        if (s->dtype != SFT_F32 || s->ndim != 2 || s->shape[0] != shape[0]
+            || s->shape[1] != shape[1])
+            return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,
+                           (long long)shape[0], (long long)shape[1]);
+        nq++;
+    }
+    if (nq == 0) return wf_fail(err, errlen, "%s: q8 file without I8 matrices", path);
+    return SFT_OK;
+}
+
+sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t errlen)
+{
+    *name = "f32";
+    const char *meta = sft_metadata_get(f, WF_META_FORMAT);
+    if (meta != NULL && strcmp(meta, "q8") == 0) {
+        sft_status s = check_q8(f, err, errlen);
+        if (s == SFT_OK) *name = "q8";
+        return s;
+    }
+    if (meta != NULL && strcmp(meta, "f32") != 0 && strcmp(meta, "f16") != 0
+        && strcmp(meta, "bf16") != 0)
+        return wf_fail(err, errlen, "%s: metadata %s is \"%s\"; expected f32, f16, bf16 or q8",
+                       sft_path(f), WF_META_FORMAT, meta);
+    int seen = -1, mixed = 0;
+    for (size_t i = 0; i < sft_count(f); i++) {
+        const sft_tensor *t = sft_tensor_at(f, i);
+        if (t->dtype == SFT_I8 && (t->ndim == 2 || is_scale_name(t->name)))
+            return wf_fail(err, errlen, "%s: I8 matrix '%s' in a file without %s \"q8\" metadata",
+                           sft_path(f), t->name, WF_META_FORMAT);
+        if (t->ndim != 2 || !is_float(t->dtype)) continue;
+        if (seen < 0)
+            seen = (int)t->dtype;
+        else if (seen != (int)t->dtype)
+            mixed = 1;
+    }
+    if (mixed)
+        *name = "mixed";
+    else if (seen == SFT_F16)
+        *name = "f16";
+    else if (seen == SFT_BF16)
+        *name = "bf16";
+    return SFT_OK;
+}

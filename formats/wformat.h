@@ -1,0 +1,54 @@
+/*
+ * formats/wformat.h: gpt2d's weight formats over safetensors, so that
+ * `gpt2d inspect`, `gpt2d convert` and the engine's loader name and check a
+ * file's format the same way.
+ *
+ * A file's format is that of its weight matrices (its 2-D tensors):
+ *   f32, f16, bf16   every matrix in that dtype (vectors may be any float);
+ *   q8               8-bit: every matrix is I8 with an F32 scale tensor
+ *                    "<name>.q8_scale", one scale per WF_Q8_BLOCK elements
+ *                    along the matrix's reduction dimension, and
+ *                    __metadata__ {"gpt2d.format": "q8", "gpt2d.q8_block":
+ *                    "32"}; the value of q is the F32 product q * scale;
+ *   mixed            matrices of different float dtypes (served as they are).
+ * The reduction dimension of GPT-2's matrices: the rows (dimension 0) of
+ * the Conv1D weights, [in, out], so the scales of an [R, C] matrix are
+ * [ceil(R / 32), C]; the columns (dimension 1) of the token embeddings
+ * (a name ending in "wte.weight", read by the LM head as rows of C), whose
+ * scales are [V, C / 32] (C a multiple of 32).
+ *
+ * Prefix: wf_. Thread: any.
+ */
+#ifndef GPT2D_FORMATS_WFORMAT_H
+#define GPT2D_FORMATS_WFORMAT_H
+
+#include "safetensors.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WF_Q8_BLOCK 32
+#define WF_META_FORMAT "gpt2d.format"
+#define WF_META_Q8_BLOCK "gpt2d.q8_block"
+#define WF_Q8_SCALE_SUFFIX ".q8_scale"
+
+/*
+ * The format of f: "f32", "f16", "bf16", "q8" or "mixed" (a static
+ * string) in *name. A q8 file is checked whole: the metadata, every I8
+ * matrix's scale tensor (present, F32, its shape) and no I8 tensor without
+ * one; a file with I8 matrices but no q8 metadata, or q8 metadata and float
+ * matrices, is refused. SFT_EFORMAT with one line in err naming the tensor
+ * and the check. A file without 2-D tensors is "f32".
+ */
+sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t errlen);
+
+/* 1 when the Q8 blocks of the matrix called name run along its columns
+ * (the token embeddings), 0 along its rows. */
+int wf_q8_along_columns(const char *name);
+
+/* The shape of the scale tensor of an [rows, cols] I8 matrix called name;
+ * 0 on success, -1 when cols is not a multiple of WF_Q8_BLOCK for a
+ * matrix whose blocks run along its columns. */
+int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[2]);
+
+#endif
