@@ -62,7 +62,7 @@ curl -s "${auth[@]}" -o "$dir/m2.json" -w '%{http_code}' "$base/v1/models/gpt-4"
 python3 - "$dir/m1.json" "$dir/m2.json" "$(cat "$dir/m2.code")" <<'PY' || fail "/v1/models/{id}"
 import json, sys
 m1, m2 = (json.load(open(p)) for p in sys.argv[1:3])
-assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d"}, m1
+assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d", "dtype": "f32"}, m1
 assert sys.argv[3] == "404" and m2["error"]["code"] == "model_not_found", (sys.argv[3], m2)
 PY
 # No model, the first name, an alias: the same greedy text, reported as the first name.
