@@ -44,6 +44,9 @@
  * (F16C); every AVX-512 one may call the AVX2 helpers. */
 #define OP_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define OP_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+/* AVX-512 with its byte and word instructions (the BF16 decode tiles): one
+ * target list, as clang keeps only one target attribute of a function. */
+#define OP_AVX512BW __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
 
 /* ---- Dispatch (op_dispatch.c) ---- */
 

@@ -16,6 +16,8 @@
 #include <string.h>
 
 #if HAVE_X86
+#include <cpuid.h>
+
 static int kernels_allow(const char *level)
 {
     const char *v = getenv("GPT2D_KERNELS");
@@ -24,10 +26,18 @@ static int kernels_allow(const char *level)
     return strcmp(v, "avx2") != 0 || strcmp(level, "avx2") == 0;
 }
 
+/* F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
+ * does not know "f16c". */
+static int have_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 static int probe_avx2(void)
 {
     return kernels_allow("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-           && __builtin_cpu_supports("f16c");
+           && have_f16c();
 }
 
 /* AVX-512 tiles fall back to AVX2 code for their tails, so they need it. */

@@ -255,7 +255,7 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
  * {4-7, 12-15, 20-23, 28-31}. The accumulators keep that order (the partial
  * sums are permuted in on load and out on store, exact copies), so every
  * column still gets b[n] then one FMA per k in increasing k. */
-OP_AVX512 __attribute__((target("avx512bw"), always_inline)) static inline void
+OP_AVX512BW __attribute__((always_inline)) static inline void
 kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
                     const size_t R, const size_t V)
 {
@@ -308,8 +308,7 @@ kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size
 
 /* BF16 k-blocked tiles for up to 4 rows (decode); more rows take the
  * generic tiles. */
-OP_AVX512 __attribute__((target("avx512bw"))) static void
-mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
+OP_AVX512BW static void mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
