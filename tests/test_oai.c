@@ -1,5 +1,6 @@
 /* tests/test_oai.c: the completions request parser (server/oai.c). */
 #include "oai.h"
+#include "testutil.h"
 
 #include <check.h>
 #include <jansson.h>
@@ -348,7 +349,7 @@ static char tpath[64];
 
 static void write_template_n(const char *text, size_t n)
 {
-    snprintf(tpath, sizeof tpath, "/tmp/gpt2d-test-tmpl-XXXXXX");
+    mkdtemp_template(tpath, sizeof tpath, "/tmp/gpt2d-test-tmpl-");
     int fd = mkstemp(tpath);
     ck_assert_int_ge(fd, 0);
     FILE *f = fdopen(fd, "w");

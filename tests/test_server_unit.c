@@ -5,6 +5,7 @@
  * written from docs/api.md, OpenAI's error shapes and the Prometheus text
  * format, not from the code. */
 #include "internal.h"
+#include "testutil.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -614,7 +615,8 @@ static void write_file(const char *path, const char *text)
 
 START_TEST(srv_file_id_same_changes_in_place_rename_and_delete_differ)
 {
-    char dir[] = "/tmp/gpt2d-unit-XXXXXX";
+    char dir[64];
+    mkdtemp_template(dir, sizeof dir, "/tmp/gpt2d-unit-");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char path[128], other[128];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -655,7 +657,8 @@ END_TEST
 
 START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
 {
-    char path[] = "/tmp/gpt2d-unit-conf-XXXXXX";
+    char path[48];
+    mkdtemp_template(path, sizeof path, "/tmp/gpt2d-unit-conf-");
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     close(fd);
@@ -669,7 +672,7 @@ START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
     ck_assert_str_eq(c.model_dir, "/m");
     write_file(path, "model = /m\napi_key =\n");
     ck_assert_int_eq(srv_config_read(&c, 3, argv, err, sizeof err), CFG_EVALUE);
-    char where[64];
+    char where[128];
     snprintf(where, sizeof where, "%s:2: api_key is empty", path);
     ck_assert_msg(strstr(err, where) != NULL, "'%s' lacks '%s'", err, where);
     unlink(path);
