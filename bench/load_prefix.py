@@ -33,6 +33,8 @@ import threading
 import time
 import urllib.parse
 
+from sse_client import events, pct
+
 base, scenario = sys.argv[1], sys.argv[2]
 u = urllib.parse.urlparse(base)
 
@@ -50,30 +52,16 @@ def stream(conn, prompt, max_tokens, seed):
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200, (resp.status, resp.read()[:200])
-    first, n, cached, buf = None, 0, None, b""
-    while True:
-        chunk = resp.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            if not event.startswith(b"data: {"):
-                continue
-            d = json.loads(event[6:])
-            if d.get("usage"):
-                cached = d["usage"]["prompt_tokens_details"]["cached_tokens"]
-            if not d["choices"] or d["choices"][0]["finish_reason"]:
-                continue
-            if first is None:
-                first = time.monotonic() - t0
-            n += 1
+    first, n, cached = None, 0, None
+    for d in events(resp):
+        if d.get("usage"):
+            cached = d["usage"]["prompt_tokens_details"]["cached_tokens"]
+        if not d["choices"] or d["choices"][0]["finish_reason"]:
+            continue
+        if first is None:
+            first = time.monotonic() - t0
+        n += 1
     return first, n, cached
-
-
-def pct(v, p):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(p / 100 * len(v)))] if v else 0
 
 
 if scenario == "ttft":

@@ -11,6 +11,8 @@ import threading
 import time
 import urllib.parse
 
+from sse_client import events, pct
+
 base, conc, per, max_tokens, prompt_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 u = urllib.parse.urlparse(base)
 ttft, itl, tokens = [], [], [0]
@@ -28,36 +30,22 @@ def worker(k):
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200, resp.status
-        first, last, n, buf = None, None, 0, b""
-        while True:
-            chunk = resp.read1(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if not event.startswith(b"data: {"):
-                    continue
-                d = json.loads(event[6:])
-                if not d["choices"] or d["choices"][0]["finish_reason"]:
-                    continue
-                now = time.monotonic()
-                if first is None:
-                    first = now
-                    with lock:
-                        ttft.append(now - t0)
-                else:
-                    with lock:
-                        itl.append(now - last)
-                last = now
-                n += 1
+        first, last, n = None, None, 0
+        for d in events(resp):
+            if not d["choices"] or d["choices"][0]["finish_reason"]:
+                continue
+            now = time.monotonic()
+            if first is None:
+                first = now
+                with lock:
+                    ttft.append(now - t0)
+            else:
+                with lock:
+                    itl.append(now - last)
+            last = now
+            n += 1
         with lock:
             tokens[0] += n
-
-
-def pct(v, p):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(p / 100 * len(v)))] if v else 0
 
 
 t0 = time.monotonic()
