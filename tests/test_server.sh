@@ -401,9 +401,18 @@ wait "${busy[@]}"
 GPT2D_TEST_STEP_DELAY_MS=20 start queue slow --max-running 1 --queue-timeout 1 --step-tokens 1
 base="http://127.0.0.1:$port"
 # A client that disconnects mid-stream frees its sequence and KV blocks
-# (500 tokens take over 10 s here; the client leaves at 0.5 s).
-curl -sN -m 0.5 "$base/v1/completions" -d '{"model":"gpt2","prompt":"Bye","max_tokens":500,"ignore_eos":true,"stream":true}' > "$dir/cut.txt" || true
+# (500 tokens take over 10 s here; the client leaves once its first token
+# has arrived, however long that took on a loaded or sanitized build).
+curl -sN -m 60 "$base/v1/completions" -d '{"model":"gpt2","prompt":"Bye","max_tokens":500,"ignore_eos":true,"stream":true}' > "$dir/cut.txt" &
+cut_pid=$!
+for _ in $(seq 300); do
+    grep -q '^data: {' "$dir/cut.txt" && break
+    sleep 0.1
+done
+kill "$cut_pid" 2> /dev/null || true
+wait "$cut_pid" 2> /dev/null || true
 grep -q '^data: {' "$dir/cut.txt" || fail "no tokens before the disconnect"
+grep -q '^data: \[DONE\]' "$dir/cut.txt" && fail "the stream finished before the client left"
 for _ in $(seq 50); do
     m=$(curl -s "$base/metrics")
     echo "$m" | grep -q '^gpt2d_running_sequences 0$' && echo "$m" | grep -q '^gpt2d_kv_blocks_used 0$' && break
