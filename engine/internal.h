@@ -59,8 +59,9 @@ typedef struct {
 struct eng_kv {
     size_t block_len; /* positions per block                         */
     size_t nblocks;
-    size_t L, NH, HS; /* layers, heads, head size                    */
-    float *pool;      /* nblocks x L x 2 x NH x block_len x HS        */
+    size_t L, NH, HS;  /* layers, heads, head size                    */
+    float *pool;       /* nblocks x L x 2 x NH x block_len x HS        */
+    size_t pool_bytes; /* the mapping's length (a multiple of 2 MiB)     */
     int32_t *free_list;
     size_t nfree;
     /* The prefix cache; only the scheduler's loop thread touches it. */

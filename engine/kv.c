@@ -18,6 +18,31 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/*
+ * The pool is anonymous memory that the kernel backs on first touch. With
+ * 4 KiB pages every block a step enters for the first time costs hundreds
+ * of page faults inside that step: 16 sequences of a GPT-2-small-shaped
+ * model crossing into new 16-token blocks at once took the step from 48 to
+ * ~100 ms on a 2-vCPU VM (docs/benchmarks.md, 2026-12-05). Transparent huge
+ * pages where the kernel offers them on request (madvise mode, Debian's
+ * default) cut the faults 512-fold; the pool is 2 MiB-aligned for them.
+ * Blocks are handed out lowest id first, so touched memory is reused first.
+ */
+#define KV_POOL_ALIGN ((size_t)2 << 20)
+
+static void *kv_pool_alloc(size_t bytes, size_t *mapped)
+{
+    size_t len = (bytes + KV_POOL_ALIGN - 1) / KV_POOL_ALIGN * KV_POOL_ALIGN;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
+#endif
+    *mapped = len;
+    return p;
+}
 
 eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len, eng_kv **out,
                       char *err, size_t errlen)
@@ -42,7 +67,7 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
     kv->HS = c->n_embd / c->n_head;
     kv->nbucket = 1;
     while (kv->nbucket < 2 * nblocks) kv->nbucket *= 2;
-    kv->pool = aligned_alloc(64, (per_block * nblocks + 63) / 64 * 64);
+    kv->pool = kv_pool_alloc(per_block * nblocks, &kv->pool_bytes);
     kv->free_list = malloc(nblocks * sizeof *kv->free_list);
     kv->meta = malloc(nblocks * sizeof *kv->meta);
     kv->tokens = malloc(nblocks * block_len * sizeof *kv->tokens);
@@ -70,7 +95,7 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
 void eng_kv_free(eng_kv *kv)
 {
     if (kv == NULL) return;
-    free(kv->pool);
+    if (kv->pool != NULL) munmap(kv->pool, kv->pool_bytes);
     free(kv->free_list);
     free(kv->meta);
     free(kv->tokens);
