@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""bench/load_stream.py BASE_URL CONCURRENCY REQUESTS_PER_WORKER MAX_TOKENS PROMPT_TOKENS:
+"""bench/load_stream.py BASE_URL CONCURRENCY REQUESTS_PER_WORKER MAX_TOKENS PROMPT_TOKENS [gaps]:
 a streaming load generator (stdlib only). Each worker sends streaming
 completions back to back; the client parses the SSE stream and records the
 time to first token, the gaps between tokens, and the tokens received.
-Prints one JSON line with p50/p90/p99 and the aggregate tokens/s."""
+Prints one JSON line with p50/p90/p99 and the aggregate tokens/s. With
+`gaps`, it also prints to stderr which token indices the gaps over twice
+the median came at: a pause that hits every stream at the same index (all
+streams crossing a KV block boundary together) shows up as one index with
+CONCURRENCY gaps, a pause in time (the machine) as scattered ones."""
 import http.client
 import json
 import sys
@@ -14,8 +18,10 @@ import urllib.parse
 from sse_client import events, pct
 
 base, conc, per, max_tokens, prompt_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+show_gaps = len(sys.argv) > 6 and sys.argv[6] == "gaps"
 u = urllib.parse.urlparse(base)
 ttft, itl, tokens = [], [], [0]
+gap_index = []  # (gap, token index) for `gaps`
 lock = threading.Lock()
 
 
@@ -42,6 +48,7 @@ def worker(k):
             else:
                 with lock:
                     itl.append(now - last)
+                    gap_index.append((now - last, n))
             last = now
             n += 1
         with lock:
@@ -61,3 +68,11 @@ print(json.dumps({"concurrency": conc, "requests": conc * per, "max_tokens": max
                   "ttft_p50": round(pct(ttft, 50), 3), "ttft_p90": round(pct(ttft, 90), 3),
                   "ttft_p99": round(pct(ttft, 99), 3),
                   "itl_p50": round(pct(itl, 50), 4), "itl_p99": round(pct(itl, 99), 4)}))
+if show_gaps and itl:
+    median = pct(itl, 50)
+    counts = {}
+    for gap, index in gap_index:
+        if gap > 2 * median:
+            counts[index] = counts.get(index, 0) + 1
+    print("gaps over 2x the median (%.1f ms), by token index: %s"
+          % (median * 1e3, ", ".join("%d: %d" % kv for kv in sorted(counts.items()))), file=sys.stderr)
