@@ -144,8 +144,85 @@ void cmpl_on_event(void *user, const eng_event *ev)
     }
 }
 
-/* Both routes: the body parsed by parse (chat's with the template), then
- * the served model, the prompts' ids, and tokenizing. */
+int cmpl_parse(srv_req *r)
+{
+    srv *s = r->s;
+    oai_error *e = &r->cmpl_err;
+    const char *body = r->body ? r->body : "";
+    if ((r->cmpl_chat ? oai_parse_chat(body, r->body_len, &r->cmpl_lim, &s->chat, &r->oreq, e)
+                      : oai_parse_completion(body, r->body_len, &r->cmpl_lim, &r->oreq, e))
+        != 0)
+        return -1;
+    oai_request *q = &r->oreq;
+    r->nprompts = q->nprompts;
+    r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);
+    r->prompt_len = calloc(q->nprompts, sizeof *r->prompt_len);
+    if (r->prompt_ids == NULL || r->prompt_len == NULL) goto oom;
+    for (size_t i = 0; i < q->nprompts; i++) {
+        const oai_prompt *p = &q->prompts[i];
+        if (p->text == NULL) {
+            r->prompt_ids[i] = malloc((p->nids ? p->nids : 1) * sizeof(int32_t));
+            if (r->prompt_ids[i] == NULL) goto oom;
+            memcpy(r->prompt_ids[i], p->ids, p->nids * sizeof(int32_t));
+            r->prompt_len[i] = p->nids;
+        }
+    }
+    return 0;
+oom:
+    oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return -1;
+}
+
+/* What is checked once the body is parsed: the served model and whether the
+ * request can ever be admitted. 1 when they hold, or 0 with the error
+ * queued (*rc). */
+static int parsed_ok(srv_req *r, enum MHD_Result *rc)
+{
+    srv *s = r->s;
+    oai_request *q = &r->oreq;
+    if (r->cmpl_chat) { /* OpenAI's chat ids are chatcmpl-...; the id fits r->id with room */
+        size_t n = strlen(r->id);
+        assert(n + 4 < sizeof r->id);
+        memmove(r->id + 4, r->id, n + 1);
+        memcpy(r->id, "chat", 4);
+    }
+    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model)) {
+        *rc = http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                              "The model '%s' does not exist; this server serves '%s'", q->model,
+                              s->cfg.model_name);
+        return 0;
+    }
+    /* Every prompt x candidate is one engine request, and all of them enter
+     * the wait queue together: more than it holds can never be admitted,
+     * however idle the server (a 400, not a 429 a client would retry). The
+     * scheduler reads max_queue 0 as 256. */
+    size_t queue_cap = s->cfg.max_queue ? s->cfg.max_queue : 256;
+    if (q->nprompts * q->best_of > queue_cap) {
+        *rc = http_send_error(r, 400, "invalid_request_error", NULL,
+                              q->best_of > q->n ? "best_of" : "n", NULL,
+                              "This request needs %zu sequences (%zu prompts x %s %zu); the "
+                              "limit is %zu (max_queue), so it can never be admitted",
+                              q->nprompts * q->best_of, q->nprompts,
+                              q->best_of > q->n ? "best_of" : "n", q->best_of, queue_cap);
+        return 0;
+    }
+    return 1;
+}
+
+/* The continuation of a large body, parsed and tokenized on a tokenizer
+ * thread. */
+static enum MHD_Result after_worker_parse(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_TOKENIZING);
+    if (r->cmpl_parse_failed) return http_send_oai_error(r, &r->cmpl_err);
+    enum MHD_Result rc;
+    if (!parsed_ok(r, &rc)) return rc;
+    return cmpl_admit(r);
+}
+
+/* Both routes: the body parsed by the route's parser (chat's with the
+ * template), then the served model, the prompts' ids, and tokenizing; a
+ * large body is parsed with its tokenizing, off the loop thread. */
 static enum MHD_Result route(srv_req *r, int chat)
 {
     assert(r->state == HTTP_REQ_BODY);
@@ -154,57 +231,21 @@ static enum MHD_Result route(srv_req *r, int chat)
         return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
                                "The server is shutting down; retry on another replica");
     const eng_config *mc = eng_model_config(s->model);
-    oai_limits lim = {.vocab_size = mc->n_vocab,
-                      .max_tokens_limit = s->cfg.max_tokens_limit,
-                      .max_n = s->cfg.max_n,
-                      .max_stop_bytes = SRV_MAX_STOP_BYTES,
-                      .max_prompts = 64,
-                      .chat_max_tokens = s->cfg.chat_max_tokens};
-    oai_error e;
-    const char *body = r->body ? r->body : "";
-    if ((chat ? oai_parse_chat(body, r->body_len, &lim, &s->chat, &r->oreq, &e)
-              : oai_parse_completion(body, r->body_len, &lim, &r->oreq, &e))
-        != 0)
-        return http_send_oai_error(r, &e);
-    oai_request *q = &r->oreq;
-    if (chat) { /* OpenAI's chat ids are chatcmpl-...; the id fits r->id with room */
-        size_t n = strlen(r->id);
-        assert(n + 4 < sizeof r->id);
-        memmove(r->id + 4, r->id, n + 1);
-        memcpy(r->id, "chat", 4);
-    }
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
-        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                               "The model '%s' does not exist; this server serves '%s'", q->model,
-                               s->cfg.model_name);
-    /* Every prompt x candidate is one engine request, and all of them enter
-     * the wait queue together: more than it holds can never be admitted,
-     * however idle the server (a 400, not a 429 a client would retry). The
-     * scheduler reads max_queue 0 as 256. */
-    size_t queue_cap = s->cfg.max_queue ? s->cfg.max_queue : 256;
-    if (q->nprompts * q->best_of > queue_cap)
-        return http_send_error(r, 400, "invalid_request_error", NULL,
-                               q->best_of > q->n ? "best_of" : "n", NULL,
-                               "This request needs %zu sequences (%zu prompts x %s %zu); the limit "
-                               "is %zu (max_queue), so it can never be admitted",
-                               q->nprompts * q->best_of, q->nprompts,
-                               q->best_of > q->n ? "best_of" : "n", q->best_of, queue_cap);
     r->kind = R_COMPLETIONS;
-    r->nprompts = q->nprompts;
-    r->prompt_ids = calloc(q->nprompts, sizeof *r->prompt_ids);
-    r->prompt_len = calloc(q->nprompts, sizeof *r->prompt_len);
-    if (r->prompt_ids == NULL || r->prompt_len == NULL)
-        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-    for (size_t i = 0; i < q->nprompts; i++) {
-        const oai_prompt *p = &q->prompts[i];
-        if (p->text == NULL) {
-            r->prompt_ids[i] = malloc((p->nids ? p->nids : 1) * sizeof(int32_t));
-            if (r->prompt_ids[i] == NULL)
-                return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-            memcpy(r->prompt_ids[i], p->ids, p->nids * sizeof(int32_t));
-            r->prompt_len[i] = p->nids;
-        }
+    r->cmpl_chat = chat;
+    r->cmpl_lim = (oai_limits){.vocab_size = mc->n_vocab,
+                               .max_tokens_limit = s->cfg.max_tokens_limit,
+                               .max_n = s->cfg.max_n,
+                               .max_stop_bytes = SRV_MAX_STOP_BYTES,
+                               .max_prompts = 64,
+                               .chat_max_tokens = s->cfg.chat_max_tokens};
+    if (r->body_len >= SRV_TOKENIZE_INLINE_BYTES) {
+        r->cmpl_unparsed = 1;
+        return tok_prompts(r, after_worker_parse);
     }
+    if (cmpl_parse(r) != 0) return http_send_oai_error(r, &r->cmpl_err);
+    enum MHD_Result rc;
+    if (!parsed_ok(r, &rc)) return rc;
     return tok_prompts(r, cmpl_admit);
 }
 

@@ -309,6 +309,14 @@ struct srv_req {
     int tok_failed;
     bpe_status tok_status; /* of the prompt that failed */
     char tok_err[256];
+    size_t tok_max_tokens; /* a completion's max_prompt_tokens, read by the worker */
+    /* A completion or chat body of SRV_TOKENIZE_INLINE_BYTES or more is
+     * parsed on the tokenizer thread too (parsing 1 MB of JSON holds the
+     * loop thread, and every stream's next token, for milliseconds): until
+     * then cmpl_unparsed; a parse that fails leaves cmpl_err. */
+    int cmpl_chat, cmpl_unparsed, cmpl_parse_failed;
+    oai_limits cmpl_lim;
+    oai_error cmpl_err;
     char *body;
     size_t body_len, body_cap;
     int too_large, body_oom;
@@ -636,6 +644,11 @@ void tpool_free(tokpool *p);
  * waiting (for at most queue_timeout: 503), others get 429. A completion's
  * prompt stops being tokenized past max_prompt_tokens (BPE_ETOOBIG). */
 enum MHD_Result tok_prompts(srv_req *r, http_cont then);
+/* A completion or chat body into r->oreq by the route's parser (r->cmpl_chat,
+ * r->cmpl_lim), then the prompts given as ids into prompt_ids. 0, or -1 with
+ * r->cmpl_err set. Thread: the loop thread, or a tokenizer thread while
+ * tok_running. (completions.c) */
+int cmpl_parse(srv_req *r);
 /* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
 int tok_pool_start(srv *s, char *err, size_t errlen);
 /* Takes r out of the tokenize wait list (its client left). */

@@ -162,6 +162,13 @@ static void tokenize_run(srv_req *r)
         return;
     }
     if (r->kind == R_TOKENIZE && r->tok_json == NULL && tokenize_body_parse(r) != 0) return;
+    if (r->kind == R_COMPLETIONS && r->cmpl_unparsed) {
+        r->cmpl_unparsed = 0;
+        if (cmpl_parse(r) != 0) {
+            r->cmpl_parse_failed = 1;
+            return;
+        }
+    }
     for (size_t i = 0; i < r->nprompts && !r->tok_failed; i++) {
         size_t len;
         const char *text = prompt_text(r, i, &len);
@@ -169,7 +176,7 @@ static void tokenize_run(srv_req *r)
         /* "<|endoftext|>" in a prompt is the token, as the model knows it. A
          * completion's prompt is cut off past max_prompt_tokens: a 1 MB
          * prompt costs the work of its first tokens, not of all of them. */
-        size_t max = r->kind == R_COMPLETIONS ? r->s->cfg.max_prompt_tokens : SIZE_MAX;
+        size_t max = r->kind == R_COMPLETIONS ? r->tok_max_tokens : SIZE_MAX;
         bpe_status st = bpe_encode_special_max(r->s->tok, text, len, max, &r->prompt_ids[i],
                                                &r->prompt_len[i], r->tok_err, sizeof r->tok_err);
         if (st == BPE_ETOOBIG && r->kind == R_COMPLETIONS)
@@ -266,8 +273,9 @@ enum MHD_Result tok_prompts(srv_req *r, http_cont then)
 {
     assert(r->state == HTTP_REQ_BODY);
     size_t bytes = 0;
-    if (r->kind == R_TOKENIZE || r->kind == R_DETOKENIZE) /* not parsed yet: the body is the work */
-        bytes = r->body_len;
+    r->tok_max_tokens = r->s->cfg.max_prompt_tokens; /* a reload may change the config */
+    if (r->kind == R_TOKENIZE || r->kind == R_DETOKENIZE || r->cmpl_unparsed)
+        bytes = r->body_len; /* not parsed yet: the body is the work */
     else
         for (size_t i = 0; i < r->nprompts; i++) {
             size_t len;
