@@ -93,6 +93,10 @@ struct eng_sched {
     samp_unit *units; /* logit_rows */
     size_t nthreads;
     samp_thread *thr; /* nthreads */
+    /* What execute measured (its thread's), folded into stats by complete:
+     * stats is the loop thread's, read by eng_sched_stats_get at any time,
+     * also while a step runs. */
+    double exec_seconds, exec_sample;
     eng_sched_stats stats;
 };
 
@@ -575,8 +579,8 @@ void eng_sched_execute(eng_sched *s)
         op_pool_run(gpt2_workspace_pool(s->ws), nunits, sample_task, s);
     }
     double t1 = now_s();
-    s->stats.times.sample += t1 - t_sample;
-    s->stats.last_step_seconds = t1 - t0;
+    s->exec_sample = t1 - t_sample;
+    s->exec_seconds = t1 - t0;
     s->executed = 1;
 }
 
@@ -630,6 +634,12 @@ void eng_sched_complete(eng_sched *s)
 {
     if (!s->planned) return;
     s->planned = 0;
+    if (s->executed) {
+        double sample = s->stats.times.sample + s->exec_sample;
+        eng_workspace_times(s->ws, &s->stats.times); /* the step's thread is done with it */
+        s->stats.times.sample = sample;
+        s->stats.last_step_seconds = s->exec_seconds;
+    }
     s->executed = 0;
     s->stats.steps++;
     s->stats.last_step_rows = s->rows;
@@ -700,9 +710,6 @@ int eng_sched_step(eng_sched *s)
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out)
 {
     *out = s->stats;
-    double sample = s->stats.times.sample;
-    eng_workspace_times(s->ws, &out->times);
-    out->times.sample = sample;
     out->running = s->nrunning;
     out->queued = s->qlen;
     out->kv_blocks_total = eng_kv_blocks_total(s->kv);

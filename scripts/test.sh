@@ -46,11 +46,12 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --print-errorlogs --num-processes 2
 
-echo "== ThreadSanitizer (build-tsan/): the worker pool and the scheduler"
+echo "== ThreadSanitizer (build-tsan/): the worker pool, the scheduler, the server's threads"
 [ -f build-tsan/build.ninja ] ||
     CC=clang meson setup build-tsan --buildtype=debugoptimized -Dwerror=true -Db_sanitize=thread -Db_lundef=false
 meson compile -C build-tsan
-TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs engine engine-portable scheduler
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs engine engine-portable scheduler \
+    server-threads
 
 echo "== fuzzing (build-fuzz/), ${FUZZ_SECONDS:-60} s per target"
 [ -f build-fuzz/build.ninja ] ||

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""tests/test_server_threads.py GPT2D: every thread of `gpt2d serve` busy at
+once, for ThreadSanitizer (scripts/test.sh runs it in build-tsan/) and as a
+plain functional test elsewhere.
+
+The loop thread serves short streams and the 1 s tick (which reads the
+scheduler's statistics while a step runs on the work queue); the tokenizer
+threads parse and tokenize large bodies (/tokenize, completion and chat
+bodies of 64 KiB and more, good and bad), some of whose clients leave
+mid-way; a SIGHUP reloads the configuration in the middle. Every answer is
+checked against what the request deserves, a large body must give the
+same completion as its compact form, and the server must exit 0 on
+SIGTERM with no sanitizer report in its log.
+"""
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKENIZER = os.path.join(HERE, "..", "tokenizer", "data")
+PAD = 70 * 1024  # JSON whitespace: a body over the 64 KiB inline limit
+
+
+def start(gpt2d, root):
+    model = os.path.join(root, "model")
+    os.makedirs(model)
+    subprocess.run([gpt2d, "synth", os.path.join(model, "model.safetensors"), "--layers", "2", "--embd", "64",
+                    "--heads", "4", "--ctx", "256", "--seed", "9"], check=True, stdout=subprocess.DEVNULL)
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(TOKENIZER, f), model)
+    conf = os.path.join(root, "gpt2d.conf")
+    with open(conf, "w") as f:
+        f.write("log_level = info\n")
+    log = open(os.path.join(root, "serve.log"), "w")
+    proc = subprocess.Popen([gpt2d, "serve", "--model", model, "--port", "0", "--config", conf,
+                             "--max-prompt-tokens", "200", "--tokenize-concurrency", "2"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open(log.name) as f:
+            for line in f:
+                if " on http://127.0.0.1:" in line:
+                    return proc, int(line.rsplit(":", 1)[1]), log.name, conf
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    sys.exit("FAIL: gpt2d serve did not start:\n" + open(log.name).read())
+
+
+def post(port, path, body, timeout=60):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def main(argv):
+    gpt2d = os.path.realpath(argv[1])
+    root = tempfile.mkdtemp(prefix="gpt2d-threads-")
+    proc, port, log, conf = start(gpt2d, root)
+    failures = []
+    lock = threading.Lock()
+
+    def fail(msg):
+        with lock:
+            failures.append(msg)
+
+    greedy = {"model": "gpt2", "prompt": "The threads", "max_tokens": 6, "temperature": 0}
+    want = json.loads(post(port, "/v1/completions", json.dumps(greedy))[1])["choices"][0]["text"]
+    cases = [
+        # (path, body, status wanted, check of the answer)
+        ("/v1/completions", json.dumps(greedy) + " " * PAD, 200,
+         lambda d: d["choices"][0]["text"] == want or "a padded body gave %r, not %r" % (d["choices"][0]["text"], want)),
+        ("/v1/completions", json.dumps({"model": "gpt2", "prompt": "hello " * 12000, "max_tokens": 2}), 400,
+         lambda d: "max_prompt_tokens" in d["error"]["message"] or d["error"]["message"]),
+        ("/v1/completions", '{"model": "gpt2", "prompt": "x", "max_tokens": -1}' + " " * PAD, 400,
+         lambda d: d["error"]["param"] == "max_tokens" or d["error"]),
+        ("/v1/completions", '{"model": "gpt2", "prompt": "x"' + " " * PAD, 400,
+         lambda d: d["error"]["type"] == "invalid_request_error" or d["error"]),
+        ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+         + " " * PAD, 200, lambda d: d["object"] == "chat.completion" and d["id"].startswith("chatcmpl-") or d),
+        ("/v1/completions", json.dumps({"model": "other", "prompt": "x"}) + " " * PAD, 404,
+         lambda d: d["error"]["code"] == "model_not_found" or d["error"]),
+        ("/tokenize", json.dumps({"prompt": "hello" + " hello" * 11999}), 200,
+         lambda d: d["count"] == 12000 or d["count"]),
+        ("/v1/completions", json.dumps({"model": "gpt2", "prompt": "Go", "max_tokens": 12, "stream": True}), 200,
+         lambda d: True),
+    ]
+
+    def worker(path, body, status, ok, n):
+        for _ in range(n):
+            try:
+                got, data = post(port, path, body)
+            except (OSError, http.client.HTTPException) as e:
+                fail("%s: %s" % (path, e))
+                return
+            if got != status:
+                fail("%s: status %d, wanted %d: %s" % (path, got, status, data[:200]))
+                continue
+            if path != "/v1/completions" or b"data:" not in data:
+                verdict = ok(json.loads(data))
+                if verdict is not True:
+                    fail("%s: %s" % (path, verdict))
+
+    threads = [threading.Thread(target=worker, args=c + (4,)) for c in cases]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    with open(conf, "a") as f:
+        f.write("log_level = debug\n")
+    proc.send_signal(signal.SIGHUP)
+    for _ in range(6):  # clients that leave while their body is tokenized
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=0.05)
+        try:
+            c.request("POST", "/v1/completions", json.dumps(greedy) + " " * PAD)
+            c.getresponse()
+        except (OSError, http.client.HTTPException):
+            pass
+        c.close()
+    for t in threads:
+        t.join(240)
+    try:
+        status, _ = post(port, "/v1/completions", json.dumps(greedy))
+        if status != 200:
+            fail("after the load: status %d" % status)
+    except (OSError, http.client.HTTPException) as e:
+        fail("after the load: %s" % e)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = "killed after 60 s"
+    text = open(log).read()
+    if rc != 0:
+        fail("exit status %s" % rc)
+    if "Sanitizer" in text or "runtime error" in text:
+        fail("a sanitizer report in the log")
+    if "SIGHUP: configuration reloaded" not in text:
+        fail("no reload line after SIGHUP")
+    if failures:
+        print("\n".join("FAIL: " + f for f in failures) + "\n== serve.log\n" + text[-6000:], file=sys.stderr)
+        return 1
+    shutil.rmtree(root, ignore_errors=True)
+    print("ok: %d large and small requests from %d threads, a reload and early leavers; clean exit"
+          % (4 * len(cases), len(cases)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
