@@ -91,8 +91,11 @@ OP_AVX2 static float dot16_avx2(const float *a, const op_w *w, size_t off, size_
  * vocabulary, and for the tiles after the first on the same rows), and
  * step i prefetches its share of them. With the hardware prefetchers alone
  * one thread read a q8 wte at about 12 GB/s (GPT-2 small, bench_decode
- * with 1 thread: 3.6 ms of LM head a step against 1.9-2.2 with this), F32
- * and BF16 gained less (10-20 %). Prefetches change no result. */
+ * with 1 thread: 3.7 ms of LM head a step against 1.9; 2 threads 2.1
+ * against 1.4). The 16-bit formats gained less (F16 4.6 -> 4.0 ms on one
+ * thread, the same with two); F32 lost (2 threads, 4.4 -> 4.9 ms: its
+ * wte saturates the bandwidth without help), so F32 does not prefetch.
+ * Prefetches change no result. */
 #define LM_PF_BYTES 12288
 
 __attribute__((always_inline)) static inline void lm_prefetch(const char *pf, size_t i,
@@ -246,8 +249,9 @@ lm_rows_avx512_t(const lm_ctx *c, size_t v0, size_t v1, const op_dtype dt)
     const size_t esize = mm_esize_lm(dt);
     size_t ahead = LM_PF_BYTES / (4 * c->C * esize) * 4 + 4; /* rows, a multiple of 4 */
     for (size_t v = v0; v + 4 <= v1; v += 4) {
-        const char *pf =
-            v + ahead + 4 <= c->V ? (const char *)c->wte->p + (v + ahead) * c->C * esize : NULL;
+        const char *pf = dt != OP_F32 && v + ahead + 4 <= c->V
+                             ? (const char *)c->wte->p + (v + ahead) * c->C * esize
+                             : NULL;
         size_t t = 0;
         for (; t + 4 <= c->T; t += 4, pf = NULL)
             dot_4x4_avx512(c->out + t * c->V + v, c->V, c->h + t * c->C, c->wte, v, c->C, pf, dt);
