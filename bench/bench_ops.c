@@ -1,5 +1,6 @@
 /*
- * bench/bench_ops.c [THREADS [anon]]: the engine's matmul and LM head kernels on
+ * bench/bench_ops.c [THREADS [anon|file [f32|f16|bf16|q8]]]: the engine's matmul and
+ * LM head kernels on
  * GPT-2 small's shapes, outside the model: per batch size T (1, 4, 16 and 64
  * as in decode, 256 as in a prefill), the time of one step's worth of
  * projections (12 layers of qkv 768x2304, proj 768x768, fc 768x3072,
@@ -16,7 +17,11 @@
  * placement of page-cache pages changes what access patterns cost. Tiles
  * that walked W down its rows were 1.3x faster than the k-blocked ones on
  * freshly allocated anonymous memory and slower on the model's mapped file.
- * "anon" keeps them in anonymous memory instead.
+ * "anon" keeps them in anonymous memory instead. The weights are F32 unless
+ * a format is named: F16 and BF16 are the F32 values rounded, q8 random
+ * int8 with random scales (the kernels' time does not depend on the
+ * values); "GB/s" is the bytes of weights (with q8's scales) read per
+ * second.
  */
 #include "internal.h"
 
@@ -47,11 +52,11 @@ static float *randn(size_t n, unsigned seed)
     return p;
 }
 
-/* Moves the n arrays (lens[i] floats each) into one read-only mapping of
+/* Moves the n arrays (lens[i] bytes each) into one read-only mapping of
  * an unnamed file (O_TMPFILE) in $TMPDIR or /tmp, each at a 64-byte aligned
  * offset, and frees the originals. 0 on success; -1 with errno set, the
  * arrays untouched. */
-static int to_file(float **arrays[], const size_t *lens, size_t n)
+static int to_file(void **arrays[], const size_t *lens, size_t n)
 {
     const char *tmp = getenv("TMPDIR");
     int fd = open(tmp && *tmp ? tmp : "/tmp", O_TMPFILE | O_RDWR, 0600);
@@ -61,7 +66,7 @@ static int to_file(float **arrays[], const size_t *lens, size_t n)
     if (off == NULL) goto done;
     off[0] = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t bytes = lens[i] * sizeof(float);
+        size_t bytes = lens[i];
         if (pwrite(fd, *arrays[i], bytes, (off_t)off[i]) != (ssize_t)bytes) goto done;
         off[i + 1] = off[i] + (bytes + 63) / 64 * 64;
     }
@@ -70,7 +75,7 @@ static int to_file(float **arrays[], const size_t *lens, size_t n)
     if (map != MAP_FAILED)
         for (size_t i = 0; i < n; i++) {
             free(*arrays[i]);
-            *arrays[i] = (float *)(void *)(map + off[i]);
+            *arrays[i] = map + off[i];
         }
 done:;
     int saved = errno;
@@ -80,44 +85,98 @@ done:;
     return map == MAP_FAILED ? -1 : 0;
 }
 
+/* Array p of n F32 values in format dt (in place for F32; else a new
+ * array, p freed): its bytes in *bytes. */
+static void *as_format(float *p, size_t n, op_dtype dt, size_t *bytes)
+{
+    if (dt == OP_F32) {
+        *bytes = n * sizeof(float);
+        return p;
+    }
+    size_t es = dt == OP_Q8 ? 1 : 2;
+    unsigned char *q = aligned_alloc(64, (n * es + 63) / 64 * 64);
+    if (q == NULL) exit(1);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &p[i], sizeof u);
+        if (dt == OP_F16) ((uint16_t *)(void *)q)[i] = sft_f32_to_f16(p[i]);
+        if (dt == OP_BF16) ((uint16_t *)(void *)q)[i] = (uint16_t)(u >> 16);
+        if (dt == OP_Q8) q[i] = (unsigned char)(u >> 11);
+    }
+    free(p);
+    *bytes = n * es;
+    return q;
+}
+
+static int parse_dtype(const char *s, op_dtype *dt)
+{
+    static const char *const names[] = {"f32", "f16", "bf16", "q8"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *dt = (op_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     size_t threads = argc > 1 ? (size_t)atoi(argv[1]) : 0;
+    int anon = argc > 2 && strcmp(argv[2], "anon") == 0;
+    op_dtype dt = OP_F32;
+    if ((argc > 2 && !anon && strcmp(argv[2], "file") != 0)
+        || (argc > 3 && parse_dtype(argv[3], &dt) != 0) || argc > 4) {
+        fprintf(stderr, "usage: bench_ops [THREADS [anon|file [f32|f16|bf16|q8]]]\n");
+        return 2;
+    }
     op_pool *pool = op_pool_new(threads);
     if (pool == NULL) return 1;
     enum { C = 768, V = 50257, L = 12, TMAX = 256 };
     static const size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
-    float *W[L][4], *b[4];
+    /* Every weight array, then (q8) its scales: one per 32 rows and column
+     * for a projection, one per 32 elements for wte. */
+    void *W[L][4], *S[L][4], *wte, *wte_s = NULL;
+    float *b[4];
+    void **arrays[2 * (L * 4 + 1)];
+    size_t lens[2 * (L * 4 + 1)], n = 0, mm_bytes = 0, lm_bytes = 0;
     for (int i = 0; i < 4; i++) {
-        for (int l = 0; l < L; l++)
-            W[l][i] = randn(shapes[i][0] * shapes[i][1], 11u + (unsigned)(i + 4 * l));
-        b[i] = randn(shapes[i][1], 21u + (unsigned)i);
-    }
-    float *wte = randn((size_t)V * C, 31u);
-    int anon = argc > 2 && strcmp(argv[2], "anon") == 0;
-    if (!anon) {
-        float **arrays[L * 4 + 1];
-        size_t lens[L * 4 + 1], n = 0;
-        for (int l = 0; l < L; l++)
-            for (int i = 0; i < 4; i++) {
-                arrays[n] = &W[l][i];
-                lens[n++] = shapes[i][0] * shapes[i][1];
+        size_t K = shapes[i][0], N = shapes[i][1];
+        for (int l = 0; l < L; l++) {
+            W[l][i] = as_format(randn(K * N, 11u + (unsigned)(i + 4 * l)), K * N, dt, &lens[n]);
+            arrays[n] = &W[l][i];
+            mm_bytes += lens[n++];
+            S[l][i] = NULL;
+            if (dt == OP_Q8) {
+                S[l][i] = randn((K + 31) / 32 * N, 71u + (unsigned)(i + 4 * l));
+                lens[n] = (K + 31) / 32 * N * sizeof(float);
+                arrays[n] = &S[l][i];
+                mm_bytes += lens[n++];
             }
-        arrays[n] = &wte;
-        lens[n++] = (size_t)V * C;
-        if (to_file(arrays, lens, n) != 0) {
-            fprintf(stderr, "bench_ops: cannot map the weights from a file in %s: %s\n",
-                    getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", strerror(errno));
-            return 1;
         }
+        b[i] = randn(N, 21u + (unsigned)i);
+    }
+    wte = as_format(randn((size_t)V * C, 31u), (size_t)V * C, dt, &lens[n]);
+    arrays[n] = &wte;
+    lm_bytes += lens[n++];
+    if (dt == OP_Q8) {
+        wte_s = randn((size_t)V * C / 32, 81u);
+        lens[n] = (size_t)V * C / 32 * sizeof(float);
+        arrays[n] = &wte_s;
+        lm_bytes += lens[n++];
+    }
+    if (!anon && to_file(arrays, lens, n) != 0) {
+        fprintf(stderr, "bench_ops: cannot map the weights from a file in %s: %s\n",
+                getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", strerror(errno));
+        return 1;
     }
     float *in = randn((size_t)TMAX * 4 * C, 41u), *out = randn((size_t)TMAX * 4 * C, 51u);
     float *logits = randn((size_t)TMAX * V, 61u);
     float *pack = aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), 4 * C, 4 * C)
                                         * sizeof(float));
     if (pack == NULL) return 1;
-    printf("{\"threads\": %zu, \"weights\": \"%s\", \"runs\": [", op_pool_size(pool),
-           anon ? "anonymous memory" : "a mapped file");
+    static const char *const names[] = {"f32", "f16", "bf16", "q8"};
+    printf("{\"threads\": %zu, \"weights\": \"%s\", \"format\": \"%s\", \"runs\": [",
+           op_pool_size(pool), anon ? "anonymous memory" : "a mapped file", names[dt]);
     static const size_t Ts[] = {1, 4, 8, 16, 32, 48, 64, 256};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         size_t T = Ts[ti];
@@ -126,20 +185,22 @@ int main(int argc, char **argv)
             double t0 = now();
             for (int l = 0; l < L; l++)
                 for (int i = 0; i < 4; i++)
-                    op_matmul(pool, pack, out, in, &(op_w){W[l][i], NULL, OP_F32},
+                    op_matmul(pool, pack, out, in, &(op_w){W[l][i], S[l][i], dt},
                               &(op_w){b[i], NULL, OP_F32}, T, shapes[i][0], shapes[i][1]);
             double t1 = now();
-            op_lm_head(pool, logits, in, &(op_w){wte, NULL, OP_F32}, T, C, V);
+            op_lm_head(pool, logits, in, &(op_w){wte, wte_s, dt}, T, C, V);
             double t2 = now();
             if (t1 - t0 < best_mm) best_mm = t1 - t0;
             if (t2 - t1 < best_lm) best_lm = t2 - t1;
         }
         double mm_flop = 2.0 * (double)T * L * (C * 3 * C + C * C + 2.0 * C * 4 * C);
         double lm_flop = 2.0 * (double)T * C * V;
-        printf("%s{\"T\": %zu, \"matmul_ms\": %.2f, \"matmul_gflops\": %.1f, \"lm_head_ms\": %.2f, "
-               "\"lm_head_gflops\": %.1f}",
-               ti ? ", " : "", T, best_mm * 1e3, mm_flop / best_mm / 1e9, best_lm * 1e3,
-               lm_flop / best_lm / 1e9);
+        printf(
+            "%s{\"T\": %zu, \"matmul_ms\": %.2f, \"matmul_gflops\": %.1f, \"matmul_gb_s\": %.1f, "
+            "\"lm_head_ms\": %.2f, \"lm_head_gflops\": %.1f, \"lm_head_gb_s\": %.1f}",
+            ti ? ", " : "", T, best_mm * 1e3, mm_flop / best_mm / 1e9,
+            (double)mm_bytes / best_mm / 1e9, best_lm * 1e3, lm_flop / best_lm / 1e9,
+            (double)lm_bytes / best_lm / 1e9);
         fflush(stdout);
     }
     printf("]}\n");

@@ -82,29 +82,29 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
  * out between them. A float stored and reloaded is exact, so this is still
  * b[n] then one FMA per k in increasing k. */
 #define KB 16
-#define MM_PF_COLS 128 /* software prefetch distance, in columns of W */
+/* Software prefetch distance, in bytes of one row of W: 512 (128 columns of
+ * F32, 256 of BF16), 1024 for Q8 (1024 columns), as every format's tiles
+ * stream about the same bytes per second. Q8 at the 128 columns of the
+ * other formats (128 bytes) lost a quarter of one thread's matmul time. */
+#define MM_PF_BYTES 512
+#define MM_PF_BYTES_Q8 1024
 
-/* Prefetches W one 32-column segment MM_PF_COLS ahead in the order the
- * k-blocked loops read it: further along the current KB rows, or, near the
- * end of the thread's column range, the start of the next KB rows. Each
- * thread reads its part of every W row in short segments (1.5 to 6 KB for
- * GPT-2), and the starts of those are where the hardware prefetchers lose
- * most. Prefetches change no result. */
+/* Prefetches W MM_PF_BYTES ahead (in bytes of one row) in the order the k-blocked loops read it:
+ * further along the current KB rows, or, past the end of the thread's column range, the next KB
+ * rows. Each thread reads its part of every W row in short segments (0.4 to 6 KB for GPT-2), and
+ * the starts of those are where the hardware prefetchers lose most. `bytes` of every row from the
+ * prefetched column, one line at a time. Prefetches change no result. */
 static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, size_t kb,
-                               size_t ke, const size_t esize)
+                               const size_t esize, const size_t bytes)
 {
-    size_t ahead = n - n0 + MM_PF_COLS, span = n1 - n0;
-    size_t pk = kb, pn = n0 + ahead;
-    if (ahead >= span) {
-        pk = ke;
-        pn = n0 + (ahead - span);
-    }
-    if (pk >= c->K || pn + 32 > n1) return;
+    size_t ahead = n - n0 + (esize == 1 ? MM_PF_BYTES_Q8 : MM_PF_BYTES) / esize, span = n1 - n0;
+    size_t pk = kb + ahead / span * KB, pn = n0 + ahead % span;
+    if (pk >= c->K || pn + bytes / esize > n1) return;
     size_t pe = pk + KB < c->K ? pk + KB : c->K;
     for (size_t k = pk; k < pe; k++) {
         const char *p = (const char *)c->W.p + (k * c->N + pn) * esize;
-        _mm_prefetch(p, _MM_HINT_T0);
-        if (esize == 4) _mm_prefetch(p + 64, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
     }
 }
 
@@ -196,7 +196,7 @@ mm_kblock_avx2_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtyp
         size_t ke = kb + KB < c->K ? kb + KB : c->K;
         gather_inputs(c, xs, kb, ke);
         for (size_t n = n0; n + 32 <= n1; n += 32) {
-            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
+            kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 32 * mm_esize(dt));
             size_t t = 0;
             for (; t + 3 <= c->T; t += 3) kb_tile_avx2(c, xs, t, n, kb, ke, 3, dt);
             if (c->T - t == 2) kb_tile_avx2(c, xs, t, n, kb, ke, 2, dt);
@@ -249,65 +249,45 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
             _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
 }
 
-/* BF16, 32 columns at a time from one 64-byte load: unpacking against
- * zeros widens them in two instructions, but per 128-bit lane, so one
- * vector holds the columns {0-3, 8-11, 16-19, 24-27} of the 32 and the other
- * {4-7, 12-15, 20-23, 28-31}. The accumulators keep that order (the partial
- * sums are permuted in on load and out on store, exact copies), so every
- * column still gets b[n] then one FMA per k in increasing k. */
+/* BF16, 32 columns at a time: op_bf16x32 widens them with one 64-byte load
+ * and two word permutes, in the columns' own order (the zero extension
+ * and shift of op_ld16 take four instructions per 32). R rows (up to 4) x
+ * 16 V columns. The same speed as the unpacks against zeros of commit
+ * 5f9fe06, whose lane order had the accumulators permuted in and out. */
 OP_AVX512BW __attribute__((always_inline)) static inline void
 kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
                     const size_t R, const size_t V)
 {
-    const __m512i in_lo =
-        _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    const __m512i in_hi =
-        _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    const __m512i out0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i out1 =
-        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[4][4]; /* [row][lo, hi of 32 columns, lo, hi of the next 32] */
+    __m512 acc[4][4];
 #pragma GCC unroll 4
     for (size_t r = 0; r < R; r++) {
         const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
-#pragma GCC unroll 2
-        for (size_t h = 0; h < V / 2; h++) {
-            __m512 a = _mm512_loadu_ps(src + 32 * h), b = _mm512_loadu_ps(src + 32 * h + 16);
-            acc[r][2 * h] = _mm512_permutex2var_ps(a, in_lo, b);
-            acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, in_hi, b);
-        }
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_loadu_ps(src + 16 * v);
     }
     for (size_t k = kb; k < ke; k++) {
         __m512 w[4];
         const uint16_t *row = (const uint16_t *)c->W.p + k * c->N + n0;
 #pragma GCC unroll 2
-        for (size_t h = 0; h < V / 2; h++) {
-            __m512i raw = _mm512_loadu_si512((const void *)(row + 32 * h));
-            w[2 * h] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
-            w[2 * h + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
-        }
-#pragma GCC unroll 4
+        for (size_t h = 0; h < V / 2; h++) op_bf16x32(row + 32 * h, &w[2 * h], &w[2 * h + 1]);
+#pragma GCC unroll 8
         for (size_t r = 0; r < R; r++) {
             __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
 #pragma GCC unroll 4
             for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
         }
     }
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; r++)
 #pragma GCC unroll 4
-    for (size_t r = 0; r < R; r++) {
-        float *dst = c->out + (t0 + r) * c->N + n0;
-#pragma GCC unroll 2
-        for (size_t h = 0; h < V / 2; h++) {
-            __m512 lo = acc[r][2 * h], hi = acc[r][2 * h + 1];
-            _mm512_storeu_ps(dst + 32 * h, _mm512_permutex2var_ps(lo, out0, hi));
-            _mm512_storeu_ps(dst + 32 * h + 16, _mm512_permutex2var_ps(lo, out1, hi));
-        }
-    }
+        for (size_t v = 0; v < V; v++)
+            _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
 }
 
-/* BF16 k-blocked tiles for up to 4 rows (decode); more rows take the
- * generic tiles. */
+/* BF16 k-blocked tiles for up to 4 rows (decode), 64 columns at a time;
+ * more rows take the generic tiles, which were faster there (the weights
+ * in cache, one thread, 16 rows: 283-286 us against 314-322 for these
+ * tiles with 8 rows), as each widened vector serves more FMAs. */
 OP_AVX512BW static void mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
 {
     for (size_t kb = 0; kb < c->K; kb += KB) {
@@ -315,7 +295,7 @@ OP_AVX512BW static void mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t
         gather_inputs(c, xs, kb, ke);
         size_t n = n0;
         for (; n + 64 <= n1; n += 64) {
-            kb_prefetch(c, n0, n1, n, kb, ke, 2);
+            kb_prefetch(c, n0, n1, n, kb, 2, 128);
             switch (c->T) {
             case 4: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 4, 4); break;
             case 3: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 3, 4); break;
@@ -324,7 +304,7 @@ OP_AVX512BW static void mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t
             }
         }
         for (; n + 32 <= n1; n += 32) {
-            kb_prefetch(c, n0, n1, n, kb, ke, 2);
+            kb_prefetch(c, n0, n1, n, kb, 2, 64);
             switch (c->T) {
             case 4: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 4, 2); break;
             case 3: kb_tile_bf16_avx512(c, xs, 0, n, kb, ke, 3, 2); break;
@@ -344,8 +324,7 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
         size_t n = n0;
         /* Up to 4 rows: 64-column tiles (4 accumulators a row). */
         for (; c->T <= 4 && n + 64 <= n1; n += 64) {
-            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
-            kb_prefetch(c, n0, n1, n + 32, kb, ke, mm_esize(dt));
+            kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 64 * mm_esize(dt));
             switch (c->T) {
             case 4: kb_tile_avx512(c, xs, 0, n, kb, ke, 4, 4, dt); break;
             case 3: kb_tile_avx512(c, xs, 0, n, kb, ke, 3, 4, dt); break;
@@ -354,7 +333,7 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
             }
         }
         for (; n + 32 <= n1; n += 32) {
-            kb_prefetch(c, n0, n1, n, kb, ke, mm_esize(dt));
+            kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 32 * mm_esize(dt));
             size_t t = 0;
             for (; t + KB_ROWS512 <= c->T; t += KB_ROWS512)
                 kb_tile_avx512(c, xs, t, n, kb, ke, KB_ROWS512, 2, dt);
