@@ -147,6 +147,12 @@ static void set_request_id(srv_req *r)
              (unsigned long long)(r->s->next_id & 0xFFFFFF));
 }
 
+void http_request_id_new(srv *s, char *buf, size_t len)
+{
+    snprintf(buf, len, "req-%llx%06llx", (unsigned long long)time(NULL),
+             (unsigned long long)(s->next_id++ & 0xFFFFFF));
+}
+
 static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
                                  const char *value)
 {
@@ -354,6 +360,10 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
     unsigned status = ci ? ci->http_status : 0;
     int aborted = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    if (r->conn_status != 0) { /* conn.c answered it (408) and closed it */
+        status = r->conn_status;
+        aborted = 0;
+    }
     log_access(r, status, aborted);
     met_count_request(&s->met, r->url, status, aborted);
     if (strcmp(r->url, "/v1/completions") == 0)
@@ -368,9 +378,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         http_req_set_state(r, HTTP_REQ_FINISHED);
     r->conn_done = 1;
     if (r->sc != NULL) { /* the connection waits for its next head now */
-        r->sc->req = NULL;
-        r->sc->t_ready = log_now();
-        r->sc->served++;
+        conn_request_done(r->sc);
         r->sc = NULL;
     }
     r->cont = NULL;

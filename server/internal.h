@@ -101,6 +101,10 @@ void log_fatal(const char *msg);
 void log_set_level(const char *level);
 /* The access log line of a finished request. */
 void log_access(const srv_req *r, unsigned status, int aborted);
+/* The access log line of a response conn.c wrote itself on a connection
+ * without a request (a head's 408, max_connections' 503): no method, no
+ * target, duration_s since the connection (or its head) started. */
+void log_access_conn(const char *req_id, unsigned status, double duration_s);
 /* CLOCK_MONOTONIC in seconds. */
 double log_now(void);
 
@@ -332,12 +336,16 @@ struct srv_req {
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
     int cut;                /* ended by the end of a drain (srv_drain_cut) */
+    unsigned conn_status;   /* a status conn.c wrote itself before closing (408) */
     srv_req *prev, *next;   /* the list of requests with engine work */
 };
 
 /* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
  * other than space. */
 int http_request_id_ok(const char *v);
+/* A new X-Request-Id ("req-" + hex) into buf, for a response without a
+ * request (conn.c). */
+void http_request_id_new(srv *s, char *buf, size_t len);
 /* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
 size_t http_req_prompt_tokens(const srv_req *r);
 size_t http_req_completion_tokens(const srv_req *r);
@@ -393,6 +401,7 @@ struct srv {
     srv_conn *conns;
     size_t nconns, nconns_closing;
     uv_timer_t sweep;
+    double sweep_last; /* when conn_on_sweep last ran */
     /* The routes (daemon.c builds them from the configuration). */
     const http_route *routes;
     size_t nroutes;
@@ -439,15 +448,20 @@ struct srv_conn {
     size_t served;  /* requests ended on it */
     srv_req *req;   /* the request in progress; NULL between requests */
     int closing;    /* shut down here; libmicrohttpd closes it next */
+    /* Keep-alive: when the last byte before t_ready arrived (the kernel's
+     * TCP_INFO; < 0: unknown, not TCP), and when the next head's first byte
+     * came (0: none yet; conn_note_recv), which starts its deadline. */
+    double t_recv, t_head;
     srv_conn *prev, *next;
 };
 
 /* What a connection is waiting for, and until when (log_now() seconds). */
 typedef enum {
-    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered */
-    CONN_WAIT_HEAD, /* a new connection's first head: request_header_timeout */
-    CONN_WAIT_IDLE, /* keep-alive between requests: connection_timeout      */
-    CONN_WAIT_BODY  /* the next body byte: body_timeout                     */
+    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered   */
+    CONN_WAIT_HEAD, /* a head: request_header_timeout from the connection's
+                     * start, or (keep-alive) from the head's first byte   */
+    CONN_WAIT_IDLE, /* keep-alive, no byte yet: connection_timeout         */
+    CONN_WAIT_BODY  /* the next body byte: body_timeout                    */
 } conn_wait;
 
 typedef struct {
@@ -462,6 +476,13 @@ typedef struct {
 
 /* The deadline of c under cfg (pure). */
 conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
+/* Keep-alive, between requests: at is when c's last byte arrived (< 0:
+ * unknown), since when the previous check ran. A byte after the one
+ * before t_ready starts the next head: t_head is set to the earliest time
+ * it can have come (t_ready, or since). 1 when it set t_head (pure). */
+int conn_note_recv(srv_conn *c, double at, double since);
+/* c's request ended (on_completed): c waits for its next head. */
+void conn_request_done(srv_conn *c);
 /* The connection of list head, other than except, that has no request in
  * progress and has been so longest; NULL when none (pure). */
 srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);

@@ -5,7 +5,7 @@ protocol corners, on loopback.
 
 Each case starts its own `gpt2d serve --port 0` on a tiny `gpt2d synth`
 checkpoint with the real GPT-2 tokenizer, prints `ok CASE` or
-`FAIL CASE: why`, and is bounded (under 30 s, connections in the low
+`FAIL CASE: why`, and is bounded (30 s; connections in the low
 hundreds). The script ends with `N passed, N failed` and exits 1 on any
 failure. Name cases to run only those; `--list` prints them. KEEP=1 keeps
 the scratch directory (the servers' logs) for a look afterwards.
@@ -35,6 +35,7 @@ RSS_MARGIN_KIB = 1024 if SANITIZE in ("", "none") else 65536
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "..", "tokenizer", "data")
 CASE_LIMIT_S = 30
+CASE_LIMITS = {}
 
 
 class Fail(Exception):
@@ -538,6 +539,100 @@ def case_slow_body(ctx):
             error_envelope(rest[rest.find(b"{"):] if b"{" in rest else rest, "the 408")
     finally:
         s.close()
+
+
+def trickle(s, data, interval, limit):
+    """Sends data one byte every interval seconds on s while reading; stops at
+    the server's answer or close. (the bytes that came, seconds from the first
+    byte sent to the answer or close, whether it closed); Fail past limit s."""
+    t0 = time.monotonic()
+    got, sent, closed = b"", 0, False
+    next_send = t0
+    while True:
+        now = time.monotonic()
+        if now - t0 > limit:
+            raise Fail("no answer and no close %.1f s into a head trickled a byte every %.1f s "
+                       "(%d bytes sent)" % (now - t0, interval, sent))
+        if now >= next_send and sent < len(data):
+            try:
+                s.send(data[sent:sent + 1])
+                sent += 1
+            except OSError:
+                return got, time.monotonic() - t0, True
+            next_send += interval
+        s.settimeout(max(0.01, min(0.1, next_send - time.monotonic())))
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return got, time.monotonic() - t0, True
+        if not chunk:
+            return got, time.monotonic() - t0, True
+        got += chunk
+        if b"\r\n\r\n" in got:
+            _, headers, rest = parse_head(got)
+            if len(rest) >= int(headers.get("content-length", "0")):
+                return got, time.monotonic() - t0, closed_by_peer(s)
+
+
+def case_keepalive_deadlines(ctx):
+    """1: on a keep-alive connection, the next head trickled a byte a second
+    gets the 408 JSON request_header_timeout after its first byte, as on a
+    new connection (not connection_timeout later); a later request's body
+    stalled for body_timeout gets the 408 too, with its X-Request-Id."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--request-header-timeout", "2", "--body-timeout", "2",
+                 "--connection-timeout", "60")
+    s = connect(srv.port, 5)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check(read_response(s, 5)[1] == 200, "the first request on the connection failed")
+        time.sleep(0.5)  # the client thinks, then starts its next head
+        got, took, closed = trickle(s, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 40, 1.0, 6.0)
+        check(got, "the trickled keep-alive head was closed after %.1f s without the 408" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 408, "the trickled keep-alive head got %d, not 408: %r" % (status, got[:200]))
+        check(1.5 <= took <= 3.5, "the 408 came %.1f s after the head's first byte (request_header_timeout 2)"
+              % took)
+        error_envelope(rest, "the keep-alive head's 408")
+        check(headers.get("x-request-id"), "the keep-alive head's 408 has no X-Request-Id: %r" % headers)
+        check(closed, "the connection stayed open after the 408")
+        rid = headers["x-request-id"]
+    finally:
+        s.close()
+    # The access line of that 408 names its X-Request-Id.
+    time.sleep(0.3)
+    check(any(" access " in l and "status=408" in l and rid in l for l in srv.log().splitlines()),
+          "no access line with status=408 and request_id %s: %s" % (rid, srv.tail(3)))
+    # A keep-alive connection that sends its next request at once is served
+    # (the deadline is not the idle time since the last answer).
+    s = connect(srv.port, 5)
+    try:
+        for i in range(3):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            check(read_response(s, 5)[1] == 200, "request %d on a keep-alive connection failed" % i)
+            time.sleep(1.2)  # idle, no byte: connection_timeout applies, not the head's 2 s
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check(read_response(s, 5)[1] == 200, "a request 3.6 s into an idle keep-alive connection failed")
+        # The next request's body stalls: 408 with its X-Request-Id, at body_timeout.
+        s.sendall(completion_head(100, b"X-Request-Id: hostile-ka-body\r\n") + b'{"model":')
+        t0 = time.monotonic()
+        try:
+            got = read_until_close(s, 4.0)
+        except Fail as e:
+            raise Fail("a keep-alive body stalled for body_timeout 2: %s" % e)
+        took = time.monotonic() - t0
+        check(got, "the stalled keep-alive body was closed after %.1f s without the 408" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 408 and 1.5 <= took <= 3.5, "the stalled keep-alive body: %d after %.1f s" % (status, took))
+        error_envelope(rest, "the stalled body's 408")
+        check(headers.get("x-request-id") == "hostile-ka-body",
+              "the body's 408 carries X-Request-Id %r, not the request's" % headers.get("x-request-id"))
+    finally:
+        s.close()
+    time.sleep(0.3)
+    line = access_line(srv, "hostile-ka-body")
+    check("status=408" in line and "POST /v1/completions" in line, "the stalled body's access line: %s" % line)
 
 
 def case_stalled_stream(ctx):
@@ -1081,13 +1176,18 @@ def case_protocol_errors(ctx):
     must be JSON."""
     srv = Server(ctx, ctx.models.get("tiny"))
     # (status, the server's own JSON, how many answers): libmicrohttpd 0.9.75
-    # writes its 400 for a malformed Content-Length twice (its own head and
-    # body, twice, before the server sees the request; 0.9.76 and 0.9.77 take
-    # the same path). The server cannot reach that answer, so the case checks
-    # the status and the closed connection, and fails when a libmicrohttpd
-    # that answers once arrives, so that this exception is removed then.
+    # writes its 400 for a malformed Content-Length, and its 413 for one
+    # over 64 bits, twice, before the server sees the request
+    # (connection.c: MHD_connection_handle_idle overwrites the state that
+    # parse_connection_headers set when it queued the error, and
+    # build_header_response runs again; no public hook runs in between:
+    # docs/operations.md has the walk through the source; fixed in 1.0.0).
+    # So for those the case checks the status, the count and the close, and
+    # fails when a libmicrohttpd that answers once arrives, so that this
+    # exception is removed then.
     cases = [
         (400, False, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}"),
+        (413, False, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n{}"),
         (414, True, b"GET /" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
         (431, True, b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 200)
                                                                     for i in range(250)) + b"\r\n"),
@@ -1105,7 +1205,7 @@ def case_protocol_errors(ctx):
             got = read_until_close(s, 3)
         finally:
             s.close()
-        answers = 2 if b"12abc" in data else 1
+        answers = 2 if b"12abc" in data or b"9999999999" in data else 1
         check(got.count(b"HTTP/1.") == answers,
               "%s: %d status lines (libmicrohttpd's known count: %d): %r"
               % (what, got.count(b"HTTP/1."), answers, got[:300]))
@@ -1135,6 +1235,48 @@ def case_request_id(ctx):
     time.sleep(0.2)
     check(any(" access " in l and "hostile-abc-123" in l for l in srv.log().splitlines()),
           "no access log line carries the client's X-Request-Id")
+    srv.stop()
+    # The answers conn.c writes itself before closing a connection: the 503
+    # past max_connections (every connection busy) and a new connection's
+    # head 408 carry one too, and each has its access line.
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-connections", "2", "--request-header-timeout", "1",
+                 "--body-timeout", "20", name="conn-answers")
+    busy = []
+    try:
+        for i in range(2):  # requests in progress (a body coming): not idle, not closed to make room
+            b = connect(srv.port, 5)
+            b.sendall(completion_head(100, b"X-Request-Id: hostile-busy-%d\r\n" % i) + b'{"model":')
+            busy.append(b)
+        time.sleep(0.3)
+        third = connect(srv.port, 5)
+        busy.append(third)
+        got = read_until_close(third, 3)
+        check(got, "the connection past max_connections (all busy) got no answer")
+        status, headers, rest = parse_head(got)
+        check(status == 503, "the connection past max_connections got %d" % status)
+        error_envelope(rest, "the 503 past max_connections")
+        rid503 = headers.get("x-request-id")
+        check(rid503, "the 503 past max_connections has no X-Request-Id: %r" % headers)
+        for b in busy[:2]:
+            b.close()
+        time.sleep(0.3)
+        s = connect(srv.port, 5)
+        busy.append(s)
+        s.sendall(b"GET /hea")
+        got = read_until_close(s, 3)
+        check(got, "a head left incomplete past request_header_timeout got no answer")
+        status, headers, rest = parse_head(got)
+        check(status == 408, "the incomplete head got %d" % status)
+        rid408 = headers.get("x-request-id")
+        check(rid408 and rid408 != rid503, "the head's 408 carries X-Request-Id %r (the 503's: %r)"
+              % (rid408, rid503))
+    finally:
+        for b in busy:
+            b.close()
+    time.sleep(0.3)
+    for st, rid in ((503, rid503), (408, rid408)):
+        check(any(" access " in l and "status=%d" % st in l and rid in l for l in srv.log().splitlines()),
+              "no access line with status=%d and request_id=%s: %s" % (st, rid, srv.tail(4)))
 
 
 # The checkpoints a case uses, made before its time limit starts.
@@ -1180,6 +1322,7 @@ CASES = [
     ("idle_connections", case_idle_connections),
     ("per_ip_limit", case_per_ip_limit),
     ("slow_body", case_slow_body),
+    ("keepalive_deadlines", case_keepalive_deadlines),
     ("stalled_stream", case_stalled_stream),
     ("tokenize_flood", case_tokenize_flood),
     ("tokenize_queue", case_tokenize_queue),
@@ -1214,7 +1357,7 @@ class Context:
 
 
 def on_alarm(signum, frame):
-    raise Fail("the case ran over %d s" % CASE_LIMIT_S)
+    raise Fail("the case ran over its time limit")
 
 
 def main(argv):
@@ -1242,7 +1385,7 @@ def main(argv):
             for m in CASE_MODELS.get(name, ["tiny", "long"]):
                 models.get(m)
             t0 = time.monotonic()
-            signal.alarm(CASE_LIMIT_S)
+            signal.alarm(CASE_LIMITS.get(name, CASE_LIMIT_S))
             try:
                 known[name](ctx)
                 signal.alarm(0)
