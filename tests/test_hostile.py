@@ -5,7 +5,7 @@ protocol corners, on loopback.
 
 Each case starts its own `gpt2d serve --port 0` on a tiny `gpt2d synth`
 checkpoint with the real GPT-2 tokenizer, prints `ok CASE` or
-`FAIL CASE: why`, and is bounded (30 s; connections in the low
+`FAIL CASE: why`, and is bounded (30 s, tokenize_flood 75 s; connections in the low
 hundreds). The script ends with `N passed, N failed` and exits 1 on any
 failure. Name cases to run only those; `--list` prints them. KEEP=1 keeps
 the scratch directory (the servers' logs) for a look afterwards.
@@ -35,7 +35,9 @@ RSS_MARGIN_KIB = 1024 if SANITIZE in ("", "none") else 65536
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "..", "tokenizer", "data")
 CASE_LIMIT_S = 30
-CASE_LIMITS = {}
+# Cases that measure in several rounds get longer (tokenize_flood: six
+# windows, and six more when the first comparison fails).
+CASE_LIMITS = {"tokenize_flood": 75}
 
 
 class Fail(Exception):
@@ -690,43 +692,82 @@ def case_stalled_stream(ctx):
 def case_tokenize_flood(ctx):
     """3: eight clients posting 1 MB bodies to /tokenize keep a stream's
     median inter-token gap within 2x its unloaded value; a 1 MB completion
-    prompt over max_prompt_tokens gets 400 well before a full tokenization."""
+    prompt over max_prompt_tokens gets 400 well before a full tokenization.
+
+    The gaps are measured in alternating windows, unloaded (no body in
+    flight) and loaded (the flood on), three of each, and the median of the
+    loaded windows' medians is compared with that of the unloaded ones: a
+    burst of load from outside the case (another build on the 2 cores)
+    slows windows of both kinds instead of only the loaded ones. A failed
+    comparison is measured once more, both kinds again, and must pass then."""
     # One body tokenized at a time leaves the engine a core of the two CI has.
     srv = Server(ctx, ctx.models.get("slow"), "--max-body-bytes", "2000000", "--max-prompt-tokens", "1024",
                  "--tokenize-concurrency", "1")
     body = {"model": "gpt2", "prompt": "Flood", "max_tokens": 40, "ignore_eos": True, "stream": True}
-    alone = Stream(srv.port, body)
-    alone.wait(15, "the unloaded stream")
-    unloaded = statistics.median(alone.token_gaps())
     big = json.dumps({"prompt": "hello " * 170000}).encode()  # ~1 MB
-    stop = threading.Event()
-    posted = [0]
+    stop, flooding = threading.Event(), threading.Event()
+    lock = threading.Lock()
+    state = {"posted": 0, "in_flight": 0}
 
     def flood():
         while not stop.is_set():
+            if not flooding.wait(0.05):
+                continue
+            with lock:
+                state["in_flight"] += 1
             try:
                 request(srv.port, "POST", "/tokenize", big, timeout=4)
-                posted[0] += 1
+                with lock:
+                    state["posted"] += 1
             except (OSError, http.client.HTTPException):
                 pass
+            finally:
+                with lock:
+                    state["in_flight"] -= 1
+
+    def window(loaded):
+        """The median inter-token gap of one 40-token stream, with the flood on or quiet."""
+        if loaded:
+            flooding.set()
+            time.sleep(0.5)  # every flood client has a body in the server
+        else:
+            flooding.clear()
+            deadline = time.monotonic() + 6
+            while state["in_flight"] > 0:
+                check(time.monotonic() < deadline, "the /tokenize flood did not quiet down in 6 s")
+                time.sleep(0.02)
+        st = Stream(srv.port, body)
+        try:
+            st.closed.wait(8)  # what arrives in 8 s is enough to measure
+            gaps = st.token_gaps()
+        finally:
+            st.sock.close()
+        check(len(gaps) >= 10, "%d tokens in 8 s of a stream %s the /tokenize flood (%d bodies posted)"
+              % (len(gaps) + 1, "during" if loaded else "without", state["posted"]))
+        return statistics.median(gaps)
+
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
     for t in threads:
         t.start()
-    loaded = None
     try:
-        time.sleep(0.5)
-        loaded = Stream(srv.port, body)
-        loaded.closed.wait(8)  # what arrives in 8 s is enough to measure
-        gaps = loaded.token_gaps()
-        check(len(gaps) >= 10, "%d tokens in 8 s of a stream during the /tokenize flood (unloaded %.1f ms "
-              "a token; %d bodies posted)" % (len(gaps) + 1, unloaded * 1e3, posted[0]))
-        med = statistics.median(gaps)
-        check(med <= 2 * unloaded, "median inter-token gap %.1f ms during the /tokenize flood, "
-              "unloaded %.1f ms (over 2x; %d bodies posted)" % (med * 1e3, unloaded * 1e3, posted[0]))
+        window(False)  # warm-up: the first stream pays for first touches
+        for attempt in (1, 2):
+            unloaded, loaded = [], []
+            for _ in range(3):
+                unloaded.append(window(False))
+                loaded.append(window(True))
+            u, l = statistics.median(unloaded), statistics.median(loaded)
+            if l <= 2 * u:
+                break
+            check(attempt == 1, "median inter-token gap %.1f ms during the /tokenize flood, unloaded %.1f ms, "
+                  "twice (over 2x; windows unloaded %s, loaded %s ms; %d bodies posted)"
+                  % (l * 1e3, u * 1e3, ["%.1f" % (x * 1e3) for x in unloaded],
+                     ["%.1f" % (x * 1e3) for x in loaded], state["posted"]))
+        check(state["posted"] >= 3, "only %d /tokenize bodies were answered during the flood windows"
+              % state["posted"])
     finally:
         stop.set()
-        if loaded is not None:
-            loaded.sock.close()
+        flooding.clear()
         for t in threads:
             t.join(6)
     # Varied words (few repeats for the BPE cache), ~1 MB, ~400,000 tokens.
