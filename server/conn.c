@@ -154,6 +154,13 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
     }
 }
 
+void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
+{
+    if (c->closing) return;
+    write_error(c, status, reason, NULL, msg);
+    conn_close(c);
+}
+
 void conn_close(srv_conn *c)
 {
     if (c->closing) return;

@@ -296,16 +296,27 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     return head_checks(r, method);
 }
 
-/* A piece of the body. */
+/* A piece of the body. A chunked body (no declared length) that passes
+ * max_body_bytes is refused at once: libmicrohttpd takes no response until
+ * the body's end, which the client may never send, so the 413 is written
+ * on the socket and the connection closed (conn.c); untracked connections
+ * read the rest and get it from dispatch. */
 static void on_body(srv_req *r, const char *data, size_t n)
 {
     assert(r->state == HTTP_REQ_BODY);
     r->t_progress = log_now();
     if (r->too_large || r->body_oom) return;
-    if (r->body_len + n > r->s->cfg.max_body_bytes)
+    if (r->body_len + n > r->s->cfg.max_body_bytes) {
         r->too_large = 1;
-    else if (http_append(&r->body, &r->body_len, &r->body_cap, data, n) != 0)
+        if (r->sc != NULL) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "The request body is over the limit of %zu bytes",
+                     r->s->cfg.max_body_bytes);
+            conn_refuse(r->sc, 413, "Content Too Large", msg);
+        }
+    } else if (http_append(&r->body, &r->body_len, &r->body_cap, data, n) != 0) {
         r->body_oom = 1;
+    }
 }
 
 /* The whole request is in (the head passed head_checks): the body's limits
@@ -360,7 +371,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
     unsigned status = ci ? ci->http_status : 0;
     int aborted = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
-    if (r->conn_status != 0) { /* conn.c answered it (408) and closed it */
+    if (r->conn_status != 0) { /* conn.c answered it (408, 413) and closed it */
         status = r->conn_status;
         aborted = 0;
     }

@@ -336,7 +336,7 @@ struct srv_req {
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
     int cut;                /* ended by the end of a drain (srv_drain_cut) */
-    unsigned conn_status;   /* a status conn.c wrote itself before closing (408) */
+    unsigned conn_status;   /* a status conn.c wrote itself before closing (408, 413) */
     srv_req *prev, *next;   /* the list of requests with engine work */
 };
 
@@ -490,6 +490,10 @@ srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
 srv_conn *conn_of(struct MHD_Connection *mc);
 /* Shuts c's socket down; libmicrohttpd closes it on its next run. */
 void conn_close(srv_conn *c);
+/* Writes status (an invalid_request_error JSON with msg, X-Request-Id) on
+ * c's socket, then closes it: for a request refused in the middle of its
+ * body, when libmicrohttpd takes no response yet. */
+void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg);
 /* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
  * max_connections. */
 void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,

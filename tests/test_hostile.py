@@ -1142,6 +1142,43 @@ def case_smuggling(ctx):
         check(st in (400, 501), "Transfer-Encoding %s got %d" % (te.decode(), st))
 
 
+def case_chunked_over_limit(ctx):
+    """10: a chunked body (no declared length) that passes max_body_bytes is
+    refused with 413 JSON at once, not after the client ends it (it may
+    never); the 413 carries the request's X-Request-Id and its access line."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-body-bytes", "10000")
+    s = connect(srv.port, 5)
+    try:
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\nX-Request-Id: hostile-big-chunked\r\n\r\n")
+        for _ in range(4):  # 16 KiB, and no terminating chunk
+            s.sendall(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+        t0 = time.monotonic()
+        try:
+            got = read_until_close(s, 2.0)
+        except Fail as e:
+            raise Fail("a chunked body past max_body_bytes (10000), not ended: %s" % e)
+        check(got, "a chunked body past max_body_bytes was closed without an answer after %.1f s"
+              % (time.monotonic() - t0))
+        status, headers, rest = parse_head(got)
+        check(status == 413, "a chunked body past max_body_bytes got %d" % status)
+        error_envelope(rest, "the 413 for a chunked body")
+        check(headers.get("x-request-id") == "hostile-big-chunked",
+              "the 413 carries X-Request-Id %r" % headers.get("x-request-id"))
+    finally:
+        s.close()
+    time.sleep(0.3)
+    check("status=413" in access_line(srv, "hostile-big-chunked"), "the 413's access line: %s"
+          % access_line(srv, "hostile-big-chunked"))
+    # A chunked body within the limit is still read whole and served.
+    body = json.dumps({"prompt": "hello " * 1000}).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 3000]), body[i:i + 3000]) for i in range(0, len(body), 3000))
+    _, st, _, b = raw_exchange(srv.port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                               b"Connection: close\r\n\r\n" + chunks + b"0\r\n\r\n")
+    # "hello" + 999 x " hello" + " ": 1001 tokens.
+    check(st == 200 and json.loads(b)["count"] == 1001, "a chunked body of 6 KB: %d %r" % (st, b[:100]))
+
+
 def case_paths(ctx):
     """12: routing on the undecoded path; a model name with NUL is 400."""
     srv = Server(ctx, ctx.models.get("tiny"))
@@ -1413,6 +1450,7 @@ CASES = [
     ("auth", case_auth),
     ("log_injection", case_log_injection),
     ("smuggling", case_smuggling),
+    ("chunked_over_limit", case_chunked_over_limit),
     ("paths", case_paths),
     ("origin", case_origin),
     ("never_admissible", case_never_admissible),
