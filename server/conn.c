@@ -8,7 +8,9 @@
  *     complete request head within request_header_timeout, even a byte at a
  *     time (libmicrohttpd's own timeout restarts with every byte, so a
  *     byte-a-second client would hold a slot for ever); a body must not stall
- *     for longer than body_timeout; a keep-alive connection between requests
+ *     for longer than body_timeout, nor come slower on average than
+ *     body_min_rate once body_timeout has passed (a byte every few seconds
+ *     never stalls); a keep-alive connection between requests
  *     is closed connection_timeout after its last answer while no byte of a
  *     next head has come, and once one has, that head must be complete
  *     within request_header_timeout of it, as on a new connection;
@@ -71,6 +73,15 @@ conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c)
     } else if (c->req->state == HTTP_REQ_HEAD || c->req->state == HTTP_REQ_BODY) {
         d.kind = CONN_WAIT_BODY;
         d.at = c->req->t_progress + cfg->body_timeout_s;
+        if (cfg->body_min_rate > 0) {
+            /* A byte every few seconds never stalls for body_timeout. */
+            double by_rate = c->req->t_start + cfg->body_timeout_s
+                             + (double)c->req->body_len / (double)cfg->body_min_rate;
+            if (by_rate < d.at) {
+                d.kind = CONN_WAIT_RATE;
+                d.at = by_rate;
+            }
+        }
     }
     return d;
 }
@@ -243,6 +254,13 @@ void conn_on_sweep(uv_timer_t *t)
                      s->cfg.body_timeout_s);
             write_error(c, 408, "Request Timeout", "request_timeout",
                         "The request body stalled for longer than body_timeout");
+        } else if (d.kind == CONN_WAIT_RATE) {
+            log_line("info",
+                     "closing a connection: its body came slower than %zu bytes a second "
+                     "(body_min_rate)",
+                     s->cfg.body_min_rate);
+            write_error(c, 408, "Request Timeout", "request_timeout",
+                        "The request body arrived slower than body_min_rate bytes a second");
         }
         conn_close(c);
         closed = 1;

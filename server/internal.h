@@ -461,7 +461,9 @@ typedef enum {
     CONN_WAIT_HEAD, /* a head: request_header_timeout from the connection's
                      * start, or (keep-alive) from the head's first byte   */
     CONN_WAIT_IDLE, /* keep-alive, no byte yet: connection_timeout         */
-    CONN_WAIT_BODY  /* the next body byte: body_timeout                    */
+    CONN_WAIT_BODY, /* the next body byte: body_timeout                    */
+    CONN_WAIT_RATE  /* the body so far: body_timeout + its bytes at
+                     * body_min_rate, from the head                        */
 } conn_wait;
 
 typedef struct {

@@ -579,6 +579,42 @@ def trickle(s, data, interval, limit):
                 return got, time.monotonic() - t0, closed_by_peer(s)
 
 
+def case_slow_body_rate(ctx):
+    """1: a body trickled a byte every half second never stalls for
+    --body-timeout, but comes slower than --body-min-rate: 408 JSON about
+    body_timeout after the head (a second more for each body_min_rate
+    bytes), not never."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--body-timeout", "2", "--body-min-rate", "100")
+    s = connect(srv.port, 10)
+    try:
+        s.sendall(completion_head(1000, b"X-Request-Id: hostile-slow-rate\r\n"))
+        got, took, closed = trickle(s, b"x" * 1000, 0.5, 6.0)
+        check(got, "a body at 2 bytes a second was closed after %.1f s without the 408" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 408, "a body at 2 bytes a second (body_min_rate 100) got %d" % status)
+        check(1.5 <= took <= 3.5, "the 408 came %.1f s after the head (body_timeout 2 + a few bytes at 100 a second)"
+              % took)
+        error_envelope(rest, "the slow body's 408")
+        check(headers.get("x-request-id") == "hostile-slow-rate", "the 408 carries X-Request-Id %r"
+              % headers.get("x-request-id"))
+        check(closed, "the connection stayed open after the 408")
+    finally:
+        s.close()
+    # A body at the minimum rate or faster is read whole: 3,000 bytes in
+    # ~1.5 s (2,000 a second, over the 100 a second minimum) is served.
+    body = json.dumps({"prompt": "a" * 2980}).encode()
+    s = connect(srv.port, 10)
+    try:
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 200):
+            s.sendall(body[i:i + 200])
+            time.sleep(0.1)
+        _, st, _, b = read_response(s, 5)
+        check(st == 200, "a body at 2,000 bytes a second got %d %r" % (st, b[:100]))
+    finally:
+        s.close()
+
+
 def case_keepalive_deadlines(ctx):
     """1: on a keep-alive connection, the next head trickled a byte a second
     gets the 408 JSON request_header_timeout after its first byte, as on a
@@ -1436,6 +1472,7 @@ CASES = [
     ("idle_connections", case_idle_connections),
     ("per_ip_limit", case_per_ip_limit),
     ("slow_body", case_slow_body),
+    ("slow_body_rate", case_slow_body_rate),
     ("keepalive_deadlines", case_keepalive_deadlines),
     ("stalled_stream", case_stalled_stream),
     ("tokenize_flood", case_tokenize_flood),

@@ -488,8 +488,19 @@ START_TEST(conn_deadline_of_each_phase_its_timeout)
     ck_assert_int_eq(d.kind, CONN_WAIT_HEAD);
     ck_assert_double_eq(d.at, 112.0);
     c.t_head = 0;
-    srv_req r = {.state = HTTP_REQ_BODY, .t_progress = 130.0};
+    cfg.body_min_rate = 0;
+    srv_req r = {.state = HTTP_REQ_BODY, .t_start = 120.0, .t_progress = 130.0};
     c.req = &r; /* a body: from its last byte */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_BODY);
+    ck_assert_double_eq(d.at, 133.0);
+    /* At 100 bytes a second: 3 s from the head plus a second a 100 bytes. */
+    cfg.body_min_rate = 100;
+    r.body_len = 500; /* 123 + 5 = 128, before the gap's 133 */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_RATE);
+    ck_assert_double_eq(d.at, 128.0);
+    r.body_len = 5000; /* 123 + 50 = 173: the gap's 133 comes first */
     d = conn_deadline_of(&cfg, &c);
     ck_assert_int_eq(d.kind, CONN_WAIT_BODY);
     ck_assert_double_eq(d.at, 133.0);
