@@ -195,12 +195,13 @@ int srv_main(int argc, char **argv)
     unsigned mhd_limit = (unsigned)s.cfg.max_connections + SRV_CONN_HEADROOM;
     unsigned per_ip = (unsigned)s.cfg.max_connections_per_ip;
     /* The options both ways of listening share: the undecoded path,
-     * libmicrohttpd's per-connection memory, the completion and connection
-     * callbacks, the limits and the idle timeout. */
+     * libmicrohttpd's per-connection memory, the completion, connection and
+     * request-line callbacks, the limits and the idle timeout. */
 #define SRV_MHD_OPTIONS                                                                            \
     MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,          \
         (size_t)SRV_CONN_POOL_BYTES, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,           \
-        MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,  \
+        MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_URI_LOG_CALLBACK,             \
+        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,                                   \
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,                 \
         (unsigned)s.cfg.connection_timeout_s
     if (lfd >= 0)

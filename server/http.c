@@ -360,12 +360,35 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
     return dispatch(r);
 }
 
+void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    (void)cls;
+    (void)uri;
+    (void)conn;
+    return NULL; /* no request yet: on_head makes it once the head is in */
+}
+
+/* A request libmicrohttpd answered itself after its request line (a
+ * malformed Content-Length: 400, one over 64 bits: 413), before any call of
+ * on_request: its access line, without a request id (its answer has
+ * none). A head cut short has no answer and no line here. */
+static void on_completed_unseen(srv *s, struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    if (ci == NULL || ci->http_status == 0) return;
+    log_access_conn(NULL, ci->http_status, 0.0);
+    met_count_request(&s->met, "-", ci->http_status, 0);
+}
+
 void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                        enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
     srv_req *r = *con_cls;
-    if (r == NULL) return;
+    if (r == NULL) {
+        on_completed_unseen(cls, conn);
+        return;
+    }
     srv *s = r->s;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);

@@ -102,8 +102,9 @@ void log_set_level(const char *level);
 /* The access log line of a finished request. */
 void log_access(const srv_req *r, unsigned status, int aborted);
 /* The access log line of a response conn.c wrote itself on a connection
- * without a request (a head's 408, max_connections' 503): no method, no
- * target, duration_s since the connection (or its head) started. */
+ * without a request (a head's 408, max_connections' 503), or one
+ * libmicrohttpd wrote (req_id NULL: "-"): no method, no target, duration_s
+ * since the connection (or its head) started. */
 void log_access_conn(const char *req_id, unsigned status, double duration_s);
 /* CLOCK_MONOTONIC in seconds. */
 double log_now(void);
@@ -361,6 +362,11 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
                                 size_t *upload_data_size, void **con_cls);
 void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                        enum MHD_RequestTerminationCode toe);
+/* MHD_OPTION_URI_LOG_CALLBACK, at a request line: returns NULL (on_head
+ * makes the request). Its use is that libmicrohttpd then calls
+ * on_completed for the requests it answers itself too, so that they have
+ * an access line. */
+void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn);
 
 /* ---- The daemon ----------------------------------------------------------- */
 
