@@ -172,6 +172,20 @@ void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
     conn_close(c);
 }
 
+void conn_close_unanswered(srv *s)
+{
+    for (srv_conn *c = s->conns; c != NULL; c = c->next) {
+        if (c->closing || c->req == NULL) continue;
+        http_state st = c->req->state;
+        /* A stream's head, or a whole answer, is libmicrohttpd's to send. */
+        if (st == HTTP_REQ_STREAMING || st == HTTP_REQ_FINISHED || st == HTTP_REQ_ABORTED) continue;
+        write_error(c, 503, "Service Unavailable", "server_shutting_down",
+                    "The server is shutting down and did not answer this request in time; "
+                    "retry on another replica");
+        conn_close(c);
+    }
+}
+
 void conn_close(srv_conn *c)
 {
     if (c->closing) return;

@@ -498,6 +498,10 @@ srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
 srv_conn *conn_of(struct MHD_Connection *mc);
 /* Shuts c's socket down; libmicrohttpd closes it on its next run. */
 void conn_close(srv_conn *c);
+/* The drain's last moment: every connection whose request has no answer
+ * started (its head or body still coming, tokenizing, waiting) gets a 503
+ * server_shutting_down JSON and is closed. */
+void conn_close_unanswered(srv *s);
 /* Writes status (an invalid_request_error JSON with msg, X-Request-Id) on
  * c's socket, then closes it: for a request refused in the middle of its
  * body, when libmicrohttpd takes no response yet. */

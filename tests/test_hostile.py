@@ -967,6 +967,37 @@ def case_sigterm_timeout(ctx):
           "the access line of the cut stream reads like a normal completion: %s" % line)
 
 
+def case_drain_unanswered(ctx):
+    """4: a request whose body is still coming when the drain ends (its
+    shutdown_timeout, then the cut's grace) gets a 503 JSON with its
+    X-Request-Id before its connection is closed, not a bare close; exit 0."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--shutdown-timeout", "1")
+    s = connect(srv.port, 5)
+    try:
+        s.sendall(completion_head(100, b"X-Request-Id: hostile-drain-body\r\n") + b'{"model":')
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        try:
+            got = read_until_close(s, 4)
+        except Fail as e:
+            raise Fail("a body still coming at SIGTERM (shutdown_timeout 1): %s" % e)
+        took = time.monotonic() - t0
+        check(got, "a body still coming at SIGTERM was closed without an answer after %.1f s" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 503, "a body still coming when the drain ended got %d" % status)
+        e = error_envelope(rest, "the 503 at the drain's end")
+        check(e["code"] == "server_shutting_down", "the 503's code is %r" % e["code"])
+        check(headers.get("x-request-id") == "hostile-drain-body", "the 503 carries X-Request-Id %r"
+              % headers.get("x-request-id"))
+    finally:
+        s.close()
+    rc = srv.wait(3)
+    check(rc == 0, "after SIGTERM with a body still coming: %s" % describe_exit(rc))
+    check("status=503" in access_line(srv, "hostile-drain-body"), "the access line: %s"
+          % access_line(srv, "hostile-drain-body"))
+
+
 def double_signal(ctx, second):
     srv = Server(ctx, ctx.models.get("long"), "--shutdown-timeout", "30", env=STEP_DELAY,
                  name="double-" + second.name)
@@ -1487,6 +1518,7 @@ CASES = [
     ("tokenizer_priority", case_tokenizer_priority),
     ("sigterm_timeout", case_sigterm_timeout),
     ("double_signal", case_double_signal),
+    ("drain_unanswered", case_drain_unanswered),
     ("sighup_reload", case_sighup_reload),
     ("model_truncated", case_model_truncated),
     ("model_overwritten", case_model_overwritten),
