@@ -186,6 +186,12 @@ void conn_close_unanswered(srv *s)
     }
 }
 
+void conn_resume_all(srv *s)
+{
+    for (srv_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->req != NULL) http_resume(c->req);
+}
+
 void conn_close(srv_conn *c)
 {
     if (c->closing) return;

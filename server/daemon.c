@@ -265,13 +265,17 @@ int srv_main(int argc, char **argv)
     loop_sd_status(&s);
     loop_mhd_run(&s);
     uv_run(s.loop, UV_RUN_DEFAULT);
+    /* libmicrohttpd aborts the process when it is stopped with a connection
+     * suspended (a request still tokenizing or waiting when the drain's
+     * grace ran out): resumed, they are closed like the others. */
+    conn_resume_all(&s);
     MHD_stop_daemon(s.mhd);
     s.mhd = NULL;
     rc = s.exit_code;
     log_line("info", "stopped (exit status %d)", rc);
 done:
     if (rc != 0) tpool_close(s.tokpool);
-    tpool_free(s.tokpool);
+    tok_pool_free(&s);
     oai_template_free(&s.chat);
     eng_sched_free(s.sched);
     eng_model_free(s.model);

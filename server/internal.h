@@ -502,6 +502,9 @@ void conn_close(srv_conn *c);
  * started (its head or body still coming, tokenizing, waiting) gets a 503
  * server_shutting_down JSON and is closed. */
 void conn_close_unanswered(srv *s);
+/* Resumes every suspended request's connection: before MHD_stop_daemon,
+ * which aborts the process when one is still suspended. */
+void conn_resume_all(srv *s);
 /* Writes status (an invalid_request_error JSON with msg, X-Request-Id) on
  * c's socket, then closes it: for a request refused in the middle of its
  * body, when libmicrohttpd takes no response yet. */
@@ -661,9 +664,10 @@ void tpool_submit(tokpool *p, srv_req *r);
 /* Stops taking work and closes the wake-up handle (before uv_run returns);
  * done is not called again. NULL: nothing. */
 void tpool_close(tokpool *p);
-/* Joins the threads (a job running finishes first) and frees p. After
- * uv_run returned. NULL: nothing. */
-void tpool_free(tokpool *p);
+/* Joins the threads (a job running finishes first), calls drop(r) for
+ * each request still queued or done but not delivered (the loop stopped
+ * first), and frees p. After uv_run returned. NULL: nothing. */
+void tpool_free(tokpool *p, tpool_fn drop);
 
 /* ---- tokenize.c ----------------------------------------------------------- */
 
@@ -675,6 +679,9 @@ void tpool_free(tokpool *p);
 enum MHD_Result tok_prompts(srv_req *r, http_cont then);
 /* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
 int tok_pool_start(srv *s, char *err, size_t errlen);
+/* Stops s->tokpool's threads (after uv_run returned) and frees the
+ * requests they held, whose connections libmicrohttpd has closed. */
+void tok_pool_free(srv *s);
 /* Takes r out of the tokenize wait list (its client left). */
 void tok_unwait(srv_req *r);
 /* The 1 s tick: waiting bodies past queue_timeout get 503. */

@@ -145,10 +145,25 @@ void tpool_close(tokpool *p)
     uv_close((uv_handle_t *)&p->async, NULL);
 }
 
-void tpool_free(tokpool *p)
+/* Calls drop for every request of list r. */
+static void drop_all(srv_req *r, tpool_fn drop)
+{
+    while (r != NULL) {
+        srv_req *next = r->tok_qnext;
+        r->tok_qnext = NULL;
+        drop(r);
+        r = next;
+    }
+}
+
+void tpool_free(tokpool *p, tpool_fn drop)
 {
     if (p == NULL) return;
     for (size_t i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    /* The threads are gone: what they left (queued, or done but not
+     * delivered once the loop stopped) is the caller's again. */
+    drop_all(p->todo_head, drop);
+    drop_all(p->done_head, drop);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);

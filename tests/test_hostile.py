@@ -998,6 +998,46 @@ def case_drain_unanswered(ctx):
           % access_line(srv, "hostile-drain-body"))
 
 
+def case_drain_tokenizing(ctx):
+    """4: bodies still tokenizing or waiting for a tokenizer thread when the
+    drain's grace runs out: each client gets one answer (503 JSON, or its
+    200 if it was done in time) and the process exits 0 (libmicrohttpd
+    aborted the process when stopped with those connections suspended)."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--tokenize-concurrency", "1", "--max-body-bytes", "8000000",
+                 "--shutdown-timeout", "0")
+    text = " ".join("w%dq" % (i * 7919 % 1000003) for i in range(650000))  # ~6 MB, ~0.5 s to tokenize
+    big = json.dumps({"prompt": text}).encode()
+    socks = []
+    try:
+        for i in range(3):
+            s = connect(srv.port, 10)
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nX-Request-Id: hostile-tok-%d\r\n"
+                      b"Content-Length: %d\r\n\r\n" % (i, len(big)) + big)
+            socks.append(s)
+        time.sleep(0.2)
+        srv.signal(signal.SIGTERM)
+        statuses = []
+        for i, s in enumerate(socks):
+            try:
+                got = read_until_close(s, 5)
+            except Fail as e:
+                raise Fail("body %d tokenizing at SIGTERM (shutdown_timeout 0): %s" % (i, e))
+            check(got.count(b"HTTP/1.1 ") == 1, "body %d got %d answers: %r" % (i, got.count(b"HTTP/1.1 "), got[:200]))
+            status, headers, rest = parse_head(got)
+            check(status in (200, 503), "body %d tokenizing at SIGTERM got %d" % (i, status))
+            if status == 503:
+                error_envelope(rest, "the 503 of body %d" % i)
+                check(headers.get("x-request-id") == "hostile-tok-%d" % i, "body %d's 503 carries X-Request-Id %r"
+                      % (i, headers.get("x-request-id")))
+            statuses.append(status)
+        check(503 in statuses, "every body was tokenized before the drain's end (%s): nothing tested" % statuses)
+    finally:
+        for s in socks:
+            s.close()
+    rc = srv.wait(5)
+    check(rc == 0, "after SIGTERM with bodies tokenizing: %s (%s)" % (describe_exit(rc), srv.tail(1)))
+
+
 def double_signal(ctx, second):
     srv = Server(ctx, ctx.models.get("long"), "--shutdown-timeout", "30", env=STEP_DELAY,
                  name="double-" + second.name)
@@ -1519,6 +1559,7 @@ CASES = [
     ("sigterm_timeout", case_sigterm_timeout),
     ("double_signal", case_double_signal),
     ("drain_unanswered", case_drain_unanswered),
+    ("drain_tokenizing", case_drain_tokenizing),
     ("sighup_reload", case_sighup_reload),
     ("model_truncated", case_model_truncated),
     ("model_overwritten", case_model_overwritten),
