@@ -32,9 +32,13 @@ static const spec specs[] = {
     {"connection_timeout", K_SECONDS, F(connection_timeout_s), 1, 86400, "60",
      "seconds an idle keep-alive connection is kept"},
     {"request_header_timeout", K_SECONDS, F(request_header_timeout_s), 1, 86400, "10",
-     "seconds a new connection gets to send a complete request head (else 408, closed)"},
+     "seconds a new connection, or a keep-alive one from its next head's first byte, gets to "
+     "send a complete request head (else 408, closed)"},
     {"body_timeout", K_SECONDS, F(body_timeout_s), 1, 86400, "10",
      "longest gap in seconds between body bytes while a body is read (else 408, closed)"},
+    {"body_min_rate", K_SIZE, F(body_min_rate), 0, 1073741824, "1024",
+     "bytes a second a body must average: it gets body_timeout plus a second for each "
+     "body_min_rate bytes (else 408, closed; 0: no minimum)"},
     {"max_connections_per_ip", K_SIZE, F(max_connections_per_ip), 0, 1000000, "64",
      "concurrent connections from one address; more are closed at once (0: no limit)"},
     {"stream_backlog_bytes", K_SIZE, F(stream_backlog_bytes), 4096, 1073741824, "1048576",
@@ -370,6 +374,7 @@ static const char *const reloadable[] = {
     "queue_timeout",
     "cors_origins",
     "body_timeout",
+    "body_min_rate",
     "request_header_timeout",
     "stream_backlog_bytes",
     "stream_stall_timeout",

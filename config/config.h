@@ -38,6 +38,7 @@ typedef struct {
     double connection_timeout_s;     /* idle keep-alive connections */
     double request_header_timeout_s; /* a new connection's complete head */
     double body_timeout_s;           /* the longest gap between body bytes */
+    size_t body_min_rate;            /* bytes/s a body averages past body_timeout (0: any) */
     size_t max_connections_per_ip;   /* 0: no limit */
     size_t stream_backlog_bytes;     /* unread SSE bytes before a stream pauses */
     double stream_stall_timeout_s;   /* paused that long: cancelled */

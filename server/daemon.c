@@ -195,12 +195,13 @@ int srv_main(int argc, char **argv)
     unsigned mhd_limit = (unsigned)s.cfg.max_connections + SRV_CONN_HEADROOM;
     unsigned per_ip = (unsigned)s.cfg.max_connections_per_ip;
     /* The options both ways of listening share: the undecoded path,
-     * libmicrohttpd's per-connection memory, the completion and connection
-     * callbacks, the limits and the idle timeout. */
+     * libmicrohttpd's per-connection memory, the completion, connection and
+     * request-line callbacks, the limits and the idle timeout. */
 #define SRV_MHD_OPTIONS                                                                            \
     MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,          \
         (size_t)SRV_CONN_POOL_BYTES, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,           \
-        MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,  \
+        MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_URI_LOG_CALLBACK,             \
+        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,                                   \
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,                 \
         (unsigned)s.cfg.connection_timeout_s
     if (lfd >= 0)
@@ -264,13 +265,17 @@ int srv_main(int argc, char **argv)
     loop_sd_status(&s);
     loop_mhd_run(&s);
     uv_run(s.loop, UV_RUN_DEFAULT);
+    /* libmicrohttpd aborts the process when it is stopped with a connection
+     * suspended (a request still tokenizing or waiting when the drain's
+     * grace ran out): resumed, they are closed like the others. */
+    conn_resume_all(&s);
     MHD_stop_daemon(s.mhd);
     s.mhd = NULL;
     rc = s.exit_code;
     log_line("info", "stopped (exit status %d)", rc);
 done:
     if (rc != 0) tpool_close(s.tokpool);
-    tpool_free(s.tokpool);
+    tok_pool_free(&s);
     oai_template_free(&s.chat);
     eng_sched_free(s.sched);
     eng_model_free(s.model);

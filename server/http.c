@@ -147,6 +147,12 @@ static void set_request_id(srv_req *r)
              (unsigned long long)(r->s->next_id & 0xFFFFFF));
 }
 
+void http_request_id_new(srv *s, char *buf, size_t len)
+{
+    snprintf(buf, len, "req-%llx%06llx", (unsigned long long)time(NULL),
+             (unsigned long long)(s->next_id++ & 0xFFFFFF));
+}
+
 static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
                                  const char *value)
 {
@@ -290,16 +296,27 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     return head_checks(r, method);
 }
 
-/* A piece of the body. */
+/* A piece of the body. A chunked body (no declared length) that passes
+ * max_body_bytes is refused at once: libmicrohttpd takes no response until
+ * the body's end, which the client may never send, so the 413 is written
+ * on the socket and the connection closed (conn.c); untracked connections
+ * read the rest and get it from dispatch. */
 static void on_body(srv_req *r, const char *data, size_t n)
 {
     assert(r->state == HTTP_REQ_BODY);
     r->t_progress = log_now();
     if (r->too_large || r->body_oom) return;
-    if (r->body_len + n > r->s->cfg.max_body_bytes)
+    if (r->body_len + n > r->s->cfg.max_body_bytes) {
         r->too_large = 1;
-    else if (http_append(&r->body, &r->body_len, &r->body_cap, data, n) != 0)
+        if (r->sc != NULL) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "The request body is over the limit of %zu bytes",
+                     r->s->cfg.max_body_bytes);
+            conn_refuse(r->sc, 413, "Content Too Large", msg);
+        }
+    } else if (http_append(&r->body, &r->body_len, &r->body_cap, data, n) != 0) {
         r->body_oom = 1;
+    }
 }
 
 /* The whole request is in (the head passed head_checks): the body's limits
@@ -343,17 +360,44 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
     return dispatch(r);
 }
 
+void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    (void)cls;
+    (void)uri;
+    (void)conn;
+    return NULL; /* no request yet: on_head makes it once the head is in */
+}
+
+/* A request libmicrohttpd answered itself after its request line (a
+ * malformed Content-Length: 400, one over 64 bits: 413), before any call of
+ * on_request: its access line, without a request id (its answer has
+ * none). A head cut short has no answer and no line here. */
+static void on_completed_unseen(srv *s, struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    if (ci == NULL || ci->http_status == 0) return;
+    log_access_conn(NULL, ci->http_status, 0.0);
+    met_count_request(&s->met, "-", ci->http_status, 0);
+}
+
 void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                        enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
     srv_req *r = *con_cls;
-    if (r == NULL) return;
+    if (r == NULL) {
+        on_completed_unseen(cls, conn);
+        return;
+    }
     srv *s = r->s;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
     unsigned status = ci ? ci->http_status : 0;
     int aborted = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    if (r->conn_status != 0) { /* conn.c answered it (408, 413) and closed it */
+        status = r->conn_status;
+        aborted = 0;
+    }
     log_access(r, status, aborted);
     met_count_request(&s->met, r->url, status, aborted);
     if (strcmp(r->url, "/v1/completions") == 0)
@@ -368,9 +412,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         http_req_set_state(r, HTTP_REQ_FINISHED);
     r->conn_done = 1;
     if (r->sc != NULL) { /* the connection waits for its next head now */
-        r->sc->req = NULL;
-        r->sc->t_ready = log_now();
-        r->sc->served++;
+        conn_request_done(r->sc);
         r->sc = NULL;
     }
     r->cont = NULL;

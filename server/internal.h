@@ -101,6 +101,11 @@ void log_fatal(const char *msg);
 void log_set_level(const char *level);
 /* The access log line of a finished request. */
 void log_access(const srv_req *r, unsigned status, int aborted);
+/* The access log line of a response conn.c wrote itself on a connection
+ * without a request (a head's 408, max_connections' 503), or one
+ * libmicrohttpd wrote (req_id NULL: "-"): no method, no target, duration_s
+ * since the connection (or its head) started. */
+void log_access_conn(const char *req_id, unsigned status, double duration_s);
 /* CLOCK_MONOTONIC in seconds. */
 double log_now(void);
 
@@ -340,12 +345,16 @@ struct srv_req {
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
     int cut;                /* ended by the end of a drain (srv_drain_cut) */
+    unsigned conn_status;   /* a status conn.c wrote itself before closing (408, 413) */
     srv_req *prev, *next;   /* the list of requests with engine work */
 };
 
 /* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
  * other than space. */
 int http_request_id_ok(const char *v);
+/* A new X-Request-Id ("req-" + hex) into buf, for a response without a
+ * request (conn.c). */
+void http_request_id_new(srv *s, char *buf, size_t len);
 /* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
 size_t http_req_prompt_tokens(const srv_req *r);
 size_t http_req_completion_tokens(const srv_req *r);
@@ -361,6 +370,11 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
                                 size_t *upload_data_size, void **con_cls);
 void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                        enum MHD_RequestTerminationCode toe);
+/* MHD_OPTION_URI_LOG_CALLBACK, at a request line: returns NULL (on_head
+ * makes the request). Its use is that libmicrohttpd then calls
+ * on_completed for the requests it answers itself too, so that they have
+ * an access line. */
+void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn);
 
 /* ---- The daemon ----------------------------------------------------------- */
 
@@ -401,6 +415,7 @@ struct srv {
     srv_conn *conns;
     size_t nconns, nconns_closing;
     uv_timer_t sweep;
+    double sweep_last; /* when conn_on_sweep last ran */
     /* The routes (daemon.c builds them from the configuration). */
     const http_route *routes;
     size_t nroutes;
@@ -447,15 +462,22 @@ struct srv_conn {
     size_t served;  /* requests ended on it */
     srv_req *req;   /* the request in progress; NULL between requests */
     int closing;    /* shut down here; libmicrohttpd closes it next */
+    /* Keep-alive: when the last byte before t_ready arrived (the kernel's
+     * TCP_INFO; < 0: unknown, not TCP), and when the next head's first byte
+     * came (0: none yet; conn_note_recv), which starts its deadline. */
+    double t_recv, t_head;
     srv_conn *prev, *next;
 };
 
 /* What a connection is waiting for, and until when (log_now() seconds). */
 typedef enum {
-    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered */
-    CONN_WAIT_HEAD, /* a new connection's first head: request_header_timeout */
-    CONN_WAIT_IDLE, /* keep-alive between requests: connection_timeout      */
-    CONN_WAIT_BODY  /* the next body byte: body_timeout                     */
+    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered   */
+    CONN_WAIT_HEAD, /* a head: request_header_timeout from the connection's
+                     * start, or (keep-alive) from the head's first byte   */
+    CONN_WAIT_IDLE, /* keep-alive, no byte yet: connection_timeout         */
+    CONN_WAIT_BODY, /* the next body byte: body_timeout                    */
+    CONN_WAIT_RATE  /* the body so far: body_timeout + its bytes at
+                     * body_min_rate, from the head                        */
 } conn_wait;
 
 typedef struct {
@@ -470,6 +492,13 @@ typedef struct {
 
 /* The deadline of c under cfg (pure). */
 conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
+/* Keep-alive, between requests: at is when c's last byte arrived (< 0:
+ * unknown), since when the previous check ran. A byte after the one
+ * before t_ready starts the next head: t_head is set to the earliest time
+ * it can have come (t_ready, or since). 1 when it set t_head (pure). */
+int conn_note_recv(srv_conn *c, double at, double since);
+/* c's request ended (on_completed): c waits for its next head. */
+void conn_request_done(srv_conn *c);
 /* The connection of list head, other than except, that has no request in
  * progress and has been so longest; NULL when none (pure). */
 srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
@@ -477,6 +506,17 @@ srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
 srv_conn *conn_of(struct MHD_Connection *mc);
 /* Shuts c's socket down; libmicrohttpd closes it on its next run. */
 void conn_close(srv_conn *c);
+/* The drain's last moment: every connection whose request has no answer
+ * started (its head or body still coming, tokenizing, waiting) gets a 503
+ * server_shutting_down JSON and is closed. */
+void conn_close_unanswered(srv *s);
+/* Resumes every suspended request's connection: before MHD_stop_daemon,
+ * which aborts the process when one is still suspended. */
+void conn_resume_all(srv *s);
+/* Writes status (an invalid_request_error JSON with msg, X-Request-Id) on
+ * c's socket, then closes it: for a request refused in the middle of its
+ * body, when libmicrohttpd takes no response yet. */
+void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg);
 /* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
  * max_connections. */
 void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -632,9 +672,10 @@ void tpool_submit(tokpool *p, srv_req *r);
 /* Stops taking work and closes the wake-up handle (before uv_run returns);
  * done is not called again. NULL: nothing. */
 void tpool_close(tokpool *p);
-/* Joins the threads (a job running finishes first) and frees p. After
- * uv_run returned. NULL: nothing. */
-void tpool_free(tokpool *p);
+/* Joins the threads (a job running finishes first), calls drop(r) for
+ * each request still queued or done but not delivered (the loop stopped
+ * first), and frees p. After uv_run returned. NULL: nothing. */
+void tpool_free(tokpool *p, tpool_fn drop);
 
 /* ---- tokenize.c ----------------------------------------------------------- */
 
@@ -651,6 +692,9 @@ enum MHD_Result tok_prompts(srv_req *r, http_cont then);
 int cmpl_parse(srv_req *r);
 /* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
 int tok_pool_start(srv *s, char *err, size_t errlen);
+/* Stops s->tokpool's threads (after uv_run returned) and frees the
+ * requests they held, whose connections libmicrohttpd has closed. */
+void tok_pool_free(srv *s);
 /* Takes r out of the tokenize wait list (its client left). */
 void tok_unwait(srv_req *r);
 /* The 1 s tick: waiting bodies past queue_timeout get 503. */

@@ -15,6 +15,10 @@
  *     be written, then the loop stops regardless;
  *   - a third signal during the cut: the loop stops at once.
  *
+ * When the loop stops, a request that still has no answer started (its
+ * body still coming, say) gets a 503 server_shutting_down JSON written on
+ * its socket (conn.c) before its connection is closed.
+ *
  * Stopping the loop closes its handles; uv_run returns once the step in
  * flight (if any) is back, and srv_main stops libmicrohttpd, which closes
  * whatever connection is left, and returns s->exit_code.
@@ -41,6 +45,7 @@ static void close_all(srv *s)
 {
     if (s->closed) return;
     s->closed = 1;
+    conn_close_unanswered(s); /* a request still unanswered gets a 503, not a bare close */
     uv_handle_t *handles[] = {
         (uv_handle_t *)&s->tick,     (uv_handle_t *)&s->drain_timer, (uv_handle_t *)&s->timer,
         (uv_handle_t *)&s->watchdog, (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->sigterm,

@@ -136,6 +136,14 @@ void log_access(const srv_req *r, unsigned status, int aborted)
              aborted ? " aborted=1" : "");
 }
 
+void log_access_conn(const char *req_id, unsigned status, double duration_s)
+{
+    log_line("info",
+             "access - - status=%u id=- request_id=%s prompt_tokens=0 completion_tokens=0 "
+             "duration_ms=%.1f ttft_ms=0.0 tokens_per_s=0.0",
+             status, req_id != NULL ? req_id : "-", duration_s * 1e3);
+}
+
 double log_now(void)
 {
     struct timespec ts;

@@ -269,6 +269,19 @@ int tok_pool_start(srv *s, char *err, size_t errlen)
                      errlen);
 }
 
+/* A request the tokenizer threads held when the server stopped. */
+static void tok_drop(srv_req *r)
+{
+    r->tok_running = 0;
+    http_req_maybe_free(r);
+}
+
+void tok_pool_free(srv *s)
+{
+    tpool_free(s->tokpool, tok_drop);
+    s->tokpool = NULL;
+}
+
 enum MHD_Result tok_prompts(srv_req *r, http_cont then)
 {
     assert(r->state == HTTP_REQ_BODY);

@@ -6,22 +6,26 @@
  * to tokenize takes the cores the engine leaves idle, not the engine's
  * share (tokenizing is throughput, a stream's next token is latency).
  *
- * tokenize_concurrency threads take requests from a FIFO; a finished one is
+ * tokenize_concurrency threads (named gpt2d-tok) take requests from a FIFO; a finished one is
  * handed back to the loop thread through a uv_async and its done callback
  * runs there. Thread: tpool_submit, tpool_close on the loop thread; the
  * run callback on a pool thread, the done callback on the loop thread.
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-/* Linux's per-thread nice: 10 gets about a tenth of a core against a thread
- * at 0 that wants it, and all of an idle one. */
+/* Linux's per-thread nice, added to the process's own: 10 more gets about
+ * a tenth of a core against a thread of the process that wants it, and all
+ * of an idle one. Relative, so that a server started under nice (or with
+ * the unit's Nice=) keeps the same distance; 19 is the most. */
 #define TOKPOOL_NICE 10
+#define TOKPOOL_NICE_MAX 19
 
 struct tokpool {
     pthread_mutex_t mu;
@@ -48,8 +52,15 @@ static void push(srv_req **head, srv_req **tail, srv_req *r)
 static void *worker_main(void *arg)
 {
     tokpool *p = arg;
-    /* Failure leaves the thread at the process's priority: still correct. */
-    (void)setpriority(PRIO_PROCESS, (id_t)gettid(), TOKPOOL_NICE);
+    /* The name shows in top -H and /proc (tests find the threads by it). */
+    (void)pthread_setname_np(pthread_self(), "gpt2d-tok");
+    /* A new thread starts at its creator's nice (the loop thread's). Failure
+     * leaves it there: still correct. */
+    errno = 0;
+    int base = getpriority(PRIO_PROCESS, (id_t)gettid());
+    if (base == -1 && errno != 0) base = 0;
+    int nice = base + TOKPOOL_NICE > TOKPOOL_NICE_MAX ? TOKPOOL_NICE_MAX : base + TOKPOOL_NICE;
+    (void)setpriority(PRIO_PROCESS, (id_t)gettid(), nice);
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (p->todo_head == NULL && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
@@ -134,10 +145,25 @@ void tpool_close(tokpool *p)
     uv_close((uv_handle_t *)&p->async, NULL);
 }
 
-void tpool_free(tokpool *p)
+/* Calls drop for every request of list r. */
+static void drop_all(srv_req *r, tpool_fn drop)
+{
+    while (r != NULL) {
+        srv_req *next = r->tok_qnext;
+        r->tok_qnext = NULL;
+        drop(r);
+        r = next;
+    }
+}
+
+void tpool_free(tokpool *p, tpool_fn drop)
 {
     if (p == NULL) return;
     for (size_t i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    /* The threads are gone: what they left (queued, or done but not
+     * delivered once the loop stopped) is the caller's again. */
+    drop_all(p->todo_head, drop);
+    drop_all(p->done_head, drop);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);

@@ -5,7 +5,7 @@ protocol corners, on loopback.
 
 Each case starts its own `gpt2d serve --port 0` on a tiny `gpt2d synth`
 checkpoint with the real GPT-2 tokenizer, prints `ok CASE` or
-`FAIL CASE: why`, and is bounded (under 30 s, connections in the low
+`FAIL CASE: why`, and is bounded (30 s, tokenize_flood 75 s; connections in the low
 hundreds). The script ends with `N passed, N failed` and exits 1 on any
 failure. Name cases to run only those; `--list` prints them. KEEP=1 keeps
 the scratch directory (the servers' logs) for a look afterwards.
@@ -35,6 +35,9 @@ RSS_MARGIN_KIB = 1024 if SANITIZE in ("", "none") else 65536
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "..", "tokenizer", "data")
 CASE_LIMIT_S = 30
+# Cases that measure in several rounds get longer (tokenize_flood: six
+# windows, and six more when the first comparison fails).
+CASE_LIMITS = {"tokenize_flood": 75}
 
 
 class Fail(Exception):
@@ -92,7 +95,7 @@ class Models:
 class Server:
     """One `gpt2d serve --port 0` with its log in the case's directory."""
 
-    def __init__(self, ctx, model_dir, *args, env=None, name="server"):
+    def __init__(self, ctx, model_dir, *args, env=None, name="server", nice=0):
         self.log_path = os.path.join(ctx.dir, name + ".log")
         full_env = dict(os.environ)
         full_env.pop("JOURNAL_STREAM", None)  # plain "TIMESTAMP LEVEL message" lines
@@ -102,7 +105,8 @@ class Server:
         # which makes glibc fill (touch) the whole pool at start-up.
         self.argv = [ctx.gpt2d, "serve", "--model", model_dir, "--port", "0", "--kv-cache-mb", "64"] + list(args)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
         ctx.servers.append(self)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 20
@@ -540,6 +544,141 @@ def case_slow_body(ctx):
         s.close()
 
 
+def trickle(s, data, interval, limit):
+    """Sends data one byte every interval seconds on s while reading; stops at
+    the server's answer or close. (the bytes that came, seconds from the first
+    byte sent to the answer or close, whether it closed within a second of
+    the answer); Fail past limit s."""
+    t0 = time.monotonic()
+    got, sent, closed = b"", 0, False
+    next_send = t0
+    while True:
+        now = time.monotonic()
+        if now - t0 > limit:
+            raise Fail("no answer and no close %.1f s into a head trickled a byte every %.1f s "
+                       "(%d bytes sent)" % (now - t0, interval, sent))
+        if now >= next_send and sent < len(data):
+            try:
+                s.send(data[sent:sent + 1])
+                sent += 1
+            except OSError:
+                return got, time.monotonic() - t0, True
+            next_send += interval
+        s.settimeout(max(0.01, min(0.1, next_send - time.monotonic())))
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return got, time.monotonic() - t0, True
+        if not chunk:
+            return got, time.monotonic() - t0, True
+        got += chunk
+        if b"\r\n\r\n" in got:
+            _, headers, rest = parse_head(got)
+            if len(rest) >= int(headers.get("content-length", "0")):
+                took = time.monotonic() - t0
+                try:  # the close follows the answer; give it a second to arrive
+                    return got + read_until_close(s, 1.0), took, True
+                except Fail:
+                    return got, took, False
+
+
+def case_slow_body_rate(ctx):
+    """1: a body trickled a byte every half second never stalls for
+    --body-timeout, but comes slower than --body-min-rate: 408 JSON about
+    body_timeout after the head (a second more for each body_min_rate
+    bytes), not never."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--body-timeout", "2", "--body-min-rate", "100")
+    s = connect(srv.port, 10)
+    try:
+        s.sendall(completion_head(1000, b"X-Request-Id: hostile-slow-rate\r\n"))
+        got, took, closed = trickle(s, b"x" * 1000, 0.5, 6.0)
+        check(got, "a body at 2 bytes a second was closed after %.1f s without the 408" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 408, "a body at 2 bytes a second (body_min_rate 100) got %d" % status)
+        check(1.5 <= took <= 3.5, "the 408 came %.1f s after the head (body_timeout 2 + a few bytes at 100 a second)"
+              % took)
+        error_envelope(rest, "the slow body's 408")
+        check(headers.get("x-request-id") == "hostile-slow-rate", "the 408 carries X-Request-Id %r"
+              % headers.get("x-request-id"))
+        check(closed, "the connection stayed open after the 408")
+    finally:
+        s.close()
+    # A body at the minimum rate or faster is read whole: 3,000 bytes in
+    # ~1.5 s (2,000 a second, over the 100 a second minimum) is served.
+    body = json.dumps({"prompt": "a" * 2980}).encode()
+    s = connect(srv.port, 10)
+    try:
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 200):
+            s.sendall(body[i:i + 200])
+            time.sleep(0.1)
+        _, st, _, b = read_response(s, 5)
+        check(st == 200, "a body at 2,000 bytes a second got %d %r" % (st, b[:100]))
+    finally:
+        s.close()
+
+
+def case_keepalive_deadlines(ctx):
+    """1: on a keep-alive connection, the next head trickled a byte a second
+    gets the 408 JSON request_header_timeout after its first byte, as on a
+    new connection (not connection_timeout later); a later request's body
+    stalled for body_timeout gets the 408 too, with its X-Request-Id."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--request-header-timeout", "2", "--body-timeout", "2",
+                 "--connection-timeout", "60")
+    s = connect(srv.port, 5)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check(read_response(s, 5)[1] == 200, "the first request on the connection failed")
+        time.sleep(0.5)  # the client thinks, then starts its next head
+        got, took, closed = trickle(s, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 40, 1.0, 6.0)
+        check(got, "the trickled keep-alive head was closed after %.1f s without the 408" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 408, "the trickled keep-alive head got %d, not 408: %r" % (status, got[:200]))
+        check(1.5 <= took <= 3.5, "the 408 came %.1f s after the head's first byte (request_header_timeout 2)"
+              % took)
+        error_envelope(rest, "the keep-alive head's 408")
+        check(headers.get("x-request-id"), "the keep-alive head's 408 has no X-Request-Id: %r" % headers)
+        check(closed, "the connection stayed open after the 408")
+        rid = headers["x-request-id"]
+    finally:
+        s.close()
+    # The access line of that 408 names its X-Request-Id.
+    time.sleep(0.3)
+    check(any(" access " in l and "status=408" in l and rid in l for l in srv.log().splitlines()),
+          "no access line with status=408 and request_id %s: %s" % (rid, srv.tail(3)))
+    # A keep-alive connection that sends its next request at once is served
+    # (the deadline is not the idle time since the last answer).
+    s = connect(srv.port, 5)
+    try:
+        for i in range(3):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            check(read_response(s, 5)[1] == 200, "request %d on a keep-alive connection failed" % i)
+            time.sleep(1.2)  # idle, no byte: connection_timeout applies, not the head's 2 s
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check(read_response(s, 5)[1] == 200, "a request 3.6 s into an idle keep-alive connection failed")
+        # The next request's body stalls: 408 with its X-Request-Id, at body_timeout.
+        s.sendall(completion_head(100, b"X-Request-Id: hostile-ka-body\r\n") + b'{"model":')
+        t0 = time.monotonic()
+        try:
+            got = read_until_close(s, 4.0)
+        except Fail as e:
+            raise Fail("a keep-alive body stalled for body_timeout 2: %s" % e)
+        took = time.monotonic() - t0
+        check(got, "the stalled keep-alive body was closed after %.1f s without the 408" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 408 and 1.5 <= took <= 3.5, "the stalled keep-alive body: %d after %.1f s" % (status, took))
+        error_envelope(rest, "the stalled body's 408")
+        check(headers.get("x-request-id") == "hostile-ka-body",
+              "the body's 408 carries X-Request-Id %r, not the request's" % headers.get("x-request-id"))
+    finally:
+        s.close()
+    time.sleep(0.3)
+    line = access_line(srv, "hostile-ka-body")
+    check("status=408" in line and "POST /v1/completions" in line, "the stalled body's access line: %s" % line)
+
+
 def case_stalled_stream(ctx):
     """2: a stream client that never reads pins at most stream_backlog_bytes
     (plus a margin), and the request is cancelled after stream_stall_timeout."""
@@ -595,43 +734,82 @@ def case_stalled_stream(ctx):
 def case_tokenize_flood(ctx):
     """3: eight clients posting 1 MB bodies to /tokenize keep a stream's
     median inter-token gap within 2x its unloaded value; a 1 MB completion
-    prompt over max_prompt_tokens gets 400 well before a full tokenization."""
+    prompt over max_prompt_tokens gets 400 well before a full tokenization.
+
+    The gaps are measured in alternating windows, unloaded (no body in
+    flight) and loaded (the flood on), three of each, and the median of the
+    loaded windows' medians is compared with that of the unloaded ones: a
+    burst of load from outside the case (another build on the 2 cores)
+    slows windows of both kinds instead of only the loaded ones. A failed
+    comparison is measured once more, both kinds again, and must pass then."""
     # One body tokenized at a time leaves the engine a core of the two CI has.
     srv = Server(ctx, ctx.models.get("slow"), "--max-body-bytes", "2000000", "--max-prompt-tokens", "1024",
                  "--tokenize-concurrency", "1")
     body = {"model": "gpt2", "prompt": "Flood", "max_tokens": 40, "ignore_eos": True, "stream": True}
-    alone = Stream(srv.port, body)
-    alone.wait(15, "the unloaded stream")
-    unloaded = statistics.median(alone.token_gaps())
     big = json.dumps({"prompt": "hello " * 170000}).encode()  # ~1 MB
-    stop = threading.Event()
-    posted = [0]
+    stop, flooding = threading.Event(), threading.Event()
+    lock = threading.Lock()
+    state = {"posted": 0, "in_flight": 0}
 
     def flood():
         while not stop.is_set():
+            if not flooding.wait(0.05):
+                continue
+            with lock:
+                state["in_flight"] += 1
             try:
                 request(srv.port, "POST", "/tokenize", big, timeout=4)
-                posted[0] += 1
+                with lock:
+                    state["posted"] += 1
             except (OSError, http.client.HTTPException):
                 pass
+            finally:
+                with lock:
+                    state["in_flight"] -= 1
+
+    def window(loaded):
+        """The median inter-token gap of one 40-token stream, with the flood on or quiet."""
+        if loaded:
+            flooding.set()
+            time.sleep(0.5)  # every flood client has a body in the server
+        else:
+            flooding.clear()
+            deadline = time.monotonic() + 6
+            while state["in_flight"] > 0:
+                check(time.monotonic() < deadline, "the /tokenize flood did not quiet down in 6 s")
+                time.sleep(0.02)
+        st = Stream(srv.port, body)
+        try:
+            st.closed.wait(8)  # what arrives in 8 s is enough to measure
+            gaps = st.token_gaps()
+        finally:
+            st.sock.close()
+        check(len(gaps) >= 10, "%d tokens in 8 s of a stream %s the /tokenize flood (%d bodies posted)"
+              % (len(gaps) + 1, "during" if loaded else "without", state["posted"]))
+        return statistics.median(gaps)
+
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
     for t in threads:
         t.start()
-    loaded = None
     try:
-        time.sleep(0.5)
-        loaded = Stream(srv.port, body)
-        loaded.closed.wait(8)  # what arrives in 8 s is enough to measure
-        gaps = loaded.token_gaps()
-        check(len(gaps) >= 10, "%d tokens in 8 s of a stream during the /tokenize flood (unloaded %.1f ms "
-              "a token; %d bodies posted)" % (len(gaps) + 1, unloaded * 1e3, posted[0]))
-        med = statistics.median(gaps)
-        check(med <= 2 * unloaded, "median inter-token gap %.1f ms during the /tokenize flood, "
-              "unloaded %.1f ms (over 2x; %d bodies posted)" % (med * 1e3, unloaded * 1e3, posted[0]))
+        window(False)  # warm-up: the first stream pays for first touches
+        for attempt in (1, 2):
+            unloaded, loaded = [], []
+            for _ in range(3):
+                unloaded.append(window(False))
+                loaded.append(window(True))
+            u, l = statistics.median(unloaded), statistics.median(loaded)
+            if l <= 2 * u:
+                break
+            check(attempt == 1, "median inter-token gap %.1f ms during the /tokenize flood, unloaded %.1f ms, "
+                  "twice (over 2x; windows unloaded %s, loaded %s ms; %d bodies posted)"
+                  % (l * 1e3, u * 1e3, ["%.1f" % (x * 1e3) for x in unloaded],
+                     ["%.1f" % (x * 1e3) for x in loaded], state["posted"]))
+        check(state["posted"] >= 3, "only %d /tokenize bodies were answered during the flood windows"
+              % state["posted"])
     finally:
         stop.set()
-        if loaded is not None:
-            loaded.sock.close()
+        flooding.clear()
         for t in threads:
             t.join(6)
     # Varied words (few repeats for the BPE cache), ~1 MB, ~400,000 tokens.
@@ -662,6 +840,41 @@ def case_tokenize_flood(ctx):
           "the 1 MB prompt was refused after %.3f s; /tokenize of it takes %.3f s, and a body refused before "
           "tokenizing %.3f s (want the tokenizing part under 15%%: tokenizing stops at max_prompt_tokens)"
           % (t_reject, t_full, t_parse))
+
+
+def thread_nices(pid):
+    """{thread id: (name, nice)} of process pid, from /proc."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                name = f.read().strip()
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                fields = f.read().rpartition(")")[2].split()
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        out[int(tid)] = (name, int(fields[16]))  # stat's field 19, counted after the name
+    return out
+
+
+def case_tokenizer_priority(ctx):
+    """3: the tokenizer threads run at the server's own nice + 10 (at most
+    19), so that a server started under nice, or with the unit's Nice=,
+    keeps its engine ahead of a flood of bodies to tokenize (an absolute
+    nice 10 gave them the engine's priority: a stream's token gaps doubled
+    during the tokenize flood under `nice meson test`)."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--tokenize-concurrency", "2", nice=3)
+    deadline = time.monotonic() + 5
+    while True:
+        threads = thread_nices(srv.pid)
+        tok = [n for name, n in threads.values() if name == "gpt2d-tok"]
+        if len(tok) == 2:
+            break
+        check(time.monotonic() < deadline, "not two gpt2d-tok threads after 5 s: %r" % threads)
+        time.sleep(0.05)
+    base = threads[srv.pid][1]
+    want = min(19, base + 10)
+    check(tok == [want, want], "the tokenizer threads run at nice %s, the server at %d (want %d)" % (tok, base, want))
 
 
 def case_tokenize_queue(ctx):
@@ -757,6 +970,77 @@ def case_sigterm_timeout(ctx):
     line = access_line(srv, "hostile-cut-stream")
     check(re.search(r"shut|cut|cancel|interrupt|abort", line),
           "the access line of the cut stream reads like a normal completion: %s" % line)
+
+
+def case_drain_unanswered(ctx):
+    """4: a request whose body is still coming when the drain ends (its
+    shutdown_timeout, then the cut's grace) gets a 503 JSON with its
+    X-Request-Id before its connection is closed, not a bare close; exit 0."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--shutdown-timeout", "1")
+    s = connect(srv.port, 5)
+    try:
+        s.sendall(completion_head(100, b"X-Request-Id: hostile-drain-body\r\n") + b'{"model":')
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        try:
+            got = read_until_close(s, 4)
+        except Fail as e:
+            raise Fail("a body still coming at SIGTERM (shutdown_timeout 1): %s" % e)
+        took = time.monotonic() - t0
+        check(got, "a body still coming at SIGTERM was closed without an answer after %.1f s" % took)
+        status, headers, rest = parse_head(got)
+        check(status == 503, "a body still coming when the drain ended got %d" % status)
+        e = error_envelope(rest, "the 503 at the drain's end")
+        check(e["code"] == "server_shutting_down", "the 503's code is %r" % e["code"])
+        check(headers.get("x-request-id") == "hostile-drain-body", "the 503 carries X-Request-Id %r"
+              % headers.get("x-request-id"))
+    finally:
+        s.close()
+    rc = srv.wait(3)
+    check(rc == 0, "after SIGTERM with a body still coming: %s" % describe_exit(rc))
+    check("status=503" in access_line(srv, "hostile-drain-body"), "the access line: %s"
+          % access_line(srv, "hostile-drain-body"))
+
+
+def case_drain_tokenizing(ctx):
+    """4: bodies still tokenizing or waiting for a tokenizer thread when the
+    drain's grace runs out: each client gets one answer (503 JSON, or its
+    200 if it was done in time) and the process exits 0 (libmicrohttpd
+    aborted the process when stopped with those connections suspended)."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--tokenize-concurrency", "1", "--max-body-bytes", "8000000",
+                 "--shutdown-timeout", "0")
+    text = " ".join("w%dq" % (i * 7919 % 1000003) for i in range(650000))  # ~6 MB, ~0.5 s to tokenize
+    big = json.dumps({"prompt": text}).encode()
+    socks = []
+    try:
+        for i in range(3):
+            s = connect(srv.port, 10)
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nX-Request-Id: hostile-tok-%d\r\n"
+                      b"Content-Length: %d\r\n\r\n" % (i, len(big)) + big)
+            socks.append(s)
+        time.sleep(0.2)
+        srv.signal(signal.SIGTERM)
+        statuses = []
+        for i, s in enumerate(socks):
+            try:
+                got = read_until_close(s, 5)
+            except Fail as e:
+                raise Fail("body %d tokenizing at SIGTERM (shutdown_timeout 0): %s" % (i, e))
+            check(got.count(b"HTTP/1.1 ") == 1, "body %d got %d answers: %r" % (i, got.count(b"HTTP/1.1 "), got[:200]))
+            status, headers, rest = parse_head(got)
+            check(status in (200, 503), "body %d tokenizing at SIGTERM got %d" % (i, status))
+            if status == 503:
+                error_envelope(rest, "the 503 of body %d" % i)
+                check(headers.get("x-request-id") == "hostile-tok-%d" % i, "body %d's 503 carries X-Request-Id %r"
+                      % (i, headers.get("x-request-id")))
+            statuses.append(status)
+        check(503 in statuses, "every body was tokenized before the drain's end (%s): nothing tested" % statuses)
+    finally:
+        for s in socks:
+            s.close()
+    rc = srv.wait(5)
+    check(rc == 0, "after SIGTERM with bodies tokenizing: %s (%s)" % (describe_exit(rc), srv.tail(1)))
 
 
 def double_signal(ctx, second):
@@ -970,6 +1254,43 @@ def case_smuggling(ctx):
         check(st in (400, 501), "Transfer-Encoding %s got %d" % (te.decode(), st))
 
 
+def case_chunked_over_limit(ctx):
+    """10: a chunked body (no declared length) that passes max_body_bytes is
+    refused with 413 JSON at once, not after the client ends it (it may
+    never); the 413 carries the request's X-Request-Id and its access line."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-body-bytes", "10000")
+    s = connect(srv.port, 5)
+    try:
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\nX-Request-Id: hostile-big-chunked\r\n\r\n")
+        for _ in range(4):  # 16 KiB, and no terminating chunk
+            s.sendall(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+        t0 = time.monotonic()
+        try:
+            got = read_until_close(s, 2.0)
+        except Fail as e:
+            raise Fail("a chunked body past max_body_bytes (10000), not ended: %s" % e)
+        check(got, "a chunked body past max_body_bytes was closed without an answer after %.1f s"
+              % (time.monotonic() - t0))
+        status, headers, rest = parse_head(got)
+        check(status == 413, "a chunked body past max_body_bytes got %d" % status)
+        error_envelope(rest, "the 413 for a chunked body")
+        check(headers.get("x-request-id") == "hostile-big-chunked",
+              "the 413 carries X-Request-Id %r" % headers.get("x-request-id"))
+    finally:
+        s.close()
+    time.sleep(0.3)
+    check("status=413" in access_line(srv, "hostile-big-chunked"), "the 413's access line: %s"
+          % access_line(srv, "hostile-big-chunked"))
+    # A chunked body within the limit is still read whole and served.
+    body = json.dumps({"prompt": "hello " * 1000}).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 3000]), body[i:i + 3000]) for i in range(0, len(body), 3000))
+    _, st, _, b = raw_exchange(srv.port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                               b"Connection: close\r\n\r\n" + chunks + b"0\r\n\r\n")
+    # "hello" + 999 x " hello" + " ": 1001 tokens.
+    check(st == 200 and json.loads(b)["count"] == 1001, "a chunked body of 6 KB: %d %r" % (st, b[:100]))
+
+
 def case_paths(ctx):
     """12: routing on the undecoded path; a model name with NUL is 400."""
     srv = Server(ctx, ctx.models.get("tiny"))
@@ -1081,13 +1402,18 @@ def case_protocol_errors(ctx):
     must be JSON."""
     srv = Server(ctx, ctx.models.get("tiny"))
     # (status, the server's own JSON, how many answers): libmicrohttpd 0.9.75
-    # writes its 400 for a malformed Content-Length twice (its own head and
-    # body, twice, before the server sees the request; 0.9.76 and 0.9.77 take
-    # the same path). The server cannot reach that answer, so the case checks
-    # the status and the closed connection, and fails when a libmicrohttpd
-    # that answers once arrives, so that this exception is removed then.
+    # writes its 400 for a malformed Content-Length, and its 413 for one
+    # over 64 bits, twice, before the server sees the request
+    # (connection.c: MHD_connection_handle_idle overwrites the state that
+    # parse_connection_headers set when it queued the error, and
+    # build_header_response runs again; no public hook runs in between:
+    # docs/operations.md has the walk through the source; fixed in 1.0.0).
+    # So for those the case checks the status, the count and the close, and
+    # fails when a libmicrohttpd that answers once arrives, so that this
+    # exception is removed then.
     cases = [
         (400, False, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}"),
+        (413, False, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n{}"),
         (414, True, b"GET /" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
         (431, True, b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 200)
                                                                     for i in range(250)) + b"\r\n"),
@@ -1105,7 +1431,7 @@ def case_protocol_errors(ctx):
             got = read_until_close(s, 3)
         finally:
             s.close()
-        answers = 2 if b"12abc" in data else 1
+        answers = 2 if b"12abc" in data or b"9999999999" in data else 1
         check(got.count(b"HTTP/1.") == answers,
               "%s: %d status lines (libmicrohttpd's known count: %d): %r"
               % (what, got.count(b"HTTP/1."), answers, got[:300]))
@@ -1114,6 +1440,13 @@ def case_protocol_errors(ctx):
         if ours:
             body = dechunk(rest) if "chunked" in headers.get("transfer-encoding", "") else rest
             error_envelope(body, "%s (%d)" % (what, want))
+    # The 400 and 413 libmicrohttpd wrote have access lines (without a
+    # request id: their answers have none); the 505 comes before the
+    # request line's callback and has none.
+    time.sleep(0.2)
+    for st in (400, 413):
+        check(any(" access - - status=%d " % st in l and "request_id=-" in l for l in srv.log().splitlines()),
+              "no access line for libmicrohttpd's %d: %s" % (st, srv.tail(4)))
     # RFC 9112 2.3: a higher minor version of HTTP/1 is served as HTTP/1.1, not refused.
     _, st, _, _ = raw_exchange(srv.port, b"GET /health HTTP/1.2\r\nHost: x\r\nConnection: close\r\n\r\n", 3)
     check(st == 200, "GET /health HTTP/1.2 got %d, not an HTTP/1.1 answer" % st)
@@ -1135,6 +1468,48 @@ def case_request_id(ctx):
     time.sleep(0.2)
     check(any(" access " in l and "hostile-abc-123" in l for l in srv.log().splitlines()),
           "no access log line carries the client's X-Request-Id")
+    srv.stop()
+    # The answers conn.c writes itself before closing a connection: the 503
+    # past max_connections (every connection busy) and a new connection's
+    # head 408 carry one too, and each has its access line.
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-connections", "2", "--request-header-timeout", "1",
+                 "--body-timeout", "20", name="conn-answers")
+    busy = []
+    try:
+        for i in range(2):  # requests in progress (a body coming): not idle, not closed to make room
+            b = connect(srv.port, 5)
+            b.sendall(completion_head(100, b"X-Request-Id: hostile-busy-%d\r\n" % i) + b'{"model":')
+            busy.append(b)
+        time.sleep(0.3)
+        third = connect(srv.port, 5)
+        busy.append(third)
+        got = read_until_close(third, 3)
+        check(got, "the connection past max_connections (all busy) got no answer")
+        status, headers, rest = parse_head(got)
+        check(status == 503, "the connection past max_connections got %d" % status)
+        error_envelope(rest, "the 503 past max_connections")
+        rid503 = headers.get("x-request-id")
+        check(rid503, "the 503 past max_connections has no X-Request-Id: %r" % headers)
+        for b in busy[:2]:
+            b.close()
+        time.sleep(0.3)
+        s = connect(srv.port, 5)
+        busy.append(s)
+        s.sendall(b"GET /hea")
+        got = read_until_close(s, 3)
+        check(got, "a head left incomplete past request_header_timeout got no answer")
+        status, headers, rest = parse_head(got)
+        check(status == 408, "the incomplete head got %d" % status)
+        rid408 = headers.get("x-request-id")
+        check(rid408 and rid408 != rid503, "the head's 408 carries X-Request-Id %r (the 503's: %r)"
+              % (rid408, rid503))
+    finally:
+        for b in busy:
+            b.close()
+    time.sleep(0.3)
+    for st, rid in ((503, rid503), (408, rid408)):
+        check(any(" access " in l and "status=%d" % st in l and rid in l for l in srv.log().splitlines()),
+              "no access line with status=%d and request_id=%s: %s" % (st, rid, srv.tail(4)))
 
 
 # The checkpoints a case uses, made before its time limit starts.
@@ -1180,11 +1555,16 @@ CASES = [
     ("idle_connections", case_idle_connections),
     ("per_ip_limit", case_per_ip_limit),
     ("slow_body", case_slow_body),
+    ("slow_body_rate", case_slow_body_rate),
+    ("keepalive_deadlines", case_keepalive_deadlines),
     ("stalled_stream", case_stalled_stream),
     ("tokenize_flood", case_tokenize_flood),
     ("tokenize_queue", case_tokenize_queue),
+    ("tokenizer_priority", case_tokenizer_priority),
     ("sigterm_timeout", case_sigterm_timeout),
     ("double_signal", case_double_signal),
+    ("drain_unanswered", case_drain_unanswered),
+    ("drain_tokenizing", case_drain_tokenizing),
     ("sighup_reload", case_sighup_reload),
     ("model_truncated", case_model_truncated),
     ("model_overwritten", case_model_overwritten),
@@ -1192,6 +1572,7 @@ CASES = [
     ("auth", case_auth),
     ("log_injection", case_log_injection),
     ("smuggling", case_smuggling),
+    ("chunked_over_limit", case_chunked_over_limit),
     ("paths", case_paths),
     ("origin", case_origin),
     ("never_admissible", case_never_admissible),
@@ -1214,7 +1595,7 @@ class Context:
 
 
 def on_alarm(signum, frame):
-    raise Fail("the case ran over %d s" % CASE_LIMIT_S)
+    raise Fail("the case ran over its time limit")
 
 
 def main(argv):
@@ -1242,7 +1623,7 @@ def main(argv):
             for m in CASE_MODELS.get(name, ["tiny", "long"]):
                 models.get(m)
             t0 = time.monotonic()
-            signal.alarm(CASE_LIMIT_S)
+            signal.alarm(CASE_LIMITS.get(name, CASE_LIMIT_S))
             try:
                 known[name](ctx)
                 signal.alarm(0)

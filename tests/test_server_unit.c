@@ -479,12 +479,28 @@ START_TEST(conn_deadline_of_each_phase_its_timeout)
     conn_deadline d = conn_deadline_of(&cfg, &c); /* a new connection: its first head */
     ck_assert_int_eq(d.kind, CONN_WAIT_HEAD);
     ck_assert_double_eq(d.at, 102.0);
-    c.served = 1; /* keep-alive between requests: bytes or not, connection_timeout */
+    c.served = 1; /* keep-alive between requests, no byte yet: connection_timeout */
     d = conn_deadline_of(&cfg, &c);
     ck_assert_int_eq(d.kind, CONN_WAIT_IDLE);
     ck_assert_double_eq(d.at, 160.0);
-    srv_req r = {.state = HTTP_REQ_BODY, .t_progress = 130.0};
+    c.t_head = 110.0; /* the next head's first byte: request_header_timeout from it */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_HEAD);
+    ck_assert_double_eq(d.at, 112.0);
+    c.t_head = 0;
+    cfg.body_min_rate = 0;
+    srv_req r = {.state = HTTP_REQ_BODY, .t_start = 120.0, .t_progress = 130.0};
     c.req = &r; /* a body: from its last byte */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_BODY);
+    ck_assert_double_eq(d.at, 133.0);
+    /* At 100 bytes a second: 3 s from the head plus a second a 100 bytes. */
+    cfg.body_min_rate = 100;
+    r.body_len = 500; /* 123 + 5 = 128, before the gap's 133 */
+    d = conn_deadline_of(&cfg, &c);
+    ck_assert_int_eq(d.kind, CONN_WAIT_RATE);
+    ck_assert_double_eq(d.at, 128.0);
+    r.body_len = 5000; /* 123 + 50 = 173: the gap's 133 comes first */
     d = conn_deadline_of(&cfg, &c);
     ck_assert_int_eq(d.kind, CONN_WAIT_BODY);
     ck_assert_double_eq(d.at, 133.0);
@@ -495,6 +511,33 @@ START_TEST(conn_deadline_of_each_phase_its_timeout)
     r.state = HTTP_REQ_BODY;
     c.closing = 1; /* already closing: nothing more */
     ck_assert_int_eq(conn_deadline_of(&cfg, &c).kind, CONN_WAIT_NONE);
+}
+END_TEST
+
+START_TEST(conn_note_recv_byte_after_answer_starts_head)
+{
+    /* Ready at 100 s; the last byte before that (the request) came at 99.5. */
+    srv_conn c = {.t_ready = 100.0, .served = 1, .t_recv = 99.5};
+    ck_assert_int_eq(conn_note_recv(&c, 99.51, 100.2), 0); /* the same byte, one tick off */
+    ck_assert_double_eq(c.t_head, 0.0);
+    ck_assert_int_eq(conn_note_recv(&c, -1.0, 100.2), 0); /* not TCP: nothing known */
+    /* A byte at 100.35, seen at the sweep after 100.2: from the sweep before. */
+    ck_assert_int_eq(conn_note_recv(&c, 100.35, 100.2), 1);
+    ck_assert_double_eq(c.t_head, 100.2);
+    ck_assert_int_eq(conn_note_recv(&c, 101.0, 100.8), 0); /* set once per head */
+    ck_assert_double_eq(c.t_head, 100.2);
+    /* The first sweep after the answer: never before t_ready. */
+    srv_conn d = {.t_ready = 100.0, .served = 1, .t_recv = 99.5};
+    ck_assert_int_eq(conn_note_recv(&d, 100.1, 99.9), 1);
+    ck_assert_double_eq(d.t_head, 100.0);
+    /* Not between requests: a new connection, or one with a request. */
+    srv_conn e = {.t_ready = 100.0, .t_recv = 99.5};
+    ck_assert_int_eq(conn_note_recv(&e, 100.5, 100.2), 0);
+    srv_req r = {.state = HTTP_REQ_BODY};
+    srv_conn f = {.t_ready = 100.0, .served = 1, .t_recv = 99.5, .req = &r};
+    ck_assert_int_eq(conn_note_recv(&f, 100.5, 100.2), 0);
+    srv_conn g = {.t_ready = 100.0, .served = 1, .t_recv = -1.0}; /* no record at t_ready */
+    ck_assert_int_eq(conn_note_recv(&g, 100.5, 100.2), 0);
 }
 END_TEST
 
@@ -725,6 +768,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("conn");
     tcase_add_test(tc, conn_deadline_of_each_phase_its_timeout);
+    tcase_add_test(tc, conn_note_recv_byte_after_answer_starts_head);
     tcase_add_test(tc, conn_pick_idle_oldest_without_request);
     suite_add_tcase(s, tc);
     tc = tcase_create("metrics");
