@@ -7,7 +7,8 @@
 #      -Dwerror=true; meson.build does not force it, so that a packager's
 #      build with another compiler's new warnings still builds.
 #   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-#   3. the engine and scheduler tests under ThreadSanitizer
+#   3. the engine and scheduler tests and the server's threads under
+#      ThreadSanitizer
 #   4. every libFuzzer target for FUZZ_SECONDS (default 60) each
 # --quick runs step 1 only.
 set -euo pipefail
