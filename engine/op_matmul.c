@@ -340,8 +340,9 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
             }
         }
         /* More rows: 64-column tiles of 6 rows (24 accumulators; 10 loads
-         * for 24 FMAs a k, where 8 x 32 tiles took 10 for 16). */
-        for (; c->T > 4 && n + 64 <= n1; n += 64) {
+         * for 24 FMAs a k, where 8 x 32 tiles took 10 for 16). Not Q8,
+         * whose four scale vectors leave too few registers for them. */
+        for (; c->T > 4 && dt != OP_Q8 && n + 64 <= n1; n += 64) {
             kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 64 * mm_esize(dt));
             size_t t = 0;
             for (; t + KB_TALL512 <= c->T; t += KB_TALL512)
