@@ -224,8 +224,10 @@ OP_AVX2 static void mm_kblock_avx2(const mm_ctx *c, size_t n0, size_t n1, float 
 #define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
 #define KB_TALL512 6 /* rows per 64-column AVX-512 tile (24 accumulators) */
 
-/* R rows x 16 V columns (V = 2, or 4 for up to 4 rows: more independent
- * accumulators per W load when there are few rows). */
+/* R rows x 16 V columns: V = 4 for up to 4 rows (more independent
+ * accumulators per W load when there are few rows) and for the 6-row tiles
+ * of 5-24 rows (F32, F16, BF16), V = 2 for the 8-row tiles (Q8, AVX-512
+ * column tails). */
 OP_AVX512 __attribute__((always_inline)) static inline void
 kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
                const size_t R, const size_t V, const op_dtype dt)
