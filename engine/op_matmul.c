@@ -31,11 +31,12 @@
  * count to 48: 40 rows 78-80 / 122-127 ms. */
 #define MM_STREAM_MAX 48
 #define MM_STREAM_MAX_512 24
-/* BF16 and Q8, whose packed strips are widened while packing, keep the
- * k-blocked tiles to 48 rows: bench_decode, 2 threads, 2 alternated runs,
+/* F16, BF16 and Q8, whose packed strips are widened while packing, keep
+ * the k-blocked tiles to 48 rows: bench_decode, 2 threads, 2 alternated runs,
  * fastest step at 24 / 48: BF16 28 rows 44.6-45.4 -> 37.6-38.6 ms, 32 rows
  * 47.3-47.9 -> 42.4-42.7, 48 rows 57.1-58.6 -> 55.6-57.0; Q8 32 rows
- * 45.8-46.0 -> 37.9-38.8. At 64 rows the packed tiles won (BF16 69.7-70.3
+ * 45.8-46.0 -> 37.9-38.8; F16 32 rows 49.8-52.5 -> 42.4-42.9, 48 rows
+ * 61.2-62.3 -> 57.5-59.6. At 64 rows the packed tiles won (BF16 69.7-70.3
  * against 72.7-72.8). F32 at 28 and 32 rows was 2-8 % faster packed. */
 #define MM_STREAM_MAX_512_NARROW 48
 
@@ -567,8 +568,7 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
     }
 #if HAVE_X86
     if (op_use_avx2()) {
-        size_t max512 =
-            c->W.dt == OP_BF16 || c->W.dt == OP_Q8 ? MM_STREAM_MAX_512_NARROW : MM_STREAM_MAX_512;
+        size_t max512 = c->W.dt == OP_F32 ? MM_STREAM_MAX_512 : MM_STREAM_MAX_512_NARROW;
         if (c->T <= (op_use_avx512() ? max512 : MM_STREAM_MAX)) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
             if (op_use_avx512())
