@@ -93,10 +93,14 @@ OP_AVX2 static float dot16_avx2(const float *a, const op_w *w, size_t off, size_
  * one thread read a q8 wte at about 12 GB/s (GPT-2 small, bench_decode
  * with 1 thread: 3.7 ms of LM head a step against 1.9; 2 threads 2.1
  * against 1.4). The 16-bit formats gained less (F16 4.6 -> 4.0 ms on one
- * thread, the same with two); F32 lost (2 threads, 4.4 -> 4.9 ms: its
- * wte saturates the bandwidth without help), so F32 does not prefetch.
- * Prefetches change no result. */
+ * thread, the same with two); F32 lost at one row (2 threads, 4.4 -> 4.9
+ * ms: its wte saturates the bandwidth without help), so F32 prefetches only
+ * from LM_PF_F32_ROWS rows, where a tile's 16 FMAs a vector leave the
+ * memory idle without it (16 rows, bench_decode, LM head a step: one
+ * thread 20.9-23.4 -> 17.1-18.8 ms, two threads 19.0-19.3 -> 16.8-16.9 on
+ * a loaded machine). Prefetches change no result. */
 #define LM_PF_BYTES 12288
+#define LM_PF_F32_ROWS 8
 
 __attribute__((always_inline)) static inline void lm_prefetch(const char *pf, size_t i,
                                                               const size_t esize)
@@ -249,7 +253,7 @@ lm_rows_avx512_t(const lm_ctx *c, size_t v0, size_t v1, const op_dtype dt)
     const size_t esize = mm_esize_lm(dt);
     size_t ahead = LM_PF_BYTES / (4 * c->C * esize) * 4 + 4; /* rows, a multiple of 4 */
     for (size_t v = v0; v + 4 <= v1; v += 4) {
-        const char *pf = dt != OP_F32 && v + ahead + 4 <= c->V
+        const char *pf = (dt != OP_F32 || c->T >= LM_PF_F32_ROWS) && v + ahead + 4 <= c->V
                              ? (const char *)c->wte->p + (v + ahead) * c->C * esize
                              : NULL;
         size_t t = 0;

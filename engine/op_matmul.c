@@ -31,6 +31,14 @@
  * count to 48: 40 rows 78-80 / 122-127 ms. */
 #define MM_STREAM_MAX 48
 #define MM_STREAM_MAX_512 24
+/* F16, BF16 and Q8, whose packed strips are widened while packing, keep
+ * the k-blocked tiles to 48 rows: bench_decode, 2 threads, 2 alternated runs,
+ * fastest step at 24 / 48: BF16 28 rows 44.6-45.4 -> 37.6-38.6 ms, 32 rows
+ * 47.3-47.9 -> 42.4-42.7, 48 rows 57.1-58.6 -> 55.6-57.0; Q8 32 rows
+ * 45.8-46.0 -> 37.9-38.8; F16 32 rows 49.8-52.5 -> 42.4-42.9, 48 rows
+ * 61.2-62.3 -> 57.5-59.6. At 64 rows the packed tiles won (BF16 69.7-70.3
+ * against 72.7-72.8). F32 at 28 and 32 rows was 2-8 % faster packed. */
+#define MM_STREAM_MAX_512_NARROW 48
 
 /*
  * Two loop orders, one arithmetic. Few rows (decode): W is streamed once,
@@ -80,8 +88,12 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
  * rows at a time (KB streams for the prefetcher), each tile of R rows x 32
  * columns keeping its accumulators in registers for those KB steps and in
  * out between them. A float stored and reloaded is exact, so this is still
- * b[n] then one FMA per k in increasing k. */
-#define KB 16
+ * b[n] then one FMA per k in increasing k. KB is 16 rows of W for up to
+ * 4 rows of in, 32 for more: that halves the stores and reloads, and one
+ * thread's 16-row F32 decode step went from 53-54 to 48-49 ms with it and
+ * the 6 x 64 tiles below (bench_decode, 3 alternated runs); one row was
+ * about 1 % slower with 32. */
+#define KB(c) ((c)->T > 4 ? (size_t)32 : (size_t)16)
 /* Software prefetch distance, in bytes of one row of W: 512 (128 columns of
  * F32, 256 of BF16), 1024 for Q8 (1024 columns), as every format's tiles
  * stream about the same bytes per second. Q8 at the 128 columns of the
@@ -98,9 +110,9 @@ static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, 
                                const size_t esize, const size_t bytes)
 {
     size_t ahead = n - n0 + (esize == 1 ? MM_PF_BYTES_Q8 : MM_PF_BYTES) / esize, span = n1 - n0;
-    size_t pk = kb + ahead / span * KB, pn = n0 + ahead % span;
+    size_t pk = kb + ahead / span * KB(c), pn = n0 + ahead % span;
     if (pk >= c->K || pn + bytes / esize > n1) return;
-    size_t pe = pk + KB < c->K ? pk + KB : c->K;
+    size_t pe = pk + KB(c) < c->K ? pk + KB(c) : c->K;
     for (size_t k = pk; k < pe; k++) {
         const char *p = (const char *)c->W.p + (k * c->N + pn) * esize;
 #pragma GCC unroll 4
@@ -154,8 +166,10 @@ static size_t mm_esize(op_dtype dt)
     return dt == OP_F32 ? 4 : dt == OP_Q8 ? 1 : 2;
 }
 
-/* A k-block [kb, ke) lies in one Q8 scale block: KB divides OP_Q8_BLOCK. */
-_Static_assert(OP_Q8_BLOCK % KB == 0, "a k-block must not cross a Q8 block");
+/* A k-block [kb, ke) lies in one Q8 scale block: KB (16 or 32) divides
+ * OP_Q8_BLOCK. */
+_Static_assert(OP_Q8_BLOCK % 32 == 0 && OP_Q8_BLOCK % 16 == 0,
+               "a k-block must not cross a Q8 block");
 
 OP_AVX2 __attribute__((always_inline)) static inline void
 kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
@@ -192,8 +206,8 @@ kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, 
 OP_AVX2 __attribute__((always_inline)) static inline void
 mm_kblock_avx2_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
 {
-    for (size_t kb = 0; kb < c->K; kb += KB) {
-        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+    for (size_t kb = 0; kb < c->K; kb += KB(c)) {
+        size_t ke = kb + KB(c) < c->K ? kb + KB(c) : c->K;
         gather_inputs(c, xs, kb, ke);
         for (size_t n = n0; n + 32 <= n1; n += 32) {
             kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 32 * mm_esize(dt));
@@ -216,9 +230,12 @@ OP_AVX2 static void mm_kblock_avx2(const mm_ctx *c, size_t n0, size_t n1, float 
 }
 
 #define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
+#define KB_TALL512 6 /* rows per 64-column AVX-512 tile (24 accumulators) */
 
-/* R rows x 16 V columns (V = 2, or 4 for up to 4 rows: more independent
- * accumulators per W load when there are few rows). */
+/* R rows x 16 V columns: V = 4 for up to 4 rows (more independent
+ * accumulators per W load when there are few rows) and for the 6-row tiles
+ * of 5-24 rows (F32, F16, BF16), V = 2 for the 8-row tiles (Q8, AVX-512
+ * column tails). */
 OP_AVX512 __attribute__((always_inline)) static inline void
 kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
                const size_t R, const size_t V, const op_dtype dt)
@@ -290,8 +307,8 @@ kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size
  * tiles with 8 rows), as each widened vector serves more FMAs. */
 OP_AVX512BW static void mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
 {
-    for (size_t kb = 0; kb < c->K; kb += KB) {
-        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+    for (size_t kb = 0; kb < c->K; kb += KB(c)) {
+        size_t ke = kb + KB(c) < c->K ? kb + KB(c) : c->K;
         gather_inputs(c, xs, kb, ke);
         size_t n = n0;
         for (; n + 64 <= n1; n += 64) {
@@ -318,8 +335,8 @@ OP_AVX512BW static void mm_kblock_bf16_avx512(const mm_ctx *c, size_t n0, size_t
 OP_AVX512 __attribute__((always_inline)) static inline void
 mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
 {
-    for (size_t kb = 0; kb < c->K; kb += KB) {
-        size_t ke = kb + KB < c->K ? kb + KB : c->K;
+    for (size_t kb = 0; kb < c->K; kb += KB(c)) {
+        size_t ke = kb + KB(c) < c->K ? kb + KB(c) : c->K;
         gather_inputs(c, xs, kb, ke);
         size_t n = n0;
         /* Up to 4 rows: 64-column tiles (4 accumulators a row). */
@@ -330,6 +347,23 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
             case 3: kb_tile_avx512(c, xs, 0, n, kb, ke, 3, 4, dt); break;
             case 2: kb_tile_avx512(c, xs, 0, n, kb, ke, 2, 4, dt); break;
             default: kb_tile_avx512(c, xs, 0, n, kb, ke, 1, 4, dt); break;
+            }
+        }
+        /* More rows: 64-column tiles of 6 rows (24 accumulators; 10 loads
+         * for 24 FMAs a k, where 8 x 32 tiles took 10 for 16). Not Q8,
+         * whose four scale vectors leave too few registers for them. */
+        for (; c->T > 4 && dt != OP_Q8 && n + 64 <= n1; n += 64) {
+            kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 64 * mm_esize(dt));
+            size_t t = 0;
+            for (; t + KB_TALL512 <= c->T; t += KB_TALL512)
+                kb_tile_avx512(c, xs, t, n, kb, ke, KB_TALL512, 4, dt);
+            switch (c->T - t) {
+            case 5: kb_tile_avx512(c, xs, t, n, kb, ke, 5, 4, dt); break;
+            case 4: kb_tile_avx512(c, xs, t, n, kb, ke, 4, 4, dt); break;
+            case 3: kb_tile_avx512(c, xs, t, n, kb, ke, 3, 4, dt); break;
+            case 2: kb_tile_avx512(c, xs, t, n, kb, ke, 2, 4, dt); break;
+            case 1: kb_tile_avx512(c, xs, t, n, kb, ke, 1, 4, dt); break;
+            default: break;
             }
         }
         for (; n + 32 <= n1; n += 32) {
@@ -514,7 +548,7 @@ mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
 
 /* Per thread: a strip of K x 64 floats of W and 6 x 64 floats for the rows
  * past the last full AVX-512 tile (mm_block_avx512), or T x KB inputs for the
- * k-blocked tiles (T <= MM_STREAM_MAX, KB = 16: less than the strip); then
+ * k-blocked tiles (T <= MM_STREAM_MAX, KB <= 32: less than the strip); then
  * N floats for the bias widened from F16 or BF16 (the task's columns). */
 static size_t mm_thread_floats(size_t K, size_t N)
 {
@@ -534,7 +568,8 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
     }
 #if HAVE_X86
     if (op_use_avx2()) {
-        if (c->T <= (op_use_avx512() ? MM_STREAM_MAX_512 : MM_STREAM_MAX)) {
+        size_t max512 = c->W.dt == OP_F32 ? MM_STREAM_MAX_512 : MM_STREAM_MAX_512_NARROW;
+        if (c->T <= (op_use_avx512() ? max512 : MM_STREAM_MAX)) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
             if (op_use_avx512())
                 mm_kblock_avx512(c, n0, nv, mine); /* T x KB inputs */
