@@ -1633,7 +1633,7 @@ def on_alarm(signum, frame):
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: test_hostile.py GPT2D [--list | CASE...]")
-    if argv[1:2] == ["--list"]:
+    if "--list" in argv[1:3]:  # `test_hostile.py --list` or `test_hostile.py GPT2D --list`
         print("\n".join(n for n, _ in CASES))
         return 0
     gpt2d = os.path.realpath(argv[1])
