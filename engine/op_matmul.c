@@ -232,6 +232,30 @@ OP_AVX2 static void mm_kblock_avx2(const mm_ctx *c, size_t n0, size_t n1, float 
 #define KB_ROWS512 8 /* rows per AVX-512 k-blocked tile (16 accumulators) */
 #define KB_TALL512 6 /* rows per 64-column AVX-512 tile (24 accumulators) */
 
+/* A k-blocked tile's accumulators, R rows x 16 V columns: the bias at the
+ * first k-block, then what the previous k-block left in out; and back. */
+OP_AVX512 __attribute__((always_inline)) static inline void
+kb_acc_load(const mm_ctx *c, __m512 acc[][4], size_t t0, size_t n0, size_t kb, const size_t R,
+            const size_t V)
+{
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; r++) {
+        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_loadu_ps(src + 16 * v);
+    }
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline void
+kb_acc_store(const mm_ctx *c, __m512 acc[][4], size_t t0, size_t n0, const size_t R, const size_t V)
+{
+#pragma GCC unroll 8
+    for (size_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++)
+            _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
+}
+
 /* R rows x 16 V columns: V = 4 for up to 4 rows (more independent
  * accumulators per W load when there are few rows) and for the 6-row tiles
  * of 5-24 rows (F32, F16, BF16), V = 2 for the 8-row tiles (Q8, AVX-512
@@ -241,12 +265,7 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
                const size_t R, const size_t V, const op_dtype dt)
 {
     __m512 acc[KB_ROWS512][4], s[4], w[4];
-#pragma GCC unroll 8
-    for (size_t r = 0; r < R; r++) {
-        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
-#pragma GCC unroll 4
-        for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_loadu_ps(src + 16 * v);
-    }
+    kb_acc_load(c, acc, t0, n0, kb, R, V);
 #pragma GCC unroll 4
     for (size_t v = 0; v < V; v++) s[v] = mm_sc16(c, kb, n0 + 16 * v, dt);
     for (size_t k = kb; k < ke; k++) {
@@ -259,11 +278,7 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
             for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
         }
     }
-#pragma GCC unroll 8
-    for (size_t r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (size_t v = 0; v < V; v++)
-            _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
+    kb_acc_store(c, acc, t0, n0, R, V);
 }
 
 /* BF16, 32 columns at a time: op_bf16x32 widens them with one 64-byte load
@@ -276,12 +291,7 @@ kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size
                     const size_t R, const size_t V)
 {
     __m512 acc[4][4];
-#pragma GCC unroll 4
-    for (size_t r = 0; r < R; r++) {
-        const float *src = kb == 0 ? c->b + n0 : c->out + (t0 + r) * c->N + n0;
-#pragma GCC unroll 4
-        for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_loadu_ps(src + 16 * v);
-    }
+    kb_acc_load(c, acc, t0, n0, kb, R, V);
     for (size_t k = kb; k < ke; k++) {
         __m512 w[4];
         const uint16_t *row = (const uint16_t *)c->W.p + k * c->N + n0;
@@ -294,11 +304,7 @@ kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size
             for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
         }
     }
-#pragma GCC unroll 8
-    for (size_t r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (size_t v = 0; v < V; v++)
-            _mm512_storeu_ps(c->out + (t0 + r) * c->N + n0 + 16 * v, acc[r][v]);
+    kb_acc_store(c, acc, t0, n0, R, V);
 }
 
 /* BF16 k-blocked tiles for up to 4 rows (decode), 64 columns at a time;
