@@ -13,8 +13,22 @@
 # --quick runs step 1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Every test must run here: a test that would skip (exit 77: a missing npm
+# package, chromium or promtool) fails the run instead (no_skips below), and
+# the tests that check for their tools themselves read this.
+export GPT2D_REQUIRE_ALL=1
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
+
+# meson counts exit 77 as SKIP and passes; here a skipped test is a failure.
+no_skips() { # build dir
+    python3 - "$1/meson-logs/testlog.json" <<'PY'
+import json, sys
+skipped = [t["name"] for t in map(json.loads, open(sys.argv[1])) if t["result"] == "SKIP"]
+if skipped:
+    sys.exit("skipped, which CI does not allow: " + ", ".join(skipped))
+PY
+}
 
 scripts/setup.sh
 # The references the differential tests compare against (npm, pinned by
@@ -29,6 +43,7 @@ echo "== build and test (build/)"
 [ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized -Dwerror=true
 meson compile -C build
 meson test -C build --print-errorlogs --num-processes 2
+no_skips build
 echo "== meson install into a scratch DESTDIR"
 tests/test_install.sh build
 
@@ -46,6 +61,7 @@ meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --print-errorlogs --num-processes 2
+no_skips build-asan
 
 echo "== ThreadSanitizer (build-tsan/): the worker pool, the scheduler, the server's threads"
 [ -f build-tsan/build.ninja ] ||
@@ -53,6 +69,7 @@ echo "== ThreadSanitizer (build-tsan/): the worker pool, the scheduler, the serv
 meson compile -C build-tsan
 TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs engine engine-portable scheduler \
     server-threads
+no_skips build-tsan
 
 echo "== fuzzing (build-fuzz/), ${FUZZ_SECONDS:-60} s per target"
 [ -f build-fuzz/build.ninja ] ||
