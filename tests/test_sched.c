@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "testutil.h"
@@ -1207,6 +1209,69 @@ START_TEST(sched_prefix_cache_waiter_cancelled_leaves_the_producer_alone)
 }
 END_TEST
 
+START_TEST(sched_prefix_cache_sharers_never_write_into_shared_blocks)
+{
+    /* A 100-token prompt run once leaves 6 registered blocks (102 positions
+     * written). Four requests that continue it differently, batched, hold
+     * them while they prefill their tails and decode: the blocks' KV bytes
+     * stay as they were, and they were held by all four at once. */
+    enum { NS = 4 };
+    static int32_t p[NS][140];
+    static rec warm, got[NS], ref[NS];
+    memset(&warm, 0, sizeof warm);
+    memset(got, 0, sizeof got);
+    for (unsigned i = 0; i < NS; i++) {
+        prompt_of(p[i], 100, 71);
+        prompt_of(p[i] + 100, 40, 72 + i);
+        reference(&ref[i], p[i], 140, 20, 30 + i, 0.8f, 0);
+    }
+    eng_sched *s = make_sched(64, 8, 16, 64);
+    eng_kv *kv = sch_kv(s);
+    submit_ids(s, &warm, p[0], 100, 3, 1, 0.0f, 0);
+    run_all(s);
+    ck_assert_uint_eq(kv->nregistered, 6);
+    int32_t shared[6];
+    size_t floats = kv->L * 2 * kv->NH * kv->block_len * kv->HS; /* one block's */
+    float *before = malloc(6 * floats * sizeof *before);
+    ck_assert_ptr_nonnull(before);
+    size_t n = 0;
+    for (int32_t b = 0; b < (int32_t)kv->nblocks; b++)
+        if (kv->meta[b].registered) {
+            shared[n] = b;
+            memcpy(before + n * floats, kv->pool + (size_t)b * floats, floats * sizeof *before);
+            n++;
+        }
+    ck_assert_uint_eq(n, 6);
+    /* Read-only while they run: a write into one, even of the same bits,
+     * faults (the test dies with SIGSEGV). Blocks are whole pages here. */
+    size_t bytes = floats * sizeof(float), page = (size_t)sysconf(_SC_PAGESIZE);
+    ck_assert_uint_eq(bytes % page, 0);
+    for (size_t k = 0; k < n; k++)
+        ck_assert_int_eq(mprotect(kv->pool + (size_t)shared[k] * floats, bytes, PROT_READ), 0);
+    for (unsigned i = 0; i < NS; i++) submit_ids(s, &got[i], p[i], 140, 20, 30 + i, 0.8f, 0);
+    int32_t most_refs = 0;
+    while (eng_sched_step(s))
+        for (size_t k = 0; k < n; k++)
+            if (kv->meta[shared[k]].ref > most_refs) most_refs = kv->meta[shared[k]].ref;
+    for (size_t k = 0; k < n; k++)
+        ck_assert_int_eq(
+            mprotect(kv->pool + (size_t)shared[k] * floats, bytes, PROT_READ | PROT_WRITE), 0);
+    ck_assert_int_eq(most_refs, NS);
+    for (size_t k = 0; k < n; k++) {
+        ck_assert(kv->meta[shared[k]].registered);
+        ck_assert_mem_eq(kv->pool + (size_t)shared[k] * floats, before + k * floats,
+                         floats * sizeof *before);
+    }
+    for (unsigned i = 0; i < NS; i++) {
+        assert_same(&got[i], &ref[i]);
+        ck_assert_uint_eq(got[i].cached, 96);
+    }
+    free(before);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -1237,6 +1302,7 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_waiter_goes_on_when_the_producer_is_cancelled);
     tcase_add_test(tc, sched_prefix_cache_producer_cancelled_mid_step_leaves_no_half_block);
     tcase_add_test(tc, sched_prefix_cache_waiter_cancelled_leaves_the_producer_alone);
+    tcase_add_test(tc, sched_prefix_cache_sharers_never_write_into_shared_blocks);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -175,15 +175,18 @@ PY
 # takes its 2 full blocks (32 tokens) and computes the other 8. Chat too:
 # all full blocks of its templated prompt but the one of its last token.
 # Non-streaming, and in the last chunk of a stream with include_usage.
-forty="{\"model\":\"gpt2\",\"prompt\":$(python3 -c 'print(list(range(1000, 1040)))'),\"max_tokens\":4,\"temperature\":0"
+ids40=$(python3 -c 'print(list(range(1000, 1040)))')
+forty="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":4,\"temperature\":0"
+score="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":0,\"echo\":true,\"logprobs\":1}"
 chat='{"model":"gpt2","messages":[{"role":"user","content":"Tell me how the prefix cache of a language model server keeps the key and value blocks of a prompt for the next request that begins the same way."}],"max_tokens":4,"temperature":0'
 python3 - "$(post /v1/completions "$forty}")" "$(post /v1/completions "$forty}")" \
           "$(curl -sN -m 30 "$base/v1/completions" -d "$forty,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")" \
           "$(post /v1/chat/completions "$chat}")" "$(post /v1/chat/completions "$chat}")" \
-          "$(curl -sN -m 30 "$base/v1/chat/completions" -d "$chat,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")" <<'PY' || fail "cached_tokens, exact"
+          "$(curl -sN -m 30 "$base/v1/chat/completions" -d "$chat,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")" \
+          "$(post /v1/completions "$score")" "$(post /v1/completions "$score")" <<'PY' || fail "cached_tokens, exact"
 import json, sys
-c1, c2, cs, h1, h2, hs = sys.argv[1:]
-c1, c2, h1, h2 = (json.loads(x) for x in (c1, c2, h1, h2))
+c1, c2, cs, h1, h2, hs, s1, s2 = sys.argv[1:]
+c1, c2, h1, h2, s1, s2 = (json.loads(x) for x in (c1, c2, h1, h2, s1, s2))
 def last_usage(stream):
     chunks = [json.loads(e[6:]) for e in stream.split("\n\n") if e.startswith("data: {")]
     assert len(chunks) > 1 and all(c["usage"] is None for c in chunks[:-1]), chunks
@@ -203,6 +206,13 @@ assert h2["usage"]["prompt_tokens_details"] == {"cached_tokens": want}, (pt, h2[
 assert h2["choices"] == h1["choices"], (h1, h2)
 u = last_usage(hs)
 assert u["prompt_tokens"] == pt and u["prompt_tokens_details"] == {"cached_tokens": want}, (pt, u)
+# Scoring it (echo, max_tokens 0): the first finds blocks without prompt
+# logprobs and computes all 40 rows (leaving the logprobs with them); the
+# second takes block 0 (block 1's first logprob is kept, block 1 is computed).
+assert s1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, s1["usage"]
+assert s2["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}, s2["usage"]
+assert s1["usage"]["completion_tokens"] == 0 and len(s1["choices"][0]["logprobs"]["tokens"]) == 40, s1
+assert s2["choices"] == s1["choices"], (s1, s2)
 PY
 
 # prefix_cache sizes the engine at start-up: a SIGHUP that changes it keeps
