@@ -215,6 +215,26 @@ assert s1["usage"]["completion_tokens"] == 0 and len(s1["choices"][0]["logprobs"
 assert s2["choices"] == s1["choices"], (s1, s2)
 PY
 
+# The choices of one prompt share its blocks: n = 4 on a new 40-token prompt
+# computes its 2 full blocks once (the first choice), and the other three
+# take them (3 x 32 hit tokens); best_of = 3 likewise (2 x 32). usage counts
+# the least any choice took: 0.
+hits() { curl -s "$base/metrics" | sed -n 's/^gpt2d_prefix_cache_hit_tokens_total //p'; }
+h0=$(hits)
+nreq=$(post /v1/completions "{\"model\":\"gpt2\",\"prompt\":$(python3 -c 'print(list(range(2000, 2040)))'),\"max_tokens\":2,\"n\":4,\"seed\":1}")
+h1=$(hits)
+breq=$(post /v1/completions "{\"model\":\"gpt2\",\"prompt\":$(python3 -c 'print(list(range(3000, 3040)))'),\"max_tokens\":2,\"best_of\":3,\"seed\":1}")
+h2=$(hits)
+python3 - "$h0" "$h1" "$h2" "$nreq" "$breq" <<'PY' || fail "n and best_of share prompt blocks"
+import json, sys
+h0, h1, h2 = (int(x) for x in sys.argv[1:4])
+n, b = (json.loads(x) for x in sys.argv[4:])
+assert h1 - h0 == 3 * 32 and h2 - h1 == 2 * 32, (h0, h1, h2)
+assert len(n["choices"]) == 4 and len(b["choices"]) == 1, (n, b)
+for d in (n, b):
+    assert d["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, d["usage"]
+PY
+
 # prefix_cache sizes the engine at start-up: a SIGHUP that changes it keeps
 # the running value (the cache stays on, and finds what it had) and the log
 # names the key as needing a restart.
