@@ -1272,6 +1272,42 @@ START_TEST(sched_prefix_cache_sharers_never_write_into_shared_blocks)
 }
 END_TEST
 
+START_TEST(sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit)
+{
+    /* 7 blocks. p runs a 64-token prompt with 16 tokens to generate (5
+     * blocks); after its prefill, q with the same prompt needs 5 blocks too,
+     * but 3 of them are p's (held, registered): it reserves the 2 free ones
+     * and runs beside p. Without the cache q waits until p is done. */
+    int32_t p[64];
+    prompt_of(p, 64, 97);
+    static rec ref_a, ref_b, a, b;
+    reference(&ref_a, p, 64, 16, 1, 0.8f, 0);
+    reference(&ref_b, p, 64, 16, 2, 0.8f, 0);
+    for (int cache = 1; cache >= 0; cache--) {
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        eng_sched *s = make_sched_cache(7, 4, 16, 64, cache);
+        submit_ids(s, &a, p, 64, 16, 1, 0.8f, 0);
+        ck_assert(eng_sched_step(s)); /* a's prefill and first token */
+        submit_ids(s, &b, p, 64, 16, 2, 0.8f, 0);
+        ck_assert(eng_sched_step(s));
+        eng_sched_stats st;
+        eng_sched_stats_get(s, &st);
+        ck_assert_uint_eq(st.running, cache ? 2 : 1);
+        ck_assert_uint_eq(st.queued, cache ? 0 : 1);
+        /* With the cache: p's 5, and q's 2 less the one it gave back when
+         * the block of its last token, computed, turned out to be p's. */
+        ck_assert_uint_eq(st.kv_blocks_used, cache ? 6 : 5);
+        run_all(s);
+        assert_same(&a, &ref_a);
+        assert_same(&b, &ref_b);
+        ck_assert_uint_eq(b.cached, cache ? 48 : 0);
+        assert_idle(s);
+        eng_sched_free(s);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -1303,6 +1339,7 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_producer_cancelled_mid_step_leaves_no_half_block);
     tcase_add_test(tc, sched_prefix_cache_waiter_cancelled_leaves_the_producer_alone);
     tcase_add_test(tc, sched_prefix_cache_sharers_never_write_into_shared_blocks);
+    tcase_add_test(tc, sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
