@@ -1243,17 +1243,21 @@ START_TEST(sched_prefix_cache_sharers_never_write_into_shared_blocks)
         }
     ck_assert_uint_eq(n, 6);
     /* Read-only while they run: a write into one, even of the same bits,
-     * faults (the test dies with SIGSEGV). Blocks are whole pages here. */
+     * faults (the test dies with SIGSEGV). A block is 16 KiB, whole 4 KiB
+     * pages; with larger pages only the bytes are compared (said below). */
     size_t bytes = floats * sizeof(float), page = (size_t)sysconf(_SC_PAGESIZE);
-    ck_assert_uint_eq(bytes % page, 0);
-    for (size_t k = 0; k < n; k++)
+    int guard = bytes % page == 0;
+    if (!guard)
+        fprintf(stderr, "sharers test: %zu-byte pages, larger than a block: bytes compared only\n",
+                page);
+    for (size_t k = 0; guard && k < n; k++)
         ck_assert_int_eq(mprotect(kv->pool + (size_t)shared[k] * floats, bytes, PROT_READ), 0);
     for (unsigned i = 0; i < NS; i++) submit_ids(s, &got[i], p[i], 140, 20, 30 + i, 0.8f, 0);
     int32_t most_refs = 0;
     while (eng_sched_step(s))
         for (size_t k = 0; k < n; k++)
             if (kv->meta[shared[k]].ref > most_refs) most_refs = kv->meta[shared[k]].ref;
-    for (size_t k = 0; k < n; k++)
+    for (size_t k = 0; guard && k < n; k++)
         ck_assert_int_eq(
             mprotect(kv->pool + (size_t)shared[k] * floats, bytes, PROT_READ | PROT_WRITE), 0);
     ck_assert_int_eq(most_refs, NS);
