@@ -34,7 +34,7 @@ typedef struct {
     eng_seq kv;
     /* The prefix cache (prefix_cache on). */
     uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
-    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's; 0 with echo */
+    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's */
     size_t nhashed;  /* leading blocks registered, so read-only */
     uint64_t chain;  /* chain hash of block nhashed - 1 */
     size_t cached;   /* prompt tokens taken from the cache */
@@ -366,10 +366,11 @@ static void took_cached(eng_sched *s, sch_seq *q, size_t blocks)
 
 /* 1 if sequence a (prefilling) will compute q's prompt block b: the same
  * tokens after the same prefix (chain hash), with logprobs if q needs them
- * (echo). */
+ * (echo). A paused sequence computes nothing until its client reads again
+ * (eng_sched_pause), maybe never: others do not wait for it. */
 static int computes_block(const sch_seq *a, const sch_seq *q, size_t b, size_t bl)
 {
-    return a->prefilled < a->req.nprompt && a->kv.len < (b + 1) * bl
+    return !a->paused && a->prefilled < a->req.nprompt && a->kv.len < (b + 1) * bl
            && a->req.nprompt >= (b + 1) * bl && a->phash[b] == q->phash[b]
            && (q->plp == NULL || a->plp != NULL);
 }

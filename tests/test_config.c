@@ -237,15 +237,17 @@ START_TEST(cfg_apply_reload_copies_reloadable_keys_and_names_the_rest)
     ck_assert_int_eq(cfg_set(&next, "max_queue", "9", "t", err, sizeof err), CFG_OK);
     ck_assert_int_eq(cfg_set(&next, "port", "9999", "t", err, sizeof err), CFG_OK);
     ck_assert_int_eq(cfg_set(&next, "kv_cache_mb", "64", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_set(&next, "prefix_cache", "false", "t", err, sizeof err), CFG_OK);
     ck_assert_uint_eq(cfg_apply_reload(&cur, &next, changed, sizeof changed, kept, sizeof kept), 3);
     ck_assert_str_eq(changed, "max_queue, api_key, log_level"); /* the table's order */
-    ck_assert_str_eq(kept, "port, kv_cache_mb");
+    ck_assert_str_eq(kept, "port, kv_cache_mb, prefix_cache");
     ck_assert_uint_eq(cur.n_api_keys, 2);
     ck_assert_str_eq(cur.api_keys[1], "new-key-3333");
     ck_assert_str_eq(cur.log_level, "debug");
     ck_assert_uint_eq(cur.max_queue, 9);
     ck_assert_uint_eq(cur.port, 8080); /* needs a restart: kept */
     ck_assert_uint_eq(cur.kv_cache_mb, 2048);
+    ck_assert_int_eq(cur.prefix_cache, 1);
     /* Dropping every key is a change too (back to no authentication). */
     next.n_api_keys = 0;
     ck_assert_uint_eq(cfg_apply_reload(&cur, &next, NULL, 0, NULL, 0), 1);

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "testutil.h"
@@ -136,20 +138,26 @@ static void on_event(void *user, const eng_event *ev)
     }
 }
 
-static eng_sched *make_sched_cache(size_t blocks, size_t max_running, size_t max_queue,
-                                   size_t step_tokens, int prefix_cache)
+static eng_sched *make_sched_threads(size_t blocks, size_t max_running, size_t max_queue,
+                                     size_t step_tokens, int prefix_cache, size_t threads)
 {
     eng_sched_opts o = {.kv_bytes = blocks * block_bytes(),
                         .block_len = 16,
                         .max_running = max_running,
                         .max_queue = max_queue,
                         .step_tokens = step_tokens,
-                        .threads = 2,
+                        .threads = threads,
                         .prefix_cache = prefix_cache};
     eng_sched *s;
     char err[256];
     ck_assert_msg(eng_sched_new(model, &o, &s, err, sizeof err) == ENG_OK, "%s", err);
     return s;
+}
+
+static eng_sched *make_sched_cache(size_t blocks, size_t max_running, size_t max_queue,
+                                   size_t step_tokens, int prefix_cache)
+{
+    return make_sched_threads(blocks, max_running, max_queue, step_tokens, prefix_cache, 2);
 }
 
 /* The scheduler with the prefix cache on, as the server runs it. */
@@ -967,6 +975,343 @@ START_TEST(sched_prefix_cache_echo_batch_of_continuations_shares_the_context)
 }
 END_TEST
 
+START_TEST(sched_prefix_cache_whole_block_prompts_still_compute_their_last_token)
+{
+    /* 16-token blocks. A 40-token prompt seen before takes its 2 full
+     * blocks (32 tokens) and computes the 8 of its partial one. A 64-token
+     * prompt is 4 whole blocks, but its last token's row must be computed
+     * for the logits that sample the first token: at most 3 are taken. A
+     * 16-token prompt never takes any (no lookup either). */
+    int32_t p[64];
+    prompt_of(p, 64, 91);
+    static rec ref40, ref64, ref16, ref_echo, r[6], echo1, echo2;
+    reference(&ref40, p, 40, 6, 4, 0.8f, 0);
+    reference(&ref64, p, 64, 6, 4, 0.8f, 0);
+    reference(&ref16, p, 16, 6, 4, 0.8f, 0);
+    reference_lp(&ref_echo, p, 64, 0, 1, 0.0f, 1, 2);
+    memset(r, 0, sizeof r);
+    memset(&echo1, 0, sizeof echo1);
+    memset(&echo2, 0, sizeof echo2);
+    eng_sched *s = make_sched(64, 4, 16, 64);
+    const size_t n[6] = {40, 40, 64, 64, 16, 16};
+    /* The second 40: blocks 0-1 (the first's 45 positions hold 2 full
+     * blocks); the first 64: the same 2; the second 64: blocks 0-2. */
+    const size_t want[6] = {0, 32, 32, 48, 0, 0};
+    const rec *refs[6] = {&ref40, &ref40, &ref64, &ref64, &ref16, &ref16};
+    for (size_t i = 0; i < 6; i++) {
+        submit_ids(s, &r[i], p, n[i], 6, 4, 0.8f, 0);
+        run_all(s);
+        ck_assert_msg(r[i].cached == want[i], "request %zu: cached %zu, want %zu", i, r[i].cached,
+                      want[i]);
+        assert_same(&r[i], refs[i]);
+    }
+    /* max_tokens 0 with echo: the first finds blocks without logprobs and
+     * computes all 64 rows; the second takes blocks 0-1 (block 2's last row
+     * predicts position 48, which block 3 keeps, but block 3 holds the last
+     * token), and gets the same 63 prompt logprobs. */
+    submit_lp(s, &echo1, p, 64, 0, 1, 0.0f, 1, 2);
+    run_all(s);
+    submit_lp(s, &echo2, p, 64, 0, 1, 0.0f, 1, 2);
+    run_all(s);
+    ck_assert_uint_eq(echo1.cached, 0);
+    ck_assert_uint_eq(echo2.cached, 32);
+    ck_assert_uint_eq(echo2.prompt_events, 63);
+    ck_assert_uint_eq(echo2.n, 0);
+    assert_same(&echo1, &ref_echo);
+    assert_same(&echo2, &ref_echo);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_lookups, 6); /* not the 16-token prompts */
+    ck_assert_uint_eq(st.prefix_hit_tokens, 32 + 32 + 48 + 32);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_same_bits_with_any_thread_count)
+{
+    /* Four prompts sharing their first 70 tokens, a 50-token part of it
+     * seen before, batched, on 1 and 3 worker threads; the references ran
+     * alone on 2 threads without the cache. */
+    enum { NQ = 4 };
+    static int32_t p[NQ][120];
+    static rec ref[NQ], got[NQ], warm;
+    for (unsigned i = 0; i < NQ; i++) {
+        prompt_of(p[i], 70, 95);
+        prompt_of(p[i] + 70, 20 + 10 * i, 96 + i);
+        reference(&ref[i], p[i], 90 + 10 * i, 12, 20 + i, i % 2 ? 0.8f : 0.0f, 0);
+    }
+    const size_t threads[2] = {1, 3};
+    for (size_t t = 0; t < 2; t++) {
+        memset(got, 0, sizeof got);
+        memset(&warm, 0, sizeof warm);
+        eng_sched *s = make_sched_threads(64, 8, 16, 48, 1, threads[t]);
+        submit_ids(s, &warm, p[0], 50, 3, 1, 0.0f, 0); /* 52 positions: 3 blocks */
+        run_all(s);
+        for (unsigned i = 0; i < NQ; i++)
+            submit_ids(s, &got[i], p[i], 90 + 10 * i, 12, 20 + i, i % 2 ? 0.8f : 0.0f, 0);
+        run_all(s);
+        for (unsigned i = 0; i < NQ; i++) {
+            assert_same(&got[i], &ref[i]);
+            /* The first takes warm's 3 blocks and computes block 3 (tokens
+             * 48-63, shared); the others wait a step and take it too. */
+            ck_assert_uint_eq(got[i].cached, i == 0 ? 48 : 64);
+        }
+        assert_idle(s);
+        eng_sched_free(s);
+    }
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_full_pool_of_cached_blocks_gives_way_lru_first)
+{
+    /* 12 blocks. Three 64-token prompts scored without echo (max_tokens 0)
+     * leave 4 registered blocks each: every block cached, none free. */
+    static int32_t p[4][64];
+    for (unsigned i = 0; i < 4; i++) prompt_of(p[i], 64, 300 + i);
+    static rec fill[3], r[5], big_ref, big, other_ref, other;
+    memset(fill, 0, sizeof fill);
+    memset(r, 0, sizeof r);
+    memset(&big, 0, sizeof big);
+    memset(&other, 0, sizeof other);
+    eng_sched *s = make_sched(12, 4, 16, 64);
+    eng_kv *kv = sch_kv(s);
+    eng_sched_stats st;
+    for (unsigned i = 0; i < 3; i++) {
+        submit_ids(s, &fill[i], p[i], 64, 0, 1, 0.0f, 0);
+        run_all(s);
+    }
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.kv_blocks_cached, 12);
+    ck_assert_uint_eq(kv->nfree, 0);
+    ck_assert_uint_eq(st.prefix_evictions, 0);
+    assert_idle(s); /* cached blocks nobody holds count as free */
+    /* Least recently used first: p0 again (3 blocks taken; its 4th, the
+     * list's head, evicted for the fresh block it computes), then a new
+     * prompt (p1's 4 go), then p2 and p0 (each evicts its own 4th), then
+     * p1, which is gone (p3's 4 go). */
+    const unsigned which[5] = {0, 3, 2, 0, 1};
+    const size_t want_cached[5] = {48, 0, 48, 48, 0};
+    const uint64_t want_evictions[5] = {1, 5, 6, 7, 11};
+    for (unsigned k = 0; k < 5; k++) {
+        submit_ids(s, &r[k], p[which[k]], 64, 0, 1, 0.0f, 0);
+        run_all(s);
+        eng_sched_stats_get(s, &st);
+        ck_assert_msg(r[k].done_count == 1 && r[k].cached == want_cached[k],
+                      "request %u (p%u): cached %zu, want %zu", k, which[k], r[k].cached,
+                      want_cached[k]);
+        ck_assert_uint_eq(st.prefix_evictions, want_evictions[k]);
+        ck_assert_uint_eq(st.kv_blocks_cached, 12);
+    }
+    /* A request that needs the whole pool (150 + 42 positions, 12 blocks)
+     * and shares p0's first 32 tokens: it holds those 2 blocks and evicts
+     * the other 10, with the same bits as without a cache. */
+    int32_t q[150];
+    memcpy(q, p[0], 32 * sizeof *q);
+    prompt_of(q + 32, 118, 310);
+    reference(&big_ref, q, 150, 42, 3, 0.8f, 0);
+    submit_ids(s, &big, q, 150, 42, 3, 0.8f, 0);
+    run_all(s);
+    ck_assert_uint_eq(big.cached, 32);
+    assert_same(&big, &big_ref);
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_evictions, 11 + 10);
+    /* Another whole-pool request, nothing shared: 11 registered blocks of
+     * the last one (191 positions written) evicted, the free one taken. */
+    int32_t o[150];
+    prompt_of(o, 150, 311);
+    reference(&other_ref, o, 150, 42, 4, 0.8f, 0);
+    submit_ids(s, &other, o, 150, 42, 4, 0.8f, 0);
+    run_all(s);
+    ck_assert_uint_eq(other.cached, 0);
+    assert_same(&other, &other_ref);
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prefix_evictions, 11 + 10 + 11);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+/* a and b share their first 80 tokens; submitted together with 16 prompt
+ * rows a step, a computes them and b waits for each block (the case an
+ * HTTP request's choices, or concurrent clients, are in). mode: what
+ * happens to a (or b) after the first step. */
+enum { PRODUCER_PAUSED, PRODUCER_CANCELLED, PRODUCER_CANCELLED_IN_STEP, WAITER_CANCELLED };
+
+static void producer_case(int mode)
+{
+    int32_t pa[100], pb[100];
+    prompt_of(pa, 100, 81);
+    memcpy(pb, pa, 80 * sizeof *pb);
+    prompt_of(pb + 80, 20, 82);
+    static rec ref_a, ref_b, a, b;
+    reference(&ref_a, pa, 100, 8, 1, 0.8f, 0);
+    reference(&ref_b, pb, 100, 8, 2, 0.8f, 0);
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    eng_sched *s = make_sched(64, 4, 16, 16);
+    submit_ids(s, &a, pa, 100, 8, 1, 0.8f, 0);
+    submit_ids(s, &b, pb, 100, 8, 2, 0.8f, 0);
+    ck_assert(eng_sched_step(s)); /* a: block 0; b waits for it */
+    ck_assert(eng_sched_plan(s)); /* a: block 1; b took block 0, waits for 1 */
+    if (mode == PRODUCER_CANCELLED_IN_STEP) eng_sched_cancel(s, a.id); /* marked */
+    eng_sched_execute(s);
+    eng_sched_complete(s);
+    if (mode == PRODUCER_PAUSED) eng_sched_pause(s, a.id, 1);
+    if (mode == PRODUCER_CANCELLED) eng_sched_cancel(s, a.id);
+    if (mode == WAITER_CANCELLED) eng_sched_cancel(s, b.id);
+    run_all(s);
+    if (mode == WAITER_CANCELLED) {
+        ck_assert_uint_eq(b.finish, ENG_FINISH_CANCELLED);
+        assert_same(&a, &ref_a);
+        ck_assert_uint_eq(a.cached, 0);
+    } else {
+        /* b goes on alone: blocks 0-1 from a (block 1 only if a's step
+         * completed), the rest computed, the same bits. */
+        assert_same(&b, &ref_b);
+        ck_assert_uint_eq(b.cached, mode == PRODUCER_CANCELLED_IN_STEP ? 16 : 32);
+    }
+    if (mode == PRODUCER_PAUSED) {
+        ck_assert_uint_eq(a.done_count, 0);
+        eng_sched_pause(s, a.id, 0);
+        run_all(s);
+        assert_same(&a, &ref_a);
+        ck_assert_uint_eq(a.cached, 48); /* b's blocks 2-4 */
+    } else if (mode != WAITER_CANCELLED) {
+        ck_assert_uint_eq(a.done_count, 1);
+        ck_assert_uint_eq(a.finish, ENG_FINISH_CANCELLED);
+    }
+    assert_idle(s);
+    eng_sched_free(s);
+}
+
+START_TEST(sched_prefix_cache_waiter_goes_on_when_the_producer_pauses)
+{
+    producer_case(PRODUCER_PAUSED);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_waiter_goes_on_when_the_producer_is_cancelled)
+{
+    producer_case(PRODUCER_CANCELLED);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_producer_cancelled_mid_step_leaves_no_half_block)
+{
+    producer_case(PRODUCER_CANCELLED_IN_STEP);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_waiter_cancelled_leaves_the_producer_alone)
+{
+    producer_case(WAITER_CANCELLED);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_sharers_never_write_into_shared_blocks)
+{
+    /* A 100-token prompt run once leaves 6 registered blocks (102 positions
+     * written). Four requests that continue it differently, batched, hold
+     * them while they prefill their tails and decode: the blocks' KV bytes
+     * stay as they were, and they were held by all four at once. */
+    enum { NS = 4 };
+    static int32_t p[NS][140];
+    static rec warm, got[NS], ref[NS];
+    memset(&warm, 0, sizeof warm);
+    memset(got, 0, sizeof got);
+    for (unsigned i = 0; i < NS; i++) {
+        prompt_of(p[i], 100, 71);
+        prompt_of(p[i] + 100, 40, 72 + i);
+        reference(&ref[i], p[i], 140, 20, 30 + i, 0.8f, 0);
+    }
+    eng_sched *s = make_sched(64, 8, 16, 64);
+    eng_kv *kv = sch_kv(s);
+    submit_ids(s, &warm, p[0], 100, 3, 1, 0.0f, 0);
+    run_all(s);
+    ck_assert_uint_eq(kv->nregistered, 6);
+    int32_t shared[6];
+    size_t floats = kv->L * 2 * kv->NH * kv->block_len * kv->HS; /* one block's */
+    float *before = malloc(6 * floats * sizeof *before);
+    ck_assert_ptr_nonnull(before);
+    size_t n = 0;
+    for (int32_t b = 0; b < (int32_t)kv->nblocks; b++)
+        if (kv->meta[b].registered) {
+            shared[n] = b;
+            memcpy(before + n * floats, kv->pool + (size_t)b * floats, floats * sizeof *before);
+            n++;
+        }
+    ck_assert_uint_eq(n, 6);
+    /* Read-only while they run: a write into one, even of the same bits,
+     * faults (the test dies with SIGSEGV). A block is 16 KiB, whole 4 KiB
+     * pages; with larger pages only the bytes are compared (said below). */
+    size_t bytes = floats * sizeof(float), page = (size_t)sysconf(_SC_PAGESIZE);
+    int guard = bytes % page == 0;
+    if (!guard)
+        fprintf(stderr, "sharers test: %zu-byte pages, larger than a block: bytes compared only\n",
+                page);
+    for (size_t k = 0; guard && k < n; k++)
+        ck_assert_int_eq(mprotect(kv->pool + (size_t)shared[k] * floats, bytes, PROT_READ), 0);
+    for (unsigned i = 0; i < NS; i++) submit_ids(s, &got[i], p[i], 140, 20, 30 + i, 0.8f, 0);
+    int32_t most_refs = 0;
+    while (eng_sched_step(s))
+        for (size_t k = 0; k < n; k++)
+            if (kv->meta[shared[k]].ref > most_refs) most_refs = kv->meta[shared[k]].ref;
+    for (size_t k = 0; guard && k < n; k++)
+        ck_assert_int_eq(
+            mprotect(kv->pool + (size_t)shared[k] * floats, bytes, PROT_READ | PROT_WRITE), 0);
+    ck_assert_int_eq(most_refs, NS);
+    for (size_t k = 0; k < n; k++) {
+        ck_assert(kv->meta[shared[k]].registered);
+        ck_assert_mem_eq(kv->pool + (size_t)shared[k] * floats, before + k * floats,
+                         floats * sizeof *before);
+    }
+    for (unsigned i = 0; i < NS; i++) {
+        assert_same(&got[i], &ref[i]);
+        ck_assert_uint_eq(got[i].cached, 96);
+    }
+    free(before);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+START_TEST(sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit)
+{
+    /* 7 blocks. p runs a 64-token prompt with 16 tokens to generate (5
+     * blocks); after its prefill, q with the same prompt needs 5 blocks too,
+     * but 3 of them are p's (held, registered): it reserves the 2 free ones
+     * and runs beside p. Without the cache q waits until p is done. */
+    int32_t p[64];
+    prompt_of(p, 64, 97);
+    static rec ref_a, ref_b, a, b;
+    reference(&ref_a, p, 64, 16, 1, 0.8f, 0);
+    reference(&ref_b, p, 64, 16, 2, 0.8f, 0);
+    for (int cache = 1; cache >= 0; cache--) {
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        eng_sched *s = make_sched_cache(7, 4, 16, 64, cache);
+        submit_ids(s, &a, p, 64, 16, 1, 0.8f, 0);
+        ck_assert(eng_sched_step(s)); /* a's prefill and first token */
+        submit_ids(s, &b, p, 64, 16, 2, 0.8f, 0);
+        ck_assert(eng_sched_step(s));
+        eng_sched_stats st;
+        eng_sched_stats_get(s, &st);
+        ck_assert_uint_eq(st.running, cache ? 2 : 1);
+        ck_assert_uint_eq(st.queued, cache ? 0 : 1);
+        /* With the cache: p's 5, and q's 2 less the one it gave back when
+         * the block of its last token, computed, turned out to be p's. */
+        ck_assert_uint_eq(st.kv_blocks_used, cache ? 6 : 5);
+        run_all(s);
+        assert_same(&a, &ref_a);
+        assert_same(&b, &ref_b);
+        ck_assert_uint_eq(b.cached, cache ? 48 : 0);
+        assert_idle(s);
+        eng_sched_free(s);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -990,6 +1335,15 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_hash_collisions_never_share_different_prefixes);
     tcase_add_test(tc, sched_prefix_cache_echo_takes_stored_prompt_logprobs);
     tcase_add_test(tc, sched_prefix_cache_echo_batch_of_continuations_shares_the_context);
+    tcase_add_test(tc, sched_prefix_cache_whole_block_prompts_still_compute_their_last_token);
+    tcase_add_test(tc, sched_prefix_cache_same_bits_with_any_thread_count);
+    tcase_add_test(tc, sched_prefix_cache_full_pool_of_cached_blocks_gives_way_lru_first);
+    tcase_add_test(tc, sched_prefix_cache_waiter_goes_on_when_the_producer_pauses);
+    tcase_add_test(tc, sched_prefix_cache_waiter_goes_on_when_the_producer_is_cancelled);
+    tcase_add_test(tc, sched_prefix_cache_producer_cancelled_mid_step_leaves_no_half_block);
+    tcase_add_test(tc, sched_prefix_cache_waiter_cancelled_leaves_the_producer_alone);
+    tcase_add_test(tc, sched_prefix_cache_sharers_never_write_into_shared_blocks);
+    tcase_add_test(tc, sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -171,6 +171,93 @@ for name in ("lookups_total", "hit_tokens_total", "blocks"):
     assert metric(off_metrics, "gpt2d_prefix_cache_" + name) == 0, name
 PY
 
+# cached_tokens, exact: a 40-token prompt seen before, with 16-token blocks,
+# takes its 2 full blocks (32 tokens) and computes the other 8. Chat too:
+# all full blocks of its templated prompt but the one of its last token.
+# Non-streaming, and in the last chunk of a stream with include_usage.
+ids40=$(python3 -c 'print(list(range(1000, 1040)))')
+forty="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":4,\"temperature\":0"
+score="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":0,\"echo\":true,\"logprobs\":1}"
+chat='{"model":"gpt2","messages":[{"role":"user","content":"Tell me how the prefix cache of a language model server keeps the key and value blocks of a prompt for the next request that begins the same way."}],"max_tokens":4,"temperature":0'
+python3 - "$(post /v1/completions "$forty}")" "$(post /v1/completions "$forty}")" \
+          "$(curl -sN -m 30 "$base/v1/completions" -d "$forty,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")" \
+          "$(post /v1/chat/completions "$chat}")" "$(post /v1/chat/completions "$chat}")" \
+          "$(curl -sN -m 30 "$base/v1/chat/completions" -d "$chat,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")" \
+          "$(post /v1/completions "$score")" "$(post /v1/completions "$score")" <<'PY' || fail "cached_tokens, exact"
+import json, sys
+c1, c2, cs, h1, h2, hs, s1, s2 = sys.argv[1:]
+c1, c2, h1, h2, s1, s2 = (json.loads(x) for x in (c1, c2, h1, h2, s1, s2))
+def last_usage(stream):
+    chunks = [json.loads(e[6:]) for e in stream.split("\n\n") if e.startswith("data: {")]
+    assert len(chunks) > 1 and all(c["usage"] is None for c in chunks[:-1]), chunks
+    assert chunks[-1]["choices"] == [], chunks[-1]
+    return chunks[-1]["usage"]
+assert c1["usage"]["prompt_tokens"] == 40, c1["usage"]
+assert c1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, c1["usage"]
+assert c2["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}, c2["usage"]
+assert c2["choices"] == c1["choices"], (c1, c2)
+assert last_usage(cs)["prompt_tokens_details"] == {"cached_tokens": 32}, cs
+assert h1["object"] == "chat.completion", h1
+pt = h1["usage"]["prompt_tokens"]
+assert pt > 32, h1["usage"]
+assert h1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, h1["usage"]
+want = (pt - 1) // 16 * 16
+assert h2["usage"]["prompt_tokens_details"] == {"cached_tokens": want}, (pt, h2["usage"])
+assert h2["choices"] == h1["choices"], (h1, h2)
+u = last_usage(hs)
+assert u["prompt_tokens"] == pt and u["prompt_tokens_details"] == {"cached_tokens": want}, (pt, u)
+# Scoring it (echo, max_tokens 0): the first finds blocks without prompt
+# logprobs and computes all 40 rows (leaving the logprobs with them); the
+# second takes block 0 (block 1's first logprob is kept, block 1 is computed).
+assert s1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, s1["usage"]
+assert s2["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}, s2["usage"]
+assert s1["usage"]["completion_tokens"] == 0 and len(s1["choices"][0]["logprobs"]["tokens"]) == 40, s1
+assert s2["choices"] == s1["choices"], (s1, s2)
+PY
+
+# The choices of one prompt share its blocks: n = 4 on a new 40-token prompt
+# computes its 2 full blocks once (the first choice), and the other three
+# take them (3 x 32 hit tokens); best_of = 3 likewise (2 x 32). usage counts
+# the least any choice took: 0.
+hits() { curl -s "$base/metrics" | sed -n 's/^gpt2d_prefix_cache_hit_tokens_total //p'; }
+h0=$(hits)
+nreq=$(post /v1/completions "{\"model\":\"gpt2\",\"prompt\":$(python3 -c 'print(list(range(2000, 2040)))'),\"max_tokens\":2,\"n\":4,\"seed\":1}")
+h1=$(hits)
+breq=$(post /v1/completions "{\"model\":\"gpt2\",\"prompt\":$(python3 -c 'print(list(range(3000, 3040)))'),\"max_tokens\":2,\"best_of\":3,\"seed\":1}")
+h2=$(hits)
+python3 - "$h0" "$h1" "$h2" "$nreq" "$breq" <<'PY' || fail "n and best_of share prompt blocks"
+import json, sys
+h0, h1, h2 = (int(x) for x in sys.argv[1:4])
+n, b = (json.loads(x) for x in sys.argv[4:])
+assert h1 - h0 == 3 * 32 and h2 - h1 == 2 * 32, (h0, h1, h2)
+assert len(n["choices"]) == 4 and len(b["choices"]) == 1, (n, b)
+for d in (n, b):
+    assert d["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, d["usage"]
+PY
+
+# prefix_cache sizes the engine at start-up: a SIGHUP that changes it keeps
+# the running value (the cache stays on, and finds what it had) and the log
+# names the key as needing a restart.
+printf 'prefix_cache = true\n' > "$dir/pc.conf"
+main_port=$port
+start pc model --config "$dir/pc.conf"
+pc1=$(post /v1/completions "$forty}")
+printf 'prefix_cache = false\n' > "$dir/pc.conf"
+kill -HUP "$last_pid"
+for _ in $(seq 100); do grep -q 'needs a restart (the running value is kept): prefix_cache' "$dir/pc.log" && break; sleep 0.05; done
+grep -q 'warn SIGHUP: changed, but needs a restart (the running value is kept): prefix_cache$' "$dir/pc.log" ||
+    fail "SIGHUP changing prefix_cache: $(tail -3 "$dir/pc.log")"
+pc2=$(post /v1/completions "$forty}")
+kill "$last_pid"
+port=$main_port
+python3 - "$pc1" "$pc2" <<'PY' || fail "prefix_cache across a SIGHUP"
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:])
+assert a["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, a["usage"]
+assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}, b["usage"]
+assert a["choices"] == b["choices"], (a, b)
+PY
+
 # "<|endoftext|>" in a prompt is the token 50256, as in Hugging Face's
 # tokenizer and tiktoken's encode(allowed_special="all"); no prompt (the
 # spec's default, "<|endoftext|>") and "" both start from it, as `gpt2d

@@ -7,7 +7,8 @@ The loop thread serves short streams and the 1 s tick (which reads the
 scheduler's statistics while a step runs on the work queue); the tokenizer
 threads parse and tokenize large bodies (/tokenize, completion and chat
 bodies of 64 KiB and more, good and bad), some of whose clients leave
-mid-way; a SIGHUP reloads the configuration in the middle. Every answer is
+mid-way; requests sharing a prompt prefix take it from the prefix cache
+while steps run; a SIGHUP reloads the configuration in the middle. Every answer is
 checked against what the request deserves, a large body must give the
 same completion as its compact form, and the server must exit 0 on
 SIGTERM with no sanitizer report in its log.
@@ -78,7 +79,25 @@ def main(argv):
 
     greedy = {"model": "gpt2", "prompt": "The threads", "max_tokens": 6, "temperature": 0}
     want = json.loads(post(port, "/v1/completions", json.dumps(greedy))[1])["choices"][0]["text"]
+    # Prompts sharing 100 tokens, each run once before the load: under it,
+    # every repeat takes its 6 full shared blocks and its tail's (96 + 16
+    # of 114 tokens) from the prefix cache and gives the same text.
+    shared = [{"model": "gpt2", "prompt": list(range(500, 600)) + list(range(k, k + 14)), "max_tokens": 6,
+               "temperature": 1, "seed": 7} for k in (1000, 2000)]
+    shared_want = [json.loads(post(port, "/v1/completions", json.dumps(b))[1])["choices"][0]["text"] for b in shared]
+
+    def shared_ok(k):
+        def ok(d):
+            cached = d["usage"]["prompt_tokens_details"]["cached_tokens"]
+            if d["choices"][0]["text"] == shared_want[k] and cached == 112:
+                return True
+            return "shared prefix %d: %r, cached %d; wanted %r, 112" % (k, d["choices"][0]["text"], cached,
+                                                                       shared_want[k])
+        return ok
+
     cases = [
+        ("/v1/completions", json.dumps(shared[0]), 200, shared_ok(0)),
+        ("/v1/completions", json.dumps(shared[1]), 200, shared_ok(1)),
         # (path, body, status wanted, check of the answer)
         ("/v1/completions", json.dumps(greedy) + " " * PAD, 200,
          lambda d: d["choices"][0]["text"] == want or "a padded body gave %r, not %r" % (d["choices"][0]["text"], want)),
