@@ -44,6 +44,27 @@ set -e
 [ "$rc" = 2 ] || fail "serve --foo exit $rc"
 grep -q "unknown option '--foo'" "$dir/foo.err" || fail "serve --foo: $(head -1 "$dir/foo.err")"
 grep -q 'usage: gpt2d serve' "$dir/foo.err" || fail "serve --foo prints no usage"
+# Every subcommand words a mistake the same way: an unknown option (with the
+# usage), an option without its value, a bad value, a value for a flag.
+cli() { # expected stderr line, args...
+    local want=$1 rc; shift
+    set +e
+    "$gpt2d" "$@" < /dev/null > /dev/null 2> "$dir/cli.err"; rc=$?
+    set -e
+    [ "$rc" = 2 ] || fail "gpt2d $* exited $rc"
+    [ "$(head -1 "$dir/cli.err")" = "$want" ] || fail "gpt2d $*: $(head -1 "$dir/cli.err") (want: $want)"
+}
+for cmd in serve generate convert inspect synth tokenize detokenize bench; do
+    cli "gpt2d $cmd: unknown option '--foo'" "$cmd" --foo
+    grep -q "^usage: gpt2d $cmd" "$dir/cli.err" || fail "gpt2d $cmd --foo prints no usage"
+done
+cli "gpt2d generate: --model needs a value" generate --model
+cli "gpt2d synth: --layers needs a value" synth out --layers
+cli "gpt2d synth: bad value for --layers: '0'" synth out --layers 0
+cli "gpt2d bench: bad value for --threads: 'x'" bench --threads x
+cli "gpt2d inspect: --json takes no value" inspect --json=1 file
+cli "gpt2d detokenize: --jsonl is only for tokenize" detokenize --jsonl
+cli "gpt2d bench: --model DIR is required" bench
 
 # ---- Chat templates: a bad file stops start-up naming its line ------------------
 printf 'user = "{content}"\nassistant = "no placeholder"\n' > "$dir/bad.tmpl"
