@@ -1,10 +1,15 @@
 #!/usr/bin/env node
-// tests/differential/playground.mjs BASE_URL SCREENSHOT.png: the playground
-// page in a real headless browser (Debian's chromium, driven by npm
-// puppeteer-core): load it, see the served model, run a streamed completion,
-// and check that the text and each token's probability appear and that a
-// click shows the alternatives. The screenshot is kept as the test's
-// artifact. Exit 77 (skipped) when puppeteer-core or chromium is missing.
+// tests/differential/playground.mjs BASE_URL SCREENSHOT.png [API_KEY [ORIGIN]]:
+// the playground page in a real headless browser (Debian's chromium, driven
+// by npm puppeteer-core): load it, (with API_KEY: see it ask for the key and
+// type it), see the served model and weights format, run a streamed
+// completion, and check that the text and each token's probability appear
+// and that a click shows the alternatives. With ORIGIN (a page server the
+// gpt2d server lists in cors_origins, on 127.0.0.1), a page there calls the
+// chat API across origins (preflight included), and the same page on
+// localhost, another origin, is refused by the browser. The screenshot is
+// kept as the test's artifact. Exit 77 (skipped) when puppeteer-core or
+// chromium is missing.
 import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 
@@ -21,7 +26,8 @@ if (!chromium) {
   console.error('SKIP: no chromium (scripts/setup.sh installs Debian\'s)');
   process.exit(77);
 }
-const [base, shot] = process.argv.slice(2);
+const [base, shot, apiKey, origin] = process.argv.slice(2);
+const auth = apiKey ? { Authorization: 'Bearer ' + apiKey } : {};
 const fail = async (browser, page, msg) => {
   console.error('FAIL: ' + msg);
   if (page && shot) await page.screenshot({ path: shot, fullPage: true }).catch(() => {});
@@ -42,9 +48,19 @@ page.on('request', (req) => { if (!req.url().startsWith(base)) external.push(req
 page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
 page.on('pageerror', (e) => consoleErrors.push(String(e)));
 
-const res = await page.goto(base + '/', { waitUntil: 'networkidle0', timeout: 20000 });
+// 'load', not 'networkidle0', with keys on: puppeteer never sees a 401 that
+// carries WWW-Authenticate finish, though the page has read it.
+const res = await page.goto(base + '/', { waitUntil: apiKey ? 'load' : 'networkidle0', timeout: 20000 });
 if (res.status() !== 200) await fail(browser, page, 'GET / is ' + res.status());
 if (!(res.headers()['content-type'] || '').startsWith('text/html')) await fail(browser, page, 'content-type ' + res.headers()['content-type']);
+if (apiKey) {
+  // Keys are on: the page asks for one, and works once it is typed.
+  await page.waitForFunction(() => !document.getElementById('key-box').hidden
+    && /needs an API key/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+    .catch(() => fail(browser, page, 'the page did not ask for the API key'));
+  await page.type('#api_key', apiKey);
+  await page.$eval('#api_key', (e) => e.dispatchEvent(new Event('change')));
+}
 await page.waitForFunction(() => /model gpt2/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
   .catch(() => fail(browser, page, 'the model line: ' + 'never showed the model'));
 const info = await page.$eval('#model-info', (e) => e.textContent);
@@ -74,7 +90,7 @@ for (const ch of result) {
 
 // The same request through the API gives the same text (greedy).
 const api = await (await fetch(base + '/v1/completions', {
-  method: 'POST', headers: { 'Content-Type': 'application/json' },
+  method: 'POST', headers: { 'Content-Type': 'application/json', ...auth },
   body: JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 24, temperature: 0 }),
 })).json();
 if ('The quick brown fox' + api.choices[0].text !== result[0].text) await fail(browser, page, `page ${JSON.stringify(result[0].text)} vs API ${JSON.stringify(api.choices[0].text)}`);
@@ -84,7 +100,32 @@ await page.click('.choice .tok');
 const alts = await page.$$eval('#alts tr', (rows) => rows.map((r) => r.textContent));
 if (alts.length < 2) await fail(browser, page, 'alternatives ' + JSON.stringify(alts));
 if (external.length) await fail(browser, page, 'requests outside the server: ' + external.join(' '));
-if (consoleErrors.length) await fail(browser, page, 'console errors: ' + consoleErrors.join(' | '));
+// With keys on, the browser logs the first /v1/models call's 401 (the page
+// reads it to ask for the key); nothing else may be logged.
+const unexpected = consoleErrors.filter((e) => !(apiKey && /status of 401/.test(e)));
+if (unexpected.length) await fail(browser, page, 'console errors: ' + unexpected.join(' | '));
 await page.screenshot({ path: shot, fullPage: true });
+
+// Another page, served elsewhere, calls the chat API (a JSON POST with a
+// key: the browser sends a preflight first); from an origin not listed the
+// browser refuses to hand over the answer.
+let cross = '';
+if (origin) {
+  const call = (base, key) => fetch(base + '/v1/chat/completions', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: 'Bearer ' + key },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 3 }),
+  }).then(async (r) => ({ status: r.status, id: r.headers.get('X-Request-Id'), body: await r.json() }))
+    .catch((e) => ({ error: String(e) }));
+  const other = await browser.newPage();
+  await other.goto(origin + '/', { timeout: 20000 });
+  const ok = await other.evaluate(call, base, apiKey || 'none');
+  if (ok.status !== 200 || ok.body.object !== 'chat.completion' || !ok.id) await fail(browser, other, 'a call from ' + origin + ': ' + JSON.stringify(ok));
+  const refusedOrigin = origin.replace('127.0.0.1', 'localhost');
+  await other.goto(refusedOrigin + '/', { timeout: 20000 });
+  const refused = await other.evaluate(call, base, apiKey || 'none');
+  if (!refused.error) await fail(browser, other, 'a call from ' + refusedOrigin + ' was not refused: ' + JSON.stringify(refused));
+  cross = `; cross-origin chat from ${origin} ok, from ${refusedOrigin} refused`;
+}
 await browser.close();
-console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives; screenshot ${shot})`);
+console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives${cross}; screenshot ${shot})`);
