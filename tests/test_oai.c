@@ -266,7 +266,8 @@ START_TEST(oai_parse_chat_every_field)
             "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
             "\"temperature\": 0.5, \"top_p\": 0.9, \"seed\": 4, \"logprobs\": true,"
             "\"top_logprobs\": 3, \"logit_bias\": {\"11\": 1}, \"response_format\": {\"type\":"
-            " \"text\"}, \"tools\": [], \"tool_choice\": \"none\", \"user\": \"u\"}");
+            " \"text\"}, \"tools\": [], \"tool_choice\": \"none\", \"function_call\": \"none\", "
+            "\"user\": \"u\"}");
     ck_assert_str_eq(r.model, "gpt2");
     ck_assert_str_eq(r.prompts[0].text, "x\n\nAssistant:"); /* developer is system */
     ck_assert_uint_eq(r.max_tokens, 7);                     /* the current name wins */
@@ -308,6 +309,10 @@ static const struct {
      "tools", "cannot call tools"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"auto\"}",
      "tool_choice", "not supported"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"function_call\": \"auto\"}",
+     "function_call", "'function_call' is not supported"},
+    {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"function_call\": {}}]}",
+     "messages", "'messages[0].function_call': tools are not supported"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
      "\"json_object\"}}",
      "response_format", "'json_object' is not supported"},
