@@ -4,6 +4,7 @@
  * the process's numbers gathered here).
  */
 #include "internal.h"
+#include "server.h"
 #include "version.h"
 
 #include <ctype.h>
@@ -33,6 +34,11 @@ const char *srv_commit(void)
 const char *srv_buildtype(void)
 {
     return GPT2D_BUILD_TYPE;
+}
+
+void srv_print_version(void)
+{
+    printf("gpt2d %s (%s, %s)\n", srv_version(), srv_commit(), srv_buildtype());
 }
 
 enum MHD_Result probe_health(srv_req *r)

@@ -36,8 +36,11 @@ start() { # name, options... -> sets $port and $base
 post() { curl -s -m 30 "$base$1" -H 'Content-Type: application/json' -d "$2"; }
 
 # ---- The command line ---------------------------------------------------------
-"$gpt2d" --version | grep -q '^gpt2d [0-9]' || fail "gpt2d --version"
-"$gpt2d" serve --version | grep -q '^gpt2d [0-9].*(' || fail "gpt2d serve --version"
+# gpt2d --version, gpt2d version and gpt2d serve --version: one line, the
+# same as /version's first three fields (checked below).
+v=$("$gpt2d" --version)
+[[ "$v" =~ ^gpt2d\ [0-9][^\ ]*\ \([^,]+,\ [a-z]+\)$ ]] || fail "gpt2d --version: $v"
+[ "$("$gpt2d" version)" = "$v" ] && [ "$("$gpt2d" serve --version)" = "$v" ] || fail "the version lines differ"
 set +e
 "$gpt2d" serve --foo > "$dir/foo.out" 2> "$dir/foo.err"; rc=$?
 set -e
@@ -128,12 +131,13 @@ node "$here/differential/openai_chat.mjs" "$base/v1" test-key-123 || fail "chat 
 
 # /version, and the info line while busy.
 curl -s "$base/version" > "$dir/version.json"
-python3 - "$dir/version.json" <<'PY' || fail "/version"
+python3 - "$dir/version.json" "$v" <<'PY' || fail "/version"
 import json, sys
 v = json.load(open(sys.argv[1]))
 assert list(v) == ["version", "commit", "buildtype", "kernels", "model", "dtype"], v
 assert v["kernels"] in ("avx512", "avx2", "portable") and v["model"] == "gpt2" and v["dtype"] == "f32", v
 assert all(isinstance(x, str) and x for x in v.values()), v
+assert sys.argv[2] == "gpt2d %s (%s, %s)" % (v["version"], v["commit"], v["buildtype"]), (sys.argv[2], v)
 PY
 grep -q 'info running [0-9]*, queued [0-9]*; prompt [0-9.]* tokens/s, generation [0-9.]* tokens/s; KV cache' "$dir/main.log" ||
     { sleep 1.2; grep -q 'info running' "$dir/main.log"; } || fail "no info line while busy"
