@@ -126,6 +126,90 @@ assert chat["choices"][0]["finish_reason"] == tc["choices"][0]["finish_reason"],
 assert chat["usage"]["prompt_tokens"] == tc["usage"]["prompt_tokens"], (chat["usage"], tc["usage"])
 PY
 
+# Chat request fields against a live server, each against an independent
+# expectation (the same server's completions, or another chat request).
+python3 - "$base" test-key-123 <<'PY' || fail "chat fields"
+import json, sys, urllib.error, urllib.request
+base, key = sys.argv[1:]
+def call(route, body):
+    req = urllib.request.Request(base + route, json.dumps(body).encode(),
+                                 {"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            raw = r.read().decode()
+            return r.status, raw if body.get("stream") else json.loads(raw)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+def chat(**kw):
+    kw.setdefault("messages", [{"role": "user", "content": "Hi there"}])
+    st, d = call("/v1/chat/completions", kw)
+    assert st == 200, (kw, st, d)
+    return d
+def refused(param, **kw):
+    kw.setdefault("messages", [{"role": "user", "content": "Hi"}])
+    st, d = call("/v1/chat/completions", kw)
+    assert st == 400 and d["error"]["param"] == param and d["error"]["type"] == "invalid_request_error", (kw, st, d)
+def content(d, i=0):
+    return d["choices"][i]["message"]["content"]
+def ntok(text):
+    return call("/tokenize", {"prompt": text})[1]["count"]
+# n: two choices, indexed; a seed repeats both, another seed differs.
+a = chat(n=2, seed=11, max_tokens=8, temperature=1, ignore_eos=True)
+assert [c["index"] for c in a["choices"]] == [0, 1], a
+assert a["usage"]["completion_tokens"] == 16, a["usage"]
+b = chat(n=2, seed=11, max_tokens=8, temperature=1, ignore_eos=True)
+assert [content(a, i) for i in (0, 1)] == [content(b, i) for i in (0, 1)], (a, b)
+c = chat(n=2, seed=12, max_tokens=8, temperature=1, ignore_eos=True)
+assert [content(a, i) for i in (0, 1)] != [content(c, i) for i in (0, 1)], (a, c)
+# stop: the reply ends before the request's stop string, finish_reason stop.
+g = content(chat(max_tokens=12, temperature=0, ignore_eos=True, stop=["\n\n", "\nUser:"]))
+cut = g[len(g) // 2:][:2]
+s = chat(max_tokens=12, temperature=0, ignore_eos=True, stop=[cut])
+assert len(g) >= 4 and content(s) == g[:g.index(cut)], (g, cut, s)
+assert s["choices"][0]["finish_reason"] == "stop", s
+# logit_bias: +100 on "," (11) makes every token a comma.
+lb = chat(max_tokens=4, temperature=0, logit_bias={"11": 100})
+assert content(lb) == ",,,," and lb["usage"]["completion_tokens"] == 4, lb
+# max_completion_tokens, and over max_tokens; logprobs in chat's shape.
+m = chat(max_completion_tokens=3, max_tokens=9, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
+assert m["usage"]["completion_tokens"] == 3 and m["choices"][0]["finish_reason"] == "length", m
+lp = m["choices"][0]["logprobs"]["content"]
+assert len(lp) == 3 and all(len(t["top_logprobs"]) == 2 and t["bytes"] == list(t["token"].encode()) for t in lp), lp
+# Text parts are the string; a system message alone, an assistant turn
+# last (a new reply follows it): prompts of the documented transcript.
+p1 = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}], max_tokens=6, temperature=0)
+p2 = chat(max_tokens=6, temperature=0)
+assert content(p1) == content(p2) and p1["usage"]["prompt_tokens"] == p2["usage"]["prompt_tokens"], (p1, p2)
+so = chat(messages=[{"role": "system", "content": "Be brief."}], max_tokens=2)
+assert so["usage"]["prompt_tokens"] == ntok("Be brief.\n\nAssistant:"), so
+al = chat(messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], max_tokens=2)
+assert al["usage"]["prompt_tokens"] == ntok("User: Hi\n\nAssistant: Hello\n\nAssistant:"), al
+# Streamed with n=2 and include_usage: each choice's role chunk, deltas
+# and one finish, the usage last with the timings, then [DONE].
+st, raw = call("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 3,
+                                        "stream": True, "stream_options": {"include_usage": True}, "seed": 5})
+events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
+assert st == 200 and events[-1] == "[DONE]", raw[-200:]
+chunks = [json.loads(e) for e in events[:-1]]
+assert all(c["object"] == "chat.completion.chunk" and "usage" in c for c in chunks), chunks
+for i in (0, 1):
+    mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+    assert mine[0]["delta"] == {"role": "assistant", "content": ""}, mine
+    assert [x["finish_reason"] for x in mine].count("length") == 1 and mine[-1]["delta"] == {}, mine
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6, chunks[-1]
+assert set(chunks[-1]["usage"]["timings"]) == {"ttft_ms", "total_ms", "completion_tokens_per_second"}, chunks[-1]
+# Refused with a 400 naming the field.
+refused("response_format", response_format={"type": "json_object"})
+refused("tools", tools=[{"type": "function", "function": {"name": "f"}}])
+refused("tool_choice", tool_choice="auto")
+refused("function_call", function_call="auto")
+refused("messages", messages=[])
+refused("messages", messages=[{"role": "wizard", "content": "Hi"}])
+refused("messages", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+refused("top_logprobs", logprobs=True, top_logprobs=6)
+print("chat fields: ok")
+PY
+
 # The official OpenAI client and LangChain's ChatOpenAI.
 node "$here/differential/openai_chat.mjs" "$base/v1" test-key-123 || fail "chat clients"
 
