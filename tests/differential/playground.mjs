@@ -66,11 +66,23 @@ await page.waitForFunction(() => /model gpt2/.test(document.getElementById('mode
 const info = await page.$eval('#model-info', (e) => e.textContent);
 if (!/weights f32/.test(info)) await fail(browser, page, 'no weights format in ' + JSON.stringify(info));
 
-// A streamed completion with logprobs, 24 tokens, greedy.
+// A streamed completion with logprobs, 64 tokens, greedy.
 await page.$eval('#prompt', (e) => { e.value = 'The quick brown fox'; });
-await page.$eval('#max_tokens', (e) => { e.value = '24'; });
+await page.$eval('#max_tokens', (e) => { e.value = '64'; });
 await page.$eval('#temperature', (e) => { e.value = '0'; });
 await page.$eval('#n', (e) => { e.value = '2'; });
+// Record how many token spans the first choice shows each time the output
+// changes: streamed output grows in several steps before the end.
+await page.evaluate(() => {
+  window.seenCounts = [];
+  new MutationObserver(() => {
+    const c = document.querySelector('.choice .text');
+    if (c && !/^done in/.test(document.getElementById('status').textContent)) window.seenCounts.push(c.querySelectorAll('.tok').length);
+  }).observe(document.getElementById('outputs'), { childList: true, subtree: true, characterData: true });
+});
+// The answer (about 60 KB of events) comes at 30 KB/s, so it arrives in
+// pieces however fast the server writes it.
+await page.emulateNetworkConditions({ download: 30000, upload: 10000000, latency: 0 });
 await page.click('#run');
 await page.waitForFunction(() => /^done in/.test(document.getElementById('status').textContent), { timeout: 30000 })
   .catch(async () => fail(browser, page, 'status: ' + await page.$eval('#status', (e) => e.textContent)));
@@ -88,10 +100,14 @@ for (const ch of result) {
   }
 }
 
+await page.emulateNetworkConditions(null);
+const partial = new Set((await page.evaluate(() => window.seenCounts)).filter((n) => n > 0 && n < result[0].tokens.length));
+if (partial.size < 3) await fail(browser, page, 'the output was not rendered as it arrived: partial token counts seen ' + JSON.stringify([...partial]));
+
 // The same request through the API gives the same text (greedy).
 const api = await (await fetch(base + '/v1/completions', {
   method: 'POST', headers: { 'Content-Type': 'application/json', ...auth },
-  body: JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 24, temperature: 0 }),
+  body: JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 64, temperature: 0 }),
 })).json();
 if ('The quick brown fox' + api.choices[0].text !== result[0].text) await fail(browser, page, `page ${JSON.stringify(result[0].text)} vs API ${JSON.stringify(api.choices[0].text)}`);
 
@@ -128,4 +144,4 @@ if (origin) {
   cross = `; cross-origin chat from ${origin} ok, from ${refusedOrigin} refused`;
 }
 await browser.close();
-console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives${cross}; screenshot ${shot})`);
+console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives, ${partial.size} partial renderings${cross}; screenshot ${shot})`);
