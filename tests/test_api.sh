@@ -244,6 +244,7 @@ curl -s "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"user"
 curl -s "${auth[@]}" "$base/v1/completions" -d '{"prompt":"Hi","temperature":9}' > /dev/null
 curl -s "$base/v1/completions" -d '{"prompt":"Hi"}' > /dev/null
 curl -s "${auth[@]}" "$base/nowhere" > /dev/null
+curl -s "${auth[@]}" -H 'Origin: http://evil.example' "$base/v1/completions" -d '{"prompt":"Hi"}' > /dev/null
 curl -s "$base/metrics" > "$dir/metrics.txt"
 if command -v promtool > /dev/null; then
     promtool check metrics < "$dir/metrics.txt" > "$dir/promtool.out" 2>&1 || fail "promtool: $(cat "$dir/promtool.out")"
@@ -288,6 +289,7 @@ for key in ('gpt2d_requests_total{route="/v1/completions",status="200"}',
             'gpt2d_requests_total{route="/v1/chat/completions",status="200"}',
             'gpt2d_requests_total{route="/v1/models/{id}",status="404"}',
             'gpt2d_requests_total{route="other",status="404"}',
+            'gpt2d_requests_total{route="/v1/completions",status="403"}',
             "gpt2d_prefix_cache_hit_tokens_total", "gpt2d_steps_total",
             "gpt2d_completion_tokens_total", "gpt2d_time_to_first_token_seconds_count"):
     assert val(key) > 0, key
