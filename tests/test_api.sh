@@ -218,7 +218,8 @@ curl -s "$base/version" > "$dir/version.json"
 python3 - "$dir/version.json" "$v" <<'PY' || fail "/version"
 import json, sys
 v = json.load(open(sys.argv[1]))
-assert list(v) == ["version", "commit", "buildtype", "kernels", "model", "dtype"], v
+assert list(v) == ["version", "commit", "buildtype", "sanitize", "kernels", "model", "dtype"], v
+assert v["sanitize"] in ("none", "address", "thread", "undefined", "address,undefined", "memory"), v
 assert v["kernels"] in ("avx512", "avx2", "portable") and v["model"] == "gpt2" and v["dtype"] == "f32", v
 assert all(isinstance(x, str) and x for x in v.values()), v
 assert sys.argv[2] == "gpt2d %s (%s, %s)" % (v["version"], v["commit"], v["buildtype"]), (sys.argv[2], v)
