@@ -634,6 +634,7 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
     if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0
         || get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &old, err) != 0)
         goto done;
+    r->max_completion = ll >= 0;
     if (ll < 0) ll = old;
     r->max_tokens_auto = ll < 0;
     r->max_tokens = ll >= 0                                        ? (size_t)ll

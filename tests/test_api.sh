@@ -207,6 +207,10 @@ refused("messages", messages=[])
 refused("messages", messages=[{"role": "wizard", "content": "Hi"}])
 refused("messages", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
 refused("top_logprobs", logprobs=True, top_logprobs=6)
+# Past the context: the error names the field the request used.
+for field in ("max_tokens", "max_completion_tokens"):
+    st, d = call("/v1/chat/completions", {"messages": [{"role": "user", "content": "w " * 100}], field: 100})
+    assert st == 400 and d["error"]["code"] == "context_length_exceeded" and d["error"]["param"] == field, (field, st, d)
 print("chat fields: ok")
 PY
 

@@ -248,6 +248,7 @@ START_TEST(oai_parse_chat_renders_the_default_transcript)
     ck_assert_str_eq(r.stop[0], "\n\n");
     ck_assert_str_eq(r.stop[1], "\nUser:");
     ck_assert_int_eq(r.max_tokens_auto, 1);
+    ck_assert_int_eq(r.max_completion, 0);
     ck_assert_uint_eq(r.max_tokens, lim.chat_max_tokens); /* not the whole context */
     ck_assert_int_eq(r.logprobs, -1);
     ck_assert_ptr_null(r.model);
@@ -272,6 +273,7 @@ START_TEST(oai_parse_chat_every_field)
     ck_assert_str_eq(r.prompts[0].text, "x\n\nAssistant:"); /* developer is system */
     ck_assert_uint_eq(r.max_tokens, 7);                     /* the current name wins */
     ck_assert_int_eq(r.max_tokens_auto, 0);
+    ck_assert_int_eq(r.max_completion, 1);
     ck_assert_uint_eq(r.n, 2);
     ck_assert_uint_eq(r.best_of, 2);
     ck_assert_uint_eq(r.nstop, 3); /* the request's, then the template's */
