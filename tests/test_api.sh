@@ -360,6 +360,7 @@ grep -q '^HTTP/1.1 204' "$dir/pre.h" && grep -qi "^Access-Control-Allow-Origin: 
 code=$(curl -s -D "$dir/pre2.h" -o /dev/null -w '%{http_code}' -X OPTIONS "$base/v1/chat/completions" \
        -H 'Origin: http://evil.example' -H 'Access-Control-Request-Method: POST')
 [ "$code" = 403 ] && ! grep -qi '^Access-Control-Allow-Origin' "$dir/pre2.h" || fail "chat preflight from a refused origin: $code"
+curl -s "$base/" > "$dir/www/playground.html"   # the page, served elsewhere too
 shot=${shots:-$dir}/playground.png
 node "$here/differential/playground.mjs" "$base" "$shot" ui-key-456 "$origin" || fail "playground"
 echo "api: ok"

@@ -141,7 +141,37 @@ if (origin) {
   await other.goto(refusedOrigin + '/', { timeout: 20000 });
   const refused = await other.evaluate(call, base, apiKey || 'none');
   if (!refused.error) await fail(browser, other, 'a call from ' + refusedOrigin + ' was not refused: ' + JSON.stringify(refused));
-  cross = `; cross-origin chat from ${origin} ok, from ${refusedOrigin} refused`;
+  // A copy of the playground served from ORIGIN (/playground.html, written
+  // by the caller), pointed at the server with ?api=, works the same.
+  await other.goto(origin + '/playground.html?api=' + encodeURIComponent(base), { timeout: 20000 });
+  if (apiKey) {
+    await other.waitForFunction(() => !document.getElementById('key-box').hidden, { timeout: 10000 })
+      .catch(() => fail(browser, other, 'the copy did not ask for the API key'));
+    await other.type('#api_key', apiKey);
+    await other.$eval('#api_key', (e) => e.dispatchEvent(new Event('change')));
+  }
+  await other.waitForFunction((b) => document.getElementById('model-info').textContent.includes('model gpt2')
+    && document.getElementById('model-info').textContent.includes('at ' + b), { timeout: 10000 }, base)
+    .catch(async () => fail(browser, other, 'the copy: ' + await other.$eval('#model-info', (e) => e.textContent)));
+  await other.$eval('#prompt', (e) => { e.value = 'The quick brown fox'; });
+  await other.$eval('#max_tokens', (e) => { e.value = '64'; });
+  await other.$eval('#temperature', (e) => { e.value = '0'; });
+  await other.click('#run');
+  await other.waitForFunction(() => /^done in/.test(document.getElementById('status').textContent), { timeout: 30000 })
+    .catch(async () => fail(browser, other, 'the copy: ' + await other.$eval('#status', (e) => e.textContent)));
+  const copied = await other.$eval('.choice .text', (e) => e.textContent);
+  if (copied !== result[0].text) await fail(browser, other, `the copy wrote ${JSON.stringify(copied)}, gpt2d's page ${JSON.stringify(result[0].text)}`);
+  // gpt2d's own page never calls another server, whatever ?api= says (its
+  // Content-Security-Policy allows only its origin), so a link cannot make
+  // it send a typed key elsewhere.
+  const own = await browser.newPage();
+  const elsewhere = [];
+  own.on('request', (r) => { if (r.url().startsWith(origin)) elsewhere.push(r.url()); });
+  await own.goto(base + '/?api=' + encodeURIComponent(origin), { waitUntil: 'load', timeout: 20000 });
+  await own.waitForFunction(() => /cannot reach the server/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+    .catch(async () => fail(browser, own, '?api= on gpt2d\'s own page: ' + await own.$eval('#model-info', (e) => e.textContent)));
+  if (elsewhere.length) await fail(browser, own, 'gpt2d\'s page called ' + elsewhere.join(' '));
+  cross = `; cross-origin chat from ${origin} ok, from ${refusedOrigin} refused; the page's copy on ${origin} ok, gpt2d's own page kept to its origin`;
 }
 await browser.close();
 console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives, ${partial.size} partial renderings${cross}; screenshot ${shot})`);
