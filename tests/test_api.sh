@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # tests/test_api.sh GPT2D [SCREENSHOT_DIR]: the API surface around
-# completions: chat through the OpenAI client and LangChain's ChatOpenAI,
-# chat templates (default, a file, none), model names, /v1/models/{id},
-# /version, the playground page in headless chromium, /metrics through
-# promtool, the info line and the access line, and the command line's
-# --version and unknown options.
+# completions: chat's fields against a live server and through the OpenAI
+# client and LangChain's ChatOpenAI, chat templates (default, a file, none),
+# model names, /v1/models/{id} with odd ids, /version, the playground page in
+# headless chromium (keys on, CORS preflights, a copy on another origin),
+# /metrics after traffic of every kind through promtool, the naming rules
+# and docs/operations.md's table, the info line (and its silence when idle)
+# and the access line, and the command line's --version and option mistakes
+# on every subcommand. GPT2D_REQUIRE_ALL=1 (or CI) makes a missing promtool
+# a failure; the node clients and chromium are always required.
 set -euo pipefail
 gpt2d=$(realpath "$1")
 shots=${2:-}
