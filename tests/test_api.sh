@@ -72,6 +72,7 @@ cli "gpt2d bench: bad value for --threads: 'x'" bench --threads x
 cli "gpt2d inspect: --json takes no value" inspect --json=1 file
 cli "gpt2d detokenize: --jsonl is only for tokenize" detokenize --jsonl
 cli "gpt2d bench: --model DIR is required" bench
+cli "gpt2d convert: unknown option '-x'" convert -xy a b
 
 # ---- Chat templates: a bad file stops start-up naming its line ------------------
 printf 'user = "{content}"\nassistant = "no placeholder"\n' > "$dir/bad.tmpl"

@@ -30,6 +30,9 @@ int tool_option_error(const char *cmd, int c, char *const *argv, int next,
             fprintf(stderr, "gpt2d %s: --%s takes no value\n", cmd, o->name);
             return 2;
         }
-    fprintf(stderr, "gpt2d %s: unknown option '%s'\n", cmd, arg);
+    if (optopt > 0 && optopt < 128) /* a short option: "-xy" leaves optind on its word */
+        fprintf(stderr, "gpt2d %s: unknown option '-%c'\n", cmd, optopt);
+    else
+        fprintf(stderr, "gpt2d %s: unknown option '%s'\n", cmd, arg);
     return 2;
 }
