@@ -297,12 +297,13 @@ static int prompts_fit(srv_req *r, enum MHD_Result *rc)
         if (q->max_tokens_auto && q->max_tokens > mc->n_ctx - r->prompt_len[i])
             q->max_tokens = mc->n_ctx - r->prompt_len[i]; /* no max_tokens: what fits */
         if (r->prompt_len[i] + q->max_tokens > mc->n_ctx) {
-            *rc = http_send_error(
-                r, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", NULL,
-                "This model's maximum context length is %zu tokens, however you "
-                "requested %zu tokens (%zu in your prompt; %zu for the "
-                "completion). Please reduce your prompt; or completion length.",
-                mc->n_ctx, r->prompt_len[i] + q->max_tokens, r->prompt_len[i], q->max_tokens);
+            *rc = http_send_error(r, 400, "invalid_request_error", "context_length_exceeded",
+                                  q->max_completion ? "max_completion_tokens" : "max_tokens", NULL,
+                                  "This model's maximum context length is %zu tokens, however you "
+                                  "requested %zu tokens (%zu in your prompt; %zu for the "
+                                  "completion). Please reduce your prompt; or completion length.",
+                                  mc->n_ctx, r->prompt_len[i] + q->max_tokens, r->prompt_len[i],
+                                  q->max_tokens);
             return 0;
         }
     }

@@ -67,7 +67,7 @@ int srv_main(int argc, char **argv)
             return 0;
         }
         if (strcmp(argv[i], "--version") == 0) {
-            printf("gpt2d %s (%s, %s)\n", srv_version(), srv_commit(), srv_buildtype());
+            srv_print_version();
             return 0;
         }
         if (strcmp(argv[i], "--print-defaults") == 0) {

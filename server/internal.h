@@ -112,8 +112,8 @@ double log_now(void);
 /* ---- metrics.c (pure; loop thread) ---------------------------------------- */
 
 #define MET_BUCKETS 14
-#define MET_ROUTES 12   /* the routes of met_route_index, and "other" */
-#define MET_STATUSES 11 /* the statuses of met_status_index, and "other" */
+#define MET_ROUTES 12   /* metrics.c's met_routes, and "other" */
+#define MET_STATUSES 16 /* metrics.c's met_statuses, and "other" */
 
 typedef struct {
     const double *bounds;

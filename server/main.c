@@ -9,10 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#ifndef GPT2D_VERSION
-#define GPT2D_VERSION "0.1.0"
-#endif
-
 typedef struct {
     const char *name;
     int (*run)(int argc, char **argv);
@@ -51,7 +47,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("gpt2d %s\n", GPT2D_VERSION);
+        srv_print_version();
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -24,8 +24,10 @@ static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
                                                    "/version",
                                                    "/",
                                                    "other"};
-static const unsigned met_statuses[MET_STATUSES] = {200, 400, 401, 404, 405, 408,
-                                                    413, 429, 500, 503, 0};
+/* Every status gpt2d writes (204: a preflight; 403: a refused Origin;
+ * 414/431/501: refused heads), then "other". */
+static const unsigned met_statuses[MET_STATUSES] = {200, 204, 400, 401, 403, 404, 405, 408,
+                                                    413, 414, 429, 431, 500, 501, 503, 0};
 
 void met_init(srv_metrics *m)
 {

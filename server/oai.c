@@ -552,8 +552,10 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
             goto fail;
         }
         const json_t *calls = json_object_get(m, "tool_calls");
+        if (calls == NULL || json_is_null(calls)) calls = json_object_get(m, "function_call");
         if (calls != NULL && !json_is_null(calls)) {
-            bad(err, "messages", "'messages[%zu].tool_calls': tools are not supported", i);
+            bad(err, "messages", "'messages[%zu].%s': tools are not supported", i,
+                json_object_get(m, "tool_calls") != NULL ? "tool_calls" : "function_call");
             goto fail;
         }
         const json_t *content = json_object_get(m, "content");
@@ -598,11 +600,14 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
         || refuse(o, "functions", "GPT-2 cannot call functions", err) != 0
         || refuse(o, "audio", "GPT-2 writes only text", err) != 0)
         goto done;
-    const json_t *tc = json_object_get(o, "tool_choice");
-    if (tc != NULL && !json_is_null(tc)
-        && !(json_is_string(tc) && strcmp(json_string_value(tc), "none") == 0)) {
-        bad(err, "tool_choice", "'tool_choice' is not supported: GPT-2 cannot call tools");
-        goto done;
+    /* tool_choice and the older function_call: only "none" (or null). */
+    static const char *const choices[] = {"tool_choice", "function_call"};
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *tc = json_object_get(o, choices[i]);
+        if (tc != NULL && !json_is_null(tc) && !str_is(tc, "none")) {
+            bad(err, choices[i], "'%s' is not supported: GPT-2 cannot call tools", choices[i]);
+            goto done;
+        }
     }
     const json_t *rf = json_object_get(o, "response_format");
     if (rf != NULL && !json_is_null(rf)) {
@@ -629,6 +634,7 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
     if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0
         || get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &old, err) != 0)
         goto done;
+    r->max_completion = ll >= 0;
     if (ll < 0) ll = old;
     r->max_tokens_auto = ll < 0;
     r->max_tokens = ll >= 0                                        ? (size_t)ll

@@ -43,6 +43,7 @@ typedef struct {
     char *model;         /* owned; NULL: absent, the served model */
     int chat;            /* 1: POST /v1/chat/completions (answers in the chat shape) */
     int max_tokens_auto; /* 1: max_tokens was not given (chat): what the context allows */
+    int max_completion;  /* 1: max_tokens came as max_completion_tokens (errors name it) */
     oai_prompt *prompts;
     size_t nprompts;
     size_t max_tokens;  /* default 16 */

@@ -4,6 +4,7 @@
  * the process's numbers gathered here).
  */
 #include "internal.h"
+#include "server.h"
 #include "version.h"
 
 #include <ctype.h>
@@ -19,6 +20,9 @@
 #ifndef GPT2D_BUILD_TYPE
 #define GPT2D_BUILD_TYPE "unknown"
 #endif
+#ifndef GPT2D_BUILD_SANITIZE
+#define GPT2D_BUILD_SANITIZE "unknown"
+#endif
 
 const char *srv_version(void)
 {
@@ -33,6 +37,11 @@ const char *srv_commit(void)
 const char *srv_buildtype(void)
 {
     return GPT2D_BUILD_TYPE;
+}
+
+void srv_print_version(void)
+{
+    printf("gpt2d %s (%s, %s)\n", srv_version(), srv_commit(), srv_buildtype());
 }
 
 enum MHD_Result probe_health(srv_req *r)
@@ -100,9 +109,10 @@ enum MHD_Result probe_model(srv_req *r)
 enum MHD_Result probe_version(srv_req *r)
 {
     const srv *s = r->s;
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
-                          srv_commit(), "buildtype", srv_buildtype(), "kernels", eng_kernels(),
-                          "model", s->cfg.model_name, "dtype", eng_model_dtype(s->model));
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
+                          srv_commit(), "buildtype", srv_buildtype(), "sanitize",
+                          GPT2D_BUILD_SANITIZE, "kernels", eng_kernels(), "model",
+                          s->cfg.model_name, "dtype", eng_model_dtype(s->model));
     return http_send_obj(r, o);
 }
 

@@ -18,4 +18,8 @@
  * on a usage error. Thread: main. */
 int srv_main(int argc, char **argv);
 
+/* The version line of `gpt2d --version` and `gpt2d serve --version`:
+ * "gpt2d VERSION (COMMIT, BUILDTYPE)" and a newline, on stdout. */
+void srv_print_version(void);
+
 #endif

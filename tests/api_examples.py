@@ -7,6 +7,11 @@ ending in a backslash continue it). Each must exit 0 and print JSON, or, for
 a stream, SSE events ending with "data: [DONE]". The lines of the block after
 the command, if any, are the documented answer: the output must be exactly
 that JSON, byte for byte (the compact JSON the server writes).
+
+A block that starts with `{"id":` is the shape of an answer, shown without
+the command: it must be compact JSON (broken over lines only), with `{...}`
+standing for any object, and have the keys, in the server's order, of the
+answer of the curl example before it.
 """
 import json
 import subprocess
@@ -26,8 +31,37 @@ for line in open(doc).read().splitlines():
 if cur:
     blocks.append(cur)
 
-ran = 0
+ANY = "\u0000any object"
+
+
+def shape(doc, got, path):
+    if doc == ANY:
+        return
+    if isinstance(doc, dict):
+        if not isinstance(got, dict) or list(doc) != list(got):
+            sys.exit(f"FAIL: the answer's shape at {path}: documented {list(doc)}, "
+                     f"the server writes {list(got) if isinstance(got, dict) else got!r}")
+        for k in doc:
+            shape(doc[k], got[k], f"{path}.{k}")
+    elif isinstance(doc, list) and doc:
+        if not isinstance(got, list) or not got:
+            sys.exit(f"FAIL: the answer's shape at {path}: documented a list, the server writes {got!r}")
+        shape(doc[0], got[0], f"{path}[0]")
+
+
+ran = shapes = 0
+last = None  # the answer of the last curl example
 for b in blocks:
+    if b[0].startswith('{"id":'):
+        text = "".join(line.strip() for line in b).replace("{...}", json.dumps(ANY))
+        doc_answer = json.loads(text)
+        if json.dumps(doc_answer, separators=(",", ":"), ensure_ascii=False) != text:
+            sys.exit(f"FAIL: a documented answer is not compact JSON: {text}")
+        if last is None:
+            sys.exit(f"FAIL: a documented answer with no curl example before it: {text}")
+        shape(doc_answer, last, "answer")
+        shapes += 1
+        continue
     if not b[0].startswith("curl "):
         continue
     cmd = [b[0]]
@@ -51,7 +85,7 @@ for b in blocks:
                 json.loads(e[len("data: "):])
     else:
         try:
-            got = json.loads(out)
+            got = last = json.loads(out)
         except ValueError:
             sys.exit(f"FAIL: `{shell}` did not print JSON: {out[:200]!r}")
         if "error" in got and not expected:
@@ -64,4 +98,6 @@ for b in blocks:
     ran += 1
 if ran < 8:
     sys.exit(f"FAIL: only {ran} curl examples found in {doc}")
-print(f"api.md: {ran} curl examples ran as documented")
+if shapes < 2:
+    sys.exit(f"FAIL: only {shapes} documented answer shapes found in {doc}")
+print(f"api.md: {ran} curl examples ran as documented, {shapes} answer shapes match")

@@ -248,6 +248,7 @@ START_TEST(oai_parse_chat_renders_the_default_transcript)
     ck_assert_str_eq(r.stop[0], "\n\n");
     ck_assert_str_eq(r.stop[1], "\nUser:");
     ck_assert_int_eq(r.max_tokens_auto, 1);
+    ck_assert_int_eq(r.max_completion, 0);
     ck_assert_uint_eq(r.max_tokens, lim.chat_max_tokens); /* not the whole context */
     ck_assert_int_eq(r.logprobs, -1);
     ck_assert_ptr_null(r.model);
@@ -266,11 +267,13 @@ START_TEST(oai_parse_chat_every_field)
             "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
             "\"temperature\": 0.5, \"top_p\": 0.9, \"seed\": 4, \"logprobs\": true,"
             "\"top_logprobs\": 3, \"logit_bias\": {\"11\": 1}, \"response_format\": {\"type\":"
-            " \"text\"}, \"tools\": [], \"tool_choice\": \"none\", \"user\": \"u\"}");
+            " \"text\"}, \"tools\": [], \"tool_choice\": \"none\", \"function_call\": \"none\", "
+            "\"user\": \"u\"}");
     ck_assert_str_eq(r.model, "gpt2");
     ck_assert_str_eq(r.prompts[0].text, "x\n\nAssistant:"); /* developer is system */
     ck_assert_uint_eq(r.max_tokens, 7);                     /* the current name wins */
     ck_assert_int_eq(r.max_tokens_auto, 0);
+    ck_assert_int_eq(r.max_completion, 1);
     ck_assert_uint_eq(r.n, 2);
     ck_assert_uint_eq(r.best_of, 2);
     ck_assert_uint_eq(r.nstop, 3); /* the request's, then the template's */
@@ -308,6 +311,10 @@ static const struct {
      "tools", "cannot call tools"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"auto\"}",
      "tool_choice", "not supported"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"function_call\": \"auto\"}",
+     "function_call", "'function_call' is not supported"},
+    {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"function_call\": {}}]}",
+     "messages", "'messages[0].function_call': tools are not supported"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
      "\"json_object\"}}",
      "response_format", "'json_object' is not supported"},

@@ -576,6 +576,8 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     met_count_request(&m, "/nowhere", 418, 1);
     met_count_request(&m, "/v1/models/gpt2", 200, 0);
     met_count_request(&m, "/v1/models/other", 503, 0);
+    met_count_request(&m, "/v1/completions", 403, 0);
+    met_count_request(&m, "/v1/chat/completions", 204, 0);
     met_observe(&m.ttft, 0.003);
     met_observe(&m.ttft, 0.2);
     met_observe(&m.ttft, 1000); /* past the last bucket: only +Inf */
@@ -603,6 +605,9 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/health\",status=\"200\"} 2"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/completions\",status=\"429\"} 1"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"other\",status=\"other\"} 1"));
+    ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/completions\",status=\"403\"} 1"));
+    ck_assert(
+        has_line(page, "gpt2d_requests_total{route=\"/v1/chat/completions\",status=\"204\"} 1"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/models/{id}\",status=\"200\"} 1"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/models/{id}\",status=\"503\"} 1"));
     ck_assert(!strstr(page, "status=\"404\"")); /* zero counts are not printed */

@@ -312,11 +312,11 @@ int tool_bench(int argc, char **argv)
     const char *dir = NULL;
     long threads = 0, gen = 64;
     size_t conc[8] = {1, 4, 16, 64}, nconc = 4, max_seqs = 64;
-    int c;
+    int c, idx = 0;
     char *end;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
         case 't':
@@ -346,7 +346,12 @@ int tool_bench(int argc, char **argv)
         default: goto bad;
         }
     }
-    if (dir == NULL || optind != argc) goto bad;
+    if (dir == NULL || optind != argc) {
+        fprintf(stderr, "gpt2d bench: %s\n",
+                dir == NULL ? "--model DIR is required" : "unexpected argument");
+        bench_usage(stderr);
+        return 2;
+    }
 
     char err[512];
     eng_model *m;
@@ -421,7 +426,7 @@ done:
     eng_model_free(m);
     return rc;
 bad:
-    fprintf(stderr, "gpt2d bench: bad or missing option\n");
+    tool_option_error("bench", c, argv, optind, longopts, idx);
     bench_usage(stderr);
     return 2;
 }

@@ -104,16 +104,15 @@ int tool_convert(int argc, char **argv)
     static const struct option longopts[] = {
         {"dtype", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *dtype = NULL;
-    int c;
+    int c, idx = 0;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'd': dtype = optarg; break;
         case 'h': convert_usage(stdout); return 0;
         default:
-            fprintf(stderr, "gpt2d convert: unknown option or missing value: %s\n",
-                    argv[optind - 1]);
+            tool_option_error("convert", c, argv, optind, longopts, idx);
             convert_usage(stderr);
             return 2;
         }

@@ -101,10 +101,10 @@ int tool_generate(int argc, char **argv)
                                              {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = "The meaning of life is";
     double ntok = 60, temp = 0.8, topk = 40, topp = 1, seed = 42;
-    int ignore_eos = 0, ids_out = 0, c;
+    int ignore_eos = 0, ids_out = 0, c, idx = 0;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
         case 'p': prompt = optarg; break;
@@ -239,7 +239,7 @@ done:
     bpe_free(tok);
     return rc;
 bad:
-    fprintf(stderr, "gpt2d generate: bad option or value: %s\n", argv[optind - 1]);
+    tool_option_error("generate", c, argv, optind, longopts, idx);
     gen_usage(stderr);
     return 2;
 }

@@ -109,15 +109,15 @@ int tool_inspect(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    int json = 0, c;
+    int json = 0, c, idx = 0;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'j': json = 1; break;
         case 'h': inspect_usage(stdout); return 0;
         default:
-            fprintf(stderr, "gpt2d inspect: unknown option: %s\n", argv[optind - 1]);
+            tool_option_error("inspect", c, argv, optind, longopts, idx);
             inspect_usage(stderr);
             return 2;
         }

@@ -210,9 +210,9 @@ int tool_synth(int argc, char **argv)
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
-    int c;
+    int c, idx = 0;
     long v;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'l':
             if (!parse_long(optarg, 1, 1000, &o.layers)) goto bad_value;
@@ -241,10 +241,7 @@ int tool_synth(int argc, char **argv)
             o.prefix = optarg;
             break;
         case 'h': synth_usage(stdout); return 0;
-        default:
-            fprintf(stderr, "gpt2d synth: unknown option or missing value: %s\n", argv[optind - 1]);
-            synth_usage(stderr);
-            return 2;
+        default: goto bad_value;
         }
     }
     if (optind != argc - 1) {
@@ -328,7 +325,7 @@ done:
     return rc;
 
 bad_value:
-    fprintf(stderr, "gpt2d synth: bad value '%s' for %s\n", optarg, argv[optind - 1]);
+    tool_option_error("synth", c, argv, optind, longopts, idx);
     synth_usage(stderr);
     return 2;
 }

@@ -117,10 +117,10 @@ static int run(int argc, char **argv, int encode)
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *cmd = argv[0], *model = NULL;
-    int jsonl = 0, special = 0, c;
+    int jsonl = 0, special = 0, c, idx = 0;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'j':
@@ -208,7 +208,10 @@ done:
     if (fflush(stdout) != 0) rc = 1;
     return rc;
 bad:
-    fprintf(stderr, "gpt2d %s: unknown option or missing value: %s\n", cmd, argv[optind - 1]);
+    if (c == 'j' || c == 's')
+        fprintf(stderr, "gpt2d %s: --%s is only for tokenize\n", cmd, longopts[idx].name);
+    else
+        tool_option_error(cmd, c, argv, optind, longopts, idx);
     tok_usage(stderr, cmd);
     return 2;
 }
