@@ -230,7 +230,7 @@ static float dot16(const float *a, const op_w *w, size_t off, size_t n)
 
 float op_dot(const float *a, const float *b, size_t n)
 {
-    op_w w = {b, NULL, OP_F32};
+    op_w w = {b, NULL, OP_F32, 0};
     return dot16(a, &w, 0, n);
 }
 

@@ -31,6 +31,9 @@
 #define WF_META_FORMAT "gpt2d.format"
 #define WF_META_Q8_BLOCK "gpt2d.q8_block"
 #define WF_Q8_SCALE_SUFFIX ".q8_scale"
+#define WF_META_LAYOUT "gpt2d.layout"
+#define WF_LAYOUT_PANEL "panel64"
+#define WF_PANEL 64
 
 /*
  * The format of f: "f32", "f16", "bf16", "q8" or "mixed" (a static

@@ -781,7 +781,7 @@ static void test_w_make(test_w *t, op_dtype dt, size_t R, size_t Cc, int rows, u
         }
         }
     }
-    t->w = (op_w){t->p, t->scale, dt};
+    t->w = (op_w){t->p, t->scale, dt, 0};
 }
 
 static void test_w_free(test_w *t)
@@ -793,18 +793,45 @@ static void test_w_free(test_w *t)
 
 static const char *const dt_names[] = {"F32", "F16", "BF16", "Q8"};
 
+/* W (K, N) of t rewritten in the panel64 layout, from its definition
+ * (kernels.h, formats/wformat.h): element (k, n) moves to ((n / 64) * K +
+ * k) * 64 + n % 64, and a Q8 scale (j, n) to ((n / 64) * ceil(K / 32) + j)
+ * * 64 + n % 64. The widened values stay where they were. */
+static void test_w_panel(test_w *t, size_t K, size_t N)
+{
+    size_t es = t->w.dt == OP_F32 ? 4 : t->w.dt == OP_Q8 ? 1 : 2, kq = (K + 31) / 32;
+    unsigned char *p = malloc(K * N * es);
+    float *sc = t->scale ? malloc(kq * N * sizeof *sc) : NULL;
+    ck_assert(p && (!t->scale || sc));
+    for (size_t k = 0; k < K; k++)
+        for (size_t n = 0; n < N; n++)
+            memcpy(p + (((n / 64) * K + k) * 64 + n % 64) * es,
+                   (unsigned char *)t->p + (k * N + n) * es, es);
+    for (size_t j = 0; sc && j < kq; j++)
+        for (size_t n = 0; n < N; n++) sc[((n / 64) * kq + j) * 64 + n % 64] = t->scale[j * N + n];
+    free(t->p);
+    free(t->scale);
+    t->p = p;
+    t->scale = sc;
+    t->w = (op_w){p, sc, t->w.dt, 1};
+}
+
 /* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
  * 24 rows with AVX-512 or 48 with AVX2, k-blocked tiles; more, packed
  * strips; and every partial tile of each); each must give, bit for bit,
  * b[n] followed by one FMA per k in increasing k over the widened weights,
- * computed here with fmaf, in every weight format (loop index) and with a
- * 16-bit bias too. K = 70 leaves a k-block tail (and a partial Q8 block)
- * and N = 112 a column tail past the 32-column tasks. Run at every kernel
- * level (GPT2D_KERNELS) by tests/meson.build. */
+ * computed here with fmaf, in every weight format (loop index % 4) and
+ * with a 16-bit bias too, in both layouts of W (loop index / 4: row-major,
+ * then panel64). K = 70 leaves a k-block tail (and a partial Q8 block)
+ * and N = 112 a column tail past the 32-column tasks; panels take N = 192
+ * (three panels, split between two threads). Run at every kernel level
+ * (GPT2D_KERNELS) by tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
-    enum { K = 70, N = 112, TMAX = 70 };
-    op_dtype dt = (op_dtype)_i;
+    enum { K = 70, TMAX = 70 };
+    op_dtype dt = (op_dtype)(_i % 4);
+    int panel = _i / 4;
+    size_t N = panel ? 192 : 112;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
     float *pack =
@@ -817,6 +844,7 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
     test_w W, b;
     test_w_make(&W, dt, K, N, 1, &seed);
     test_w_make(&b, dt == OP_Q8 ? OP_F32 : dt, 1, N, 0, &seed);
+    if (panel) test_w_panel(&W, K, N);
     for (size_t t = 0; t < TMAX; t++)
         for (size_t n = 0; n < N; n++) {
             float acc = b.wide[n];
@@ -828,8 +856,9 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
         op_matmul(pool, pack, out, in, &W.w, &b.w, T, K, N);
         for (size_t i = 0; i < T * N; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt], T, i / N,
-                          i % N, (double)out[i], (double)want[i]);
+                          "%s%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt],
+                          panel ? " panel64" : "", T, i / N, i % N, (double)out[i],
+                          (double)want[i]);
     }
     test_w_free(&W);
     test_w_free(&b);
@@ -1089,7 +1118,7 @@ START_TEST(op_widen_every_16_bit_value_is_exact)
     ck_assert(bits && got);
     for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
     for (int k = 0; k < 2; k++) {
-        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16};
+        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16, 0};
         op_widen(got, &w, 0, 65536);
         for (size_t i = 0; i < 65536; i++) {
             float want = k == 0 ? sft_f16_to_f32(bits[i]) : sft_bf16_to_f32(bits[i]);
@@ -1165,7 +1194,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("op_kernels");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
+    tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, 0, 8);
     tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
     tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
     suite_add_tcase(s, tc);
