@@ -16,6 +16,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
@@ -318,6 +319,37 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
     kb_acc_store(c, acc, t0, n0, R, V);
 }
 
+OP_AVX512 __attribute__((always_inline)) static inline void
+kb_tile2_avx512(const mm_ctx *c, const float *xs, size_t na, size_t nb, const op_dtype dt)
+{
+    __m512 a[4], b[4], sa[4], sb[4];
+    for (size_t v = 0; v < 4; v++) {
+        a[v] = _mm512_loadu_ps(c->b + na + 16 * v);
+        b[v] = _mm512_loadu_ps(c->b + nb + 16 * v);
+    }
+    for (size_t kq = 0; kq < c->K;) {
+        size_t kn = kq_end(kq, c->K);
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++) {
+            sa[v] = mm_sc16(c, kq, na + 16 * v, dt);
+            sb[v] = mm_sc16(c, kq, nb + 16 * v, dt);
+        }
+        for (size_t k = kq; k < kn; k++) {
+            __m512 x = _mm512_set1_ps(xs[k]);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < 4; v++) {
+                a[v] = _mm512_fmadd_ps(x, mm_w16(c, k, na + 16 * v, sa[v], dt), a[v]);
+                b[v] = _mm512_fmadd_ps(x, mm_w16(c, k, nb + 16 * v, sb[v], dt), b[v]);
+            }
+        }
+        kq = kn;
+    }
+    for (size_t v = 0; v < 4; v++) {
+        _mm512_storeu_ps(c->out + na + 16 * v, a[v]);
+        _mm512_storeu_ps(c->out + nb + 16 * v, b[v]);
+    }
+}
+
 /* BF16, 32 columns at a time: op_bf16x32 widens them with one 64-byte load
  * and two word permutes, in the columns' own order (the zero extension
  * and shift of op_ld16 take four instructions per 32). R rows (up to 4) x
@@ -383,6 +415,13 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
         gather_inputs(c, xs, kb, ke);
         size_t n = n0;
         /* Up to 4 rows: 64-column tiles (4 accumulators a row). */
+        if (c->W.panel && c->T == 1 && getenv("GPT2D_TWO")) {
+            size_t np = (n1 - n0) / 64, half = (np + 1) / 2;
+            for (size_t i = 0; i < np / 2; i++)
+                kb_tile2_avx512(c, xs, n0 + 64 * i, n0 + 64 * (i + half), dt);
+            if (np % 2) kb_tile_avx512(c, xs, 0, n0 + 64 * (half - 1), kb, ke, 1, 4, dt);
+            n = n0 + np * 64;
+        }
         for (; c->T <= 4 && n + 64 <= n1; n += 64) {
             kb_prefetch(c, n0, n1, n, kb, mm_esize(dt), 64 * mm_esize(dt));
             switch (c->T) {
