@@ -67,9 +67,27 @@ static void convert(const char *from, const char *to, const char *dtype)
     ck_assert_int_eq(system(cfg), 0);
 }
 
+/* DIR/to = `gpt2d convert DIR/from/... --dtype dtype --layout panel64`. */
+static void convert_panel(const char *from, const char *to, const char *dtype)
+{
+    char in[320], out[320], cfg[700];
+    snprintf(out, sizeof out, "%s/%s", dir, to);
+    mkdir(out, 0755);
+    snprintf(in, sizeof in, "%s/%s/model.safetensors", dir, from);
+    snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, to);
+    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype, "--layout", "panel64"};
+    ck_assert_int_eq(tool_convert(7, argv), 0);
+    snprintf(cfg, sizeof cfg, "cp '%s/%s/config.json' '%s/%s/'", dir, from, dir, to);
+    ck_assert_int_eq(system(cfg), 0);
+}
+
 /* The models the invariance tests run on, by loop index: GPT-2's head size
- * also in BF16 and in Q8, whose kernels widen the weights in registers. */
-static const char *const inv_models[] = {"aligned", "hs64", "hs64_bf16", "hs64_q8"};
+ * also in BF16 and in Q8, whose kernels widen the weights in registers,
+ * and in the panel64 layout (F32, BF16, Q8), whose projections the matmul
+ * reads panel by panel. */
+static const char *const inv_models[] = {
+    "aligned", "hs64", "hs64_bf16", "hs64_q8", "hs64_panel", "hs64_bf16_panel", "hs64_q8_panel"};
+#define N_INV_MODELS (sizeof inv_models / sizeof *inv_models)
 
 static void setup(void)
 {
@@ -79,6 +97,9 @@ static void setup(void)
     synth_hs64();
     convert("hs64", "hs64_bf16", "bf16");
     convert("hs64", "hs64_q8", "q8");
+    convert_panel("hs64", "hs64_panel", "f32");
+    convert_panel("hs64", "hs64_bf16_panel", "bf16");
+    convert_panel("hs64", "hs64_q8_panel", "q8");
 }
 
 static void teardown(void)
@@ -344,6 +365,42 @@ START_TEST(eng_model_q8_gives_the_logits_of_its_dequantization)
     run_alone(m, got);
     eng_model_free(m);
     ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "q8 logits differ");
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* The panel64 layout moves the projections' elements, never their values or
+ * the order they are summed in: each format's panel file gives exactly the
+ * logits of the same format in the Hugging Face layout (a prefill of 7 and
+ * three decodes, run_alone), served from the mapping all the same. */
+START_TEST(eng_model_panel_gives_the_logits_of_its_hf_file)
+{
+    static const char *const pairs[][2] = {{"hs64", "hs64_panel"},
+                                           {"hs64_bf16", "hs64_bf16_panel"},
+                                           {"hs64_q8", "hs64_q8_panel"},
+                                           {"hs64_f16", "hs64_f16_panel"}};
+    convert("hs64", "hs64_f16", "f16");
+    convert_panel("hs64", "hs64_f16_panel", "f16");
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        eng_model *m = load(pairs[i][0]);
+        ck_assert_str_eq(eng_model_layout(m), "hf");
+        run_alone(m, want);
+        const char *dtype = eng_model_dtype(m);
+        size_t bytes = eng_model_weight_bytes(m);
+        eng_model_free(m);
+        m = load(pairs[i][1]);
+        ck_assert_str_eq(eng_model_layout(m), "panel64");
+        ck_assert_str_eq(eng_model_dtype(m), dtype);
+        ck_assert_uint_eq(eng_model_weight_bytes(m), bytes);
+        ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+        run_alone(m, got);
+        eng_model_free(m);
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s: panel64 logits differ",
+                      pairs[i][1]);
+    }
     free(want);
     free(got);
 }
@@ -1173,11 +1230,12 @@ int main(void)
     TCase *tc = tcase_create("eng_forward");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 4);
-    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 4);
+    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, (int)N_INV_MODELS);
+    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, (int)N_INV_MODELS);
     tcase_add_test(tc, eng_model_layouts_give_identical_logits);
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_q8_gives_the_logits_of_its_dequantization);
+    tcase_add_test(tc, eng_model_panel_gives_the_logits_of_its_hf_file);
     tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
