@@ -109,8 +109,8 @@ static sft_status check_layout(const sft_file *f, int panel, char *err, size_t e
         if (!panel) {
             if (proj && t->ndim == 3)
                 return wf_fail(err, errlen,
-                               "%s: 3-D projection '%s' in a file without %s \"%s\" metadata",
-                               path, t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
+                               "%s: 3-D projection '%s' in a file without %s \"%s\" metadata", path,
+                               t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
             continue;
         }
         if (proj && t->ndim != 3)
@@ -194,8 +194,7 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
         for (size_t d = 0; ok && d < nd; d++) ok = s->shape[d] == shape[d];
         if (!ok && nd == 3)
             return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld, %lld]", path,
-                           sname, (long long)shape[0], (long long)shape[1],
-                           (long long)shape[2]);
+                           sname, (long long)shape[0], (long long)shape[1], (long long)shape[2]);
         if (!ok)
             return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,
                            (long long)shape[0], (long long)shape[1]);

@@ -10,11 +10,9 @@
  * page cache. The write is atomic (formats/ sft_save).
  *
  * Formats (formats/wformat.h). Without --dtype, tensors, dtypes and
- * metadata are kept as they are (but the layout key, which is OUT's). With it, every floating-point tensor
- * (F32, F16, BF16, F64) is first widened exactly to F32, then:
- *   f32   kept;
- *   f16   rounded to nearest, ties to even (sft_f32_to_f16; out of range
- *         becomes infinity, as IEEE conversion does);
+ * metadata are kept as they are (but the layout key, which is OUT's). With it, every floating-point
+ * tensor (F32, F16, BF16, F64) is first widened exactly to F32, then: f32   kept; f16   rounded to
+ * nearest, ties to even (sft_f32_to_f16; out of range becomes infinity, as IEEE conversion does);
  *   bf16  rounded to nearest, ties to even on the upper 16 bits (NaN stays
  *         a quiet NaN);
  *   q8    see quantize.c: every weight matrix (2-D, but wpe) becomes I8 with
