@@ -318,10 +318,12 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
         goto done;
     }
-    /* wf_detect checked the layout's value and shapes; the binder checks
-     * every shape again, as the kernels index by them. */
-    const char *layout = sft_metadata_get(f, WF_META_LAYOUT);
-    b.panel = layout != NULL && strcmp(layout, WF_LAYOUT_PANEL) == 0;
+    /* wf_detect checked the layout and its shapes; the binder checks every
+     * shape again, as the kernels index by them. */
+    if (wf_layout(f, &b.panel, e, sizeof e) != SFT_OK) {
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
+        goto done;
+    }
     m->layout = b.panel ? WF_LAYOUT_PANEL : "hf";
     rc = bind_all(&b, m);
     if (rc != ENG_OK) goto done;
