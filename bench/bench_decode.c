@@ -99,12 +99,14 @@ int main(int argc, char **argv)
     eng_times tm;
     eng_workspace_times(w, &tm);
     qsort(t, (size_t)steps, sizeof *t, cmp_double);
-    printf("{\"format\": \"%s\", \"sequences\": %zu, \"min_ms\": %.2f, \"median_ms\": %.2f, "
+    printf("{\"format\": \"%s\", \"layout\": \"%s\", \"sequences\": %zu, \"min_ms\": %.2f, "
+           "\"median_ms\": %.2f, "
            "\"tokens_per_s_at_min\": %.1f, \"mean_ms\": {\"matmul\": %.2f, \"attention\": %.2f, "
            "\"lm_head\": %.2f, \"other\": %.2f}}\n",
-           eng_model_dtype(m), S, t[0] * 1e3, t[steps / 2] * 1e3, (double)S / t[0],
-           (tm.matmul - t0.matmul) * 1e3 / steps, (tm.attention - t0.attention) * 1e3 / steps,
-           (tm.lm_head - t0.lm_head) * 1e3 / steps, (tm.other - t0.other) * 1e3 / steps);
+           eng_model_dtype(m), eng_model_layout(m), S, t[0] * 1e3, t[steps / 2] * 1e3,
+           (double)S / t[0], (tm.matmul - t0.matmul) * 1e3 / steps,
+           (tm.attention - t0.attention) * 1e3 / steps, (tm.lm_head - t0.lm_head) * 1e3 / steps,
+           (tm.other - t0.other) * 1e3 / steps);
     rc = 0;
 done:
     for (size_t q = 0; q < S; q++)

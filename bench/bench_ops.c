@@ -185,10 +185,10 @@ int main(int argc, char **argv)
             double t0 = now();
             for (int l = 0; l < L; l++)
                 for (int i = 0; i < 4; i++)
-                    op_matmul(pool, pack, out, in, &(op_w){W[l][i], S[l][i], dt},
-                              &(op_w){b[i], NULL, OP_F32}, T, shapes[i][0], shapes[i][1]);
+                    op_matmul(pool, pack, out, in, &(op_w){W[l][i], S[l][i], dt, 0},
+                              &(op_w){b[i], NULL, OP_F32, 0}, T, shapes[i][0], shapes[i][1]);
             double t1 = now();
-            op_lm_head(pool, logits, in, &(op_w){wte, wte_s, dt}, T, C, V);
+            op_lm_head(pool, logits, in, &(op_w){wte, wte_s, dt, 0}, T, C, V);
             double t2 = now();
             if (t1 - t0 < best_mm) best_mm = t1 - t0;
             if (t2 - t1 < best_lm) best_lm = t2 - t1;

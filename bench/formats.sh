@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # bench/formats.sh BUILD [ROUNDS] [OLD_BUILD]: every weight format side by
 # side on one GPT-2-small-shaped synth checkpoint, alternating f32, f16,
-# bf16, q8 (and OLD_BUILD's f32, e.g. a build of the commit before the
-# formats) for ROUNDS rounds (default 3):
+# bf16, q8 in the Hugging Face layout and in gpt2d's panel64 layout
+# (`gpt2d convert --layout panel64`; tagged p-f32 and so on), and OLD_BUILD's
+# f32 (e.g. a build of the commit before a change), for ROUNDS rounds
+# (default 3):
 #  - `gpt2d bench --sequences 1,16` (prefill of 512 tokens, decode at 1 and
 #    16 sequences, the bandwidth bound of each format's bytes);
 #  - `gpt2d serve`: peak RSS (VmHWM) after one 1-stream run of 128 tokens
@@ -21,7 +23,16 @@ for dt in f16 bf16 q8; do
     "$build/server/gpt2d" convert "$dir/model.safetensors" "$dir/$dt/model.safetensors" --dtype "$dt" 2>/dev/null
     cp "$dir"/*.json "$dir"/merges.txt "$dir/$dt/"
 done
-runs=("$build f32 $dir" "$build f16 $dir/f16" "$build bf16 $dir/bf16" "$build q8 $dir/q8")
+runs=()
+for dt in f32 f16 bf16 q8; do
+    mkdir "$dir/p-$dt"
+    "$build/server/gpt2d" convert "$dir/model.safetensors" "$dir/p-$dt/model.safetensors" \
+        --dtype "$dt" --layout panel64 2>/dev/null
+    cp "$dir"/*.json "$dir"/merges.txt "$dir/p-$dt/"
+    m=$dir/$dt
+    [ "$dt" = f32 ] && m=$dir
+    runs+=("$build $dt $m" "$build p-$dt $dir/p-$dt")
+done
 [ -n "$old" ] && runs+=("$old f32-before $dir")
 for _ in $(seq "$rounds"); do
     for r in "${runs[@]}"; do

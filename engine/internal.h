@@ -29,6 +29,7 @@ struct eng_model {
     size_t params;
     size_t weight_bytes; /* as stored, read once per step          */
     const char *dtype;   /* wf_detect's name: "f32", "bf16", ...    */
+    const char *layout;  /* "hf" or "panel64" (wformat.h)          */
 };
 
 /* The logprob of the prompt token at one position and the top alternatives

@@ -88,6 +88,15 @@ void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ct
  *            scale of W[k][n] is scale[(k / 32) * N + n]; for the token
  *            embeddings (V, C) that of wte[v][c] is scale[(v * C + c) / 32]
  *            (C a multiple of 32, so a block never crosses a row).
+ * The layout of a projection W (K, N), formats/wformat.h:
+ *   panel 0  row-major, as Hugging Face stores Conv1D weights: W[k][n] at
+ *            k * N + n (its Q8 scale at (k / 32) * N + n);
+ *   panel 1  "panel64": N / 64 panels of K rows of 64 columns, each panel
+ *            one contiguous run, W[k][n] at ((n / 64) * K + k) * 64 + n % 64
+ *            (its Q8 scale at ((n / 64) * ceil(K / 32) + k / 32) * 64 +
+ *            n % 64); N a multiple of 64. A thread's share of the columns is
+ *            then one contiguous stream of memory. Only op_matmul reads it;
+ *            the values and the reduction order are those of panel 0.
  */
 typedef enum { OP_F32 = 0, OP_F16 = 1, OP_BF16 = 2, OP_Q8 = 3 } op_dtype;
 #define OP_Q8_BLOCK 32
@@ -96,7 +105,9 @@ typedef struct {
     const void *p;      /* the elements, row-major                     */
     const float *scale; /* OP_Q8 only                                  */
     op_dtype dt;
+    int panel; /* 1: the panel64 layout (projections only), see above */
 } op_w;
+#define OP_PANEL 64
 
 /* Element i of w, widened; si is its scale's index (OP_Q8). The reference
  * widening of every kernel. */

@@ -67,6 +67,10 @@ const char *eng_model_dtype(const eng_model *m)
 {
     return m->dtype;
 }
+const char *eng_model_layout(const eng_model *m)
+{
+    return m->layout;
+}
 size_t eng_model_weight_bytes(const eng_model *m)
 {
     return m->weight_bytes;
@@ -80,6 +84,7 @@ typedef struct {
     size_t errlen;
     size_t params;
     size_t bytes; /* as stored, scales included */
+    int panel;    /* the file's projections are panel64 (wformat.h) */
 } binder;
 
 static op_dtype op_dtype_of(sft_dtype d)
@@ -87,25 +92,37 @@ static op_dtype op_dtype_of(sft_dtype d)
     return d == SFT_F16 ? OP_F16 : d == SFT_BF16 ? OP_BF16 : OP_F32;
 }
 
-/* Binds the F32 scales of the Q8 matrix t (their shape was checked by
- * wf_detect; checked again here, as the kernels index by it). */
-static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t)
+/* Binds the F32 scales of the Q8 matrix t, logically [K, N] (their shape
+ * was checked by wf_detect; checked again here, as the kernels index by
+ * it): [ceil(K / 32), N], or [N / 64, ceil(K / 32), 64] in a panel. */
+static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t, size_t K, size_t N,
+                              int panel)
 {
     char sname[200];
-    int64_t want[2];
+    int64_t want[3];
     snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX);
     const sft_tensor *s = sft_find(b->f, sname);
-    if (s == NULL || wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], want) != 0
-        || s->dtype != SFT_F32 || s->ndim != 2 || s->shape[0] != want[0] || s->shape[1] != want[1])
+    int ok = s != NULL && wf_q8_scale_shape(t->name, (int64_t)K, (int64_t)N, want) == 0
+             && s->dtype == SFT_F32;
+    if (ok && panel) {
+        want[2] = WF_PANEL;
+        want[1] = want[0];
+        want[0] = (int64_t)N / WF_PANEL;
+    }
+    for (size_t i = 0; ok && i < (panel ? 3u : 2u); i++)
+        ok = s->ndim == (panel ? 3u : 2u) && s->shape[i] == want[i];
+    if (!ok)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: q8 tensor '%s' lacks valid scales",
                          b->path, t->name);
     b->bytes += s->nbytes;
-    *dst = (op_w){t->data, s->data, OP_Q8};
+    *dst = (op_w){t->data, s->data, OP_Q8, panel};
     return ENG_OK;
 }
 
 /* Finds name with the given shape and binds *dst to its data as stored;
- * a weight matrix (q8 = 1) may be a Q8 one. */
+ * a weight matrix (q8 = 1) may be a Q8 one, and a projection (q8 = 2, a
+ * [d0 = K, d1 = N] Conv1D weight) is stored [N / 64, K, 64] in a panel64
+ * file. */
 static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1,
                        int q8)
 {
@@ -114,23 +131,35 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
     const sft_tensor *t = sft_find(b->f, full);
     if (t == NULL)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path, full);
-    size_t want[2] = {d0, d1};
+    int panel = q8 == 2 && b->panel;
+    if (panel && d1 % WF_PANEL != 0)
+        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
+                         "%s: tensor '%s': %zu columns cannot be panels of %d", b->path, full, d1,
+                         WF_PANEL);
+    size_t want[3] = {d0, d1, 0};
+    if (panel) {
+        want[0] = d1 / WF_PANEL;
+        want[1] = d0;
+        want[2] = WF_PANEL;
+        ndim = 3;
+    }
     int ok = t->ndim == ndim;
     for (size_t i = 0; ok && i < ndim; i++) ok = (size_t)t->shape[i] == want[i];
     if (!ok) {
-        char got[96] = "[";
+        char got[96] = "[", exp[96] = "[";
         for (size_t i = 0; i < t->ndim && strlen(got) < 80; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
                      (long long)t->shape[i]);
-        snprintf(got + strlen(got), sizeof got - strlen(got), "]");
+        for (size_t i = 0; i < ndim; i++)
+            snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%zu", i ? ", " : "", want[i]);
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
-                         "%s: tensor '%s' has shape %s, expected [%zu%s%.0zu]", b->path, full, got,
-                         d0, ndim == 2 ? ", " : "", ndim == 2 ? d1 : (size_t)0);
+                         "%s: tensor '%s' has shape %s], expected %s]%s", b->path, full, got, exp,
+                         panel ? " (a panel64 file)" : "");
     }
     if (t->dtype == SFT_I8 && q8) {
         b->params += sft_tensor_numel(t);
         b->bytes += t->nbytes;
-        return bind_scales(b, dst, t);
+        return bind_scales(b, dst, t, d0, d1, panel);
     }
     if (t->dtype != SFT_F32 && t->dtype != SFT_F16 && t->dtype != SFT_BF16)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
@@ -138,7 +167,7 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
                          sft_dtype_name(t->dtype), q8 ? " (or I8 in a q8 file)" : "");
     b->params += sft_tensor_numel(t);
     b->bytes += t->nbytes;
-    *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype)};
+    *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype), panel};
     return ENG_OK;
 }
 
@@ -160,15 +189,15 @@ static eng_status bind_all(binder *b, eng_model *m)
 #define N(fmt) (snprintf(nm, sizeof nm, "h.%zu." fmt, i), nm)
         B(&L->ln1_g, N("ln_1.weight"), 1, C, 0, 0);
         B(&L->ln1_b, N("ln_1.bias"), 1, C, 0, 0);
-        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C, 1);
+        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C, 2);
         B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0, 0);
-        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C, 1);
+        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C, 2);
         B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0, 0);
         B(&L->ln2_g, N("ln_2.weight"), 1, C, 0, 0);
         B(&L->ln2_b, N("ln_2.bias"), 1, C, 0, 0);
-        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C, 1);
+        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C, 2);
         B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0, 0);
-        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C, 1);
+        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C, 2);
         B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0, 0);
 #undef N
     }
@@ -289,6 +318,13 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
         goto done;
     }
+    /* wf_detect checked the layout and its shapes; the binder checks every
+     * shape again, as the kernels index by them. */
+    if (wf_layout(f, &b.panel, e, sizeof e) != SFT_OK) {
+        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
+        goto done;
+    }
+    m->layout = b.panel ? WF_LAYOUT_PANEL : "hf";
     rc = bind_all(&b, m);
     if (rc != ENG_OK) goto done;
     m->params = b.params;

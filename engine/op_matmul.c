@@ -58,10 +58,23 @@ typedef struct {
     float *pack; /* per thread: mm_thread_floats(K, N) floats */
 } mm_ctx;
 
+/* Where W[k][n] and its Q8 scale are, in either layout (kernels.h, op_w). */
+static inline size_t mm_wi(const mm_ctx *c, size_t k, size_t n)
+{
+    return c->W.panel ? ((n / OP_PANEL) * c->K + k) * OP_PANEL + n % OP_PANEL : k * c->N + n;
+}
+
+static inline size_t mm_si(const mm_ctx *c, size_t k, size_t n)
+{
+    size_t kq = (c->K + OP_Q8_BLOCK - 1) / OP_Q8_BLOCK;
+    return c->W.panel ? ((n / OP_PANEL) * kq + k / OP_Q8_BLOCK) * OP_PANEL + n % OP_PANEL
+                      : (k / OP_Q8_BLOCK) * c->N + n;
+}
+
 /* W[k][n] widened: the reference (kernels.h, op_widen1). */
 static inline float mm_w_at(const mm_ctx *c, size_t k, size_t n)
 {
-    return op_widen1(&c->W, k * c->N + n, (k / OP_Q8_BLOCK) * c->N + n);
+    return op_widen1(&c->W, mm_wi(c, k, n), mm_si(c, k, n));
 }
 
 /* The reference: columns [n0, n1) of every row in the fixed order. Each W
@@ -93,7 +106,14 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
  * thread's 16-row F32 decode step went from 53-54 to 48-49 ms with it and
  * the 6 x 64 tiles below (bench_decode, 3 alternated runs); one row was
  * about 1 % slower with 32. */
-#define KB(c) ((c)->T > 4 ? (size_t)32 : (size_t)16)
+/* Panels (kernels.h, op_w): one k-block of all K, so that a tile runs a
+ * whole panel with its accumulators in registers while the thread streams
+ * its panels in order: bench_decode, 2 threads, GPT-2 small, fastest step
+ * against the row-major layout, 2 alternated runs: 1 sequence q8 4.8-5.0
+ * -> 3.2 ms, BF16 5.7-6.5 -> 5.5-5.6, F32 12.0-12.3 -> 8.3-9.4; 16
+ * sequences q8 20.1-20.4 -> 16.5, BF16 22.2-22.7 -> 16.7-17.3, F32
+ * 27.7-28.8 -> 23.4-24.7. */
+#define KB(c) ((c)->W.panel ? (c)->K : (c)->T > 4 ? (size_t)32 : (size_t)16)
 /* Software prefetch distance, in bytes of one row of W: 512 (128 columns of
  * F32, 256 of BF16), 1024 for Q8 (1024 columns), as every format's tiles
  * stream about the same bytes per second. Q8 at the 128 columns of the
@@ -109,6 +129,10 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
 static inline void kb_prefetch(const mm_ctx *c, size_t n0, size_t n1, size_t n, size_t kb,
                                const size_t esize, const size_t bytes)
 {
+    /* A panel is one contiguous run, which the hardware prefetchers follow
+     * best alone: prefetching the next panel made every format slower
+     * (q8 at 1 sequence 3.2 -> 4.3 ms a step). */
+    if (c->W.panel) return;
     size_t ahead = n - n0 + (esize == 1 ? MM_PF_BYTES_Q8 : MM_PF_BYTES) / esize, span = n1 - n0;
     size_t pk = kb + ahead / span * KB(c), pn = n0 + ahead % span;
     if (pk >= c->K || pn + bytes / esize > n1) return;
@@ -135,14 +159,14 @@ static inline void gather_inputs(const mm_ctx *c, float *xs, size_t kb, size_t k
 OP_AVX2 __attribute__((always_inline)) static inline __m256
 mm_w8(const mm_ctx *c, size_t k, size_t n, __m256 sc, const op_dtype dt)
 {
-    __m256 w = op_ld8(c->W.p, k * c->N + n, dt);
+    __m256 w = op_ld8(c->W.p, mm_wi(c, k, n), dt);
     return dt == OP_Q8 ? _mm256_mul_ps(w, sc) : w;
 }
 
 OP_AVX512 __attribute__((always_inline)) static inline __m512
 mm_w16(const mm_ctx *c, size_t k, size_t n, __m512 sc, const op_dtype dt)
 {
-    __m512 w = op_ld16(c->W.p, k * c->N + n, dt);
+    __m512 w = op_ld16(c->W.p, mm_wi(c, k, n), dt);
     return dt == OP_Q8 ? _mm512_mul_ps(w, sc) : w;
 }
 
@@ -150,15 +174,13 @@ mm_w16(const mm_ctx *c, size_t k, size_t n, __m512 sc, const op_dtype dt)
 OP_AVX2 __attribute__((always_inline)) static inline __m256 mm_sc8(const mm_ctx *c, size_t k,
                                                                    size_t n, const op_dtype dt)
 {
-    return dt == OP_Q8 ? _mm256_loadu_ps(c->W.scale + (k / OP_Q8_BLOCK) * c->N + n)
-                       : _mm256_setzero_ps();
+    return dt == OP_Q8 ? _mm256_loadu_ps(c->W.scale + mm_si(c, k, n)) : _mm256_setzero_ps();
 }
 
 OP_AVX512 __attribute__((always_inline)) static inline __m512 mm_sc16(const mm_ctx *c, size_t k,
                                                                       size_t n, const op_dtype dt)
 {
-    return dt == OP_Q8 ? _mm512_loadu_ps(c->W.scale + (k / OP_Q8_BLOCK) * c->N + n)
-                       : _mm512_setzero_ps();
+    return dt == OP_Q8 ? _mm512_loadu_ps(c->W.scale + mm_si(c, k, n)) : _mm512_setzero_ps();
 }
 
 static size_t mm_esize(op_dtype dt)
@@ -166,10 +188,17 @@ static size_t mm_esize(op_dtype dt)
     return dt == OP_F32 ? 4 : dt == OP_Q8 ? 1 : 2;
 }
 
-/* A k-block [kb, ke) lies in one Q8 scale block: KB (16 or 32) divides
- * OP_Q8_BLOCK. */
+/* A row-major k-block [kb, ke) lies in one Q8 scale block: KB (16 or 32)
+ * divides OP_Q8_BLOCK. A panel's k-block is all of K, and the tiles take
+ * it in pieces of one Q8 block each, loading their scales at each: the end
+ * of the piece from kq. */
 _Static_assert(OP_Q8_BLOCK % 32 == 0 && OP_Q8_BLOCK % 16 == 0,
                "a k-block must not cross a Q8 block");
+static inline size_t kq_end(size_t kq, size_t ke)
+{
+    size_t e = (kq / OP_Q8_BLOCK + 1) * OP_Q8_BLOCK;
+    return e < ke ? e : ke;
+}
 
 OP_AVX2 __attribute__((always_inline)) static inline void
 kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
@@ -182,19 +211,23 @@ kb_tile_avx2(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, 
 #pragma GCC unroll 4
         for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(src + 8 * v);
     }
-    __m256 s0 = mm_sc8(c, kb, n0, dt), s1 = mm_sc8(c, kb, n0 + 8, dt);
-    __m256 s2 = mm_sc8(c, kb, n0 + 16, dt), s3 = mm_sc8(c, kb, n0 + 24, dt);
-    for (size_t k = kb; k < ke; k++) {
-        __m256 w0 = mm_w8(c, k, n0, s0, dt), w1 = mm_w8(c, k, n0 + 8, s1, dt);
-        __m256 w2 = mm_w8(c, k, n0 + 16, s2, dt), w3 = mm_w8(c, k, n0 + 24, s3, dt);
+    for (size_t kq = kb; kq < ke;) {
+        size_t kn = kq_end(kq, ke);
+        __m256 s0 = mm_sc8(c, kq, n0, dt), s1 = mm_sc8(c, kq, n0 + 8, dt);
+        __m256 s2 = mm_sc8(c, kq, n0 + 16, dt), s3 = mm_sc8(c, kq, n0 + 24, dt);
+        for (size_t k = kq; k < kn; k++) {
+            __m256 w0 = mm_w8(c, k, n0, s0, dt), w1 = mm_w8(c, k, n0 + 8, s1, dt);
+            __m256 w2 = mm_w8(c, k, n0 + 16, s2, dt), w3 = mm_w8(c, k, n0 + 24, s3, dt);
 #pragma GCC unroll 3
-        for (size_t r = 0; r < R; r++) {
-            __m256 x = _mm256_broadcast_ss(xs + (k - kb) * c->T + t0 + r);
-            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
-            acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
-            acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
+            for (size_t r = 0; r < R; r++) {
+                __m256 x = _mm256_broadcast_ss(xs + (k - kb) * c->T + t0 + r);
+                acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+                acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
+                acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
+            }
         }
+        kq = kn;
     }
 #pragma GCC unroll 3
     for (size_t r = 0; r < R; r++)
@@ -266,19 +299,62 @@ kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb
 {
     __m512 acc[KB_ROWS512][4], s[4], w[4];
     kb_acc_load(c, acc, t0, n0, kb, R, V);
+    for (size_t kq = kb; kq < ke;) {
+        size_t kn = kq_end(kq, ke);
 #pragma GCC unroll 4
-    for (size_t v = 0; v < V; v++) s[v] = mm_sc16(c, kb, n0 + 16 * v, dt);
-    for (size_t k = kb; k < ke; k++) {
+        for (size_t v = 0; v < V; v++) s[v] = mm_sc16(c, kq, n0 + 16 * v, dt);
+        for (size_t k = kq; k < kn; k++) {
 #pragma GCC unroll 4
-        for (size_t v = 0; v < V; v++) w[v] = mm_w16(c, k, n0 + 16 * v, s[v], dt);
+            for (size_t v = 0; v < V; v++) w[v] = mm_w16(c, k, n0 + 16 * v, s[v], dt);
 #pragma GCC unroll 8
-        for (size_t r = 0; r < R; r++) {
-            __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
+            for (size_t r = 0; r < R; r++) {
+                __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
 #pragma GCC unroll 4
-            for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+                for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+            }
         }
+        kq = kn;
     }
     kb_acc_store(c, acc, t0, n0, R, V);
+}
+
+/* One row (decode of one sequence) against two panels at once, columns
+ * [na, na + 64) and [nb, nb + 64), all of K with the accumulators in
+ * registers: two streams of W for the prefetchers instead of one, and eight
+ * independent FMA chains instead of four. The same operations per column
+ * as kb_tile_avx512. bench_decode, GPT-2 small in panels, 1 sequence,
+ * fastest step, 6 alternated pairs on a machine loaded by other builds:
+ * q8 2.33-7.71 ms against 2.81-8.39, F32 7.03-18.46 against 10.04-21.69,
+ * F16 3.39-7.63 against 3.72-9.20, faster in 15 of 18 pairs. */
+OP_AVX512 __attribute__((always_inline)) static inline void
+kb_tile2_avx512(const mm_ctx *c, const float *xs, size_t na, size_t nb, const op_dtype dt)
+{
+    __m512 a[4], b[4], sa[4], sb[4];
+    for (size_t v = 0; v < 4; v++) {
+        a[v] = _mm512_loadu_ps(c->b + na + 16 * v);
+        b[v] = _mm512_loadu_ps(c->b + nb + 16 * v);
+    }
+    for (size_t kq = 0; kq < c->K;) {
+        size_t kn = kq_end(kq, c->K);
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++) {
+            sa[v] = mm_sc16(c, kq, na + 16 * v, dt);
+            sb[v] = mm_sc16(c, kq, nb + 16 * v, dt);
+        }
+        for (size_t k = kq; k < kn; k++) {
+            __m512 x = _mm512_set1_ps(xs[k]);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < 4; v++) {
+                a[v] = _mm512_fmadd_ps(x, mm_w16(c, k, na + 16 * v, sa[v], dt), a[v]);
+                b[v] = _mm512_fmadd_ps(x, mm_w16(c, k, nb + 16 * v, sb[v], dt), b[v]);
+            }
+        }
+        kq = kn;
+    }
+    for (size_t v = 0; v < 4; v++) {
+        _mm512_storeu_ps(c->out + na + 16 * v, a[v]);
+        _mm512_storeu_ps(c->out + nb + 16 * v, b[v]);
+    }
 }
 
 /* BF16, 32 columns at a time: op_bf16x32 widens them with one 64-byte load
@@ -294,7 +370,7 @@ kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size
     kb_acc_load(c, acc, t0, n0, kb, R, V);
     for (size_t k = kb; k < ke; k++) {
         __m512 w[4];
-        const uint16_t *row = (const uint16_t *)c->W.p + k * c->N + n0;
+        const uint16_t *row = (const uint16_t *)c->W.p + mm_wi(c, k, n0);
 #pragma GCC unroll 2
         for (size_t h = 0; h < V / 2; h++) op_bf16x32(row + 32 * h, &w[2 * h], &w[2 * h + 1]);
 #pragma GCC unroll 8
@@ -305,6 +381,61 @@ kb_tile_bf16_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size
         }
     }
     kb_acc_store(c, acc, t0, n0, R, V);
+}
+
+/* kb_tile2_avx512 for BF16 panels, widened by op_bf16x32. */
+OP_AVX512BW static inline void kb_tile2_bf16_avx512(const mm_ctx *c, const float *xs, size_t na,
+                                                    size_t nb)
+{
+    __m512 a[4], b[4];
+    for (size_t v = 0; v < 4; v++) {
+        a[v] = _mm512_loadu_ps(c->b + na + 16 * v);
+        b[v] = _mm512_loadu_ps(c->b + nb + 16 * v);
+    }
+    const uint16_t *ra = (const uint16_t *)c->W.p + mm_wi(c, 0, na);
+    const uint16_t *rb = (const uint16_t *)c->W.p + mm_wi(c, 0, nb);
+    for (size_t k = 0; k < c->K; k++, ra += OP_PANEL, rb += OP_PANEL) {
+        __m512 wa[4], wb[4], x = _mm512_set1_ps(xs[k]);
+        op_bf16x32(ra, &wa[0], &wa[1]);
+        op_bf16x32(ra + 32, &wa[2], &wa[3]);
+        op_bf16x32(rb, &wb[0], &wb[1]);
+        op_bf16x32(rb + 32, &wb[2], &wb[3]);
+#pragma GCC unroll 4
+        for (size_t v = 0; v < 4; v++) {
+            a[v] = _mm512_fmadd_ps(x, wa[v], a[v]);
+            b[v] = _mm512_fmadd_ps(x, wb[v], b[v]);
+        }
+    }
+    for (size_t v = 0; v < 4; v++) {
+        _mm512_storeu_ps(c->out + na + 16 * v, a[v]);
+        _mm512_storeu_ps(c->out + nb + 16 * v, b[v]);
+    }
+}
+
+/* One row against the thread's panels [n0, n1), two at a time (the first
+ * half beside the second), an odd one alone; xs: the row's K inputs. */
+OP_AVX512BW static void mm_panels_1row_avx512(const mm_ctx *c, size_t n0, size_t n1,
+                                              const float *xs, const op_dtype dt)
+{
+    size_t np = (n1 - n0) / OP_PANEL, half = (np + 1) / 2;
+    for (size_t i = 0; i < np / 2; i++) {
+        size_t na = n0 + OP_PANEL * i, nb = n0 + OP_PANEL * (i + half);
+        switch (dt) {
+        case OP_F32: kb_tile2_avx512(c, xs, na, nb, OP_F32); break;
+        case OP_F16: kb_tile2_avx512(c, xs, na, nb, OP_F16); break;
+        case OP_BF16: kb_tile2_bf16_avx512(c, xs, na, nb); break;
+        case OP_Q8: kb_tile2_avx512(c, xs, na, nb, OP_Q8); break;
+        }
+    }
+    if (np % 2 == 1) {
+        size_t n = n0 + OP_PANEL * (half - 1);
+        switch (dt) {
+        case OP_F32: kb_tile_avx512(c, xs, 0, n, 0, c->K, 1, 4, OP_F32); break;
+        case OP_F16: kb_tile_avx512(c, xs, 0, n, 0, c->K, 1, 4, OP_F16); break;
+        case OP_BF16: kb_tile_bf16_avx512(c, xs, 0, n, 0, c->K, 1, 4); break;
+        case OP_Q8: kb_tile_avx512(c, xs, 0, n, 0, c->K, 1, 4, OP_Q8); break;
+        }
+    }
 }
 
 /* BF16 k-blocked tiles for up to 4 rows (decode), 64 columns at a time;
@@ -426,7 +557,7 @@ OP_AVX2 __attribute__((always_inline)) static inline void mm_pack(const mm_ctx *
     switch (c->W.dt) {
     case OP_F32:
         for (size_t k = 0; k < c->K; k++)
-            memcpy(strip + k * cols, (const float *)c->W.p + k * c->N + n0, cols * sizeof(float));
+            memcpy(strip + k * cols, (const float *)c->W.p + mm_wi(c, k, n0), cols * sizeof(float));
         break;
     case OP_F16: mm_pack_t(c, n0, cols, strip, OP_F16); break;
     case OP_BF16: mm_pack_t(c, n0, cols, strip, OP_BF16); break;
@@ -565,7 +696,8 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 {
     mm_ctx task = *(const mm_ctx *)arg;
     const mm_ctx *c = &task;
-    size_t n0 = begin * MM_COLS, n1 = end * MM_COLS < c->N ? end * MM_COLS : c->N;
+    size_t unit = c->W.panel ? OP_PANEL : MM_COLS; /* a thread never splits a panel */
+    size_t n0 = begin * unit, n1 = end * unit < c->N ? end * unit : c->N;
     float *mine = c->pack + tid * mm_thread_floats(c->K, c->N);
     if (c->b == NULL) { /* a 16-bit bias: this task's columns, widened */
         float *wb = mine + (c->K + MM512_ROWS) * MM512_COLS;
@@ -577,6 +709,11 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
         size_t max512 = c->W.dt == OP_F32 ? MM_STREAM_MAX_512 : MM_STREAM_MAX_512_NARROW;
         if (c->T <= (op_use_avx512() ? max512 : MM_STREAM_MAX)) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
+            if (op_use_avx512bw() && c->W.panel && c->T == 1) {
+                gather_inputs(c, mine, 0, c->K);
+                mm_panels_1row_avx512(c, n0, n1, mine, c->W.dt);
+                return;
+            }
             if (op_use_avx512())
                 mm_kblock_avx512(c, n0, nv, mine); /* T x KB inputs */
             else
@@ -605,5 +742,6 @@ void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const op
                const op_w *b, size_t T, size_t K, size_t N)
 {
     mm_ctx c = {out, in, *W, *b, b->dt == OP_F32 ? b->p : NULL, T, K, N, pack};
-    op_pool_run(pool, (N + MM_COLS - 1) / MM_COLS, mm_task, &c);
+    size_t unit = W->panel ? OP_PANEL : MM_COLS;
+    op_pool_run(pool, (N + unit - 1) / unit, mm_task, &c);
 }

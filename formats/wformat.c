@@ -21,14 +21,43 @@ static sft_status wf_fail(char *err, size_t errlen, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(err, errlen, fmt, ap);
         va_end(ap);
+        for (char *c = err; *c != '\0'; c++) /* one line: names and values are file data */
+            if ((unsigned char)*c < 0x20 || *c == 0x7F) *c = '?';
     }
     return SFT_EFORMAT;
 }
 
+static int ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), s = strlen(suffix);
+    return n >= s && strcmp(name + n - s, suffix) == 0;
+}
+
 int wf_q8_along_columns(const char *name)
 {
-    size_t n = strlen(name), s = strlen("wte.weight");
-    return n >= s && strcmp(name + n - s, "wte.weight") == 0;
+    return ends_with(name, "wte.weight");
+}
+
+int wf_is_projection(const char *name)
+{
+    static const char *const suffixes[] = {"attn.c_attn.weight", "attn.c_proj.weight",
+                                           "mlp.c_fc.weight", "mlp.c_proj.weight"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++)
+        if (ends_with(name, suffixes[i])) return 1;
+    return 0;
+}
+
+sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen)
+{
+    *panel = 0;
+    const char *v = sft_metadata_get(f, WF_META_LAYOUT);
+    if (v == NULL) return SFT_OK;
+    if (strcmp(v, WF_LAYOUT_PANEL) != 0)
+        return wf_fail(err, errlen,
+                       "%s: metadata %s is \"%s\"; expected \"%s\" (or no key: the hf layout)",
+                       sft_path(f), WF_META_LAYOUT, v, WF_LAYOUT_PANEL);
+    *panel = 1;
+    return SFT_OK;
 }
 
 int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[2])
@@ -46,8 +75,57 @@ int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[
 
 static int is_scale_name(const char *name)
 {
-    size_t n = strlen(name), s = strlen(WF_Q8_SCALE_SUFFIX);
-    return n > s && strcmp(name + n - s, WF_Q8_SCALE_SUFFIX) == 0;
+    return strlen(name) > strlen(WF_Q8_SCALE_SUFFIX) && ends_with(name, WF_Q8_SCALE_SUFFIX);
+}
+
+/* 1 for the q8 scale tensor of a projection ("<projection>.q8_scale"). */
+static int is_projection_scale(const char *name)
+{
+    if (!is_scale_name(name)) return 0;
+    char base[512];
+    size_t len = strlen(name) - strlen(WF_Q8_SCALE_SUFFIX);
+    if (len >= sizeof base) return 0;
+    memcpy(base, name, len);
+    base[len] = '\0';
+    return wf_is_projection(base);
+}
+
+/* A weight matrix: 2-D, or a projection stored in panels (3-D; only a
+ * panel64 file has them once check_layout passed). */
+static int is_matrix(const sft_tensor *t)
+{
+    return t->ndim == 2 || (t->ndim == 3 && wf_is_projection(t->name));
+}
+
+/* The layout rules of wformat.h: projections (and their scales) 3-D with a
+ * last dimension of WF_PANEL in a panel64 file, and only they; no 3-D
+ * projection in an hf file. */
+static sft_status check_layout(const sft_file *f, int panel, char *err, size_t errlen)
+{
+    const char *path = sft_path(f);
+    for (size_t i = 0; i < sft_count(f); i++) {
+        const sft_tensor *t = sft_tensor_at(f, i);
+        int proj = wf_is_projection(t->name) || is_projection_scale(t->name);
+        if (!panel) {
+            if (proj && t->ndim == 3)
+                return wf_fail(err, errlen,
+                               "%s: 3-D projection '%s' in a file without %s \"%s\" metadata", path,
+                               t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
+            continue;
+        }
+        if (proj && t->ndim != 3)
+            return wf_fail(err, errlen,
+                           "%s: %s file: projection '%s' is %zu-D, expected 3-D [N/%d, K, %d]",
+                           path, WF_LAYOUT_PANEL, t->name, t->ndim, WF_PANEL, WF_PANEL);
+        if (proj && t->shape[2] != WF_PANEL)
+            return wf_fail(err, errlen,
+                           "%s: %s file: projection '%s' has last dimension %lld, expected %d",
+                           path, WF_LAYOUT_PANEL, t->name, (long long)t->shape[2], WF_PANEL);
+        if (!proj && t->ndim == 3)
+            return wf_fail(err, errlen, "%s: %s file: 3-D tensor '%s' is not a projection", path,
+                           WF_LAYOUT_PANEL, t->name);
+    }
+    return SFT_OK;
 }
 
 static int is_float(sft_dtype d)
@@ -82,7 +160,7 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
                                t->name, base);
             continue;
         }
-        if (t->ndim != 2) {
+        if (!is_matrix(t)) {
             if (t->dtype == SFT_I8)
                 return wf_fail(err, errlen, "%s: q8 file: I8 tensor '%s' is not a matrix", path,
                                t->name);
@@ -96,8 +174,15 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
         if ((size_t)snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX)
             >= sizeof sname)
             return wf_fail(err, errlen, "%s: q8 tensor '%s': name too long", path, t->name);
-        int64_t shape[2];
-        if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
+        /* The scales' shape: [rows, cols] of the logical matrix, or, for a
+         * panel [N/64, K, 64], [N/64, ceil(K/32), 64]. */
+        int64_t shape[3];
+        size_t nd = t->ndim;
+        if (nd == 3) {
+            shape[0] = t->shape[0];
+            shape[1] = (t->shape[1] + WF_Q8_BLOCK - 1) / WF_Q8_BLOCK;
+            shape[2] = t->shape[2];
+        } else if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
             return wf_fail(err, errlen,
                            "%s: q8 tensor '%s': %lld columns are not a multiple of the block %d",
                            path, t->name, (long long)t->shape[1], WF_Q8_BLOCK);
@@ -105,8 +190,12 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
         if (s == NULL)
             return wf_fail(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
                            t->name, sname);
-        if (s->dtype != SFT_F32 || s->ndim != 2 || s->shape[0] != shape[0]
-            || s->shape[1] != shape[1])
+        int ok = s->dtype == SFT_F32 && s->ndim == nd;
+        for (size_t d = 0; ok && d < nd; d++) ok = s->shape[d] == shape[d];
+        if (!ok && nd == 3)
+            return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld, %lld]", path,
+                           sname, (long long)shape[0], (long long)shape[1], (long long)shape[2]);
+        if (!ok)
             return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,
                            (long long)shape[0], (long long)shape[1]);
         nq++;
@@ -118,6 +207,10 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
 sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t errlen)
 {
     *name = "f32";
+    int panel;
+    sft_status ls = wf_layout(f, &panel, err, errlen);
+    if (ls == SFT_OK) ls = check_layout(f, panel, err, errlen);
+    if (ls != SFT_OK) return ls;
     const char *meta = sft_metadata_get(f, WF_META_FORMAT);
     if (meta != NULL && strcmp(meta, "q8") == 0) {
         sft_status s = check_q8(f, err, errlen);
@@ -131,10 +224,10 @@ sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t err
     int seen = -1, mixed = 0;
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);
-        if (t->dtype == SFT_I8 && (t->ndim == 2 || is_scale_name(t->name)))
+        if (t->dtype == SFT_I8 && (is_matrix(t) || is_scale_name(t->name)))
             return wf_fail(err, errlen, "%s: I8 matrix '%s' in a file without %s \"q8\" metadata",
                            sft_path(f), t->name, WF_META_FORMAT);
-        if (t->ndim != 2 || !is_float(t->dtype)) continue;
+        if (!is_matrix(t) || !is_float(t->dtype)) continue;
         if (seen < 0)
             seen = (int)t->dtype;
         else if (seen != (int)t->dtype)

@@ -3,7 +3,8 @@
  * `gpt2d inspect`, `gpt2d convert` and the engine's loader name and check a
  * file's format the same way.
  *
- * A file's format is that of its weight matrices (its 2-D tensors):
+ * A file's format is that of its weight matrices (its 2-D tensors, and the
+ * 3-D projections of a panel64 file, below):
  *   f32, f16, bf16   every matrix in that dtype (vectors may be any float);
  *   q8               8-bit: every matrix is I8 with an F32 scale tensor
  *                    "<name>.q8_scale", one scale per WF_Q8_BLOCK elements
@@ -16,6 +17,21 @@
  * [ceil(R / 32), C]; the columns (dimension 1) of the token embeddings
  * (a name ending in "wte.weight", read by the LM head as rows of C), whose
  * scales are [V, C / 32] (C a multiple of 32).
+ *
+ * A file's layout, __metadata__ "gpt2d.layout":
+ *   absent    "hf", the Hugging Face layout: every tensor as published;
+ *   panel64   gpt2d's serving layout (faster decode: each thread streams one
+ *             contiguous run): the projection matrices (names ending in
+ *             attn.c_attn.weight, attn.c_proj.weight, mlp.c_fc.weight or
+ *             mlp.c_proj.weight), logically [K, N] (HF's [in, out]), are
+ *             stored [N / 64, K, 64], element (k, n) at flat index
+ *             ((n / 64) * K + k) * 64 + n % 64 (N a multiple of 64); in a q8
+ *             file their scales, logically [ceil(K / 32), N], are stored
+ *             [N / 64, ceil(K / 32), 64] by the same permutation. wte, wpe,
+ *             biases and layer norms are unchanged.
+ * Any other value is refused, as are a 3-D projection in an hf file and,
+ * in a panel64 file, a 2-D projection, a 3-D tensor that is not a
+ * projection (or its scales), or a last dimension other than 64.
  *
  * Prefix: wf_. Thread: any.
  */
@@ -31,6 +47,9 @@
 #define WF_META_FORMAT "gpt2d.format"
 #define WF_META_Q8_BLOCK "gpt2d.q8_block"
 #define WF_Q8_SCALE_SUFFIX ".q8_scale"
+#define WF_META_LAYOUT "gpt2d.layout"
+#define WF_LAYOUT_PANEL "panel64"
+#define WF_PANEL 64
 
 /*
  * The format of f: "f32", "f16", "bf16", "q8" or "mixed" (a static
@@ -38,7 +57,10 @@
  * matrix's scale tensor (present, F32, its shape) and no I8 tensor without
  * one; a file with I8 matrices but no q8 metadata, or q8 metadata and float
  * matrices, is refused. SFT_EFORMAT with one line in err naming the tensor
- * and the check. A file without 2-D tensors is "f32".
+ * and the check. A file without 2-D tensors is "f32". The layout is checked
+ * first (wf_layout and the rules above); a panel64 file's 3-D projections
+ * are its matrices like the 2-D ones, their q8 scales [N / 64,
+ * ceil(K / 32), 64].
  */
 sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t errlen);
 
@@ -50,5 +72,14 @@ int wf_q8_along_columns(const char *name);
  * 0 on success, -1 when cols is not a multiple of WF_Q8_BLOCK for a
  * matrix whose blocks run along its columns. */
 int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[2]);
+
+/* 1 when name is that of a projection matrix (the four suffixes above,
+ * with or without a "transformer." prefix); 0 otherwise, scales included. */
+int wf_is_projection(const char *name);
+
+/* The layout of f from its metadata: *panel = 1 for panel64, 0 for hf (no
+ * key). Any other value is SFT_EFORMAT with one line in err naming the key
+ * and the value. Checks only the metadata (wf_detect checks the tensors). */
+sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen);
 
 #endif

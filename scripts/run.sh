@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/run.sh [gpt2d serve options]: the main job, from nothing. Installs
 # what is missing, builds gpt2d, gets the model, converts it once to the
-# aligned layout (so that it maps without copying) and starts `gpt2d serve`
-# in the foreground on 127.0.0.1:8080.
+# aligned panel64 layout (it maps without copying, and decodes fastest:
+# docs/api.md, "Layouts") and starts `gpt2d serve` in the foreground on
+# 127.0.0.1:8080.
 #
 # The model: the published GPT-2 small weights, downloaded and verified by
 # scripts/download.sh into models/download/gpt2 and served from models/gpt2.
@@ -22,9 +23,10 @@ model=models/$name
 random=0
 if [ ! -f "$model/model.safetensors" ]; then
     if scripts/download.sh --model "$name" --dir "models/download/$name" --retries 3; then
-        echo "run: converting the published $name weights to the aligned layout in $model" >&2
+        echo "run: converting the published $name weights to the aligned panel64 layout in $model" >&2
         mkdir -p "$model"
-        "$gpt2d" convert "models/download/$name/model.safetensors" "$model/model.safetensors"
+        "$gpt2d" convert "models/download/$name/model.safetensors" "$model/model.safetensors" \
+            --layout panel64
         cp "models/download/$name/vocab.json" "models/download/$name/merges.txt" "$model/"
     else
         echo "run: could not download $name from the Hugging Face hub (unreachable from here?)" >&2
@@ -35,7 +37,7 @@ if [ ! -f "$model/model.safetensors" ]; then
             echo "run: WARNING: writing a random-weight GPT-2 small checkpoint to $model (NOT the real weights)" >&2
             # Misaligned like the published file, then converted like it.
             "$gpt2d" synth "$model/raw/model.safetensors" --misaligned --mask-buffers
-            "$gpt2d" convert "$model/raw/model.safetensors" "$model/model.safetensors"
+            "$gpt2d" convert "$model/raw/model.safetensors" "$model/model.safetensors" --layout panel64
             cp "$model/raw/config.json" tokenizer/data/vocab.json tokenizer/data/merges.txt "$model/"
             rm -rf "$model/raw"
         fi

@@ -128,8 +128,8 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
-    log_line("info", "weights: %s, %.1f MB as stored", eng_model_dtype(s.model),
-             (double)eng_model_weight_bytes(s.model) / 1e6);
+    log_line("info", "weights: %s, %s layout, %.1f MB as stored", eng_model_dtype(s.model),
+             eng_model_layout(s.model), (double)eng_model_weight_bytes(s.model) / 1e6);
     if (eng_model_copied_bytes(s.model) > 0)
         log_line("warn",
                  "copied %.1f MB of misaligned weights; "

@@ -225,6 +225,86 @@ set +e
 "$gpt2d" convert "$dir/a.safetensors" "$dir/x.safetensors" --dtype f8 2>"$dir/err"; rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "f32, f16, bf16 or q8" "$dir/err" || fail "--dtype f8 exited $rc"
+# gpt2d convert --layout panel64 (formats/wformat.h): in every dtype, the
+# projections (and q8 scales) stored [N/64, K, 64], inspect names the layout,
+# and back to hf gives the same bytes as the hf conversion.
+"$gpt2d" convert --help > "$dir/help"
+grep -q -- "--layout L .*panel64 is gpt2d's serving" "$dir/help" \
+    || fail "convert --help does not document --layout"
+"$gpt2d" inspect "$dir/a.safetensors" > "$dir/insp"
+grep -q '^layout      hf ' "$dir/insp" || fail "inspect: layout hf"
+"$gpt2d" convert "$dir/a.safetensors" "$dir/a_f32.safetensors" --dtype f32 2>/dev/null
+for dt in f32 f16 bf16 q8; do
+    "$gpt2d" convert "$dir/a.safetensors" "$dir/p_$dt.safetensors" --dtype "$dt" \
+        --layout panel64 2>"$dir/msg"
+    grep -q "f32 -> $dt, layout hf -> panel64" "$dir/msg" || fail "convert message: $(cat "$dir/msg")"
+    "$gpt2d" inspect "$dir/p_$dt.safetensors" > "$dir/insp"
+    grep -q "^format      $dt " "$dir/insp" && grep -q '^layout      panel64 ' "$dir/insp" \
+        || fail "inspect of the panel64 $dt file"
+    "$gpt2d" inspect --json "$dir/p_$dt.safetensors" > "$dir/insp.json"
+    grep -q '^  "layout": "panel64",$' "$dir/insp.json" \
+        || fail "inspect --json layout of the panel64 $dt file"
+    "$gpt2d" convert "$dir/p_$dt.safetensors" "$dir/p_hf_$dt.safetensors" --layout hf 2>/dev/null
+    cmp "$dir/a_$dt.safetensors" "$dir/p_hf_$dt.safetensors" \
+        || fail "panel64 $dt -> hf differs from the hf conversion"
+done
+# Without --layout the layout is kept; any dtype from a panel file works.
+"$gpt2d" convert "$dir/p_f32.safetensors" "$dir/p_bf16b.safetensors" --dtype bf16 2>/dev/null
+cmp "$dir/p_bf16.safetensors" "$dir/p_bf16b.safetensors" || fail "panel64 f32 -> bf16"
+"$gpt2d" convert "$dir/p_q8.safetensors" "$dir/p_q8_f32.safetensors" --dtype f32 --layout hf \
+    2>/dev/null
+cmp "$dir/q8_f32.safetensors" "$dir/p_q8_f32.safetensors" || fail "panel64 q8 -> hf f32"
+"$gpt2d" convert "$dir/p_f32.safetensors" "$dir/p_q8b.safetensors" --dtype q8 2>/dev/null
+cmp "$dir/p_q8.safetensors" "$dir/p_q8b.safetensors" || fail "panel64 f32 -> q8"
+/usr/bin/python3 - "$dir/a.safetensors" "$dir/p_f32.safetensors" "$dir/a_q8.safetensors" \
+    "$dir/p_q8.safetensors" <<'PY' || fail "panel64 element positions"
+import json, struct, sys
+import numpy as np
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    d = b[8 + n:]
+    types = {"F32": "<f4", "I8": "i1"}
+    return h.get("__metadata__", {}), {
+        k: np.frombuffer(d[v["data_offsets"][0]:v["data_offsets"][1]],
+                         dtype=types[v["dtype"]]).reshape(v["shape"])
+        for k, v in h.items() if k != "__metadata__"}
+proj = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+def check(hf, pa):
+    (hm, h), (pm, p) = hf, pa
+    assert pm.get("gpt2d.layout") == "panel64" and "gpt2d.layout" not in hm, (hm, pm)
+    assert {k: v for k, v in pm.items() if k != "gpt2d.layout"} == hm, (hm, pm)
+    assert sorted(h) == sorted(p)
+    moved = 0
+    for k, w in h.items():
+        base = k[:-len(".q8_scale")] if k.endswith(".q8_scale") else k
+        if not base.endswith(proj):
+            assert np.array_equal(w, p[k]), k
+            continue
+        K, N = w.shape
+        assert p[k].shape == (N // 64, K, 64), (k, p[k].shape)
+        flat = p[k].reshape(-1)
+        for kk, n in ((0, 0), (K - 1, N - 1), (K // 2, 65 % N), (1, N - 2)):
+            assert flat[((n // 64) * K + kk) * 64 + n % 64] == w[kk, n], (k, kk, n)
+        assert np.array_equal(p[k].transpose(1, 0, 2).reshape(K, N), w), k
+        moved += 1
+    return moved
+assert check(load(sys.argv[1]), load(sys.argv[2])) == 8
+assert check(load(sys.argv[3]), load(sys.argv[4])) == 16
+PY
+# A width that is not a multiple of 64 cannot be panelled; a bad --layout
+# is a usage error.
+"$gpt2d" synth "$dir/w96.safetensors" --layers 1 --embd 96 --heads 2 --ctx 8 --vocab 50 2>/dev/null
+set +e
+"$gpt2d" convert "$dir/w96.safetensors" "$dir/x.safetensors" --layout panel64 2>"$dir/err"; rc=$?
+"$gpt2d" convert "$dir/a.safetensors" "$dir/x.safetensors" --layout panel32 2>"$dir/err2"; rc2=$?
+set -e
+[ "$rc" = 1 ] && grep -q "h.0.attn.c_attn.weight: 288 columns are not a multiple of 64" "$dir/err" \
+    || { cat "$dir/err"; fail "convert of a width-96 model to panel64 exited $rc"; }
+[ ! -e "$dir/x.safetensors" ] || fail "a refused convert wrote its output"
+[ "$rc2" = 2 ] && grep -q "\-\-layout must be hf or panel64, not 'panel32'" "$dir/err2" \
+    || fail "--layout panel32 exited $rc2"
 mkdir -p "$dir/bench16"
 "$gpt2d" convert "$dir/bench/model.safetensors" "$dir/bench16/model.safetensors" --dtype bf16 2>/dev/null
 "$gpt2d" bench --model "$dir/bench16" --tokens 4 --sequences 1 > "$dir/bench16.json"

@@ -67,9 +67,27 @@ static void convert(const char *from, const char *to, const char *dtype)
     ck_assert_int_eq(system(cfg), 0);
 }
 
+/* DIR/to = `gpt2d convert DIR/from/... --dtype dtype --layout panel64`. */
+static void convert_panel(const char *from, const char *to, const char *dtype)
+{
+    char in[320], out[320], cfg[700];
+    snprintf(out, sizeof out, "%s/%s", dir, to);
+    mkdir(out, 0755);
+    snprintf(in, sizeof in, "%s/%s/model.safetensors", dir, from);
+    snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, to);
+    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype, "--layout", "panel64"};
+    ck_assert_int_eq(tool_convert(7, argv), 0);
+    snprintf(cfg, sizeof cfg, "cp '%s/%s/config.json' '%s/%s/'", dir, from, dir, to);
+    ck_assert_int_eq(system(cfg), 0);
+}
+
 /* The models the invariance tests run on, by loop index: GPT-2's head size
- * also in BF16 and in Q8, whose kernels widen the weights in registers. */
-static const char *const inv_models[] = {"aligned", "hs64", "hs64_bf16", "hs64_q8"};
+ * also in BF16 and in Q8, whose kernels widen the weights in registers,
+ * and in the panel64 layout (F32, BF16, Q8), whose projections the matmul
+ * reads panel by panel. */
+static const char *const inv_models[] = {
+    "aligned", "hs64", "hs64_bf16", "hs64_q8", "hs64_panel", "hs64_bf16_panel", "hs64_q8_panel"};
+#define N_INV_MODELS (sizeof inv_models / sizeof *inv_models)
 
 static void setup(void)
 {
@@ -79,6 +97,9 @@ static void setup(void)
     synth_hs64();
     convert("hs64", "hs64_bf16", "bf16");
     convert("hs64", "hs64_q8", "q8");
+    convert_panel("hs64", "hs64_panel", "f32");
+    convert_panel("hs64", "hs64_bf16_panel", "bf16");
+    convert_panel("hs64", "hs64_q8_panel", "q8");
 }
 
 static void teardown(void)
@@ -344,6 +365,42 @@ START_TEST(eng_model_q8_gives_the_logits_of_its_dequantization)
     run_alone(m, got);
     eng_model_free(m);
     ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "q8 logits differ");
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* The panel64 layout moves the projections' elements, never their values or
+ * the order they are summed in: each format's panel file gives exactly the
+ * logits of the same format in the Hugging Face layout (a prefill of 7 and
+ * three decodes, run_alone), served from the mapping all the same. */
+START_TEST(eng_model_panel_gives_the_logits_of_its_hf_file)
+{
+    static const char *const pairs[][2] = {{"hs64", "hs64_panel"},
+                                           {"hs64_bf16", "hs64_bf16_panel"},
+                                           {"hs64_q8", "hs64_q8_panel"},
+                                           {"hs64_f16", "hs64_f16_panel"}};
+    convert("hs64", "hs64_f16", "f16");
+    convert_panel("hs64", "hs64_f16_panel", "f16");
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        eng_model *m = load(pairs[i][0]);
+        ck_assert_str_eq(eng_model_layout(m), "hf");
+        run_alone(m, want);
+        const char *dtype = eng_model_dtype(m);
+        size_t bytes = eng_model_weight_bytes(m);
+        eng_model_free(m);
+        m = load(pairs[i][1]);
+        ck_assert_str_eq(eng_model_layout(m), "panel64");
+        ck_assert_str_eq(eng_model_dtype(m), dtype);
+        ck_assert_uint_eq(eng_model_weight_bytes(m), bytes);
+        ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+        run_alone(m, got);
+        eng_model_free(m);
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s: panel64 logits differ",
+                      pairs[i][1]);
+    }
     free(want);
     free(got);
 }
@@ -781,7 +838,7 @@ static void test_w_make(test_w *t, op_dtype dt, size_t R, size_t Cc, int rows, u
         }
         }
     }
-    t->w = (op_w){t->p, t->scale, dt};
+    t->w = (op_w){t->p, t->scale, dt, 0};
 }
 
 static void test_w_free(test_w *t)
@@ -793,18 +850,45 @@ static void test_w_free(test_w *t)
 
 static const char *const dt_names[] = {"F32", "F16", "BF16", "Q8"};
 
+/* W (K, N) of t rewritten in the panel64 layout, from its definition
+ * (kernels.h, formats/wformat.h): element (k, n) moves to ((n / 64) * K +
+ * k) * 64 + n % 64, and a Q8 scale (j, n) to ((n / 64) * ceil(K / 32) + j)
+ * * 64 + n % 64. The widened values stay where they were. */
+static void test_w_panel(test_w *t, size_t K, size_t N)
+{
+    size_t es = t->w.dt == OP_F32 ? 4 : t->w.dt == OP_Q8 ? 1 : 2, kq = (K + 31) / 32;
+    unsigned char *p = malloc(K * N * es);
+    float *sc = t->scale ? malloc(kq * N * sizeof *sc) : NULL;
+    ck_assert(p && (!t->scale || sc));
+    for (size_t k = 0; k < K; k++)
+        for (size_t n = 0; n < N; n++)
+            memcpy(p + (((n / 64) * K + k) * 64 + n % 64) * es,
+                   (unsigned char *)t->p + (k * N + n) * es, es);
+    for (size_t j = 0; sc && j < kq; j++)
+        for (size_t n = 0; n < N; n++) sc[((n / 64) * kq + j) * 64 + n % 64] = t->scale[j * N + n];
+    free(t->p);
+    free(t->scale);
+    t->p = p;
+    t->scale = sc;
+    t->w = (op_w){p, sc, t->w.dt, 1};
+}
+
 /* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
  * 24 rows with AVX-512 or 48 with AVX2, k-blocked tiles; more, packed
  * strips; and every partial tile of each); each must give, bit for bit,
  * b[n] followed by one FMA per k in increasing k over the widened weights,
- * computed here with fmaf, in every weight format (loop index) and with a
- * 16-bit bias too. K = 70 leaves a k-block tail (and a partial Q8 block)
- * and N = 112 a column tail past the 32-column tasks. Run at every kernel
- * level (GPT2D_KERNELS) by tests/meson.build. */
+ * computed here with fmaf, in every weight format (loop index % 4) and
+ * with a 16-bit bias too, in both layouts of W (loop index / 4: row-major,
+ * then panel64). K = 70 leaves a k-block tail (and a partial Q8 block)
+ * and N = 112 a column tail past the 32-column tasks; panels take N = 192
+ * (three panels, split between two threads). Run at every kernel level
+ * (GPT2D_KERNELS) by tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
-    enum { K = 70, N = 112, TMAX = 70 };
-    op_dtype dt = (op_dtype)_i;
+    enum { K = 70, TMAX = 70 };
+    op_dtype dt = (op_dtype)(_i % 4);
+    int panel = _i / 4;
+    size_t N = panel ? 192 : 112;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
     float *pack =
@@ -817,6 +901,7 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
     test_w W, b;
     test_w_make(&W, dt, K, N, 1, &seed);
     test_w_make(&b, dt == OP_Q8 ? OP_F32 : dt, 1, N, 0, &seed);
+    if (panel) test_w_panel(&W, K, N);
     for (size_t t = 0; t < TMAX; t++)
         for (size_t n = 0; n < N; n++) {
             float acc = b.wide[n];
@@ -828,8 +913,9 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
         op_matmul(pool, pack, out, in, &W.w, &b.w, T, K, N);
         for (size_t i = 0; i < T * N; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt], T, i / N,
-                          i % N, (double)out[i], (double)want[i]);
+                          "%s%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt],
+                          panel ? " panel64" : "", T, i / N, i % N, (double)out[i],
+                          (double)want[i]);
     }
     test_w_free(&W);
     test_w_free(&b);
@@ -1089,7 +1175,7 @@ START_TEST(op_widen_every_16_bit_value_is_exact)
     ck_assert(bits && got);
     for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
     for (int k = 0; k < 2; k++) {
-        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16};
+        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16, 0};
         op_widen(got, &w, 0, 65536);
         for (size_t i = 0; i < 65536; i++) {
             float want = k == 0 ? sft_f16_to_f32(bits[i]) : sft_bf16_to_f32(bits[i]);
@@ -1144,11 +1230,12 @@ int main(void)
     TCase *tc = tcase_create("eng_forward");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, 4);
-    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, 4);
+    tcase_add_loop_test(tc, eng_forward_is_batch_invariant_bitwise, 0, (int)N_INV_MODELS);
+    tcase_add_loop_test(tc, eng_forward_incremental_equals_full_prefill, 0, (int)N_INV_MODELS);
     tcase_add_test(tc, eng_model_layouts_give_identical_logits);
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_q8_gives_the_logits_of_its_dequantization);
+    tcase_add_test(tc, eng_model_panel_gives_the_logits_of_its_hf_file);
     tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
@@ -1165,7 +1252,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("op_kernels");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
+    tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, 0, 8);
     tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
     tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
     suite_add_tcase(s, tc);

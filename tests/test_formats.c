@@ -990,6 +990,221 @@ START_TEST(wf_detect_names_every_format)
 }
 END_TEST
 
+/* ---- The panel64 layout ---------------------------------------------------- */
+
+START_TEST(wf_is_projection_names_the_four_matrices)
+{
+    ck_assert_int_eq(wf_is_projection("h.0.attn.c_attn.weight"), 1);
+    ck_assert_int_eq(wf_is_projection("h.11.attn.c_proj.weight"), 1);
+    ck_assert_int_eq(wf_is_projection("h.3.mlp.c_fc.weight"), 1);
+    ck_assert_int_eq(wf_is_projection("transformer.h.3.mlp.c_proj.weight"), 1);
+    ck_assert_int_eq(wf_is_projection("h.0.attn.c_attn.bias"), 0);
+    ck_assert_int_eq(wf_is_projection("h.0.mlp.c_fc.weight.q8_scale"), 0);
+    ck_assert_int_eq(wf_is_projection("h.0.attn.bias"), 0);
+    ck_assert_int_eq(wf_is_projection("wte.weight"), 0);
+    ck_assert_int_eq(wf_is_projection("wpe.weight"), 0);
+    ck_assert_int_eq(wf_is_projection("lm_head.weight"), 0);
+    ck_assert_int_eq(wf_is_projection(""), 0);
+}
+END_TEST
+
+/* wf_layout of a one-vector file with the given metadata (NULL: none). */
+static sft_status layout_of(const sft_meta *meta, int *panel, char *err, size_t errlen)
+{
+    const char *p = tpath("layout.safetensors");
+    sft_tensor t = {
+        .name = "ln_f.bias", .dtype = SFT_F32, .ndim = 1, .shape = shape_4, .data = wf_f32};
+    ck_assert_int_eq(sft_save(p, &t, 1, meta, meta ? 1 : 0, NULL, err, errlen), SFT_OK);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, errlen), SFT_OK);
+    *panel = -1;
+    sft_status s = wf_layout(f, panel, err, errlen);
+    sft_close(f);
+    return s;
+}
+
+START_TEST(wf_layout_reads_the_metadata_key)
+{
+    char err[256];
+    int panel;
+    ck_assert_int_eq(layout_of(NULL, &panel, err, sizeof err), SFT_OK);
+    ck_assert_int_eq(panel, 0);
+    sft_meta m = {WF_META_LAYOUT, WF_LAYOUT_PANEL};
+    ck_assert_str_eq(m.key, "gpt2d.layout");
+    ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_OK);
+    ck_assert_int_eq(panel, 1);
+    m.value = "panel32";
+    ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
+    ck_assert_msg(strstr(err, "metadata gpt2d.layout is \"panel32\"; expected \"panel64\"") != NULL,
+                  "%s", err);
+    m.value = "hf"; /* the hf layout is the key's absence, never a value */
+    ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
+    ck_assert_msg(strstr(err, "gpt2d.layout is \"hf\"") != NULL, "%s", err);
+    m.value = "a\nb"; /* one line */
+    ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
+    ck_assert_ptr_null(strchr(err, '\n'));
+}
+END_TEST
+
+/* Panel shapes: c_fc [K=40, N=128] stored [2, 40, 64], its q8 scales
+ * [ceil(40/32)=2, 128] stored [2, 2, 64]; c_proj [128, 64] as [1, 128, 64]. */
+static const int64_t pshape_fc[] = {2, 40, 64}, pshape_fc_scale[] = {2, 2, 64};
+static const int64_t pshape_proj[] = {1, 128, 64}, pshape_proj_scale[] = {1, 4, 64};
+static const int64_t pshape_fc_2d[] = {40, 128}, pshape_fc_scale_2d[] = {2, 128};
+static const int64_t pshape_fc_bad[] = {4, 40, 32}, pshape_fc_scale_bad[] = {2, 1, 64};
+static float wp_f32[2 * 40 * 64 * 2];
+static int8_t wp_i8[2 * 40 * 64 * 2];
+static uint16_t wp_u16[2 * 40 * 64 * 2];
+
+START_TEST(wf_detect_accepts_panel64_files)
+{
+    char err[256];
+    sft_meta panel = {WF_META_LAYOUT, WF_LAYOUT_PANEL};
+    sft_tensor t[4] = {{.name = "transformer.h.0.mlp.c_fc.weight",
+                        .dtype = SFT_F32,
+                        .ndim = 3,
+                        .shape = pshape_fc,
+                        .data = wp_f32},
+                       {.name = "transformer.h.0.mlp.c_proj.weight",
+                        .dtype = SFT_F32,
+                        .ndim = 3,
+                        .shape = pshape_proj,
+                        .data = wp_f32},
+                       {.name = "transformer.h.0.attn.bias", /* a 4-D mask buffer stays as it is */
+                        .dtype = SFT_F32,
+                        .ndim = 4,
+                        .shape = (const int64_t[]){1, 1, 4, 4},
+                        .data = wp_f32},
+                       {.name = "transformer.wte.weight",
+                        .dtype = SFT_F32,
+                        .ndim = 2,
+                        .shape = shape_64x32,
+                        .data = wp_f32}};
+    ck_assert_str_eq(detect(t, 4, &panel, 1, err, sizeof err), "f32");
+    for (int i = 0; i < 4; i++) t[i].data = wp_u16;
+    t[0].dtype = t[1].dtype = t[3].dtype = SFT_BF16;
+    ck_assert_str_eq(detect(t, 4, &panel, 1, err, sizeof err), "bf16");
+    t[3].dtype = SFT_F16; /* the panels count as matrices: bf16 and f16 mix */
+    ck_assert_str_eq(detect(t, 4, &panel, 1, err, sizeof err), "mixed");
+    /* q8: panel I8 matrices with panel scales, wte with its row scales. */
+    sft_tensor q[6] = {
+        {.name = "h.0.mlp.c_fc.weight",
+         .dtype = SFT_I8,
+         .ndim = 3,
+         .shape = pshape_fc,
+         .data = wp_i8},
+        {.name = "h.0.mlp.c_fc.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 3,
+         .shape = pshape_fc_scale,
+         .data = wp_f32},
+        {.name = "h.0.mlp.c_proj.weight",
+         .dtype = SFT_I8,
+         .ndim = 3,
+         .shape = pshape_proj,
+         .data = wp_i8},
+        {.name = "h.0.mlp.c_proj.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 3,
+         .shape = pshape_proj_scale,
+         .data = wp_f32},
+        {.name = "wte.weight", .dtype = SFT_I8, .ndim = 2, .shape = shape_64x32, .data = wp_i8},
+        {.name = "wte.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 2,
+         .shape = shape_64x1,
+         .data = wp_f32}};
+    sft_meta meta[3] = {
+        {"gpt2d.format", "q8"}, {"gpt2d.layout", "panel64"}, {"gpt2d.q8_block", "32"}};
+    ck_assert_str_eq(detect(q, 6, meta, 3, err, sizeof err), "q8");
+}
+END_TEST
+
+START_TEST(wf_detect_refuses_each_broken_layout_rule)
+{
+    char err[256];
+    sft_meta panel = {WF_META_LAYOUT, WF_LAYOUT_PANEL};
+    sft_tensor t[2] = {
+        {.name = "h.0.mlp.c_fc.weight",
+         .dtype = SFT_F32,
+         .ndim = 3,
+         .shape = pshape_fc,
+         .data = wp_f32},
+        {.name = "wte.weight", .dtype = SFT_F32, .ndim = 2, .shape = shape_64x32, .data = wp_f32}};
+    /* A 3-D projection in an hf file (no layout key). */
+    ck_assert_ptr_null(detect(t, 2, NULL, 0, err, sizeof err));
+    ck_assert_msg(strstr(err, "3-D projection 'h.0.mlp.c_fc.weight' in a file without "
+                              "gpt2d.layout \"panel64\" metadata")
+                      != NULL,
+                  "%s", err);
+    /* An unknown layout value. */
+    sft_meta other = {WF_META_LAYOUT, "panel128"};
+    ck_assert_ptr_null(detect(t, 2, &other, 1, err, sizeof err));
+    ck_assert_msg(strstr(err, "metadata gpt2d.layout is \"panel128\"") != NULL, "%s", err);
+    /* A 2-D projection in a panel64 file. */
+    t[0].ndim = 2;
+    t[0].shape = pshape_fc_2d;
+    ck_assert_ptr_null(detect(t, 2, &panel, 1, err, sizeof err));
+    ck_assert_msg(strstr(err, "panel64 file: projection 'h.0.mlp.c_fc.weight' is 2-D, expected "
+                              "3-D [N/64, K, 64]")
+                      != NULL,
+                  "%s", err);
+    /* A last dimension other than 64. */
+    t[0].ndim = 3;
+    t[0].shape = pshape_fc_bad;
+    ck_assert_ptr_null(detect(t, 2, &panel, 1, err, sizeof err));
+    ck_assert_msg(strstr(err, "projection 'h.0.mlp.c_fc.weight' has last dimension 32, expected "
+                              "64")
+                      != NULL,
+                  "%s", err);
+    /* A 3-D tensor that is not a projection. */
+    t[0].shape = pshape_fc;
+    t[1].ndim = 3;
+    t[1].shape = pshape_fc;
+    ck_assert_ptr_null(detect(t, 2, &panel, 1, err, sizeof err));
+    ck_assert_msg(strstr(err, "panel64 file: 3-D tensor 'wte.weight' is not a projection") != NULL,
+                  "%s", err);
+    /* q8 in panels: the scales' shape is [N/64, ceil(K/32), 64]. */
+    sft_tensor q[2] = {{.name = "h.0.mlp.c_fc.weight",
+                        .dtype = SFT_I8,
+                        .ndim = 3,
+                        .shape = pshape_fc,
+                        .data = wp_i8},
+                       {.name = "h.0.mlp.c_fc.weight.q8_scale",
+                        .dtype = SFT_F32,
+                        .ndim = 3,
+                        .shape = pshape_fc_scale_bad,
+                        .data = wp_f32}};
+    sft_meta meta[3] = {
+        {"gpt2d.format", "q8"}, {"gpt2d.layout", "panel64"}, {"gpt2d.q8_block", "32"}};
+    ck_assert_ptr_null(detect(q, 2, meta, 3, err, sizeof err));
+    ck_assert_msg(strstr(err, "q8 scale 'h.0.mlp.c_fc.weight.q8_scale' must be F32 [2, 2, 64]")
+                      != NULL,
+                  "%s", err);
+    /* A scale left in the hf shape in a panel64 file. */
+    q[1].ndim = 2;
+    q[1].shape = pshape_fc_scale_2d;
+    ck_assert_ptr_null(detect(q, 2, meta, 3, err, sizeof err));
+    ck_assert_msg(strstr(err, "projection 'h.0.mlp.c_fc.weight.q8_scale' is 2-D") != NULL, "%s",
+                  err);
+    /* A panel scale in an hf q8 file (both tensors 3-D: the projection is
+     * named first). */
+    q[1].ndim = 3;
+    q[1].shape = pshape_fc_scale;
+    sft_meta hfq8[2] = {{"gpt2d.format", "q8"}, {"gpt2d.q8_block", "32"}};
+    ck_assert_ptr_null(detect(q, 2, hfq8, 2, err, sizeof err));
+    ck_assert_msg(strstr(err, "3-D projection 'h.0.mlp.c_fc.weight' in a file without") != NULL,
+                  "%s", err);
+    /* The hf q8 matrix with a panel scale. */
+    q[0].ndim = 2;
+    q[0].shape = pshape_fc_2d;
+    ck_assert_ptr_null(detect(q, 2, hfq8, 2, err, sizeof err));
+    ck_assert_msg(strstr(err, "3-D projection 'h.0.mlp.c_fc.weight.q8_scale' in a file without")
+                      != NULL,
+                  "%s", err);
+}
+END_TEST
+
 static Suite *sft_suite(void)
 {
     Suite *s = suite_create("formats");
@@ -1027,6 +1242,10 @@ static Suite *sft_suite(void)
     tc = tcase_create("wf_detect");
     tcase_add_checked_fixture(tc, setup_dir, teardown_dir);
     tcase_add_test(tc, wf_detect_names_every_format);
+    tcase_add_test(tc, wf_is_projection_names_the_four_matrices);
+    tcase_add_test(tc, wf_layout_reads_the_metadata_key);
+    tcase_add_test(tc, wf_detect_accepts_panel64_files);
+    tcase_add_test(tc, wf_detect_refuses_each_broken_layout_rule);
     suite_add_tcase(s, tc);
     tc = tcase_create("sft_convert");
     tcase_add_test(tc, sft_f16_to_f32_known_values);

@@ -392,10 +392,10 @@ int tool_bench(int argc, char **argv)
     double bw_after = bandwidth(nthreads);
     double bw = bw_before > bw_after ? bw_before : bw_after;
     double bound = bw * 1e9 / weight_bytes;
-    printf("{\n  \"model\": {\"format\": \"%s\", \"layers\": %zu, \"width\": %zu, "
-           "\"vocab\": %zu, \"params\": %zu, \"weight_bytes\": %.0f},\n",
-           eng_model_dtype(m), cfg->n_layer, cfg->n_embd, cfg->n_vocab, eng_model_params(m),
-           weight_bytes);
+    printf("{\n  \"model\": {\"format\": \"%s\", \"layout\": \"%s\", \"layers\": %zu, "
+           "\"width\": %zu, \"vocab\": %zu, \"params\": %zu, \"weight_bytes\": %.0f},\n",
+           eng_model_dtype(m), eng_model_layout(m), cfg->n_layer, cfg->n_embd, cfg->n_vocab,
+           eng_model_params(m), weight_bytes);
     printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
            "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f},\n",
            nthreads, bw, bw_before, bw_after, gflops);

@@ -1,6 +1,7 @@
 /*
- * tools/convert.c: `gpt2d convert IN OUT [--dtype f32|f16|bf16|q8]`, an
- * aligned copy of a safetensors file, optionally in another weight format.
+ * tools/convert.c: `gpt2d convert IN OUT [--dtype f32|f16|bf16|q8]
+ * [--layout hf|panel64]`, an aligned copy of a safetensors file, optionally
+ * in another weight format or layout.
  *
  * Alignment: the published GPT-2 file starts its data at byte 14,291, so
  * every F32 tensor in it is misaligned and must be copied at every start;
@@ -9,11 +10,9 @@
  * page cache. The write is atomic (formats/ sft_save).
  *
  * Formats (formats/wformat.h). Without --dtype, tensors, dtypes and
- * metadata are kept as they are. With it, every floating-point tensor
- * (F32, F16, BF16, F64) is first widened exactly to F32, then:
- *   f32   kept;
- *   f16   rounded to nearest, ties to even (sft_f32_to_f16; out of range
- *         becomes infinity, as IEEE conversion does);
+ * metadata are kept as they are (but the layout key, which is OUT's). With it, every floating-point
+ * tensor (F32, F16, BF16, F64) is first widened exactly to F32, then: f32   kept; f16   rounded to
+ * nearest, ties to even (sft_f32_to_f16; out of range becomes infinity, as IEEE conversion does);
  *   bf16  rounded to nearest, ties to even on the upper 16 bits (NaN stays
  *         a quiet NaN);
  *   q8    see quantize.c: every weight matrix (2-D, but wpe) becomes I8 with
@@ -22,6 +21,15 @@
  * Integer and BOOL tensors are kept. A q8 file converts back to float by
  * its dequantized values (q * scale, the F32 product the engine computes),
  * so `convert --dtype f32` of a q8 file gives exactly its logits.
+ *
+ * Layouts (formats/wformat.h, "gpt2d.layout"): --layout hf|panel64,
+ * default IN's. panel64 is gpt2d's serving layout (each projection matrix
+ * stored in panels of 64 columns, so decode streams contiguous memory);
+ * hf keeps the file loadable by Hugging Face. The steps: IN's projections
+ * (and q8 scales) are un-panelled into hf buffers, the dtype conversion
+ * runs on hf tensors, and OUT's are panelled when OUT is panel64, so any
+ * layout and dtype go to any other, and hf -> panel64 -> hf gives back
+ * the same bytes.
  */
 #include "tools.h"
 
@@ -36,80 +44,50 @@
 
 static void convert_usage(FILE *out)
 {
-    fprintf(out, "usage: gpt2d convert IN OUT [--dtype f32|f16|bf16|q8]\n"
+    fprintf(out, "usage: gpt2d convert IN OUT [--dtype f32|f16|bf16|q8] [--layout hf|panel64]\n"
                  "Writes an aligned copy of the safetensors file IN to OUT (atomically), so\n"
                  "that it can be memory-mapped and shared without copies.\n"
-                 "  --dtype D   the weight format of OUT (default: IN's); f16 and bf16 round\n"
-                 "              to nearest even, q8 stores int8 with a scale per 32 weights\n"
-                 "              along the reduction dimension (docs/api.md)\n");
+                 "  --dtype D    the weight format of OUT (default: IN's); f16 and bf16 round\n"
+                 "               to nearest even, q8 stores int8 with a scale per 32 weights\n"
+                 "               along the reduction dimension (docs/api.md)\n"
+                 "  --layout L   the layout of OUT (default: IN's): panel64 is gpt2d's serving\n"
+                 "               layout (projection matrices in panels of 64 columns: faster\n"
+                 "               decode); hf keeps the file loadable by Hugging Face\n");
 }
 
-uint16_t tool_f32_to_bf16(float f)
+/* OUT's metadata: IN's, less gpt2d's keys, plus q8's when OUT is q8 and
+ * the layout's when OUT is panel64. NULL when out of memory. */
+static sft_meta *out_metadata(const sft_file *f, int q8, int panel, size_t *nom)
 {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7F800000u) == 0x7F800000u && (x & 0x7FFFFFu) != 0)
-        return (uint16_t)((x >> 16) | 0x40u); /* NaN: quiet, sign kept */
-    x += 0x7FFFu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-static int is_float(sft_dtype d)
-{
-    return d == SFT_F32 || d == SFT_F16 || d == SFT_BF16 || d == SFT_F64;
-}
-
-/* The output tensors of a float conversion into `to` (F32, F16 or BF16):
- * each float tensor's new bytes in *bufs[i] (freed by the caller). */
-static int convert_float(const sft_file *f, sft_dtype to, sft_tensor *t, void **bufs, char *err,
-                         size_t errlen)
-{
-    for (size_t i = 0; i < sft_count(f); i++) {
-        const sft_tensor *src = sft_tensor_at(f, i);
-        t[i] = *src;
-        if (!is_float(src->dtype) || src->dtype == to) continue;
-        size_t n = sft_tensor_numel(src);
-        float *wide = malloc((n ? n : 1) * sizeof *wide);
-        if (wide == NULL) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        if (sft_tensor_to_f32(src, wide, n, err, errlen) != SFT_OK) {
-            free(wide);
-            return -1;
-        }
-        if (to == SFT_F32) {
-            bufs[i] = wide;
-        } else {
-            uint16_t *h = malloc((n ? n : 1) * sizeof *h);
-            if (h == NULL) {
-                free(wide);
-                snprintf(err, errlen, "out of memory");
-                return -1;
-            }
-            for (size_t k = 0; k < n; k++)
-                h[k] = to == SFT_F16 ? sft_f32_to_f16(wide[k]) : tool_f32_to_bf16(wide[k]);
-            free(wide);
-            bufs[i] = h;
-        }
-        t[i].dtype = to;
-        t[i].data = bufs[i];
-        t[i].nbytes = n * sft_dtype_size(to);
+    size_t nmeta;
+    const sft_meta *meta = sft_metadata(f, &nmeta);
+    sft_meta *om = calloc(nmeta + 3, sizeof *om);
+    if (om == NULL) return NULL;
+    *nom = 0;
+    for (size_t i = 0; i < nmeta; i++)
+        if (strncmp(meta[i].key, "gpt2d.", 6) != 0) om[(*nom)++] = meta[i];
+    if (q8) {
+        om[(*nom)++] = (sft_meta){WF_META_FORMAT, "q8"};
+        om[(*nom)++] = (sft_meta){WF_META_Q8_BLOCK, "32"};
     }
-    return 0;
+    if (panel) om[(*nom)++] = (sft_meta){WF_META_LAYOUT, WF_LAYOUT_PANEL};
+    return om;
 }
 
 int tool_convert(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"dtype", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *dtype = NULL;
+    static const struct option longopts[] = {{"dtype", required_argument, 0, 'd'},
+                                             {"layout", required_argument, 0, 'l'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *dtype = NULL, *layout = NULL;
     int c, idx = 0;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", longopts, &idx)) != -1) {
         switch (c) {
         case 'd': dtype = optarg; break;
+        case 'l': layout = optarg; break;
         case 'h': convert_usage(stdout); return 0;
         default:
             tool_option_error("convert", c, argv, optind, longopts, idx);
@@ -137,6 +115,11 @@ int tool_convert(int argc, char **argv)
             return 2;
         }
     }
+    if (layout != NULL && strcmp(layout, "hf") != 0 && strcmp(layout, WF_LAYOUT_PANEL) != 0) {
+        fprintf(stderr, "gpt2d convert: --layout must be hf or %s, not '%s'\n", WF_LAYOUT_PANEL,
+                layout);
+        return 2;
+    }
     const char *in = argv[optind], *out = argv[optind + 1];
     char err[512];
     sft_file *f;
@@ -145,76 +128,51 @@ int tool_convert(int argc, char **argv)
         return 1;
     }
     const char *from;
-    if (wf_detect(f, &from, err, sizeof err) != SFT_OK) {
+    int in_panel = 0;
+    if (wf_detect(f, &from, err, sizeof err) != SFT_OK
+        || wf_layout(f, &in_panel, err, sizeof err) != SFT_OK) {
         fprintf(stderr, "gpt2d convert: %s\n", err);
         sft_close(f);
         return 1;
     }
-    size_t n = sft_count(f), nmeta;
-    sft_tensor *t = calloc(2 * n + 1, sizeof *t);
-    void **bufs = calloc(2 * n + 1, sizeof *bufs);
-    const sft_meta *meta = sft_metadata(f, &nmeta);
-    int rc = 1;
-    size_t nout = n;
-    if (t == NULL || bufs == NULL) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
+    int out_panel = layout == NULL ? in_panel : strcmp(layout, WF_LAYOUT_PANEL) == 0;
     int from_q8 = strcmp(from, "q8") == 0;
+    tool_set set;
+    int rc = 1;
+    if (tool_set_init(&set, f, err, sizeof err) != 0) goto fail;
+    /* IN's layout to hf, the dtype conversion, hf to OUT's layout. */
+    if (in_panel && tool_unpanel(&set, err, sizeof err) != 0) goto fail;
     if (q8 && !from_q8) {
-        if (tool_quantize_q8(f, t, bufs, &nout, err, sizeof err) != 0) goto fail;
+        if (tool_quantize_q8(&set, err, sizeof err) != 0) goto fail;
     } else if (from_q8 && dtype != NULL && !q8) {
         /* Back to float: the dequantized values, then the float format. */
-        if (tool_dequantize_q8(f, t, bufs, &nout, err, sizeof err) != 0) goto fail;
-        for (size_t i = 0; to != SFT_F32 && i < nout; i++) {
-            if (t[i].dtype != SFT_F32) continue;
-            size_t cnt = sft_tensor_numel(&t[i]);
-            uint16_t *h = malloc((cnt ? cnt : 1) * sizeof *h);
-            if (h == NULL) {
-                snprintf(err, sizeof err, "out of memory");
-                goto fail;
-            }
-            const float *w = t[i].data;
-            for (size_t k = 0; k < cnt; k++)
-                h[k] = to == SFT_F16 ? sft_f32_to_f16(w[k]) : tool_f32_to_bf16(w[k]);
-            bufs[n + i] = h;
-            t[i].dtype = to;
-            t[i].data = h;
-            t[i].nbytes = cnt * sizeof *h;
-        }
+        if (tool_dequantize_q8(&set, err, sizeof err) != 0
+            || tool_to_float(&set, to, err, sizeof err) != 0)
+            goto fail;
     } else if (dtype != NULL && !q8) {
-        if (convert_float(f, to, t, bufs, err, sizeof err) != 0) goto fail;
-    } else {
-        for (size_t i = 0; i < n; i++) t[i] = *sft_tensor_at(f, i);
+        if (tool_to_float(&set, to, err, sizeof err) != 0) goto fail;
     }
-    /* Metadata: IN's, less gpt2d's format keys, plus q8's when OUT is q8. */
-    sft_meta *om = calloc(nmeta + 2, sizeof *om);
+    if (out_panel && tool_panel(&set, err, sizeof err) != 0) goto fail;
+    size_t nom;
+    sft_meta *om = out_metadata(f, q8 || (from_q8 && dtype == NULL), out_panel, &nom);
     if (om == NULL) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    size_t nom = 0;
-    for (size_t i = 0; i < nmeta; i++)
-        if (strncmp(meta[i].key, "gpt2d.", 6) != 0) om[nom++] = meta[i];
-    if (q8 || (from_q8 && dtype == NULL)) {
-        om[nom++] = (sft_meta){WF_META_FORMAT, "q8"};
-        om[nom++] = (sft_meta){WF_META_Q8_BLOCK, "32"};
-    }
-    sft_status ss = sft_save(out, t, nout, om, nom, NULL, err, sizeof err);
+    sft_status ss = sft_save(out, set.t, set.n, om, nom, NULL, err, sizeof err);
     free(om);
     if (ss != SFT_OK) goto fail;
     fprintf(stderr,
-            "gpt2d convert: %zu tensors, %s -> %s; data now starts at an 8-byte boundary "
-            "(was byte %llu)\n",
-            nout, from, dtype ? dtype : from, (unsigned long long)sft_data_start(f));
+            "gpt2d convert: %zu tensors, %s -> %s, layout %s -> %s; data now starts at an "
+            "8-byte boundary (was byte %llu)\n",
+            set.n, from, dtype ? dtype : from, in_panel ? WF_LAYOUT_PANEL : "hf",
+            out_panel ? WF_LAYOUT_PANEL : "hf", (unsigned long long)sft_data_start(f));
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "gpt2d convert: %s\n", err);
 done:
-    for (size_t i = 0; bufs != NULL && i < 2 * n + 1; i++) free(bufs[i]);
-    free(bufs);
-    free(t);
+    tool_set_free(&set);
     sft_close(f);
     return rc;
 }

@@ -17,7 +17,8 @@ static void inspect_usage(FILE *out)
 {
     fprintf(out, "usage: gpt2d inspect FILE [--json]\n"
                  "Validates a safetensors file and prints its weight format (f32, f16, bf16,\n"
-                 "q8 or mixed; a malformed q8 file is refused), metadata and tensors.\n"
+                 "q8 or mixed; a malformed q8 file is refused), layout (hf or panel64),\n"
+                 "metadata and tensors.\n"
                  "  --json   machine-readable output\n"
                  "  --help   this text\n");
 }
@@ -38,7 +39,7 @@ static void shape_text(char *buf, size_t len, const sft_tensor *t)
     if (used < len) snprintf(buf + used, len - used, "]");
 }
 
-static int print_json(const sft_file *f, const char *format)
+static int print_json(const sft_file *f, const char *format, const char *layout)
 {
     json_t *root = json_object();
     json_t *meta = json_object();
@@ -64,6 +65,7 @@ static int print_json(const sft_file *f, const char *format)
     json_object_set_new(root, "header_length", json_integer((json_int_t)sft_header_len(f)));
     json_object_set_new(root, "data_start", json_integer((json_int_t)sft_data_start(f)));
     json_object_set_new(root, "format", json_string(format));
+    json_object_set_new(root, "layout", json_string(layout));
     json_object_set_new(root, "tensor_count", json_integer((json_int_t)sft_count(f)));
     json_object_set_new(root, "aligned_count", json_integer((json_int_t)aligned));
     json_object_set_new(root, "metadata", meta);
@@ -74,7 +76,7 @@ static int print_json(const sft_file *f, const char *format)
     return rc;
 }
 
-static void print_table(const sft_file *f, const char *format)
+static void print_table(const sft_file *f, const char *format, const char *layout)
 {
     size_t nmeta;
     const sft_meta *m = sft_metadata(f, &nmeta);
@@ -84,6 +86,8 @@ static void print_table(const sft_file *f, const char *format)
            (unsigned long long)sft_header_len(f), (unsigned long long)sft_data_start(f),
            sft_data_start(f) % 8 == 0 ? "8-byte aligned" : "not 8-byte aligned");
     printf("format      %s (the weight matrices'; docs/api.md)\n", format);
+    printf("layout      %s (%s)\n", layout,
+           strcmp(layout, "hf") == 0 ? "Hugging Face's" : "gpt2d's serving layout");
     printf("metadata   ");
     if (nmeta == 0) printf(" (none)");
     for (size_t i = 0; i < nmeta; i++) printf(" %s=%s", m[i].key, m[i].value);
@@ -136,16 +140,18 @@ int tool_inspect(int argc, char **argv)
         return 1;
     }
     const char *format;
-    if (wf_detect(f, &format, err, sizeof err) != SFT_OK) {
+    int panel = 0;
+    if (wf_detect(f, &format, err, sizeof err) != SFT_OK
+        || wf_layout(f, &panel, err, sizeof err) != SFT_OK) {
         fprintf(stderr, "gpt2d inspect: %s: %s\n", sft_strerror(SFT_EFORMAT), err);
         sft_close(f);
         return 1;
     }
     int rc = 0;
     if (json)
-        rc = print_json(f, format);
+        rc = print_json(f, format, panel ? WF_LAYOUT_PANEL : "hf");
     else
-        print_table(f, format);
+        print_table(f, format, panel ? WF_LAYOUT_PANEL : "hf");
     sft_close(f);
     return rc;
 }

@@ -45,45 +45,83 @@ static int quantize_block(const float *w, int8_t *q, size_t n, size_t stride, fl
     return 0;
 }
 
-int tool_quantize_q8(const sft_file *f, sft_tensor *t, void **bufs, size_t *nout, char *err,
-                     size_t errlen)
+uint16_t tool_f32_to_bf16(float f)
 {
-    size_t n = sft_count(f), k = n;
-    int64_t *shapes = calloc(2 * n + 1, sizeof *shapes);
-    bufs[2 * n] = shapes;
-    if (shapes == NULL) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7F800000u) == 0x7F800000u && (x & 0x7FFFFFu) != 0)
+        return (uint16_t)((x >> 16) | 0x40u); /* NaN: quiet, sign kept */
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* t's elements widened to F32 in a buffer owned by s, or NULL with err. */
+static float *widen(tool_set *s, const sft_tensor *t, char *err, size_t errlen)
+{
+    size_t n = sft_tensor_numel(t);
+    float *w = tool_set_alloc(s, n * sizeof *w);
+    if (w == NULL) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return NULL;
     }
-    for (size_t i = 0; i < n; i++) {
-        const sft_tensor *src = sft_tensor_at(f, i);
-        t[i] = *src;
-        if (!quantizes(src)) continue;
-        size_t R = (size_t)src->shape[0], Cc = (size_t)src->shape[1], cnt = R * Cc;
-        int64_t *ss = shapes + 2 * i;
-        if (wf_q8_scale_shape(src->name, src->shape[0], src->shape[1], ss) != 0) {
-            snprintf(err, errlen, "%s: width %zu is not a multiple of %d", src->name, Cc,
-                     WF_Q8_BLOCK);
-            return -1;
+    return sft_tensor_to_f32(t, w, n, err, errlen) == SFT_OK ? w : NULL;
+}
+
+int tool_to_float(tool_set *s, sft_dtype to, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        sft_tensor *t = &s->t[i];
+        if (!is_float(t->dtype) || t->dtype == to) continue;
+        size_t n = sft_tensor_numel(t);
+        float *wide = widen(s, t, err, errlen);
+        if (wide == NULL) return -1;
+        if (to != SFT_F32) {
+            uint16_t *h = tool_set_alloc(s, n * sizeof *h);
+            if (h == NULL) {
+                snprintf(err, errlen, "out of memory");
+                return -1;
+            }
+            for (size_t k = 0; k < n; k++)
+                h[k] = to == SFT_F16 ? sft_f32_to_f16(wide[k]) : tool_f32_to_bf16(wide[k]);
+            t->data = h;
+        } else {
+            t->data = wide;
         }
-        size_t nsc = (size_t)(ss[0] * ss[1]), nlen = strlen(src->name) + sizeof WF_Q8_SCALE_SUFFIX;
-        /* The scales and, after them, the scale tensor's name: one block. */
-        float *sc = malloc(nsc * sizeof *sc + nlen);
-        int8_t *q = malloc(cnt ? cnt : 1);
-        float *wide = malloc((cnt ? cnt : 1) * sizeof *wide);
-        bufs[i] = q;
-        bufs[n + i] = sc;
-        if (wide == NULL || q == NULL || sc == NULL) {
-            free(wide);
+        t->dtype = to;
+        t->nbytes = n * sft_dtype_size(to);
+    }
+    return 0;
+}
+
+int tool_quantize_q8(tool_set *s, char *err, size_t errlen)
+{
+    size_t n = s->n;
+    for (size_t i = 0; i < n; i++) {
+        sft_tensor src = s->t[i]; /* a copy: tool_set_push may move s->t */
+        if (!quantizes(&src)) continue;
+        size_t R = (size_t)src.shape[0], Cc = (size_t)src.shape[1], cnt = R * Cc;
+        int64_t *ss = tool_set_alloc(s, 2 * sizeof *ss);
+        if (ss == NULL) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        if (sft_tensor_to_f32(src, wide, cnt, err, errlen) != SFT_OK) {
-            free(wide);
+        if (wf_q8_scale_shape(src.name, src.shape[0], src.shape[1], ss) != 0) {
+            snprintf(err, errlen, "%s: width %zu is not a multiple of %d", src.name, Cc,
+                     WF_Q8_BLOCK);
             return -1;
         }
+        size_t nsc = (size_t)(ss[0] * ss[1]), nlen = strlen(src.name) + sizeof WF_Q8_SCALE_SUFFIX;
+        float *sc = tool_set_alloc(s, nsc * sizeof *sc);
+        int8_t *q = tool_set_alloc(s, cnt);
+        char *name = tool_set_alloc(s, nlen);
+        if (sc == NULL || q == NULL || name == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        const float *wide = widen(s, &src, err, errlen);
+        if (wide == NULL) return -1;
         int bad = 0;
-        if (wf_q8_along_columns(src->name)) {
+        if (wf_q8_along_columns(src.name)) {
             for (size_t r = 0; r < R && !bad; r++)
                 for (size_t c0 = 0; c0 < Cc && !bad; c0 += WF_Q8_BLOCK)
                     bad = quantize_block(wide + r * Cc + c0, q + r * Cc + c0, WF_Q8_BLOCK, 1,
@@ -95,62 +133,63 @@ int tool_quantize_q8(const sft_file *f, sft_tensor *t, void **bufs, size_t *nout
                                          R - r0 < WF_Q8_BLOCK ? R - r0 : WF_Q8_BLOCK, Cc,
                                          &sc[(r0 / WF_Q8_BLOCK) * Cc + c]);
         }
-        free(wide);
         if (bad) {
-            snprintf(err, errlen, "%s: a weight is not finite; q8 cannot store it", src->name);
+            snprintf(err, errlen, "%s: a weight is not finite; q8 cannot store it", src.name);
             return -1;
         }
-        char *name = (char *)(sc + nsc);
-        snprintf(name, nlen, "%s%s", src->name, WF_Q8_SCALE_SUFFIX);
-        t[i].dtype = SFT_I8;
-        t[i].data = q;
-        t[i].nbytes = cnt;
-        t[k++] = (sft_tensor){.name = name,
-                              .dtype = SFT_F32,
-                              .ndim = 2,
-                              .shape = ss,
-                              .data = sc,
-                              .nbytes = nsc * sizeof *sc};
+        snprintf(name, nlen, "%s%s", src.name, WF_Q8_SCALE_SUFFIX);
+        s->t[i].dtype = SFT_I8;
+        s->t[i].data = q;
+        s->t[i].nbytes = cnt;
+        sft_tensor st = {.name = name,
+                         .dtype = SFT_F32,
+                         .ndim = 2,
+                         .shape = ss,
+                         .data = sc,
+                         .nbytes = nsc * sizeof *sc};
+        if (tool_set_push(s, &st) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
     }
-    *nout = k;
     return 0;
 }
 
-int tool_dequantize_q8(const sft_file *f, sft_tensor *t, void **bufs, size_t *nout, char *err,
-                       size_t errlen)
+static int is_scale_name(const char *name)
 {
-    size_t n = sft_count(f), k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const sft_tensor *src = sft_tensor_at(f, i);
-        size_t len = strlen(src->name), sl = strlen(WF_Q8_SCALE_SUFFIX);
-        if (len > sl && strcmp(src->name + len - sl, WF_Q8_SCALE_SUFFIX) == 0) continue;
-        t[k] = *src;
-        if (src->dtype == SFT_I8 && src->ndim == 2) {
-            char sname[512];
-            snprintf(sname, sizeof sname, "%s%s", src->name, WF_Q8_SCALE_SUFFIX);
-            const sft_tensor *s = sft_find(f, sname); /* checked by wf_detect */
-            size_t R = (size_t)src->shape[0], Cc = (size_t)src->shape[1];
-            float *w = malloc((R * Cc > 0 ? R * Cc : 1) * sizeof *w);
-            if (s == NULL || w == NULL) {
-                free(w);
-                snprintf(err, errlen, "%s: %s", src->name, s ? "out of memory" : "no scales");
-                return -1;
-            }
-            bufs[i] = w;
-            const int8_t *q = src->data;
-            const float *sc = s->data;
-            int cols = wf_q8_along_columns(src->name);
-            for (size_t r = 0; r < R; r++)
-                for (size_t c = 0; c < Cc; c++) {
-                    size_t si = cols ? (r * Cc + c) / WF_Q8_BLOCK : (r / WF_Q8_BLOCK) * Cc + c;
-                    w[r * Cc + c] = (float)q[r * Cc + c] * sc[si];
-                }
-            t[k].dtype = SFT_F32;
-            t[k].data = w;
-            t[k].nbytes = R * Cc * sizeof *w;
+    size_t len = strlen(name), sl = strlen(WF_Q8_SCALE_SUFFIX);
+    return len > sl && strcmp(name + len - sl, WF_Q8_SCALE_SUFFIX) == 0;
+}
+
+int tool_dequantize_q8(tool_set *s, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        sft_tensor *t = &s->t[i];
+        if (t->dtype != SFT_I8 || t->ndim != 2) continue;
+        char sname[512];
+        snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX);
+        const sft_tensor *st = tool_set_find(s, sname); /* checked by wf_detect */
+        size_t R = (size_t)t->shape[0], Cc = (size_t)t->shape[1];
+        float *w = tool_set_alloc(s, R * Cc * sizeof *w);
+        if (st == NULL || w == NULL) {
+            snprintf(err, errlen, "%s: %s", t->name, st ? "out of memory" : "no scales");
+            return -1;
         }
-        k++;
+        const int8_t *q = t->data;
+        const float *sc = st->data;
+        int cols = wf_q8_along_columns(t->name);
+        for (size_t r = 0; r < R; r++)
+            for (size_t c = 0; c < Cc; c++) {
+                size_t si = cols ? (r * Cc + c) / WF_Q8_BLOCK : (r / WF_Q8_BLOCK) * Cc + c;
+                w[r * Cc + c] = (float)q[r * Cc + c] * sc[si];
+            }
+        t->dtype = SFT_F32;
+        t->data = w;
+        t->nbytes = R * Cc * sizeof *w;
     }
-    *nout = k;
+    size_t k = 0; /* drop the scales, keeping the order */
+    for (size_t i = 0; i < s->n; i++)
+        if (!is_scale_name(s->t[i].name)) s->t[k++] = s->t[i];
+    s->n = k;
     return 0;
 }
