@@ -125,7 +125,7 @@ typedef struct {
 /* What /metrics says about the build and the process (probes.c gathers
  * the process's numbers; met_render only prints them). */
 typedef struct {
-    const char *version, *commit, *buildtype, *kernels, *dtype, *model;
+    const char *version, *commit, *buildtype, *kernels, *dtype, *layout, *model;
     double start_time;        /* Unix seconds */
     double cpu_seconds;       /* user + system */
     double resident_bytes;    /* -1: unknown */

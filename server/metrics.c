@@ -124,6 +124,8 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
     label(m, info->kernels);
     fputs("\",dtype=\"", m);
     label(m, info->dtype);
+    fputs("\",layout=\"", m);
+    label(m, info->layout);
     fputs("\",model=\"", m);
     label(m, info->model);
     fputs("\"} 1\n", m);

@@ -55,13 +55,13 @@ enum MHD_Result probe_ready(srv_req *r)
                           : http_send_json(r, 200, "{\"status\":\"ready\"}", NULL);
 }
 
-/* One model object, OpenAI's shape; id is the name asked for. */
-/* One model object, OpenAI's shape, with gpt2d's `dtype` (the weights'
- * format); id is the name asked for. */
+/* One model object, OpenAI's shape, with gpt2d's `dtype` and `layout` (the
+ * weights' format and layout); id is the name asked for. */
 static json_t *model_json(const srv *s, const char *id)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", id, "object", "model", "created",
-                     (json_int_t)0, "owned_by", "gpt2d", "dtype", eng_model_dtype(s->model));
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", id, "object", "model", "created",
+                     (json_int_t)0, "owned_by", "gpt2d", "dtype", eng_model_dtype(s->model),
+                     "layout", eng_model_layout(s->model));
 }
 
 enum MHD_Result probe_models(srv_req *r)
@@ -109,10 +109,11 @@ enum MHD_Result probe_model(srv_req *r)
 enum MHD_Result probe_version(srv_req *r)
 {
     const srv *s = r->s;
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
-                          srv_commit(), "buildtype", srv_buildtype(), "sanitize",
-                          GPT2D_BUILD_SANITIZE, "kernels", eng_kernels(), "model",
-                          s->cfg.model_name, "dtype", eng_model_dtype(s->model));
+    json_t *o =
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
+                  srv_commit(), "buildtype", srv_buildtype(), "sanitize", GPT2D_BUILD_SANITIZE,
+                  "kernels", eng_kernels(), "model", s->cfg.model_name, "dtype",
+                  eng_model_dtype(s->model), "layout", eng_model_layout(s->model));
     return http_send_obj(r, o);
 }
 
@@ -125,6 +126,7 @@ static void process_info(const srv *s, met_info *info)
     info->kernels = eng_kernels();
     info->model = s->cfg.model_name;
     info->dtype = eng_model_dtype(s->model);
+    info->layout = eng_model_layout(s->model);
     info->start_time = s->started_wall;
     struct rusage ru;
     info->cpu_seconds = getrusage(RUSAGE_SELF, &ru) == 0

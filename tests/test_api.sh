@@ -91,7 +91,7 @@ curl -s "${auth[@]}" -o "$dir/m2.json" -w '%{http_code}' "$base/v1/models/gpt-4"
 python3 - "$dir/m1.json" "$dir/m2.json" "$(cat "$dir/m2.code")" <<'PY' || fail "/v1/models/{id}"
 import json, sys
 m1, m2 = (json.load(open(p)) for p in sys.argv[1:3])
-assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d", "dtype": "f32"}, m1
+assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d", "dtype": "f32", "layout": "hf"}, m1
 assert sys.argv[3] == "404" and m2["error"]["code"] == "model_not_found", (sys.argv[3], m2)
 PY
 # Odd ids: an id with a slash, sent as it is or percent-encoded (newer
@@ -227,9 +227,9 @@ curl -s "$base/version" > "$dir/version.json"
 python3 - "$dir/version.json" "$v" <<'PY' || fail "/version"
 import json, sys
 v = json.load(open(sys.argv[1]))
-assert list(v) == ["version", "commit", "buildtype", "sanitize", "kernels", "model", "dtype"], v
+assert list(v) == ["version", "commit", "buildtype", "sanitize", "kernels", "model", "dtype", "layout"], v
 assert v["sanitize"] in ("none", "address", "thread", "undefined", "address,undefined", "memory"), v
-assert v["kernels"] in ("avx512", "avx2", "portable") and v["model"] == "gpt2" and v["dtype"] == "f32", v
+assert v["kernels"] in ("avx512", "avx2", "portable") and v["model"] == "gpt2" and v["dtype"] == "f32" and v["layout"] == "hf", v
 assert all(isinstance(x, str) and x for x in v.values()), v
 assert sys.argv[2] == "gpt2d %s (%s, %s)" % (v["version"], v["commit"], v["buildtype"]), (sys.argv[2], v)
 PY

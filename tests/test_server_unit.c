@@ -593,6 +593,7 @@ START_TEST(met_render_counters_and_histograms_prometheus)
                      .buildtype = "release",
                      .kernels = "avx2",
                      .dtype = "bf16",
+                     .layout = "panel64",
                      .model = "gpt2",
                      .start_time = 1e9,
                      .cpu_seconds = 2.5,
@@ -630,7 +631,7 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     ck_assert(has_line(page, "# HELP gpt2d_queued_requests Requests waiting for admission."));
     ck_assert(has_line(page, "gpt2d_build_info{version=\"1.2.3\",commit=\"abc\\\"d\","
                              "buildtype=\"release\",kernels=\"avx2\",dtype=\"bf16\","
-                             "model=\"gpt2\"} 1"));
+                             "layout=\"panel64\",model=\"gpt2\"} 1"));
     ck_assert(has_line(page, "process_cpu_seconds_total 2.500000"));
     ck_assert(has_line(page, "# TYPE process_cpu_seconds_total counter"));
     ck_assert(has_line(page, "process_resident_memory_bytes 4096.000000"));
