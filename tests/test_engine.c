@@ -53,32 +53,29 @@ static void synth_hs64(void)
     ck_assert_int_eq(tool_synth((int)(sizeof argv / sizeof *argv), argv), 0);
 }
 
-/* DIR/to/model.safetensors = `gpt2d convert DIR/from/... --dtype dtype`. */
-static void convert(const char *from, const char *to, const char *dtype)
+/* DIR/to/model.safetensors = `gpt2d convert DIR/from/... --dtype dtype`,
+ * with `--layout layout` unless layout is NULL (IN's layout). */
+static void convert_layout(const char *from, const char *to, const char *dtype, const char *layout)
 {
     char in[320], out[320], cfg[700];
     snprintf(out, sizeof out, "%s/%s", dir, to);
     mkdir(out, 0755);
     snprintf(in, sizeof in, "%s/%s/model.safetensors", dir, from);
     snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, to);
-    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype};
-    ck_assert_int_eq(tool_convert(5, argv), 0);
+    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype, "--layout", (char *)layout};
+    ck_assert_int_eq(tool_convert(layout ? 7 : 5, argv), 0);
     snprintf(cfg, sizeof cfg, "cp '%s/%s/config.json' '%s/%s/'", dir, from, dir, to);
     ck_assert_int_eq(system(cfg), 0);
 }
 
-/* DIR/to = `gpt2d convert DIR/from/... --dtype dtype --layout panel64`. */
+static void convert(const char *from, const char *to, const char *dtype)
+{
+    convert_layout(from, to, dtype, NULL);
+}
+
 static void convert_panel(const char *from, const char *to, const char *dtype)
 {
-    char in[320], out[320], cfg[700];
-    snprintf(out, sizeof out, "%s/%s", dir, to);
-    mkdir(out, 0755);
-    snprintf(in, sizeof in, "%s/%s/model.safetensors", dir, from);
-    snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, to);
-    char *argv[] = {"convert", in, out, "--dtype", (char *)dtype, "--layout", "panel64"};
-    ck_assert_int_eq(tool_convert(7, argv), 0);
-    snprintf(cfg, sizeof cfg, "cp '%s/%s/config.json' '%s/%s/'", dir, from, dir, to);
-    ck_assert_int_eq(system(cfg), 0);
+    convert_layout(from, to, dtype, "panel64");
 }
 
 /* The models the invariance tests run on, by loop index: GPT-2's head size
