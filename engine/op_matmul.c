@@ -687,8 +687,12 @@ mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
 
 /* Per thread: a strip of K x 64 floats of W and 6 x 64 floats for the rows
  * past the last full AVX-512 tile (mm_block_avx512), or T x KB inputs for the
- * k-blocked tiles (T <= MM_STREAM_MAX, KB <= 32: less than the strip); then
- * N floats for the bias widened from F16 or BF16 (the task's columns). */
+ * k-blocked tiles (T <= MM_STREAM_MAX, KB <= K: a panel's k-block is all of
+ * K, so T x K, less than the strip while T <= 64); then N floats for the
+ * bias widened from F16 or BF16 (the task's columns). */
+_Static_assert(MM_STREAM_MAX <= MM512_COLS && MM_STREAM_MAX_512 <= MM512_COLS
+                   && MM_STREAM_MAX_512_NARROW <= MM512_COLS,
+               "the k-blocked tiles' T x K inputs must fit in the K x 64 strip");
 static size_t mm_thread_floats(size_t K, size_t N)
 {
     return (K + MM512_ROWS) * MM512_COLS + (N + 15) / 16 * 16;
@@ -740,6 +744,8 @@ size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N)
     return threads * mm_thread_floats(K, N);
 }
 
+/* A panel W needs N % OP_PANEL == 0 (kernels.h): the loader binds no other
+ * (engine/model.c), and the tests and benchmarks build theirs so. */
 void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const op_w *W,
                const op_w *b, size_t T, size_t K, size_t N)
 {

@@ -38,12 +38,25 @@ int wf_q8_along_columns(const char *name)
     return ends_with(name, "wte.weight");
 }
 
+/* ceil(n / WF_Q8_BLOCK) without n + 31, which overflows for the huge
+ * dimensions a hostile file may declare beside a zero one. */
+static int64_t wf_blocks(int64_t n)
+{
+    return n / WF_Q8_BLOCK + (n % WF_Q8_BLOCK != 0);
+}
+
+/* A projection's name: one of the four suffixes, the whole name or after a
+ * dot ("h.0.attn.c_attn.weight", "transformer.h.0..."), never the tail of
+ * a longer component ("h.0.crossattn.c_attn.weight" is not one). */
 int wf_is_projection(const char *name)
 {
     static const char *const suffixes[] = {"attn.c_attn.weight", "attn.c_proj.weight",
                                            "mlp.c_fc.weight", "mlp.c_proj.weight"};
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++)
-        if (ends_with(name, suffixes[i])) return 1;
+        if (ends_with(name, suffixes[i])) {
+            size_t n = strlen(name), k = strlen(suffixes[i]);
+            if (n == k || name[n - k - 1] == '.') return 1;
+        }
     return 0;
 }
 
@@ -67,7 +80,7 @@ int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[
         out[0] = rows;
         out[1] = cols / WF_Q8_BLOCK;
     } else {
-        out[0] = (rows + WF_Q8_BLOCK - 1) / WF_Q8_BLOCK;
+        out[0] = wf_blocks(rows);
         out[1] = cols;
     }
     return 0;
@@ -180,7 +193,7 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
         size_t nd = t->ndim;
         if (nd == 3) {
             shape[0] = t->shape[0];
-            shape[1] = (t->shape[1] + WF_Q8_BLOCK - 1) / WF_Q8_BLOCK;
+            shape[1] = wf_blocks(t->shape[1]);
             shape[2] = t->shape[2];
         } else if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
             return wf_fail(err, errlen,

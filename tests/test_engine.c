@@ -877,15 +877,16 @@ static void test_w_panel(test_w *t, size_t K, size_t N)
  * computed here with fmaf, in every weight format (loop index % 4) and
  * with a 16-bit bias too, in both layouts of W (loop index / 4: row-major,
  * then panel64). K = 70 leaves a k-block tail (and a partial Q8 block)
- * and N = 112 a column tail past the 32-column tasks; panels take N = 192
- * (three panels, split between two threads). Run at every kernel level
+ * and N = 112 a column tail past the 32-column tasks; panels take N = 320
+ * (five panels: three on one thread, a pair and an odd one at one row,
+ * and a pair on the other). Run at every kernel level
  * (GPT2D_KERNELS) by tests/meson.build. */
 START_TEST(op_matmul_every_row_count_is_the_fixed_order)
 {
     enum { K = 70, TMAX = 70 };
     op_dtype dt = (op_dtype)(_i % 4);
     int panel = _i / 4;
-    size_t N = panel ? 192 : 112;
+    size_t N = panel ? 320 : 112;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
     float *pack =

@@ -1005,6 +1005,10 @@ START_TEST(wf_is_projection_names_the_four_matrices)
     ck_assert_int_eq(wf_is_projection("wpe.weight"), 0);
     ck_assert_int_eq(wf_is_projection("lm_head.weight"), 0);
     ck_assert_int_eq(wf_is_projection(""), 0);
+    /* The suffix must be whole components. */
+    ck_assert_int_eq(wf_is_projection("attn.c_attn.weight"), 1);
+    ck_assert_int_eq(wf_is_projection("h.0.crossattn.c_attn.weight"), 0);
+    ck_assert_int_eq(wf_is_projection("h.0.xmlp.c_fc.weight"), 0);
 }
 END_TEST
 
@@ -1117,6 +1121,38 @@ START_TEST(wf_detect_accepts_panel64_files)
     sft_meta meta[3] = {
         {"gpt2d.format", "q8"}, {"gpt2d.layout", "panel64"}, {"gpt2d.q8_block", "32"}};
     ck_assert_str_eq(detect(q, 6, meta, 3, err, sizeof err), "q8");
+}
+END_TEST
+
+/* A q8 panel file whose projection declares [0, INT64_MAX, 64]: no bytes,
+ * so the parser takes it, and the scale shape's ceil(K / 32) must not
+ * overflow (UBSan runs this in scripts/test.sh); the scales [0, 1, 64]
+ * do not match it and the file is refused. */
+START_TEST(wf_detect_huge_panel_dimension_is_refused_without_overflow)
+{
+    char err[256];
+    static const int64_t huge[] = {0, INT64_MAX, 64}, huge_scale[] = {0, 1, 64};
+    sft_tensor q[4] = {
+        {.name = "h.0.attn.c_attn.weight",
+         .dtype = SFT_I8,
+         .ndim = 3,
+         .shape = huge,
+         .data = wp_i8},
+        {.name = "h.0.attn.c_attn.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 3,
+         .shape = huge_scale,
+         .data = wp_f32},
+        {.name = "wte.weight", .dtype = SFT_I8, .ndim = 2, .shape = shape_64x32, .data = wp_i8},
+        {.name = "wte.weight.q8_scale",
+         .dtype = SFT_F32,
+         .ndim = 2,
+         .shape = shape_64x1,
+         .data = wp_f32}};
+    sft_meta meta[3] = {
+        {"gpt2d.format", "q8"}, {"gpt2d.layout", "panel64"}, {"gpt2d.q8_block", "32"}};
+    ck_assert_ptr_null(detect(q, 4, meta, 3, err, sizeof err));
+    ck_assert_msg(strstr(err, "h.0.attn.c_attn.weight.q8_scale") != NULL, "%s", err);
 }
 END_TEST
 
@@ -1245,6 +1281,7 @@ static Suite *sft_suite(void)
     tcase_add_test(tc, wf_is_projection_names_the_four_matrices);
     tcase_add_test(tc, wf_layout_reads_the_metadata_key);
     tcase_add_test(tc, wf_detect_accepts_panel64_files);
+    tcase_add_test(tc, wf_detect_huge_panel_dimension_is_refused_without_overflow);
     tcase_add_test(tc, wf_detect_refuses_each_broken_layout_rule);
     suite_add_tcase(s, tc);
     tc = tcase_create("sft_convert");
