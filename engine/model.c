@@ -119,19 +119,22 @@ static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t, size_t 
     return ENG_OK;
 }
 
-/* Finds name with the given shape and binds *dst to its data as stored;
- * a weight matrix (q8 = 1) may be a Q8 one, and a projection (q8 = 2, a
- * [d0 = K, d1 = N] Conv1D weight) is stored [N / 64, K, 64] in a panel64
- * file. */
+/* What a tensor may be: a float vector or matrix (wpe, biases, norms); a
+ * matrix that may be Q8 (wte); a projection, a [d0 = K, d1 = N] Conv1D
+ * weight that may be Q8 and is stored [N / 64, K, 64] in a panel64 file. */
+typedef enum { BIND_FLOAT, BIND_MAY_Q8, BIND_PROJECTION } bind_kind;
+
+/* Finds name with the given shape and binds *dst to its data as stored. */
 static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1,
-                       int q8)
+                       bind_kind kind)
 {
+    int q8 = kind != BIND_FLOAT;
     char full[160];
     snprintf(full, sizeof full, "%s%s", b->prefix, name);
     const sft_tensor *t = sft_find(b->f, full);
     if (t == NULL)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path, full);
-    int panel = q8 == 2 && b->panel;
+    int panel = kind == BIND_PROJECTION && b->panel;
     if (panel && d1 % WF_PANEL != 0)
         return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
                          "%s: tensor '%s': %zu columns cannot be panels of %d", b->path, full, d1,
@@ -176,33 +179,33 @@ static eng_status bind_all(binder *b, eng_model *m)
     const eng_config *c = &m->cfg;
     size_t C = c->n_embd;
     eng_status rc;
-#define B(dst, name, ndim, d0, d1, q8)                                                             \
+#define B(dst, name, ndim, d0, d1, kind)                                                           \
     do {                                                                                           \
-        rc = bind(b, dst, name, ndim, d0, d1, q8);                                                 \
+        rc = bind(b, dst, name, ndim, d0, d1, kind);                                               \
         if (rc != ENG_OK) return rc;                                                               \
     } while (0)
-    B(&m->wte, "wte.weight", 2, c->n_vocab, C, 1);
-    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C, 0);
+    B(&m->wte, "wte.weight", 2, c->n_vocab, C, BIND_MAY_Q8);
+    B(&m->wpe, "wpe.weight", 2, c->n_ctx, C, BIND_FLOAT);
     for (size_t i = 0; i < c->n_layer; i++) {
         gpt2_layer *L = &m->layers[i];
         char nm[96];
 #define N(fmt) (snprintf(nm, sizeof nm, "h.%zu." fmt, i), nm)
-        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0, 0);
-        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0, 0);
-        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C, 2);
-        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0, 0);
-        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C, 2);
-        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0, 0);
-        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0, 0);
-        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0, 0);
-        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C, 2);
-        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0, 0);
-        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C, 2);
-        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0, 0);
+        B(&L->ln1_g, N("ln_1.weight"), 1, C, 0, BIND_FLOAT);
+        B(&L->ln1_b, N("ln_1.bias"), 1, C, 0, BIND_FLOAT);
+        B(&L->attn_w, N("attn.c_attn.weight"), 2, C, 3 * C, BIND_PROJECTION);
+        B(&L->attn_b, N("attn.c_attn.bias"), 1, 3 * C, 0, BIND_FLOAT);
+        B(&L->proj_w, N("attn.c_proj.weight"), 2, C, C, BIND_PROJECTION);
+        B(&L->proj_b, N("attn.c_proj.bias"), 1, C, 0, BIND_FLOAT);
+        B(&L->ln2_g, N("ln_2.weight"), 1, C, 0, BIND_FLOAT);
+        B(&L->ln2_b, N("ln_2.bias"), 1, C, 0, BIND_FLOAT);
+        B(&L->fc_w, N("mlp.c_fc.weight"), 2, C, 4 * C, BIND_PROJECTION);
+        B(&L->fc_b, N("mlp.c_fc.bias"), 1, 4 * C, 0, BIND_FLOAT);
+        B(&L->fc2_w, N("mlp.c_proj.weight"), 2, 4 * C, C, BIND_PROJECTION);
+        B(&L->fc2_b, N("mlp.c_proj.bias"), 1, C, 0, BIND_FLOAT);
 #undef N
     }
-    B(&m->lnf_g, "ln_f.weight", 1, C, 0, 0);
-    B(&m->lnf_b, "ln_f.bias", 1, C, 0, 0);
+    B(&m->lnf_g, "ln_f.weight", 1, C, 0, BIND_FLOAT);
+    B(&m->lnf_b, "ln_f.bias", 1, C, 0, BIND_FLOAT);
 #undef B
     return ENG_OK;
 }
