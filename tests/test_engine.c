@@ -1249,7 +1249,7 @@ int main(void)
     tcase_add_test(tc, eng_sample_full_vocabulary_follows_softmax);
     suite_add_tcase(s, tc);
     tc = tcase_create("op_kernels");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, 0, 8);
     tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
     tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
