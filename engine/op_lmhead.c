@@ -127,6 +127,24 @@ lm_prefetch(const char *pf, size_t i, const size_t esize, size_t lo, size_t hi)
     for (size_t b = 0; b < 64 * esize; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
+/* The sixteen sums of a 4 x 4 tile, acc[r][j] to out[r * ldo + j], reduced
+ * together (op_hsum16x16: the bits of op_hsum16 on each). Where C % 16 is
+ * 0, so that no element is left for the scalar tail. */
+OP_AVX512 __attribute__((always_inline)) static inline void lm_store_4x4(float *out, size_t ldo,
+                                                                         __m512 acc[4][4])
+{
+    __m512 v[16];
+#pragma GCC unroll 4
+    for (size_t r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (size_t j = 0; j < 4; j++) v[4 * r + j] = acc[r][j];
+    __m512 s = op_hsum16x16(v);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(s));
+    _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(s, 1));
+    _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(s, 2));
+    _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(s, 3));
+}
+
 /* Four rows of h against wte rows v .. v + 3: 16 dot products at once, each
  * with exactly dot16's operations. out[r * ldo + j]. */
 OP_AVX512 __attribute__((always_inline)) static inline void
@@ -153,6 +171,10 @@ dot_4x4_avx512(float *out, size_t ldo, const float *h, const op_w *w, size_t v, 
             acc[r][2] = _mm512_fmadd_ps(x, w2, acc[r][2]);
             acc[r][3] = _mm512_fmadd_ps(x, w3, acc[r][3]);
         }
+    }
+    if (i == C) {
+        lm_store_4x4(out, ldo, acc);
+        return;
     }
     for (size_t r = 0; r < 4; r++)
         for (size_t j = 0; j < 4; j++) {
@@ -204,6 +226,10 @@ dot_rx4_bf16(float *out, size_t ldo, const float *h, const op_w *w, size_t v, si
             for (size_t j = 0; j < 4; j++)
                 acc[r][j] = _mm512_fmadd_ps(x, op_ld16(wp, j * C + i, OP_BF16), acc[r][j]);
         }
+    if (R == 4 && i == C) {
+        lm_store_4x4(out, ldo, acc);
+        return;
+    }
     for (size_t r = 0; r < R; r++)
         for (size_t j = 0; j < 4; j++) {
             float s = op_hsum16(acc[r][j]);
