@@ -39,6 +39,13 @@
  * 61.2-62.3 -> 57.5-59.6. At 64 rows the packed tiles won (BF16 69.7-70.3
  * against 72.7-72.8). F32 at 28 and 32 rows was 2-8 % faster packed. */
 #define MM_STREAM_MAX_512_NARROW 48
+/* Panels (F32, F16, BF16) take the k-blocked tiles up to 64 rows
+ * (mm_panels_rows_avx512_t): bench_decode, 2 threads, 2 alternated rounds
+ * on a loaded machine, matmul ms a step against the packed tiles: F32 32
+ * rows 41.7-44.0 against 56.3-58.2, 48 rows 52.9-55.2 against 65.6-66.9,
+ * 64 rows 70.1-75.1 against 83.7-86.6; F16 at 64 rows 71.8-74.6 against
+ * 75.2-76.3, BF16 75.8-76.3 against 76.9-78.5. */
+#define MM_STREAM_MAX_PANEL 64
 
 /*
  * Two loop orders, one arithmetic. Few rows (decode): W is streamed once,
@@ -296,28 +303,45 @@ kb_acc_store(const mm_ctx *c, __m512 acc[][4], size_t t0, size_t n0, const size_
  * of 5-24 rows (F32, F16, BF16), V = 2 for the 8-row tiles (Q8, AVX-512
  * column tails). */
 OP_AVX512 __attribute__((always_inline)) static inline void
-kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
-               const size_t R, const size_t V, const op_dtype dt)
+kb_tile_pf_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+                  const size_t R, const size_t V, const op_dtype dt, const char *pf, size_t pfn)
 {
     __m512 acc[KB_ROWS512][4], s[4], w[4];
     kb_acc_load(c, acc, t0, n0, kb, R, V);
+    /* W[k][n0 + j] is element wi + j, and the next k's is ws further on
+     * (mm_wi, in either layout: a tile never crosses a panel); the tile's
+     * inputs of one k are T floats further on in xs. */
+    size_t wi = mm_wi(c, kb, n0), ws = c->W.panel ? OP_PANEL : c->N;
+    const float *x = xs + t0;
     for (size_t kq = kb; kq < ke;) {
         size_t kn = kq_end(kq, ke);
 #pragma GCC unroll 4
         for (size_t v = 0; v < V; v++) s[v] = mm_sc16(c, kq, n0 + 16 * v, dt);
-        for (size_t k = kq; k < kn; k++) {
+        for (size_t k = kq; k < kn; k++, wi += ws, x += c->T) {
+            if (pf != NULL)
+                for (size_t i = 0; i < pfn; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
 #pragma GCC unroll 4
-            for (size_t v = 0; v < V; v++) w[v] = mm_w16(c, k, n0 + 16 * v, s[v], dt);
+            for (size_t v = 0; v < V; v++) {
+                w[v] = op_ld16(c->W.p, wi + 16 * v, dt);
+                if (dt == OP_Q8) w[v] = _mm512_mul_ps(w[v], s[v]);
+            }
 #pragma GCC unroll 8
             for (size_t r = 0; r < R; r++) {
-                __m512 x = _mm512_set1_ps(xs[(k - kb) * c->T + t0 + r]);
+                __m512 xr = _mm512_set1_ps(x[r]);
 #pragma GCC unroll 4
-                for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+                for (size_t v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(xr, w[v], acc[r][v]);
             }
         }
         kq = kn;
     }
     kb_acc_store(c, acc, t0, n0, R, V);
+}
+
+OP_AVX512 __attribute__((always_inline)) static inline void
+kb_tile_avx512(const mm_ctx *c, const float *xs, size_t t0, size_t n0, size_t kb, size_t ke,
+               const size_t R, const size_t V, const op_dtype dt)
+{
+    kb_tile_pf_avx512(c, xs, t0, n0, kb, ke, R, V, dt, NULL, 0);
 }
 
 /* One row (decode of one sequence) against two panels at once, columns
@@ -524,8 +548,64 @@ mm_kblock_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dt
     }
 }
 
+/*
+ * Panels for 5 rows and more (F32, F16, BF16): panel by panel, in k-blocks
+ * of MM_PANEL_KB rows (16 KB of F32), every row tile of the panel over one
+ * k-block before the next, the tiles after the first prefetching the next
+ * k-block (the next panel's first after the last) between them, pfn lines
+ * a k. The first tile reads the k-block from memory, the others from L1;
+ * with the prefetches the memory works while they compute, where the
+ * hardware prefetchers, which follow the first tile's misses only, leave it
+ * idle (bench_decode, GPT-2 small panel files, 16 sequences, 2 threads, 3
+ * alternated rounds, matmul ms a step against whole-K tiles: F32 10.4-11.4
+ * against 13.7-14.3; the same k-blocks without the prefetches 15.0-16.2).
+ * BF16 8.7-9.1 against 9.7-10.1, F16 8.9-9.0 against 9.6-10.2. Q8, whose
+ * 64-byte panel rows the 8 x 32 tiles read in two halves, lost with it
+ * (10.4-10.6 against 9.9-10.6 at k-blocks of 64, more at 128 to 768) and
+ * keeps whole-K tiles. xs: all T x K inputs, gathered once.
+ */
+#define MM_PANEL_KB 64
+OP_AVX512 __attribute__((always_inline)) static inline void
+mm_panels_rows_avx512_t(const mm_ctx *c, size_t n0, size_t n1, float *xs, const op_dtype dt)
+{
+    gather_inputs(c, xs, 0, c->K);
+    const size_t es = mm_esize(dt), ntiles = (c->T + KB_TALL512 - 1) / KB_TALL512;
+    for (size_t n = n0; n + OP_PANEL <= n1; n += OP_PANEL) {
+        for (size_t kb = 0; kb < c->K; kb += MM_PANEL_KB) {
+            size_t ke = kb + MM_PANEL_KB < c->K ? kb + MM_PANEL_KB : c->K, nk = ke - kb;
+            const float *xk = xs + kb * c->T;
+            /* The next k-block's lines: its rows follow this one's in the
+             * panel, and the next panel's first k-block follows the last. */
+            size_t lines = nk * OP_PANEL * es / 64, pfn = 0;
+            if (ntiles > 1 && (ke < c->K || n + OP_PANEL < n1))
+                pfn = (lines + (ntiles - 1) * nk - 1) / ((ntiles - 1) * nk);
+            const char *pf = (const char *)c->W.p + (mm_wi(c, ke - 1, n) + OP_PANEL) * es;
+            size_t t = 0, tile = 0;
+            for (; t < c->T; t += KB_TALL512, tile++) {
+                const char *p = tile > 0 && pfn > 0 ? pf + (tile - 1) * nk * pfn * 64 : NULL;
+                switch (c->T - t < KB_TALL512 ? c->T - t : KB_TALL512) {
+                case 6: kb_tile_pf_avx512(c, xk, t, n, kb, ke, 6, 4, dt, p, pfn); break;
+                case 5: kb_tile_pf_avx512(c, xk, t, n, kb, ke, 5, 4, dt, p, pfn); break;
+                case 4: kb_tile_pf_avx512(c, xk, t, n, kb, ke, 4, 4, dt, p, pfn); break;
+                case 3: kb_tile_pf_avx512(c, xk, t, n, kb, ke, 3, 4, dt, p, pfn); break;
+                case 2: kb_tile_pf_avx512(c, xk, t, n, kb, ke, 2, 4, dt, p, pfn); break;
+                default: kb_tile_pf_avx512(c, xk, t, n, kb, ke, 1, 4, dt, p, pfn); break;
+                }
+            }
+        }
+    }
+}
+
 OP_AVX512 static void mm_kblock_avx512(const mm_ctx *c, size_t n0, size_t n1, float *xs)
 {
+    if (c->W.panel && c->T > 4) {
+        switch (c->W.dt) {
+        case OP_F32: mm_panels_rows_avx512_t(c, n0, n1, xs, OP_F32); return;
+        case OP_F16: mm_panels_rows_avx512_t(c, n0, n1, xs, OP_F16); return;
+        case OP_BF16: mm_panels_rows_avx512_t(c, n0, n1, xs, OP_BF16); return;
+        case OP_Q8: break;
+        }
+    }
     switch (c->W.dt) {
     case OP_F32: mm_kblock_avx512_t(c, n0, n1, xs, OP_F32); break;
     case OP_F16: mm_kblock_avx512_t(c, n0, n1, xs, OP_F16); break;
@@ -691,7 +771,7 @@ mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
  * K, so T x K, less than the strip while T <= 64); then N floats for the
  * bias widened from F16 or BF16 (the task's columns). */
 _Static_assert(MM_STREAM_MAX <= MM512_COLS && MM_STREAM_MAX_512 <= MM512_COLS
-                   && MM_STREAM_MAX_512_NARROW <= MM512_COLS,
+                   && MM_STREAM_MAX_512_NARROW <= MM512_COLS && MM_STREAM_MAX_PANEL <= MM512_COLS,
                "the k-blocked tiles' T x K inputs must fit in the K x 64 strip");
 static size_t mm_thread_floats(size_t K, size_t N)
 {
@@ -713,6 +793,7 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 #if HAVE_X86
     if (op_use_avx2()) {
         size_t max512 = c->W.dt == OP_F32 ? MM_STREAM_MAX_512 : MM_STREAM_MAX_512_NARROW;
+        if (c->W.panel && c->W.dt != OP_Q8) max512 = MM_STREAM_MAX_PANEL;
         if (c->T <= (op_use_avx512() ? max512 : MM_STREAM_MAX)) {
             size_t nv = n0 + (n1 - n0) / 32 * 32;
             if (op_use_avx512bw() && c->W.panel && c->T == 1) {
