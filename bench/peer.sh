@@ -16,6 +16,11 @@
 #    prompt, bench/load_stream.py), then 16 and 64 streams. llama-server
 #    runs with 2 threads and 64 slots of 256 positions (-c 16384 -np 64
 #    --cont-batching), so that 64 streams of 160 positions fit at once.
+# llama.cpp's CPU threads meet at OpenMP spin barriers: with another process
+# on one of the two cores its figures fall several-fold (llama-bench f32
+# prefill 101 tok/s loaded, 893 quiet), far more than gpt2d's, so compare
+# only runs made on a quiet machine. A build from `git archive` (no .git)
+# reports its build as "0 (unknown)".
 # A benchmark, never a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
