@@ -7,7 +7,10 @@ Prints one JSON line with p50/p90/p99 and the aggregate tokens/s. With
 `gaps`, it also prints to stderr which token indices the gaps over twice
 the median came at: a pause that hits every stream at the same index (all
 streams crossing a KV block boundary together) shows up as one index with
-CONCURRENCY gaps, a pause in time (the machine) as scattered ones."""
+CONCURRENCY gaps, a pause in time (the machine) as scattered ones.
+Tokens are counted by the events, or by the usage a server sends unasked
+(llama-server's last event: it holds back the events of tokens that end
+inside a UTF-8 character, so its events undercount)."""
 import http.client
 import json
 import sys
@@ -36,8 +39,10 @@ def worker(k):
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200, resp.status
-        first, last, n = None, None, 0
+        first, last, n, usage = None, None, 0, None
         for d in events(resp):
+            if d.get("usage"):
+                usage = d["usage"]["completion_tokens"]
             if not d["choices"] or d["choices"][0]["finish_reason"]:
                 continue
             now = time.monotonic()
@@ -52,7 +57,7 @@ def worker(k):
             last = now
             n += 1
         with lock:
-            tokens[0] += n
+            tokens[0] += n if usage is None else usage
 
 
 t0 = time.monotonic()
