@@ -128,6 +128,11 @@ void eng_workspace_times(const eng_workspace *w, eng_times *out)
     *out = w->times;
 }
 
+void eng_workspace_times_clear(eng_workspace *w)
+{
+    memset(&w->times, 0, sizeof w->times);
+}
+
 static void residual_add(float *x, const float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) x[i] += y[i];

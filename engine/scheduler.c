@@ -162,6 +162,30 @@ fail:
     return rc;
 }
 
+#define WARMUP_TOKENS 8
+
+eng_status eng_sched_warmup(eng_sched *s, char *err, size_t errlen)
+{
+    /* A prefill no longer than a step's prompt rows (the workspace's size). */
+    size_t n = s->o.step_tokens < WARMUP_TOKENS ? s->o.step_tokens : WARMUP_TOKENS;
+    eng_seq seq = {0};
+    eng_status rc = eng_kv_reserve(s->kv, &seq, n + 1);
+    if (rc != ENG_OK)
+        return gpt2_fail(err, errlen, rc, "the KV pool cannot hold a %zu-position warm-up", n + 1);
+    int32_t toks[WARMUP_TOKENS];
+    for (size_t i = 0; i < n; i++) toks[i] = (int32_t)(i * 997 % s->m->cfg.n_vocab);
+    eng_item it = {
+        .seq = &seq, .tokens = toks, .n = n, .want = ENG_LOGITS_LAST, .logits = s->logits};
+    rc = eng_forward(s->m, s->kv, s->ws, &it, 1, err, errlen);
+    if (rc == ENG_OK) {
+        it.n = 1; /* a decode step: the one-row kernels */
+        rc = eng_forward(s->m, s->kv, s->ws, &it, 1, err, errlen);
+    }
+    eng_kv_release(s->kv, &seq);
+    eng_workspace_times_clear(s->ws);
+    return rc;
+}
+
 eng_kv *sch_kv(eng_sched *s)
 {
     return s->kv;

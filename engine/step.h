@@ -68,6 +68,8 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
 void eng_workspace_free(eng_workspace *w);
 
 void eng_workspace_times(const eng_workspace *w, eng_times *out);
+/* Zeroes the cumulative times (after a warm-up step that is not a step). */
+void eng_workspace_times_clear(eng_workspace *w);
 
 /*
  * One step: the rows of every item stacked into one [T, C] activation, so

@@ -698,6 +698,44 @@ static void assert_same(const rec *got, const rec *want)
     ck_assert_mem_eq(got->prompt_top_lp, want->prompt_top_lp, sizeof want->prompt_top_lp);
 }
 
+/* The warm-up leaves no trace: every block back in the pool, no step, no
+ * time and no prefix-cache entry counted, and a request after it gives the
+ * bits it gives on a scheduler never warmed (the cache on, so a block the
+ * warm-up had registered would show as cached tokens). */
+START_TEST(sched_warmup_leaves_no_trace)
+{
+    int32_t p[40];
+    prompt_of(p, 40, 7);
+    rec want;
+    reference(&want, p, 40, 12, 5, 0.8f, 0);
+    eng_sched *s = make_sched(64, 4, 16, 64);
+    eng_sched_stats before, after;
+    eng_sched_stats_get(s, &before);
+    char err[256];
+    ck_assert_msg(eng_sched_warmup(s, err, sizeof err) == ENG_OK, "%s", err);
+    eng_sched_stats_get(s, &after);
+    ck_assert_uint_eq(after.kv_blocks_used, 0);
+    ck_assert_uint_eq(after.kv_blocks_cached, 0);
+    ck_assert_uint_eq(after.kv_blocks_total, before.kv_blocks_total);
+    ck_assert_uint_eq(after.steps, 0);
+    ck_assert(after.times.matmul == 0 && after.times.lm_head == 0);
+    rec got = {0};
+    submit_ids(s, &got, p, 40, 12, 5, 0.8f, 0);
+    run_all(s);
+    assert_same(&got, &want);
+    ck_assert_uint_eq(got.cached, 0);
+    eng_sched_stats_get(s, &after);
+    ck_assert_uint_eq(after.steps, 12); /* the prefill with the first token, 11 decodes */
+    assert_idle(s);
+    eng_sched_free(s);
+    /* One prompt row a step, one sequence: the warm-up fits the workspace. */
+    s = make_sched(1, 1, 1, 1);
+    ck_assert_msg(eng_sched_warmup(s, err, sizeof err) == ENG_OK, "%s", err);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 START_TEST(sched_prefix_cache_same_bits_cached_partly_cached_or_not)
 {
     int32_t p[150];
@@ -1319,6 +1357,7 @@ int main(void)
     tcase_set_timeout(tc, 240);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, sched_many_mixed_requests_complete_and_return_every_block);
+    tcase_add_test(tc, sched_warmup_leaves_no_trace);
     tcase_add_test(tc, sched_same_seed_same_tokens_alone_or_batched);
     tcase_add_test(tc, sched_cancel_waiting_running_and_from_callback);
     tcase_add_test(tc, sched_cancel_during_an_executing_step_ends_at_completion);
