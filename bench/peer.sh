@@ -12,8 +12,9 @@
 #  - offline: `gpt2d bench --sequences 1,16 --tokens 128` next to
 #    `llama-bench -t 2 -p 512 -n 128 -r 3` (prefill of 512 tokens, decode of
 #    128 at one sequence; gpt2d also decodes 16 sequences);
-#  - serving: each server's peak RSS after one stream of 128 tokens (32-token
-#    prompt, bench/load_stream.py), then 16 and 64 streams. llama-server
+#  - serving: each server's peak RSS after one stream of three requests of
+#    128 tokens each (32-token prompt, bench/load_stream.py), then 16 and 64
+#    streams. llama-server
 #    runs with 2 threads and 64 slots of 256 positions (-c 16384 -np 64
 #    --cont-batching), so that 64 streams of 160 positions fit at once.
 # llama.cpp's CPU threads meet at OpenMP spin barriers: with another process
@@ -62,11 +63,12 @@ peer_stop() {
     lsrv=
 }
 
-# streams ENGINE TAG PID: the 1-stream run with PID's peak RSS, then 16 and
-# 64 streams, against $base.
+# streams ENGINE TAG PID: the 1-stream run (three requests one after the
+# other, so that one request's luck does not make the figure) with PID's
+# peak RSS, then 16 and 64 streams, against $base.
 streams() {
     local s
-    s=$(python3 bench/load_stream.py "$base" 1 1 128 32)
+    s=$(python3 bench/load_stream.py "$base" 1 3 128 32)
     echo "{\"engine\": \"$1\", \"format\": \"$2\", \"serve_1_stream\": $s, \"serve_peak_rss_mb\": $(awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$3/status")}"
     for n in 16 64; do
         echo "{\"engine\": \"$1\", \"format\": \"$2\", \"serve_${n}_streams\": $(python3 bench/load_stream.py "$base" "$n" 1 128 32)}"
