@@ -36,8 +36,17 @@ def worker(k):
                            "temperature": 0.8, "seed": k * 1000 + i, "ignore_eos": True,
                            "stream": True})
         t0 = time.monotonic()
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
+        try:
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed the kept-alive connection after the last
+            # stream (llama-server does): the request again on a new one.
+            conn.close()
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+            t0 = time.monotonic()
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
         assert resp.status == 200, resp.status
         first, last, n, usage = None, None, 0, None
         for d in events(resp):
