@@ -101,5 +101,10 @@ for _ in $(seq "$rounds"); do
         peer_serve "$dir/$theirs.gguf"
         streams llama.cpp "$theirs" "$lsrv"
         peer_stop
+        # The next pair's `gpt2d bench` ran 20-45 % slower right after a
+        # 64-stream llama-server run than alone (BF16 decode 105-137
+        # against 187-193 tok/s minutes later): a pause lets the machine
+        # settle.
+        sleep 10
     done
 done
