@@ -217,12 +217,14 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *o, eng_sched 
 /* Frees the scheduler; outstanding requests get no more events. */
 void eng_sched_free(eng_sched *s);
 
-/* One prefill of a few tokens and one decode step through the scheduler's
- * own workspace and KV pool, before any request, the results dropped: the
- * weights' pages, the step threads and the first KV block are all warm
- * when the first request comes. Counts nothing in the statistics and
- * leaves the pool as it was. ENG_ENOMEM (err) if the pool cannot hold the
- * few positions. Call before the first submit. */
+/* One prefill of a few tokens (up to 8, within step_tokens, the context
+ * and the pool) and one decode step through the scheduler's own workspace
+ * and KV pool, before any request, the results dropped: the weights'
+ * pages, the step threads and the first KV block are all warm when the
+ * first request comes. Counts nothing in the statistics and leaves the
+ * pool as it was; a pool or context of fewer than two positions gets no
+ * warm-up (ENG_OK). An error only if a step fails (err says why). Call
+ * before the first submit. */
 eng_status eng_sched_warmup(eng_sched *s, char *err, size_t errlen);
 
 /* Queues a request; *id names it in events and for cancel. ENG_EFULL when

@@ -166,8 +166,16 @@ fail:
 
 eng_status eng_sched_warmup(eng_sched *s, char *err, size_t errlen)
 {
-    /* A prefill no longer than a step's prompt rows (the workspace's size). */
-    size_t n = s->o.step_tokens < WARMUP_TOKENS ? s->o.step_tokens : WARMUP_TOKENS;
+    /* A prefill of n tokens and one decode step: n no more than a step's
+     * prompt rows (the workspace's size), and n + 1 positions within the
+     * context and the pool. A pool or context too small for two positions
+     * (a test's) gets no warm-up: it is a matter of speed, not of
+     * serving. */
+    size_t n = WARMUP_TOKENS, room = eng_kv_blocks_free(s->kv) * eng_kv_block_len(s->kv);
+    if (n > s->o.step_tokens) n = s->o.step_tokens;
+    if (n + 1 > s->m->cfg.n_ctx) n = s->m->cfg.n_ctx - 1;
+    if (n + 1 > room) n = room > 0 ? room - 1 : 0;
+    if (n == 0) return ENG_OK;
     eng_seq seq = {0};
     eng_status rc = eng_kv_reserve(s->kv, &seq, n + 1);
     if (rc != ENG_OK)

@@ -733,6 +733,15 @@ START_TEST(sched_warmup_leaves_no_trace)
     ck_assert_msg(eng_sched_warmup(s, err, sizeof err) == ENG_OK, "%s", err);
     assert_idle(s);
     eng_sched_free(s);
+    /* A pool of one position: no warm-up, and no error. */
+    eng_sched_opts o = {.kv_bytes = block_bytes() / 16, .block_len = 1};
+    ck_assert_msg(eng_sched_new(model, &o, &s, err, sizeof err) == ENG_OK, "%s", err);
+    ck_assert_uint_eq(eng_kv_blocks_total(sch_kv(s)), 1);
+    ck_assert_msg(eng_sched_warmup(s, err, sizeof err) == ENG_OK, "%s", err);
+    eng_sched_stats_get(s, &after);
+    ck_assert_uint_eq(after.steps, 0);
+    assert_idle(s);
+    eng_sched_free(s);
 }
 END_TEST
 
