@@ -113,7 +113,9 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
  * thread's 16-row F32 decode step went from 53-54 to 48-49 ms with it and
  * the 6 x 64 tiles below (bench_decode, 3 alternated runs); one row was
  * about 1 % slower with 32. */
-/* Panels (kernels.h, op_w): one k-block of all K, so that a tile runs a
+/* Panels (kernels.h, op_w): one k-block of all K (up to 4 rows, and Q8 at
+ * any row count; F32, F16 and BF16 at 5-64 rows take k-blocks of
+ * MM_PANEL_KB, mm_panels_rows_avx512_t), so that a tile runs a
  * whole panel with its accumulators in registers while the thread streams
  * its panels in order: bench_decode, 2 threads, GPT-2 small, fastest step
  * against the row-major layout, 2 alternated runs (the panels then made in
