@@ -393,13 +393,15 @@ static sft_status load_data(sft_file *f, int fd, const struct stat *before, char
                            "the file changed while it was being read");
             goto done;
         }
-        /* MAP_POPULATE: every page is mapped now, at load, not faulted in
-         * 4 KiB at a time by the first request's steps (a fresh server's
-         * first stream of a GPT-2-small F32 file waited ~111 ms for its
-         * first token against ~70 for later ones, docs/benchmarks.md). The
-         * pages are still the page cache's, shared with every process that
-         * maps the file. */
-        void *map = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        /* Mapped lazily (no MAP_POPULATE): a page is read and mapped when
+         * something reads it. inspect and convert read headers and single
+         * tensors, and a server's processes share in their Pss only the
+         * pages their steps read, not the tensors they never use (the mask
+         * buffers of an HF checkpoint, wpe past the positions served;
+         * tests/test_shared_weights.sh). The server's warm-up step
+         * (eng_sched_warmup) maps every page a step reads before it
+         * listens. */
+        void *map = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
             rc = sft__fail(err, errlen, SFT_ENOMEM, f->path, "mmap of %llu bytes: %s",
                            (unsigned long long)f->file_size, strerror(errno));

@@ -879,13 +879,11 @@ static void test_w_panel(test_w *t, size_t K, size_t N)
  * then panel64). K = 70 leaves a k-block tail (and a partial Q8 block)
  * and N = 112 a column tail past the 32-column tasks; panels take N = 320
  * (five panels: three on one thread, a pair and an odd one at one row,
- * and a pair on the other). Run at every kernel level
+ * and a pair on the other); K = 200 too. Run at every kernel level
  * (GPT2D_KERNELS) by tests/meson.build. */
-START_TEST(op_matmul_every_row_count_is_the_fixed_order)
+static void matmul_rows_check(op_dtype dt, int panel, size_t K)
 {
-    enum { K = 70, TMAX = 70 };
-    op_dtype dt = (op_dtype)(_i % 4);
-    int panel = _i / 4;
+    enum { TMAX = 70 };
     size_t N = panel ? 320 : 112;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
@@ -911,8 +909,8 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
         op_matmul(pool, pack, out, in, &W.w, &b.w, T, K, N);
         for (size_t i = 0; i < T * N; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "%s%s, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt],
-                          panel ? " panel64" : "", T, i / N, i % N, (double)out[i],
+                          "%s%s, K = %zu, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt],
+                          panel ? " panel64" : "", K, T, i / N, i % N, (double)out[i],
                           (double)want[i]);
     }
     test_w_free(&W);
@@ -922,6 +920,17 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
     free(out);
     free(want);
     op_pool_free(pool);
+}
+
+START_TEST(op_matmul_every_row_count_is_the_fixed_order)
+{
+    op_dtype dt = (op_dtype)(_i % 4);
+    int panel = _i / 4;
+    matmul_rows_check(dt, panel, 70);
+    /* K = 200: several whole k-blocks (the panels' 64-row k-blocks, each
+     * tile after the first prefetching the next) and a tail of 8, as
+     * GPT-2's K of 768 and 3072 take whole ones. */
+    matmul_rows_check(dt, panel, 200);
 }
 END_TEST
 
@@ -1123,10 +1132,10 @@ END_TEST
  * FMA. C = 96 (whole 32-element steps: the 4 x 4 tiles' sums are reduced
  * sixteen at once, op_hsum16x16) and, for the float formats, C = 86
  * (32-element steps, a 16-element step and a tail of 6); Q8 needs
- * C % 32 == 0. */
-static void lm_head_rows_check(op_dtype dt, size_t C)
+ * C % 32 == 0. V = 133: two threads' shares of 128 and 5 vocabulary rows. */
+static void lm_head_rows_check(op_dtype dt, size_t C, size_t V)
 {
-    const size_t V = 133, TMAX = 70;
+    const size_t TMAX = 70;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
     float *h = malloc(TMAX * C * sizeof *h), *out = malloc(TMAX * V * sizeof *out);
@@ -1153,8 +1162,8 @@ static void lm_head_rows_check(op_dtype dt, size_t C)
         op_lm_head(pool, out, h, &wte.w, T, C, V);
         for (size_t i = 0; i < T * V; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "%s, T = %zu: row %zu token %zu is %a, want %a", dt_names[dt], T, i / V,
-                          i % V, (double)out[i], (double)want[i]);
+                          "%s, C = %zu, V = %zu, T = %zu: row %zu token %zu is %a, want %a",
+                          dt_names[dt], C, V, T, i / V, i % V, (double)out[i], (double)want[i]);
     }
     test_w_free(&wte);
     free(h);
@@ -1166,8 +1175,13 @@ static void lm_head_rows_check(op_dtype dt, size_t C)
 START_TEST(op_lm_head_every_row_count_is_the_fixed_order)
 {
     op_dtype dt = (op_dtype)_i;
-    lm_head_rows_check(dt, 96);
-    if (dt != OP_Q8) lm_head_rows_check(dt, 86);
+    lm_head_rows_check(dt, 96, 133);
+    if (dt != OP_Q8) lm_head_rows_check(dt, 86, 133);
+    /* Two threads' shares of 64 and 1 (V = 65) or 2 (V = 130) vocabulary
+     * rows: one row's two runs of a 16-bit wte empty (the odd row alone)
+     * or of one row each. */
+    lm_head_rows_check(dt, 96, 65);
+    lm_head_rows_check(dt, 96, 130);
 }
 END_TEST
 

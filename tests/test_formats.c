@@ -586,6 +586,57 @@ START_TEST(sft_open_aligned_tensors_share_the_mapping)
 }
 END_TEST
 
+/* The Rss in kB of this process's mapping that holds addr (/proc/self/smaps),
+ * or -1 if no mapping holds it. */
+static long mapping_rss_kb(const void *addr)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    ck_assert_ptr_nonnull(fp);
+    char line[512];
+    int in = 0;
+    long rss = -1;
+    uintptr_t a = (uintptr_t)addr;
+    while (rss < 0 && fgets(line, sizeof line, fp) != NULL) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, ':') > strchr(line, ' '))
+            in = a >= lo && a < hi;
+        else if (in && strncmp(line, "Rss:", 4) == 0)
+            rss = strtol(line + 4, NULL, 10);
+    }
+    fclose(fp);
+    return rss;
+}
+
+/* SFT_LOAD_MMAP maps the file lazily: opening it maps no page of the data
+ * (`gpt2d inspect` and `convert` read headers and single tensors, and a
+ * server's processes share only the pages their steps read: a populated
+ * mapping put every page of every tensor, used or not, in each one's Pss;
+ * tests/test_shared_weights.sh). */
+START_TEST(sft_open_mmap_maps_no_data_page)
+{
+    enum { NF = 1 << 20 }; /* 4 MiB of F32 */
+    char header[128];
+    int hl =
+        snprintf(header, sizeof header,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[0,%d]}}", NF, NF * 4);
+    while ((8 + hl) % 64 != 0) header[hl++] = ' ';
+    const char *p = raw_file("lazy.safetensors", header, (size_t)hl, (size_t)NF * 4, 1);
+    sft_file *f;
+    char err[256];
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_MMAP, &f, err, sizeof err), SFT_OK);
+    const sft_tensor *a = sft_find(f, "a");
+    ck_assert(a != NULL && a->mapped);
+    long rss = mapping_rss_kb(a->data);
+    ck_assert_msg(rss >= 0 && rss < 1024, "the 4 MiB mapping holds %ld kB after sft_open", rss);
+    /* Reading the tensor maps it. */
+    unsigned sum = 0;
+    for (size_t i = 0; i < a->nbytes; i += 4096) sum += ((const unsigned char *)a->data)[i];
+    ck_assert_uint_eq(sum, (unsigned)(a->nbytes / 4096));
+    ck_assert_int_ge(mapping_rss_kb(a->data), 4096);
+    sft_close(f);
+}
+END_TEST
+
 START_TEST(sft_open_misaligned_tensors_are_copied_aligned)
 {
     static float vals[3000];
@@ -1269,6 +1320,7 @@ static Suite *sft_suite(void)
     tcase_add_test(tc, sft_open_bool_bytes_must_be_0_or_1);
     tcase_add_test(tc, sft_open_mapped_equals_copied);
     tcase_add_test(tc, sft_open_aligned_tensors_share_the_mapping);
+    tcase_add_test(tc, sft_open_mmap_maps_no_data_page);
     tcase_add_test(tc, sft_open_misaligned_tensors_are_copied_aligned);
     tcase_add_test(tc, sft_open_mapped_weights_are_read_only);
     tcase_add_test(tc, sft_data_ref_outlives_the_file_and_its_path);
