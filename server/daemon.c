@@ -146,17 +146,12 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
-    {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (eng_sched_warmup(s.sched, err, sizeof err) != ENG_OK) {
-            log_fatal(err);
-            goto done;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        log_line("info", "warm-up step: %.0f ms",
-                 (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    double warm0 = log_now();
+    if (eng_sched_warmup(s.sched, err, sizeof err) != ENG_OK) {
+        log_fatal(err);
+        goto done;
     }
+    log_line("info", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
     const eng_config *mc = eng_model_config(s.model);
     /* system_fingerprint: changes with the build and with the weights file. */
     {
