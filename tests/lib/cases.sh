@@ -78,7 +78,7 @@ run_cases() {
             (
                 set -e
                 srv_pids=()
-                trap srv_stop_all EXIT
+                trap 'if declare -F srv_stop_all > /dev/null; then srv_stop_all; fi' EXIT
                 "case_$name"
             )
             rc=$?

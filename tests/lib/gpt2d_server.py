@@ -164,6 +164,7 @@ class Server:
                 raise StartError("gpt2d serve %s exited during start-up (status %d): %s"
                                  % (" ".join(self.args), rc, self.tail(3)))
             if time.monotonic() >= deadline:
+                self.stop()
                 raise StartError("the server did not start in %g s: %s" % (timeout, self.tail(3)))
             time.sleep(0.05)
 
