@@ -28,13 +28,14 @@ fail() {
 skip() {
     require_all && fail "$* (GPT2D_REQUIRE_ALL=1: nothing may skip)"
     echo "SKIP: $*" >&2
+    echo "${case_name:-${0##*/}}: $*" >> "$dir/.skipped"
     exit 77
 }
 
 skip_part() {
     require_all && fail "$* (GPT2D_REQUIRE_ALL=1: nothing may skip)"
     echo "SKIP (part): $*" >&2
-    echo "$*" >> "$dir/.skipped"
+    echo "$case_name (in part): $*" >> "$dir/.skipped"
 }
 
 # need_node_module NAME: skip the case when tests/differential lacks it.
@@ -63,6 +64,7 @@ run_cases() {
     done
     for name in "${names[@]}"; do
         t0=$(date +%s.%N)
+        case_name=$name
         fx=${fixture[$name]:-}
         if [ -n "$fx" ] && [ -z "${fixture_state[$fx]:-}" ]; then
             set +e
@@ -92,13 +94,12 @@ run_cases() {
         esac
     done
     echo "${#names[@]} cases: $passed passed, ${#failed[@]} failed, ${#skipped[@]} skipped"
-    [ -f "$dir/.skipped" ] && sed 's/^/skipped in part: /' "$dir/.skipped"
+    [ -f "$dir/.skipped" ] && sed 's/^/skipped: /' "$dir/.skipped"
     if [ ${#failed[@]} -gt 0 ]; then
         echo "failed: ${failed[*]}"
         exit 1
     fi
     if [ ${#skipped[@]} -gt 0 ] || [ -f "$dir/.skipped" ]; then
-        echo "skipped: ${skipped[*]}"
         exit 77
     fi
     exit 0
