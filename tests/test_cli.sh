@@ -1,12 +1,41 @@
 #!/usr/bin/env bash
-# tests/test_cli.sh GPT2D: the gpt2d command line on real files.
+# tests/test_cli.sh GPT2D [CASE...]: the gpt2d command line on real files.
+# Each case is a function case_NAME; name cases to run only those, `--list`
+# lists them (tests/lib/cases.sh); every failing case is reported at the
+# end. A case that needs a file an earlier case makes (need_*) makes it the
+# same way when run alone.
 set -euo pipefail
 gpt2d=$1
+shift
+here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/gpt2d-cli-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$here/lib/cases.sh"
+
+need_numpy() { /usr/bin/python3 -c 'import numpy' 2> /dev/null || skip "python3-numpy is not installed (scripts/setup.sh installs it)"; }
+need_a() { # synth's a.safetensors
+    [ -f "$dir/a.safetensors" ] ||
+        "$gpt2d" synth "$dir/a.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 3 > /dev/null
+}
+need_dtypes() { # convert_dtype's a_f16, a_bf16, a_q8
+    need_a
+    for dt in f16 bf16 q8; do
+        [ -f "$dir/a_$dt.safetensors" ] || "$gpt2d" convert "$dir/a.safetensors" "$dir/a_$dt.safetensors" --dtype "$dt" 2>/dev/null
+    done
+}
+need_q8_f32() { # q8_values' q8_f32
+    need_dtypes
+    [ -f "$dir/q8_f32.safetensors" ] || "$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_f32.safetensors" --dtype f32 2>/dev/null
+}
+need_bench() { # bench's bench/ and bench.json
+    [ -f "$dir/bench.json" ] && return 0
+    mkdir -p "$dir/bench"
+    "$gpt2d" synth "$dir/bench/model.safetensors" --layers 2 --embd 64 --heads 2 --ctx 64 --vocab 300 --seed 3 > /dev/null
+    "$gpt2d" bench --model "$dir/bench" --tokens 4 --sequences 3,1 > "$dir/bench.json"
+}
 
 # Usage errors exit 2 with the usage; help exits 0.
+case_usage() {
 "$gpt2d" help | grep -q '^  inspect' || fail "help does not list inspect"
 "$gpt2d" help | grep -q '^  synth' || fail "help does not list synth"
 set +e
@@ -26,9 +55,11 @@ grep -q "usage: gpt2d inspect" "$dir/err" || fail "no usage for unknown option"
 [ "$rc0" = 2 ] || fail "no command exited $rc0"
 [ "$rc1" = 2 ] || fail "--layers 0 exited $rc1"
 [ "$rc2" = 2 ] || fail "embd not a multiple of heads exited $rc2"
+}
 
 # The Done-means check of the foundation issue: a GPT-2-small-shaped file,
 # misaligned, with the mask buffers, lists 160 tensors, all misaligned.
+case_inspect_small() {
 "$gpt2d" synth "$dir/small.safetensors" --misaligned --mask-buffers --seed 7
 "$gpt2d" inspect "$dir/small.safetensors" > "$dir/out"
 grep -q '^160 tensors, 137022720 elements, 0 aligned, 160 misaligned$' "$dir/out" \
@@ -57,8 +88,10 @@ for b, e in spans:
 assert pos == d["file_size"] - d["data_start"]
 PY
 grep -q '"n_head": 12' "$dir/config.json" || fail "config.json"
+}
 
 # Aligned by default; same seed, same bytes; different seed, different bytes.
+case_synth() {
 "$gpt2d" synth "$dir/a.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 3
 "$gpt2d" synth "$dir/b.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 3
 "$gpt2d" synth "$dir/c.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 4
@@ -71,8 +104,10 @@ cmp -s "$dir/a.safetensors" "$dir/c.safetensors" && fail "the seed changes nothi
 "$gpt2d" inspect "$dir/p.safetensors" | grep -Eq '^transformer.h.0.mlp.c_fc.weight +F32 +\[64, 256\]' \
     || fail "prefix"
 "$gpt2d" inspect "$dir/p.safetensors" | grep -Eq '^lm_head.weight +F32 +\[10, 64\]' || fail "lm_head"
+}
 
 # An invalid file: exit 1, one line on stderr.
+case_invalid_file() {
 printf 'garbage!' > "$dir/bad.safetensors"
 set +e
 "$gpt2d" inspect "$dir/bad.safetensors" >/dev/null 2>"$dir/err"; rc=$?
@@ -80,7 +115,10 @@ set -e
 [ "$rc" = 1 ] || fail "invalid file exited $rc"
 [ "$(wc -l < "$dir/err")" = 1 ] || fail "error is not one line"
 grep -q "bad.safetensors" "$dir/err" || fail "error does not name the file"
+}
+
 # tokenize / detokenize on the vendored GPT-2 vocabulary.
+case_tokenize() {
 vocab=$(dirname "$0")/../tokenizer/data
 (cd "$vocab" && sha256sum --quiet -c SHA256SUMS) || fail "the vendored vocabulary does not match its published sha256"
 grep -q '^196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  vocab.json$' "$vocab/SHA256SUMS" || fail "SHA256SUMS vocab.json"
@@ -106,8 +144,11 @@ set -e
 [ "$rc3" = 1 ] || fail "bad jsonl: rc $rc3"
 [ "$rc4" = 1 ] && grep -q "vocab.json: cannot open" "$dir/err2" || fail "missing vocab: rc $rc4"
 [ "$rc5" = 2 ] || fail "missing --model: rc $rc5"
+}
+
 # gpt2d bench: its JSON, the decode runs asked for with --sequences, and
 # usage errors for a bad list.
+case_bench() {
 mkdir -p "$dir/bench"
 "$gpt2d" synth "$dir/bench/model.safetensors" --layers 2 --embd 64 --heads 2 --ctx 64 --vocab 300 --seed 3
 "$gpt2d" bench --model "$dir/bench" --tokens 4 --sequences 3,1 > "$dir/bench.json"
@@ -125,10 +166,14 @@ for bad in 0 65 1,2,3,4,5,6,7,8,9 4,x 4,; do
     set -e
     [ "$rc" = 2 ] || fail "--sequences $bad exited $rc"
 done
+}
 
 # gpt2d convert --dtype: f16 and bf16 round to nearest even (checked here
 # against numpy's float16 and the bf16 rounding written out), inspect and
 # bench name the format, a bad --dtype is a usage error.
+case_convert_dtype() {
+need_numpy
+need_a
 for dt in f16 bf16 q8; do
     "$gpt2d" convert "$dir/a.safetensors" "$dir/a_$dt.safetensors" --dtype "$dt" 2>/dev/null
     "$gpt2d" inspect "$dir/a_$dt.safetensors" > "$dir/insp"
@@ -162,8 +207,13 @@ for k, (dt, x) in a.items():
     back = (bf[k][1].astype(np.uint32) << 16).view("<f4")
     assert wide[k][0] == "F32" and np.array_equal(back, wide[k][1]), k
 PY
+}
+
 # q8 back to float: the dequantized values q * scale (blocks of 32 down the
 # rows of a projection, along the rows of wte), and on to bf16.
+case_q8_values() {
+need_numpy
+need_dtypes
 "$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_f32.safetensors" --dtype f32 2>/dev/null
 "$gpt2d" convert "$dir/a_q8.safetensors" "$dir/q8_bf16.safetensors" --dtype bf16 2>/dev/null
 "$gpt2d" inspect "$dir/q8_bf16.safetensors" > "$dir/insp"
@@ -194,8 +244,12 @@ for k, w in a.items():
     assert np.array_equal((q[k].astype(np.float32) * full).astype(np.float32), back[k]), k
     assert np.abs(q[k]).max() <= 127 and np.abs(w - back[k]).max() <= full.max() / 2 * 1.001, k
 PY
+}
+
 # A q8 file whose scale tensor is gone: inspect and convert refuse it, one
 # line naming the tensor.
+case_q8_malformed() {
+need_dtypes
 /usr/bin/python3 - "$dir/a_q8.safetensors" "$dir/q8bad.safetensors" <<'PY'
 import json, struct, sys
 b = open(sys.argv[1], "rb").read()
@@ -221,13 +275,22 @@ set -e
     && grep -q "q8 tensor 'h.0.mlp.c_fc.weight' has no scale tensor 'h.0.mlp.c_fc.weight.q8_scale'" "$dir/err" \
     || { cat "$dir/err"; fail "inspect of a malformed q8 file exited $rc"; }
 [ "$rc2" = 1 ] && grep -q "no scale tensor" "$dir/err2" || fail "convert of a malformed q8 file exited $rc2"
+}
+
+case_dtype_usage() {
+need_a
 set +e
 "$gpt2d" convert "$dir/a.safetensors" "$dir/x.safetensors" --dtype f8 2>"$dir/err"; rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "f32, f16, bf16 or q8" "$dir/err" || fail "--dtype f8 exited $rc"
+}
+
 # gpt2d convert --layout panel64 (formats/wformat.h): in every dtype, the
 # projections (and q8 scales) stored [N/64, K, 64], inspect names the layout,
 # and back to hf gives the same bytes as the hf conversion.
+case_panel64() {
+need_numpy
+need_q8_f32
 "$gpt2d" convert --help > "$dir/help"
 grep -q -- "--layout L .*panel64 is gpt2d's serving" "$dir/help" \
     || fail "convert --help does not document --layout"
@@ -293,8 +356,11 @@ def check(hf, pa):
 assert check(load(sys.argv[1]), load(sys.argv[2])) == 8
 assert check(load(sys.argv[3]), load(sys.argv[4])) == 16
 PY
+}
+
 # A width that is not a multiple of 64 cannot be panelled; a bad --layout
 # is a usage error.
+case_panel_width() {
 "$gpt2d" synth "$dir/w96.safetensors" --layers 1 --embd 96 --heads 2 --ctx 8 --vocab 50 2>/dev/null
 set +e
 "$gpt2d" convert "$dir/w96.safetensors" "$dir/x.safetensors" --layout panel64 2>"$dir/err"; rc=$?
@@ -305,6 +371,10 @@ set -e
 [ ! -e "$dir/x.safetensors" ] || fail "a refused convert wrote its output"
 [ "$rc2" = 2 ] && grep -q "\-\-layout must be hf or panel64, not 'panel32'" "$dir/err2" \
     || fail "--layout panel32 exited $rc2"
+}
+
+case_bench_format() {
+need_bench
 mkdir -p "$dir/bench16"
 "$gpt2d" convert "$dir/bench/model.safetensors" "$dir/bench16/model.safetensors" --dtype bf16 2>/dev/null
 "$gpt2d" bench --model "$dir/bench16" --tokens 4 --sequences 1 > "$dir/bench16.json"
@@ -314,5 +384,7 @@ f32, bf16 = (json.load(open(p)) for p in sys.argv[1:3])
 assert f32["model"]["format"] == "f32" and bf16["model"]["format"] == "bf16", (f32, bf16)
 assert bf16["model"]["weight_bytes"] * 2 == f32["model"]["weight_bytes"], (f32, bf16)
 PY
-
-echo "cli: ok"
+}
+CASES=(usage inspect_small synth invalid_file tokenize bench convert_dtype q8_values q8_malformed
+       dtype_usage panel64 panel_width bench_format)
+run_cases "$@"

@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +32,8 @@ SANITIZE = os.environ.get("GPT2D_SANITIZE", "none")
 RSS_MARGIN_KIB = 1024 if SANITIZE in ("", "none") else 65536
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOKENIZER = os.path.join(HERE, "..", "tokenizer", "data")
+sys.path.insert(0, os.path.join(HERE, "lib"))
+import gpt2d_server  # noqa: E402 (tests/lib: the harness every server test uses)
 CASE_LIMIT_S = 30
 # Cases that measure in several rounds get longer (tokenize_flood: six
 # windows, and six more when the first comparison fails).
@@ -62,27 +62,13 @@ class Models:
           the SSE bytes of a token with logprobs (the stalled-stream bound).
     slow: GPT-2-small width, 4 layers: real compute per token, for latency."""
 
-    SHAPES = {
-        "tiny": ["--layers", "2", "--embd", "64", "--heads", "4", "--ctx", "128", "--seed", "3"],
-        "long": ["--layers", "2", "--embd", "64", "--heads", "4", "--ctx", "1024", "--seed", "3"],
-        "long2": ["--layers", "2", "--embd", "64", "--heads", "4", "--ctx", "1024", "--seed", "5"],
-        "slow": ["--layers", "4", "--seed", "4"],
-        "deep": ["--layers", "16", "--embd", "64", "--heads", "4", "--ctx", "1024", "--seed", "7"],
-        "thin": ["--layers", "1", "--embd", "32", "--heads", "2", "--ctx", "1024", "--seed", "6"],
-    }
+    SHAPES = gpt2d_server.SHAPES
 
     def __init__(self, gpt2d, root):
         self.gpt2d, self.root = gpt2d, root
 
     def get(self, name):
-        d = os.path.join(self.root, "models", name)
-        if not os.path.exists(os.path.join(d, "model.safetensors")):
-            os.makedirs(d, exist_ok=True)
-            subprocess.run([self.gpt2d, "synth", os.path.join(d, "model.safetensors")] + self.SHAPES[name],
-                           check=True, stdout=subprocess.DEVNULL)
-            for f in ("vocab.json", "merges.txt"):
-                shutil.copy(os.path.join(TOKENIZER, f), d)
-        return d
+        return gpt2d_server.make_model(self.gpt2d, os.path.join(self.root, "models", name), self.SHAPES[name])
 
     def copy(self, name, dest):
         """A private copy of a checkpoint directory (the model-file cases change it)."""
@@ -92,56 +78,22 @@ class Models:
 
 # ---------------------------------------------------------------- the server
 
-class Server:
-    """One `gpt2d serve --port 0` with its log in the case's directory."""
+class Server(gpt2d_server.Server):
+    """One `gpt2d serve --port 0` with its log in the case's directory
+    (tests/lib/gpt2d_server.py: plain "TIMESTAMP LEVEL message" lines, no
+    systemd variables), stopped when the case ends."""
 
     def __init__(self, ctx, model_dir, *args, env=None, name="server", nice=0):
-        self.log_path = os.path.join(ctx.dir, name + ".log")
-        full_env = dict(os.environ)
-        full_env.pop("JOURNAL_STREAM", None)  # plain "TIMESTAMP LEVEL message" lines
-        full_env.pop("LISTEN_FDS", None)
-        full_env.update(env or {})
         # A 64 MiB KV pool, not the default 2 GiB: meson sets MALLOC_PERTURB_,
         # which makes glibc fill (touch) the whole pool at start-up.
-        self.argv = [ctx.gpt2d, "serve", "--model", model_dir, "--port", "0", "--kv-cache-mb", "64"] + list(args)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
-        ctx.servers.append(self)
-        self.pid = self.proc.pid
-        deadline = time.monotonic() + 20
-        while True:
-            m = re.search(r" on http://127\.0\.0\.1:(\d+)$", self.log(), re.M)
-            if m:
-                self.port = int(m.group(1))
-                return
-            rc = self.proc.poll()
-            if rc is not None:
-                raise Fail("gpt2d serve %s exited during start-up (status %d): %s"
-                           % (" ".join(args), rc, self.tail(3)))
-            check(time.monotonic() < deadline, "the server did not start in 20 s: " + self.tail(3))
-            time.sleep(0.05)
-
-    def log(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def log_bytes(self):
-        with open(self.log_path, "rb") as f:
-            return f.read()
-
-    def tail(self, n):
-        return " | ".join(self.log().strip().splitlines()[-n:])
-
-    def signal(self, sig):
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout):
-        """The exit status, or None when still running after timeout seconds."""
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
+            super().__init__(ctx.gpt2d, model_dir, ["--kv-cache-mb", "64"] + list(args),
+                             log_path=os.path.join(ctx.dir, name + ".log"), env=env, nice=nice, timeout=20)
+        except gpt2d_server.StartError as e:
+            raise Fail(str(e))
+        finally:
+            if hasattr(self, "proc"):
+                ctx.servers.append(self)
 
     def rss_kib(self):
         with open("/proc/%d/status" % self.pid) as f:
@@ -166,10 +118,6 @@ class Server:
             check(time.monotonic() < deadline, "%s: %s stayed %g, want %g" % (why, name, got, value))
             time.sleep(0.05)
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 def describe_exit(rc):

@@ -1,53 +1,44 @@
 #!/usr/bin/env bash
-# tests/test_nginx.sh GPT2D: deploy/nginx/gpt2d.conf, for real: nginx in front
-# of two gpt2d replicas on loopback. Streaming and non-streaming completions
-# (curl and the OpenAI Node client) through the proxy, traffic reaching both
-# replicas, then one replica killed (SIGKILL) mid-test while requests keep
-# succeeding on the other.
+# tests/test_nginx.sh GPT2D [CASE...]: deploy/nginx/gpt2d.conf, for real:
+# nginx in front of two gpt2d replicas on loopback. Streaming and
+# non-streaming completions (curl and the OpenAI Node client) through the
+# proxy, traffic reaching both replicas, then one replica killed (SIGKILL)
+# mid-test while requests keep succeeding on the other. Each case is a
+# function case_NAME; name cases to run only those, `--list` lists them
+# (tests/lib/cases.sh). Without nginx (or the openai npm package) it skips
+# with the reason; with GPT2D_REQUIRE_ALL=1 (scripts/test.sh) it fails.
 set -euo pipefail
 gpt2d=$(realpath "$1")
+shift
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/gpt2d-nginx-XXXXXX)
 chmod 755 "$dir"
-pids=()
+. "$here/lib/cases.sh"
+. "$here/lib/server.sh"
 cleanup() {
     [ -f "$dir/nginx.pid" ] && kill "$(cat "$dir/nginx.pid")" 2>/dev/null
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    srv_stop_all
     rm -rf "$dir"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f"; tail -15 "$f"; done >&2; exit 1; }
-command -v nginx >/dev/null || fail "nginx is not installed (scripts/setup.sh installs nginx-light)"
+[ "${1:-}" = --list ] || command -v nginx >/dev/null || skip "nginx is not installed (scripts/setup.sh installs nginx-light)"
 
-mkdir -p "$dir/model"
-"$gpt2d" synth "$dir/model/model.safetensors" --layers 2 --embd 64 --heads 4 --ctx 128 --seed 3 > /dev/null
-cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/model/"
+srv_model "$dir/model" tiny
 
-start() { # name -> sets rpid and rport
-    # The log exists before the server does: the background shell opens it
-    # only after it forks, and the poll below must not race it.
-    : > "$dir/$1.log"
-    "$gpt2d" serve --model "$dir/model" --port 0 > "$dir/$1.log" 2>&1 &
-    rpid=$!
-    pids+=($rpid)
-    for _ in $(seq 300); do
-        rport=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$1.log")
-        [ -n "$rport" ] && return 0
-        kill -0 "$rpid" 2>/dev/null || fail "$1 exited during start-up"
-        sleep 0.1
-    done
-    fail "$1 did not start"
-}
-start a; pid_a=$rpid port_a=$rport
-start b; pid_b=$rpid port_b=$rport
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The proxy every case uses: replicas a and b, nginx in front on $port.
+fixture_proxy() {
+srv_start a "$dir/model" || return 1
+pid_a=$last_pid port_a=$port
+srv_start b "$dir/model" || return 1
+pid_b=$last_pid port_b=$port
+port=$(python3 "$srv_lib/gpt2d_server.py" free-port)
 
 # The deployed file with this test's ports; everything else as shipped.
 sed -e "s|server 127.0.0.1:8081 |server 127.0.0.1:$port_a |" \
     -e "s|server 127.0.0.1:8082 |server 127.0.0.1:$port_b |" \
     -e "s|listen 8080;|listen 127.0.0.1:$port;|" "$here/../deploy/nginx/gpt2d.conf" > "$dir/gpt2d.conf"
 grep -q "127.0.0.1:$port_a " "$dir/gpt2d.conf" && grep -q "127.0.0.1:$port_b " "$dir/gpt2d.conf" &&
-    grep -q "listen 127.0.0.1:$port;" "$dir/gpt2d.conf" || fail "could not set the ports"
+    grep -q "listen 127.0.0.1:$port;" "$dir/gpt2d.conf" || { echo "FAIL: could not set the ports" >&2; return 1; }
 user=
 [ "$(id -u)" = 0 ] && user="user root;"
 cat > "$dir/nginx.conf" <<CONF
@@ -66,11 +57,12 @@ http {
     include $dir/gpt2d.conf;
 }
 CONF
-nginx -t -p "$dir" -c "$dir/nginx.conf" > "$dir/nginx-t.log" 2>&1 || fail "nginx -t: $(cat "$dir/nginx-t.log")"
-nginx -p "$dir" -c "$dir/nginx.conf"
+nginx -t -p "$dir" -c "$dir/nginx.conf" > "$dir/nginx-t.log" 2>&1 || { echo "FAIL: nginx -t: $(cat "$dir/nginx-t.log")" >&2; return 1; }
+nginx -p "$dir" -c "$dir/nginx.conf" || return 1
 for _ in $(seq 50); do [ -f "$dir/nginx.pid" ] && break; sleep 0.1; done
 base="http://127.0.0.1:$port"
 for _ in $(seq 50); do curl -s -o /dev/null "$base/health" && break; sleep 0.1; done
+}
 
 req='{"model":"gpt2","prompt":"Hello, my name is","max_tokens":8,"temperature":0,"ignore_eos":true}'
 sreq='{"model":"gpt2","prompt":"Hello, my name is","max_tokens":8,"temperature":0,"ignore_eos":true,"stream":true}'
@@ -98,23 +90,31 @@ assert sum(1 for c in chunks if c["choices"][0]["finish_reason"] == "length") ==
 
 # 1. Through the proxy: JSON, SSE (arriving as a stream, not buffered), the
 #    OpenAI Node client.
+case_proxy() {
 complete | check_json || fail "a completion through nginx"
 curl -s -N -m 30 -D "$dir/headers" "$base/v1/completions" -H 'Content-Type: application/json' -d "$sreq" |
     check_stream || fail "a stream through nginx"
 grep -qi '^content-type: text/event-stream' "$dir/headers" || fail "stream content type: $(cat "$dir/headers")"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$base/metrics")" = 404 ] || fail "/metrics is exposed through the proxy"
+}
+
+case_openai_client() {
+need_node_module openai
 node "$here/differential/openai_client.mjs" "$base/v1" > "$dir/openai.log" 2>&1 ||
     fail "the OpenAI Node client through nginx: $(cat "$dir/openai.log")"
-[ "$(curl -s -o /dev/null -w '%{http_code}' "$base/metrics")" = 404 ] || fail "/metrics is exposed through the proxy"
+}
 
 # 2. Traffic reaches both replicas (least_conn with concurrent clients).
+count() { curl -s "http://127.0.0.1:$1/metrics" | sed -n 's/^gpt2d_requests_total{route="\/v1\/completions",status="200"} //p'; }
+case_both_replicas() {
 cpids=()
 for i in $(seq 24); do complete > "$dir/c$i.out" & cpids+=($!); done
 wait "${cpids[@]}"
 for i in $(seq 24); do check_json < "$dir/c$i.out" || fail "request $i of 24"; done
-count() { curl -s "http://127.0.0.1:$1/metrics" | sed -n 's/^gpt2d_requests_total{route="\/v1\/completions",status="200"} //p'; }
 n_a=$(count "$port_a"); n_b=$(count "$port_b")
 [ "${n_a:-0}" -gt 0 ] && [ "${n_b:-0}" -gt 0 ] || fail "traffic did not reach both replicas: a=$n_a b=$n_b"
 echo "nginx: both replicas served (a=$n_a, b=$n_b completions)"
+}
 
 # 3. Kill replica a mid-test: 4 clients keep sending, a dies with SIGKILL
 #    while they do, and every request still succeeds (on b). These are JSON
@@ -122,6 +122,9 @@ echo "nginx: both replicas served (a=$n_a, b=$n_b completions)"
 #    so nginx sends it to b (proxy_next_upstream error ... non_idempotent).
 #    A stream cut after its first bytes cannot be replayed by any proxy; the
 #    streams come after the kill.
+case_failover() {
+n_a=$(count "$port_a"); n_b=$(count "$port_b")
+n_a=${n_a:-0} n_b=${n_b:-0} # a fresh replica has no such series yet (this case alone)
 client() { # id: 12 requests in a row
     for j in $(seq 12); do
         complete | check_json || { echo "client $1 request $j failed" > "$dir/client$1.err"; return; }
@@ -146,4 +149,7 @@ for i in 1 2 3 4; do
         check_stream || fail "a stream after the kill"
 done
 echo "nginx: replica a killed mid-test; 48 requests all succeeded (b served $((after_b - n_b)))"
-echo "nginx: all checks passed"
+}
+
+CASES=(proxy:proxy openai_client:proxy both_replicas:proxy failover:proxy)
+run_cases "$@"

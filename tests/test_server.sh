@@ -1,40 +1,29 @@
 #!/usr/bin/env bash
-# tests/test_server.sh GPT2D: gpt2d serve on loopback, driven by curl, a
-# Python SSE parser and the official OpenAI Node client, on a tiny `gpt2d
-# synth` checkpoint with the real GPT-2 tokenizer.
+# tests/test_server.sh GPT2D [CASE...]: gpt2d serve on loopback, driven by
+# curl, a Python SSE parser and the official OpenAI Node client, on a tiny
+# `gpt2d synth` checkpoint with the real GPT-2 tokenizer. Each case below is
+# a function case_NAME; name cases to run only those, `--list` lists them
+# (tests/lib/cases.sh); every failing case is reported at the end. KEEP=1
+# keeps the scratch directory (the servers' logs).
 set -euo pipefail
 gpt2d=$(realpath "$1")
+shift
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/gpt2d-server-XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+. "$here/lib/cases.sh"
+. "$here/lib/server.sh"
+cleanup() { srv_stop_all; rm -rf "$dir"; }
 trap cleanup EXIT
-[ -n "${KEEP:-}" ] && trap - EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f"; tail -20 "$f"; done >&2; exit 1; }
+[ -n "${KEEP:-}" ] && trap 'srv_stop_all; echo "kept $dir"' EXIT
 
-mkdir -p "$dir/model"
-"$gpt2d" synth "$dir/model/model.safetensors" --layers 2 --embd 64 --heads 4 --ctx 128 --seed 3
-cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/model/"
+srv_model "$dir/model" tiny
 # A slower model (GPT-2-small width, 4 layers) for the queue and drain tests,
-# where generation must outlast the requests that probe it.
-mkdir -p "$dir/slow"
-"$gpt2d" synth "$dir/slow/model.safetensors" --layers 4 --seed 4
-cp "$here/../tokenizer/data/vocab.json" "$here/../tokenizer/data/merges.txt" "$dir/slow/"
+# where generation must outlast the requests that probe it; made on first use.
+need_slow() { srv_model "$dir/slow" slow; }
 
-start() { # name, model, options... -> sets $port; the server log is $dir/name.log
-    local name=$1 model=$2; shift 2
-    : > "$dir/$name.log" # before the server: the poll below must not race its creation
-    "$gpt2d" serve --model "$dir/$model" --port 0 "$@" > "$dir/$name.log" 2>&1 &
-    pids+=($!)
-    last_pid=$!
-    for _ in $(seq 300); do
-        port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/$name.log")
-        [ -n "$port" ] && return 0
-        kill -0 "$last_pid" 2>/dev/null || fail "$name exited during start-up"
-        sleep 0.1
-    done
-    fail "$name did not start"
-}
+# The server most cases share, started before the first case that needs it.
+fixture_main() { srv_start main "$dir/model" && main_port=$port main_base=$base; }
+
 wait_metric() { # line, e.g. "gpt2d_running_sequences 1": poll /metrics until it appears
     for _ in $(seq 200); do
         curl -s "$base/metrics" | grep -q "^$1\$" && return 0
@@ -44,9 +33,29 @@ wait_metric() { # line, e.g. "gpt2d_running_sequences 1": poll /metrics until it
 }
 post() { curl -s -m 30 "http://127.0.0.1:$port$1" -H 'Content-Type: application/json' -d "$2"; }
 status() { curl -s -o /dev/null -w '%{http_code}' -m 30 "$@"; }
+# Bad input: each with its status and an OpenAI error body.
+check() { # status, method, path, body, [curl args...]
+    local want=$1 method=$2 path=$3 body=$4; shift 4
+    local got
+    got=$(curl -s -o "$dir/err.json" -w '%{http_code}' -X "$method" "$base$path" ${body:+-d "$body"} "$@")
+    [ "$got" = "$want" ] || fail "$method $path $body: status $got, want $want"
+    python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["error"]; assert set(e) == {"message","type","param","code"}, e' "$dir/err.json" \
+        || fail "$method $path: not an OpenAI error body: $(cat "$dir/err.json")"
+}
 
-start main model
-base="http://127.0.0.1:$port"
+prompt='Hello, my name is'
+# The greedy completion of $prompt (stream compares its text with it).
+greedy_json() {
+    post /v1/completions "{\"model\":\"gpt2\",\"prompt\":\"$prompt\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}" > "$dir/c.json"
+}
+# A 40-token prompt, its scoring and a chat request (cached_tokens,
+# prefix_cache_sighup).
+ids40=$(python3 -c 'print(list(range(1000, 1040)))')
+forty="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":4,\"temperature\":0"
+score="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":0,\"echo\":true,\"logprobs\":1}"
+chat='{"model":"gpt2","messages":[{"role":"user","content":"Tell me how the prefix cache of a language model server keeps the key and value blocks of a prompt for the next request that begins the same way."}],"max_tokens":4,"temperature":0'
+
+case_health() {
 [ "$(curl -s "$base/health")" = '{"status":"ok"}' ] || fail health
 [ "$(status "$base/ready")" = 200 ] || fail ready
 python3 - "$(curl -s "$base/v1/models")" <<'PY' || fail models
@@ -54,11 +63,12 @@ import json, sys
 d = json.loads(sys.argv[1]); assert d["object"] == "list" and d["data"][0]["id"] == "gpt2", d
 assert d["data"][0]["dtype"] == "f32", d  # the weight format served (engine.h, eng_model_dtype)
 PY
+}
 
 # Greedy text through the API equals gpt2d generate.
-prompt='Hello, my name is'
+case_greedy() {
 "$gpt2d" generate --model "$dir/model" --prompt "$prompt" --tokens 12 --temperature 0 --ignore-eos 2>/dev/null > "$dir/gen.txt"
-post /v1/completions "{\"model\":\"gpt2\",\"prompt\":\"$prompt\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}" > "$dir/c.json"
+greedy_json
 python3 - "$dir/gen.txt" "$dir/c.json" <<'PY' || fail "greedy text differs from gpt2d generate"
 import json, sys
 gen = open(sys.argv[1], "rb").read().rstrip(b"\n").decode("utf-8", "replace")
@@ -75,8 +85,11 @@ assert lo - 0.5 <= t["completion_tokens_per_second"] <= hi + 0.5, t
 assert c["choices"][0]["finish_reason"] == "length"
 assert c["id"].startswith("cmpl-") and c["system_fingerprint"].startswith("fp_")
 PY
+}
 
 # Streaming: SSE framing by a real parser; the same text; one finish chunk; usage.
+case_stream() {
+[ -s "$dir/c.json" ] || greedy_json
 curl -sN -m 30 -D "$dir/h.txt" "$base/v1/completions" -d "{\"model\":\"gpt2\",\"prompt\":\"$prompt\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" > "$dir/s.txt"
 grep -qi '^content-type: text/event-stream' "$dir/h.txt" || fail "stream content type"
 grep -qi '^x-accel-buffering: no' "$dir/h.txt" || fail "X-Accel-Buffering"
@@ -99,8 +112,10 @@ assert len(fin) == 1 and fin[0]["choices"][0]["finish_reason"] == "length"
 assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
 assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
 PY
+}
 
 # Seeded sampling is reproducible; n and prompt arrays make choices; echo.
+case_seeded() {
 a=$(post /v1/completions '{"model":"gpt2","prompt":"Once","max_tokens":10,"temperature":1,"seed":5}')
 b=$(post /v1/completions '{"model":"gpt2","prompt":"Once","max_tokens":10,"temperature":1,"seed":5}')
 python3 - "$a" "$b" <<'PY' || fail "seeded sampling"
@@ -118,21 +133,22 @@ assert d["usage"]["completion_tokens"] == 12 and d["usage"]["prompt_tokens"] == 
 e = json.loads(sys.argv[2])
 assert e["choices"][0]["text"].startswith("Hello,"), e
 PY
+}
 
 # The prefix cache: a second identical request takes its prompt's full KV
 # blocks from the cache (usage.prompt_tokens_details.cached_tokens) and gives
 # the same text and logprobs, streamed or not; echo's prompt logprobs are the
 # same; a server with --prefix-cache false gives the same bytes, never cached.
+case_prefix_cache() {
 long='{"model":"gpt2","prompt":"The prefix cache keeps the key and value blocks of prompts it has seen, so that a prompt which begins the same way starts from them instead of computing its beginning again.","max_tokens":8,"temperature":1,"seed":3,"logprobs":2'
 first=$(post /v1/completions "$long}")
 second=$(post /v1/completions "$long}")
 streamed=$(curl -sN -m 30 "$base/v1/completions" -d "$long,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")
 echoed=$(post /v1/completions "$long,\"echo\":true}")
 echoed2=$(post /v1/completions "$long,\"echo\":true}")
-main_port=$port
-start nocache model --prefix-cache false
+srv_start nocache "$dir/model" --prefix-cache false
 off_port=$port
-port=$main_port
+port=$main_port base=$main_base
 off1=$(port=$off_port post /v1/completions "$long}")
 off2=$(port=$off_port post /v1/completions "$long}")
 off_echo=$(port=$off_port post /v1/completions "$long,\"echo\":true}")
@@ -170,15 +186,13 @@ assert metric(metrics, "gpt2d_prefix_cache_evictions_total") == 0
 for name in ("lookups_total", "hit_tokens_total", "blocks"):
     assert metric(off_metrics, "gpt2d_prefix_cache_" + name) == 0, name
 PY
+}
 
 # cached_tokens, exact: a 40-token prompt seen before, with 16-token blocks,
 # takes its 2 full blocks (32 tokens) and computes the other 8. Chat too:
 # all full blocks of its templated prompt but the one of its last token.
 # Non-streaming, and in the last chunk of a stream with include_usage.
-ids40=$(python3 -c 'print(list(range(1000, 1040)))')
-forty="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":4,\"temperature\":0"
-score="{\"model\":\"gpt2\",\"prompt\":$ids40,\"max_tokens\":0,\"echo\":true,\"logprobs\":1}"
-chat='{"model":"gpt2","messages":[{"role":"user","content":"Tell me how the prefix cache of a language model server keeps the key and value blocks of a prompt for the next request that begins the same way."}],"max_tokens":4,"temperature":0'
+case_cached_tokens() {
 python3 - "$(post /v1/completions "$forty}")" "$(post /v1/completions "$forty}")" \
           "$(curl -sN -m 30 "$base/v1/completions" -d "$forty,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")" \
           "$(post /v1/chat/completions "$chat}")" "$(post /v1/chat/completions "$chat}")" \
@@ -214,11 +228,13 @@ assert s2["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}, s2["usage"
 assert s1["usage"]["completion_tokens"] == 0 and len(s1["choices"][0]["logprobs"]["tokens"]) == 40, s1
 assert s2["choices"] == s1["choices"], (s1, s2)
 PY
+}
 
 # The choices of one prompt share its blocks: n = 4 on a new 40-token prompt
 # computes its 2 full blocks once (the first choice), and the other three
 # take them (3 x 32 hit tokens); best_of = 3 likewise (2 x 32). usage counts
 # the least any choice took: 0.
+case_shared_blocks() {
 hits() { curl -s "$base/metrics" | sed -n 's/^gpt2d_prefix_cache_hit_tokens_total //p'; }
 h0=$(hits)
 nreq=$(post /v1/completions "{\"model\":\"gpt2\",\"prompt\":$(python3 -c 'print(list(range(2000, 2040)))'),\"max_tokens\":2,\"n\":4,\"seed\":1}")
@@ -234,13 +250,14 @@ assert len(n["choices"]) == 4 and len(b["choices"]) == 1, (n, b)
 for d in (n, b):
     assert d["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, d["usage"]
 PY
+}
 
 # prefix_cache sizes the engine at start-up: a SIGHUP that changes it keeps
 # the running value (the cache stays on, and finds what it had) and the log
 # names the key as needing a restart.
+case_prefix_cache_sighup() {
 printf 'prefix_cache = true\n' > "$dir/pc.conf"
-main_port=$port
-start pc model --config "$dir/pc.conf"
+srv_start pc "$dir/model" --config "$dir/pc.conf"
 pc1=$(post /v1/completions "$forty}")
 printf 'prefix_cache = false\n' > "$dir/pc.conf"
 kill -HUP "$last_pid"
@@ -249,7 +266,6 @@ grep -q 'warn SIGHUP: changed, but needs a restart (the running value is kept): 
     fail "SIGHUP changing prefix_cache: $(tail -3 "$dir/pc.log")"
 pc2=$(post /v1/completions "$forty}")
 kill "$last_pid"
-port=$main_port
 python3 - "$pc1" "$pc2" <<'PY' || fail "prefix_cache across a SIGHUP"
 import json, sys
 a, b = (json.loads(x) for x in sys.argv[1:])
@@ -257,12 +273,14 @@ assert a["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}, a["usage"]
 assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}, b["usage"]
 assert a["choices"] == b["choices"], (a, b)
 PY
+}
 
 # "<|endoftext|>" in a prompt is the token 50256, as in Hugging Face's
 # tokenizer and tiktoken's encode(allowed_special="all"); no prompt (the
 # spec's default, "<|endoftext|>") and "" both start from it, as `gpt2d
 # generate` without --prompt does. max_tokens 0 with echo scores a text: the
 # prompt's logprobs, no completion.
+case_endoftext() {
 gen_eot=$("$gpt2d" generate --model "$dir/model" --prompt '' --tokens 4 --temperature 0 --ignore-eos)
 python3 - "$gen_eot" \
           "$(post /v1/completions '{"model":"gpt2","max_tokens":4,"temperature":0,"ignore_eos":true,"echo":true}')" \
@@ -291,10 +309,12 @@ assert events[-1] == "[DONE]", events
 chunks = [json.loads(e) for e in events[:-1]]
 assert [(x["choices"][0]["text"], x["choices"][0]["finish_reason"]) for x in chunks] == [("", "length")], chunks
 PY
+}
 
 # logprobs: the chosen token and the top alternatives; echo with the prompt's
 # (the first one null); text_offset from the start of the prompt; a token that
 # is not whole UTF-8 written as bytes:\xNN; best_of picks n of best_of.
+case_logprobs() {
 python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"Hello, 日本","max_tokens":4,"temperature":0,"logprobs":3,"echo":true}')" \
           "$(post /v1/completions '{"model":"gpt2","prompt":"Hello there","max_tokens":3,"temperature":0,"logprobs":2}')" \
           "$(post /v1/completions '{"model":"gpt2","prompt":"Hi","max_tokens":5,"n":2,"best_of":4,"seed":9}')" <<'PY' || fail "logprobs, echo, best_of"
@@ -317,10 +337,12 @@ b = json.loads(sys.argv[3])
 assert len(b["choices"]) == 2 and [c["index"] for c in b["choices"]] == [0, 1], b
 assert b["usage"]["completion_tokens"] == 4 * 5, b["usage"]
 PY
+}
 
 # best_of ranks by mean token logprob: with the same seed, n=4 shows all
 # four candidates; n=2 of best_of=4 must be the two best of them, best first
 # (ties in their original order).
+case_best_of() {
 python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"Hi","max_tokens":6,"n":4,"best_of":4,"seed":21,"logprobs":0}')" \
           "$(post /v1/completions '{"model":"gpt2","prompt":"Hi","max_tokens":6,"n":2,"best_of":4,"seed":21,"logprobs":0}')" <<'PY' || fail "best_of ranking"
 import json, sys
@@ -330,8 +352,10 @@ mean = lambda c: sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token
 ranked = sorted(every, key=mean, reverse=True)  # Python's sort is stable
 assert [c["text"] for c in best] == [c["text"] for c in ranked[:2]], (best, ranked)
 PY
+}
 
 # A stop string that spans tokens never reaches the client.
+case_stop_string() {
 python3 - "$gpt2d" "$dir" "$base" <<'PY' || fail "stop string"
 import json, subprocess, sys, urllib.request
 gpt2d, d, base = sys.argv[1:]
@@ -357,19 +381,25 @@ for stream in (False, True):
     assert text == want, (stream, text, want, stop)
     assert finish == ["stop"], finish
 PY
+}
 
 # Bytes that are not whole characters become U+FFFD, never invalid JSON.
+case_partial_utf8() {
 python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"x","max_tokens":3,"temperature":0,"logit_bias":{"17312":100}}')" <<'PY' || fail "partial UTF-8"
 import json, sys
 t = json.loads(sys.argv[1])["choices"][0]["text"]
 assert t == bytes.fromhex("e69ce69ce69c").decode("utf-8", "replace"), repr(t)
 PY
+}
 
 # 16 concurrent streams, each exactly its max_tokens.
+case_streams16() {
+streams=()
 for i in $(seq 16); do
     curl -sN -m 60 "$base/v1/completions" -d "{\"model\":\"gpt2\",\"prompt\":\"Stream $i\",\"max_tokens\":$((20 + i)),\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" > "$dir/par$i.txt" &
+    streams+=($!)
 done
-wait $(jobs -p | grep -v "${pids[0]}") 2>/dev/null || true
+wait "${streams[@]}" 2>/dev/null || true
 for i in $(seq 16); do
     python3 - "$dir/par$i.txt" "$((20 + i))" <<'PY' || fail "stream $i"
 import json, sys
@@ -379,8 +409,10 @@ last = json.loads([e for e in raw.split("\n\n") if e.startswith("data: {")][-1][
 assert last["usage"]["completion_tokens"] == int(sys.argv[2]), last
 PY
 done
+}
 
 # The metrics exist and count.
+case_metrics() {
 m=$(curl -s "$base/metrics")
 python3 - "$m" <<'PY' || fail "metrics"
 import sys
@@ -393,16 +425,10 @@ for g in ("gpt2d_queued_requests", "gpt2d_kv_blocks_capacity", "gpt2d_completion
     assert g in m, g
 assert any(l.startswith("gpt2d_build_info{") and 'dtype="f32"' in l and l.endswith("} 1") for l in m.splitlines()), m
 PY
-
-# Bad input: each with its status and an OpenAI error body.
-check() { # status, method, path, body, [curl args...]
-    local want=$1 method=$2 path=$3 body=$4; shift 4
-    local got
-    got=$(curl -s -o "$dir/err.json" -w '%{http_code}' -X "$method" "$base$path" ${body:+-d "$body"} "$@")
-    [ "$got" = "$want" ] || fail "$method $path $body: status $got, want $want"
-    python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["error"]; assert set(e) == {"message","type","param","code"}, e' "$dir/err.json" \
-        || fail "$method $path: not an OpenAI error body: $(cat "$dir/err.json")"
 }
+
+# Bad input: each with its status and an OpenAI error body (check, above).
+case_errors() {
 check 400 POST /v1/completions '{"model":'
 check 400 POST /v1/completions '{"model":"gpt2","max_tokens":"x"}'
 check 400 POST /v1/completions '{"model":"gpt2","suffix":"x"}'
@@ -413,8 +439,10 @@ check 405 GET /v1/completions ''
 check 405 POST /v1/models '{}'
 head -c 2000000 /dev/zero | tr '\0' 'a' > "$dir/big.txt"
 check 413 POST /v1/completions "" --data-binary @"$dir/big.txt"
+}
 
 # docs/operations.md names only metrics that exist, and documents every key.
+case_docs() {
 curl -s "$base/metrics" > "$dir/metrics.txt"
 for m in $(grep -o 'gpt2d_[a-z_]*' "$here/../docs/operations.md" | sort -u); do
     grep -q "^$m[{ ]\|^${m}_bucket{" "$dir/metrics.txt" || fail "docs/operations.md names $m, which /metrics lacks"
@@ -422,12 +450,14 @@ done
 for k in $("$gpt2d" serve --help | sed -n 's/^  --\([a-z-]*\) .*default:.*/\1/p' | tr - _); do
     grep -q "^| \`$k\` |" "$here/../docs/operations.md" || fail "docs/operations.md does not document $k"
 done
+}
 
 # Large bodies are tokenized on the work queue: a 240 KB /tokenize gives
 # tiktoken's ids ("hello" 31373, " hello" 23748, a lone trailing " " 220), a
 # 240 KB completion prompt is refused as soon as it passes the limit (issue
 # 14: its tokenizing stops there, so its whole length is never known), and
 # a client that leaves while its body is tokenized frees everything (ASan).
+case_large_bodies() {
 python3 -c 'import json; print(json.dumps({"prompt": "hello " * 40000}))' > "$dir/big_tok.json"
 served() { curl -s "$base/metrics" | sed -n 's/^gpt2d_prompt_tokens_total //p'; }
 before=$(served)
@@ -452,24 +482,26 @@ curl -s "$base/v1/completions" --data-binary @"$dir/big_prompt.json" | grep -q '
     fail "a large prompt is not measured"
 for _ in 1 2 3 4; do curl -s -m 0.01 "$base/tokenize" --data-binary @"$dir/big_tok.json" > /dev/null || true; done
 [ "$(curl -s "$base/health")" = '{"status":"ok"}' ] || fail "health after clients left mid-tokenization"
+}
 
 # Every curl example of docs/api.md, with its documented answer.
+case_api_examples() {
 python3 "$here/api_examples.py" "$here/../docs/api.md" "$base" || fail "docs/api.md examples"
+}
 
 # The official OpenAI client (Node), pointed at the base URL.
-if [ -d "$here/differential/node_modules/openai" ]; then
-    node "$here/differential/openai_client.mjs" "$base/v1" || fail "openai client"
-else
-    echo "openai client: npm package missing (scripts/test.sh installs it)" >&2; exit 77
-fi
+case_openai_client() {
+need_node_module openai
+node "$here/differential/openai_client.mjs" "$base/v1" || fail "openai client"
+}
 
 # Authentication, and 429 with Retry-After when the queue is full.
 # Every step of this server and the next sleeps 20 ms more: the tests of
 # the queue, its limits, disconnects and the drain need requests that are
 # still running a second later, whatever the speed of the kernels.
-GPT2D_TEST_STEP_DELAY_MS=20 start auth slow --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
-base="http://127.0.0.1:$port"
-auth_base=$base auth_pid=$last_pid
+case_auth() {
+need_slow
+GPT2D_TEST_STEP_DELAY_MS=20 srv_start auth "$dir/slow" --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
 check 401 GET /v1/models ''
 check 401 GET /v1/models '' -H 'Authorization: Bearer wrong-key-123'
 [ "$(status -H 'Authorization: Bearer secret-key-123' "$base/v1/models")" = 200 ] || fail "good key refused"
@@ -483,10 +515,12 @@ wait_metric "gpt2d_queued_requests 1"
 check 429 POST /v1/completions '{"model":"gpt2","prompt":"y"}' -H 'Authorization: Bearer secret-key-123' -D "$dir/h429.txt"
 grep -qi '^retry-after: [0-9]' "$dir/h429.txt" || fail "429 without Retry-After"
 wait "${busy[@]}"
+}
 
 # The queue's wait limit, keep-alive comments, and the per-request deadline.
-GPT2D_TEST_STEP_DELAY_MS=20 start queue slow --max-running 1 --queue-timeout 1 --step-tokens 1
-base="http://127.0.0.1:$port"
+case_queue() {
+need_slow
+GPT2D_TEST_STEP_DELAY_MS=20 srv_start queue "$dir/slow" --max-running 1 --queue-timeout 1 --step-tokens 1
 # A client that disconnects mid-stream frees its sequence and KV blocks
 # (500 tokens take over 10 s here; the client leaves once its first token
 # has arrived, however long that took on a loaded or sanitized build).
@@ -528,9 +562,14 @@ c = d["choices"][0]
 assert c["finish_reason"] == "length" and 0 < d["usage"]["completion_tokens"] < 900, d["usage"]
 PY
 kill -TERM "$last_pid"; wait "$last_pid" || true
+}
 
-# SIGTERM: /ready turns 503, the running stream finishes, exit 0.
-base=$auth_base last_pid=$auth_pid
+# SIGTERM: /ready turns 503, the running stream finishes, exit 0. A server
+# like auth's, its own (a case's servers are its children: wait gives the
+# exit status).
+case_drain() {
+need_slow
+GPT2D_TEST_STEP_DELAY_MS=20 srv_start drain "$dir/slow" --api-key secret-key-123 --max-running 1 --max-queue 1 --step-tokens 1
 curl -sN -m 60 -H 'Authorization: Bearer secret-key-123' "$base/v1/completions" -d '{"model":"gpt2","prompt":"z","max_tokens":100,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}' > "$dir/drain.txt" &
 drain=$!
 wait_metric "gpt2d_running_sequences 1"
@@ -542,5 +581,10 @@ wait "$drain" || true
 wait "$last_pid"; rc=$?
 [ "$rc" = 0 ] || fail "exit status $rc after SIGTERM"
 grep -q '"completion_tokens":100' "$dir/drain.txt" || fail "the stream did not finish during the drain"
-grep -q 'draining' "$dir/auth.log" || fail "no drain in the log"
-echo "server: ok"
+grep -q 'draining' "$dir/drain.log" || fail "no drain in the log"
+}
+CASES=(health:main greedy:main stream:main seeded:main prefix_cache:main cached_tokens:main
+       shared_blocks:main prefix_cache_sighup endoftext:main logprobs:main best_of:main
+       stop_string:main partial_utf8:main streams16:main metrics:main errors:main docs:main
+       large_bodies:main api_examples:main openai_client:main auth queue drain)
+run_cases "$@"

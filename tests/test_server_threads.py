@@ -18,42 +18,30 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOKENIZER = os.path.join(HERE, "..", "tokenizer", "data")
+sys.path.insert(0, os.path.join(HERE, "lib"))
+import gpt2d_server  # noqa: E402 (tests/lib: the harness every server test uses)
+
 PAD = 70 * 1024  # JSON whitespace: a body over the 64 KiB inline limit
 
 
 def start(gpt2d, root):
-    model = os.path.join(root, "model")
-    os.makedirs(model)
-    subprocess.run([gpt2d, "synth", os.path.join(model, "model.safetensors"), "--layers", "2", "--embd", "64",
-                    "--heads", "4", "--ctx", "256", "--seed", "9"], check=True, stdout=subprocess.DEVNULL)
-    for f in ("vocab.json", "merges.txt"):
-        shutil.copy(os.path.join(TOKENIZER, f), model)
+    model = gpt2d_server.make_model(gpt2d, os.path.join(root, "model"), gpt2d_server.SHAPES["threads"])
     conf = os.path.join(root, "gpt2d.conf")
     with open(conf, "w") as f:
         f.write("log_level = info\n")
-    log = open(os.path.join(root, "serve.log"), "w")
-    proc = subprocess.Popen([gpt2d, "serve", "--model", model, "--port", "0", "--config", conf,
-                             "--max-prompt-tokens", "200", "--tokenize-concurrency", "2"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with open(log.name) as f:
-            for line in f:
-                if " on http://127.0.0.1:" in line:
-                    return proc, int(line.rsplit(":", 1)[1]), log.name, conf
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("FAIL: gpt2d serve did not start:\n" + open(log.name).read())
+    log = os.path.join(root, "serve.log")
+    try:
+        srv = gpt2d_server.Server(gpt2d, model, ["--config", conf, "--max-prompt-tokens", "200",
+                                                 "--tokenize-concurrency", "2"], log_path=log, timeout=60)
+    except gpt2d_server.StartError as e:
+        sys.exit("FAIL: gpt2d serve did not start: %s\n%s" % (e, gpt2d_server.read_text(log)))
+    return srv, srv.port, log, conf
 
 
 def post(port, path, body, timeout=60):
@@ -138,7 +126,7 @@ def main(argv):
     time.sleep(0.5)
     with open(conf, "a") as f:
         f.write("log_level = debug\n")
-    proc.send_signal(signal.SIGHUP)
+    proc.signal(signal.SIGHUP)
     for _ in range(6):  # clients that leave while their body is tokenized
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=0.05)
         try:
@@ -155,11 +143,9 @@ def main(argv):
             fail("after the load: status %d" % status)
     except (OSError, http.client.HTTPException) as e:
         fail("after the load: %s" % e)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    rc = proc.terminate(60)
+    if rc is None:
+        proc.stop()
         rc = "killed after 60 s"
     text = open(log).read()
     if rc != 0:

@@ -19,7 +19,6 @@ systemd's own tools where they exist:
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +27,14 @@ import threading
 import time
 import urllib.request
 
-gpt2d, unitdir = os.path.abspath(sys.argv[1]), sys.argv[2]
 here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "lib"))
+import gpt2d_server  # noqa: E402 (tests/lib: the harness every server test uses)
+
+gpt2d, unitdir = os.path.abspath(sys.argv[1]), sys.argv[2]
+for tool in ("systemd-analyze", "systemd-socket-activate"):
+    if shutil.which(tool) is None:
+        gpt2d_server.skip(tool + " is not installed (scripts/setup.sh installs systemd)")
 tmp = tempfile.mkdtemp(prefix="gpt2d-systemd-")
 procs = []
 
@@ -45,9 +50,7 @@ def fail(msg):
 
 def cleanup():
     for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        p.stop()
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -107,16 +110,12 @@ class Notify:
 
 
 def start(name, args, env=None, port0=True):
-    log = open(os.path.join(tmp, name + ".log"), "w")
-    e = dict(os.environ)
-    for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
-              "JOURNAL_STREAM"):
-        e.pop(k, None)
-    e.update(env or {})
-    cmd = [gpt2d, "serve", "--model", model] + (["--port", "0"] if port0 else []) + args
-    p = subprocess.Popen(cmd, stdout=log, stderr=log, env=e)
+    """A server (tests/lib/gpt2d_server.py: none of systemd's variables but
+    env's), not waited for: each part waits for what it tests."""
+    p = gpt2d_server.Server(gpt2d, model, args, log_path=os.path.join(tmp, name + ".log"), env=env,
+                            port0=port0, ready=None)
     procs.append(p)
-    return p, log
+    return p, p.log_path
 
 
 def log_port(name):
@@ -128,10 +127,8 @@ def log_port(name):
 
 
 def stop(p, what):
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
+    rc = p.terminate(30)
+    if rc is None:
         fail(what + ": did not exit after SIGTERM")
     if rc != 0:
         fail(f"{what}: exit status {rc} after SIGTERM")
@@ -168,13 +165,7 @@ try:
             fail("gpt2d.service lacks " + directive)
     print("units: verify clean, security", r.stdout.strip().splitlines()[-1])
 
-    model = os.path.join(tmp, "model")
-    os.mkdir(model)
-    subprocess.run([gpt2d, "synth", os.path.join(model, "model.safetensors"), "--layers", "2",
-                    "--embd", "64", "--heads", "4", "--ctx", "128", "--seed", "3"], check=True,
-                   stdout=subprocess.DEVNULL)
-    for f in ("vocab.json", "merges.txt"):
-        shutil.copy(os.path.join(here, "..", "tokenizer", "data", f), model)
+    model = gpt2d_server.make_model(gpt2d, os.path.join(tmp, "model"), gpt2d_server.SHAPES["tiny"])
 
     # ---- notifications, in order ---------------------------------------------
     n = Notify("notify")
@@ -228,25 +219,16 @@ try:
     print("watchdog: the longest gap during a wedged step %.2f s" % max(during))
 
     # ---- socket activation -----------------------------------------------------
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    log = open(os.path.join(tmp, "activate.log"), "w")
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("LISTEN_", "NOTIFY_"))}
+    port = gpt2d_server.free_port()
     # host and port point nowhere: the inherited socket must be what serves.
-    p = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}", gpt2d, "serve",
-                          "--model", model, "--host", "192.0.2.1", "--port", "1"],
-                         stdout=log, stderr=log, env=e)
+    try:
+        p = gpt2d_server.Server(gpt2d, model, ["--host", "192.0.2.1", "--port", "1"],
+                                log_path=os.path.join(tmp, "activate.log"), port0=False,
+                                launcher=["systemd-socket-activate", "-l", f"127.0.0.1:{port}"],
+                                ready="health", port=port, timeout=30)
+    except gpt2d_server.StartError as e:
+        fail("timed out waiting for the socket-activated server: %s" % e)
     procs.append(p)
-
-    def health():
-        try:
-            return http(port, "/health", timeout=5)[0] == 200
-        except OSError:
-            return False
-
-    wait_for(health, 30, "the socket-activated server")
     complete(port)
     text = open(os.path.join(tmp, "activate.log")).read()
     if "on the socket systemd passed" not in text:
