@@ -59,13 +59,6 @@ typedef struct {
     size_t item, row, result;
 } samp_unit;
 
-typedef struct {
-    void *scratch;   /* eng_sample_scratch_bytes(V) */
-    float *raw;      /* V: the logits before bias and penalties */
-    uint32_t *stamp; /* V: presence marks */
-    uint32_t stamp_now;
-} samp_thread;
-
 struct eng_sched {
     const eng_model *m;
     eng_sched_opts o;
@@ -144,12 +137,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     s->thr = calloc(s->nthreads, sizeof *s->thr);
     int ok = s->running && s->queue && s->items && s->step_seqs && s->logits && s->results
              && s->units && s->thr;
-    for (size_t t = 0; ok && t < s->nthreads; t++) {
-        s->thr[t].scratch = malloc(eng_sample_scratch_bytes(V));
-        s->thr[t].raw = malloc(V * sizeof *s->thr[t].raw);
-        s->thr[t].stamp = calloc(V, sizeof *s->thr[t].stamp);
-        ok = s->thr[t].scratch && s->thr[t].raw && s->thr[t].stamp;
-    }
+    for (size_t t = 0; ok && t < s->nthreads; t++) ok = samp_thread_init(&s->thr[t], V) == ENG_OK;
     if (!ok) {
         rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
         goto fail;
@@ -222,11 +210,7 @@ void eng_sched_free(eng_sched *s)
     free(s->step_seqs);
     free(s->logits);
     free(s->results);
-    for (size_t t = 0; s->thr != NULL && t < s->nthreads; t++) {
-        free(s->thr[t].scratch);
-        free(s->thr[t].raw);
-        free(s->thr[t].stamp);
-    }
+    for (size_t t = 0; s->thr != NULL && t < s->nthreads; t++) samp_thread_fini(&s->thr[t]);
     free(s->thr);
     free(s->units);
     free(s);
@@ -503,39 +487,6 @@ int eng_sched_plan(eng_sched *s)
     return s->planned;
 }
 
-/* log-softmax facts of raw logits: the log of the partition function. */
-static double log_partition(const float *x, size_t V)
-{
-    float maxv = x[0];
-    for (size_t i = 1; i < V; i++)
-        if (x[i] > maxv) maxv = x[i];
-    double sum = 0;
-    for (size_t i = 0; i < V; i++) sum += exp((double)(x[i] - maxv));
-    return (double)maxv + log(sum);
-}
-
-/* The chosen token's logprob and the top n alternatives into ev. */
-static void fill_logprobs(eng_event *ev, const float *x, size_t V, int32_t chosen, int n)
-{
-    double lz = log_partition(x, V);
-    ev->logprob = (float)(x[chosen] - lz);
-    size_t want = n > 0 ? (size_t)n : 0, have = 0;
-    if (want > V) want = V;
-    /* One pass keeping the n largest in order (n <= 5). Ties: lower id
-     * first, so a later id enters only when strictly larger. */
-    for (size_t i = 0; i < V && want > 0; i++) {
-        if (have == want && !(x[i] > x[ev->top_ids[have - 1]])) continue;
-        size_t j = have < want ? have++ : have - 1;
-        while (j > 0 && x[i] > x[ev->top_ids[j - 1]]) {
-            ev->top_ids[j] = ev->top_ids[j - 1];
-            j--;
-        }
-        ev->top_ids[j] = (int32_t)i;
-    }
-    ev->ntop = have;
-    for (size_t k = 0; k < have; k++) ev->top_logprobs[k] = (float)(x[ev->top_ids[k]] - lz);
-}
-
 /* One unit of a step's sampling, on worker thread tid. */
 static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
 {
@@ -545,28 +496,15 @@ static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
     eng_event *ev = &s->results[u->result];
     if (u->row != SAMPLE_ROW) { /* echo: row j predicts prompt token step_first + j + 1 */
         /* All ENG_MAX_TOP for the cache; the request gets its first ones. */
-        fill_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
+        samp_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
         return;
     }
-    samp_thread *th = &s->thr[tid];
     float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
-    const eng_sampling *sp = &q->req.sampling;
-    if (q->req.logprobs >= 0) memcpy(th->raw, last, V * sizeof *last);
-    for (size_t b = 0; b < sp->nbias; b++) last[sp->bias[b].token] += sp->bias[b].bias;
-    if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
-        /* Over the generated tokens (as vLLM does), not the prompt. */
-        th->stamp_now++;
-        for (size_t g = q->req.nprompt; g < q->ntokens; g++) {
-            int32_t t = q->tokens[g];
-            last[t] -= sp->frequency_penalty;
-            if (th->stamp[t] != th->stamp_now) {
-                th->stamp[t] = th->stamp_now;
-                last[t] -= sp->presence_penalty;
-            }
-        }
-    }
-    ev->token = eng_sample(last, V, sp, &q->rng, th->scratch);
-    if (q->req.logprobs >= 0) fill_logprobs(ev, th->raw, V, ev->token, q->req.logprobs);
+    samp_seq sq = {.sp = &q->req.sampling,
+                   .generated = q->tokens + q->req.nprompt,
+                   .ngenerated = q->ntokens > q->req.nprompt ? q->ntokens - q->req.nprompt : 0,
+                   .logprobs = q->req.logprobs};
+    samp_row(ev, &s->thr[tid], last, V, &sq, &q->rng);
 }
 
 static void sample_task(void *arg, size_t begin, size_t end, size_t tid)
