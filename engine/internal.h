@@ -5,6 +5,7 @@
 
 #include "kernels.h"
 #include "step.h"
+#include "errbuf.h"
 #include "safetensors.h"
 
 /* One transformer block's weights: views into the mapping, in the file's
@@ -183,11 +184,5 @@ eng_kv *sch_kv(eng_sched *s);
 /* The worker pool of a step's workspace (forward.c), for the scheduler's
  * sampling. */
 op_pool *gpt2_workspace_pool(eng_workspace *w);
-
-eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
 
 #endif

@@ -110,7 +110,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
     eng_sched *s = calloc(1, sizeof *s);
-    if (s == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+    if (s == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;
     s->o = o;
     s->next_id = 1;
@@ -121,7 +121,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
      * sequence on top. */
     rc = eng_workspace_new(m, o.step_tokens + o.max_running, o.threads, &s->ws);
     if (rc != ENG_OK) {
-        gpt2_fail(err, errlen, rc, "cannot allocate the step workspace");
+        errbuf_set(err, errlen, "cannot allocate the step workspace");
         goto fail;
     }
     s->logit_rows = o.max_running + ECHO_ROWS;
@@ -139,7 +139,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
              && s->units && s->thr;
     for (size_t t = 0; ok && t < s->nthreads; t++) ok = samp_thread_init(&s->thr[t], V) == ENG_OK;
     if (!ok) {
-        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
+        rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
         goto fail;
     }
     s->stats.kv_blocks_total = eng_kv_blocks_total(s->kv);
@@ -167,7 +167,8 @@ eng_status eng_sched_warmup(eng_sched *s, char *err, size_t errlen)
     eng_seq seq = {0};
     eng_status rc = eng_kv_reserve(s->kv, &seq, n + 1);
     if (rc != ENG_OK)
-        return gpt2_fail(err, errlen, rc, "the KV pool cannot hold a %zu-position warm-up", n + 1);
+        return ERRBUF_FAIL(err, errlen, rc, "the KV pool cannot hold a %zu-position warm-up",
+                           n + 1);
     int32_t toks[WARMUP_TOKENS];
     for (size_t i = 0; i < n; i++) toks[i] = (int32_t)(i * 997 % s->m->cfg.n_vocab);
     eng_item it = {
@@ -221,32 +222,33 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
 {
     const eng_config *c = &s->m->cfg;
     if (r->nprompt == 0 || r->prompt == NULL)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "the prompt has no tokens");
-    if (r->on_event == NULL) return gpt2_fail(err, errlen, ENG_EINVAL, "no event callback");
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "the prompt has no tokens");
+    if (r->on_event == NULL) return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "no event callback");
     for (size_t i = 0; i < r->nprompt; i++)
         if (r->prompt[i] < 0 || (size_t)r->prompt[i] >= c->n_vocab)
-            return gpt2_fail(err, errlen, ENG_EINVAL, "prompt token %d is not in 0..%zu",
-                             r->prompt[i], c->n_vocab - 1);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "prompt token %d is not in 0..%zu",
+                               r->prompt[i], c->n_vocab - 1);
     for (size_t i = 0; i < r->sampling.nbias; i++)
         if (r->sampling.bias[i].token < 0 || (size_t)r->sampling.bias[i].token >= c->n_vocab)
-            return gpt2_fail(err, errlen, ENG_EINVAL, "logit_bias token %d is not in 0..%zu",
-                             r->sampling.bias[i].token, c->n_vocab - 1);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logit_bias token %d is not in 0..%zu",
+                               r->sampling.bias[i].token, c->n_vocab - 1);
     if (r->logprobs > ENG_MAX_TOP)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
-                         ENG_MAX_TOP);
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
+                           ENG_MAX_TOP);
     size_t total = r->nprompt + r->max_tokens;
     if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
-        return gpt2_fail(err, errlen, ENG_ETOOBIG,
-                         "the prompt (%zu tokens) plus max_tokens (%zu) exceed the context of %zu",
-                         r->nprompt, r->max_tokens, c->n_ctx);
+        return ERRBUF_FAIL(
+            err, errlen, ENG_ETOOBIG,
+            "the prompt (%zu tokens) plus max_tokens (%zu) exceed the context of %zu", r->nprompt,
+            r->max_tokens, c->n_ctx);
     size_t blocks = (total + s->o.block_len - 1) / s->o.block_len;
     if (blocks > eng_kv_blocks_total(s->kv))
-        return gpt2_fail(err, errlen, ENG_ETOOBIG,
-                         "the request needs %zu KV blocks; the pool has %zu", blocks,
-                         eng_kv_blocks_total(s->kv));
+        return ERRBUF_FAIL(err, errlen, ENG_ETOOBIG,
+                           "the request needs %zu KV blocks; the pool has %zu", blocks,
+                           eng_kv_blocks_total(s->kv));
     if (s->qlen >= s->qlimit)
-        return gpt2_fail(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
-                         s->qlimit);
+        return ERRBUF_FAIL(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
+                           s->qlimit);
     size_t nphash = s->o.prefix_cache ? r->nprompt / s->o.block_len : 0;
     sch_seq *q = calloc(1, sizeof *q);
     int32_t *tokens = malloc(total * sizeof *tokens);
@@ -261,7 +263,7 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         free(bias);
         free(phash);
         free(plp);
-        return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     }
     for (size_t b = 0; b < nphash; b++)
         phash[b] =
@@ -341,7 +343,7 @@ eng_status eng_sched_set_max_queue(eng_sched *s, size_t max_queue, char *err, si
     if (max_queue == 0) max_queue = 256; /* as eng_sched_new */
     if (max_queue > s->o.max_queue) {    /* a larger ring, in queue order */
         sch_seq **ring = calloc(max_queue, sizeof *ring);
-        if (ring == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        if (ring == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
         for (size_t i = 0; i < s->qlen; i++) ring[i] = s->queue[(s->qhead + i) % s->o.max_queue];
         free(s->queue);
         s->queue = ring;
