@@ -13,6 +13,7 @@
  * the step's sequences and writes the KV blocks and the step's results.
  */
 #include "internal.h"
+#include "tokenizer.h" /* BPE_EOT only: a header edge, no link (docs/architecture.md) */
 
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +21,6 @@
 #include <string.h>
 #include <time.h>
 
-#define EOT 50256
 /* Rows of prompt logits (echo) per step: bounds the logits buffer. */
 #define ECHO_ROWS 64
 
@@ -649,7 +649,7 @@ void eng_sched_complete(eng_sched *s)
             if (ev->kind == ENG_EV_TOKEN) {
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;
-                if (ev->token == EOT && !q->req.ignore_eos) {
+                if (ev->token == BPE_EOT && !q->req.ignore_eos) {
                     done = 1;
                     why = ENG_FINISH_EOS;
                 } else if (q->generated == q->req.max_tokens) {
