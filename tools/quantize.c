@@ -1,6 +1,6 @@
 /*
  * tools/quantize.c: the q8 weight format's writer and reader for tools
- * (see quantize.h and formats/wformat.h for the format).
+ * (see quantize.h and formats/include/wformat.h for the format).
  *
  * Rounding: scale = max |w| / 127 in F32 (one division, rounded to nearest
  * even), q = nearbyintf(w / scale) in the default rounding mode (nearest,

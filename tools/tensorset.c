@@ -1,7 +1,7 @@
 /*
  * tools/tensorset.c: the tensor array of `gpt2d convert` and the panel64
  * permutation (see tensorset.h; the layout is specified in
- * formats/wformat.h).
+ * formats/include/wformat.h).
  *
  * The permutation moves runs of WF_PANEL elements: row k of panel g of the
  * stored tensor, [g][k][0..64), is row k's columns g*64 .. g*64+63 of the

@@ -1,5 +1,5 @@
 /*
- * tokenizer/tokenizer.h: GPT-2's byte-level BPE, identical to tiktoken's
+ * tokenizer/include/tokenizer.h: GPT-2's byte-level BPE, identical to tiktoken's
  * "gpt2" encoding (encode_ordinary), and a streaming UTF-8 decoder for
  * generated tokens.
  *
