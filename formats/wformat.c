@@ -6,7 +6,6 @@
 
 #include "errbuf.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
