@@ -4,10 +4,10 @@
  * meaning.
  */
 #include "config.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,21 +108,6 @@ const char *cfg_strerror(cfg_status s)
     return "unknown status";
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static cfg_status
-fail(char *err, size_t errlen, cfg_status s, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return s;
-}
-
 static const spec *find(const char *key)
 {
     for (size_t i = 0; i < NSPECS; i++)
@@ -139,30 +124,31 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
     case K_STR:
     case K_LEVEL:
         if (strlen(value) >= sp->size)
-            return fail(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin, sp->key,
-                        sp->size - 1);
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,
+                               sp->key, sp->size - 1);
         if (sp->k == K_LEVEL && strcmp(value, "error") != 0 && strcmp(value, "warn") != 0
             && strcmp(value, "info") != 0 && strcmp(value, "debug") != 0)
-            return fail(err, errlen, CFG_EVALUE,
-                        "%s: %s must be error, warn, info or debug, not '%s'", origin, sp->key,
-                        value);
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "%s: %s must be error, warn, info or debug, not '%s'", origin,
+                               sp->key, value);
         memcpy(field, value, strlen(value) + 1);
         return CFG_OK;
     case K_APIKEY: {
         if (*value == '\0') /* would read as "no key": authentication off */
-            return fail(err, errlen, CFG_EVALUE,
-                        "%s: api_key is empty; leave the key out to run without authentication",
-                        origin);
+            return ERRBUF_FAIL(
+                err, errlen, CFG_EVALUE,
+                "%s: api_key is empty; leave the key out to run without authentication", origin);
         if (c->n_api_keys == CFG_MAX_KEYS)
-            return fail(err, errlen, CFG_EVALUE, "%s: more than %d api_key values", origin,
-                        CFG_MAX_KEYS);
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: more than %d api_key values", origin,
+                               CFG_MAX_KEYS);
         if (strlen(value) >= sizeof c->api_keys[0] || strlen(value) < 8)
-            return fail(err, errlen, CFG_EVALUE, "%s: an api_key must be 8 to %zu characters",
-                        origin, sizeof c->api_keys[0] - 1);
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "%s: an api_key must be 8 to %zu characters", origin,
+                               sizeof c->api_keys[0] - 1);
         for (const char *p = value; *p; p++)
             if (*p <= ' ' || *p > '~')
-                return fail(err, errlen, CFG_EVALUE,
-                            "%s: an api_key must be printable ASCII without spaces", origin);
+                return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                                   "%s: an api_key must be printable ASCII without spaces", origin);
         memcpy(c->api_keys[c->n_api_keys++], value, strlen(value) + 1);
         return CFG_OK;
     }
@@ -177,17 +163,17 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
             const char *comma = strchr(p, ',');
             size_t len = comma ? (size_t)(comma - p) : strlen(p);
             if (len == 0 || len >= sizeof names[0])
-                return fail(err, errlen, CFG_EVALUE,
-                            "%s: %s: every name must be 1 to %zu characters", origin, sp->key,
-                            sizeof names[0] - 1);
+                return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                                   "%s: %s: every name must be 1 to %zu characters", origin,
+                                   sp->key, sizeof names[0] - 1);
             if (n == CFG_MAX_NAMES)
-                return fail(err, errlen, CFG_EVALUE, "%s: %s: more than %d names", origin, sp->key,
-                            CFG_MAX_NAMES);
+                return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s: more than %d names", origin,
+                                   sp->key, CFG_MAX_NAMES);
             for (size_t i = 0; i < len; i++)
                 if (p[i] <= ' ' || p[i] > '~')
-                    return fail(err, errlen, CFG_EVALUE,
-                                "%s: %s: names are printable ASCII without spaces", origin,
-                                sp->key);
+                    return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                                       "%s: %s: names are printable ASCII without spaces", origin,
+                                       sp->key);
             memcpy(names[n], p, len);
             names[n++][len] = '\0';
             if (comma == NULL) break;
@@ -204,8 +190,8 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
         else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 || strcmp(value, "0") == 0)
             memcpy(field, &(int){0}, sizeof(int));
         else
-            return fail(err, errlen, CFG_EVALUE, "%s: %s must be true or false, not '%s'", origin,
-                        sp->key, value);
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s must be true or false, not '%s'",
+                               origin, sp->key, value);
         return CFG_OK;
     case K_PORT:
     case K_SIZE: {
@@ -230,10 +216,11 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
         return CFG_OK;
     }
     }
-    return fail(err, errlen, CFG_EKEY, "%s: %s", origin, sp->key);
+    return ERRBUF_FAIL(err, errlen, CFG_EKEY, "%s: %s", origin, sp->key);
 bad_number:
-    return fail(err, errlen, CFG_EVALUE, "%s: %s must be a number from %.0f to %.0f, not '%s'",
-                origin, sp->key, sp->min, sp->max, value);
+    return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                       "%s: %s must be a number from %.0f to %.0f, not '%s'", origin, sp->key,
+                       sp->min, sp->max, value);
 }
 
 void cfg_defaults(cfg_config *c)
@@ -251,7 +238,7 @@ cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char
                    size_t errlen)
 {
     const spec *sp = find(key);
-    if (sp == NULL) return fail(err, errlen, CFG_EKEY, "%s: unknown key '%s'", origin, key);
+    if (sp == NULL) return ERRBUF_FAIL(err, errlen, CFG_EKEY, "%s: unknown key '%s'", origin, key);
     return set_spec(c, sp, value, origin, err, errlen);
 }
 
@@ -267,7 +254,8 @@ static char *trim(char *s)
 cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errlen)
 {
     FILE *fp = fopen(path, "r");
-    if (fp == NULL) return fail(err, errlen, CFG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fp == NULL)
+        return ERRBUF_FAIL(err, errlen, CFG_EIO, "%s: cannot open: %s", path, strerror(errno));
     char line[8192], origin[CFG_STR_MAX + 32];
     size_t lineno = 0;
     cfg_status rc = CFG_OK;
@@ -275,21 +263,21 @@ cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errl
         lineno++;
         snprintf(origin, sizeof origin, "%s:%zu", path, lineno);
         if (strchr(line, '\n') == NULL && !feof(fp)) {
-            rc = fail(err, errlen, CFG_ESYNTAX, "%s: line longer than %zu bytes", origin,
-                      sizeof line - 2);
+            rc = ERRBUF_FAIL(err, errlen, CFG_ESYNTAX, "%s: line longer than %zu bytes", origin,
+                             sizeof line - 2);
             break;
         }
         char *s = trim(line);
         if (*s == '\0' || *s == '#') continue;
         char *eq = strchr(s, '=');
         if (eq == NULL) {
-            rc = fail(err, errlen, CFG_ESYNTAX, "%s: expected key = value", origin);
+            rc = ERRBUF_FAIL(err, errlen, CFG_ESYNTAX, "%s: expected key = value", origin);
             break;
         }
         *eq = '\0';
         char *key = trim(s), *value = trim(eq + 1);
         if (*key == '\0') {
-            rc = fail(err, errlen, CFG_ESYNTAX, "%s: missing key before '='", origin);
+            rc = ERRBUF_FAIL(err, errlen, CFG_ESYNTAX, "%s: missing key before '='", origin);
             break;
         }
         size_t vlen = strlen(value);
@@ -300,7 +288,7 @@ cfg_status cfg_load_file(cfg_config *c, const char *path, char *err, size_t errl
         rc = cfg_set(c, key, value, origin, err, errlen);
         if (rc != CFG_OK) break;
     }
-    if (rc == CFG_OK && ferror(fp)) rc = fail(err, errlen, CFG_EIO, "%s: read error", path);
+    if (rc == CFG_OK && ferror(fp)) rc = ERRBUF_FAIL(err, errlen, CFG_EIO, "%s: read error", path);
     fclose(fp);
     return rc;
 }
@@ -310,12 +298,12 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
-            return fail(err, errlen, CFG_ESYNTAX, "unexpected argument '%s'", a);
+            return ERRBUF_FAIL(err, errlen, CFG_ESYNTAX, "unexpected argument '%s'", a);
         char key[128];
         const char *value;
         const char *eq = strchr(a, '=');
         size_t klen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-        if (klen >= sizeof key) return fail(err, errlen, CFG_EKEY, "unknown option '%s'", a);
+        if (klen >= sizeof key) return ERRBUF_FAIL(err, errlen, CFG_EKEY, "unknown option '%s'", a);
         memcpy(key, a + 2, klen);
         key[klen] = '\0';
         for (char *p = key; *p; p++)
@@ -324,11 +312,12 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
         snprintf(origin, sizeof origin, "--%s", a + 2);
         if (eq != NULL) origin[2 + klen] = '\0';
         if (strcmp(key, "config") != 0 && find(key) == NULL)
-            return fail(err, errlen, CFG_EKEY, "unknown option '%s'", origin);
+            return ERRBUF_FAIL(err, errlen, CFG_EKEY, "unknown option '%s'", origin);
         if (eq != NULL) {
             value = eq + 1;
         } else {
-            if (i + 1 >= argc) return fail(err, errlen, CFG_EVALUE, "%s needs a value", origin);
+            if (i + 1 >= argc)
+                return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s needs a value", origin);
             value = argv[++i];
         }
         cfg_status rc;
@@ -351,11 +340,12 @@ int cfg_model_name_ok(const cfg_config *c, const char *name)
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
 {
     if (c->info_interval_s > 0 && c->info_interval_s < 1)
-        return fail(err, errlen, CFG_EVALUE,
-                    "info_interval: %g s is too often for a log line (0: never, else at least 1)",
-                    c->info_interval_s);
+        return ERRBUF_FAIL(
+            err, errlen, CFG_EVALUE,
+            "info_interval: %g s is too often for a log line (0: never, else at least 1)",
+            c->info_interval_s);
     if (c->model_dir[0] == '\0')
-        return fail(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
     return CFG_OK;
 }
 

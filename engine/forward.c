@@ -159,26 +159,26 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
     size_t T = 0;
     for (size_t i = 0; i < nitems; i++) {
         const eng_item *it = &items[i];
-        if (it->n == 0) return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu has no tokens", i);
+        if (it->n == 0) return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "item %zu has no tokens", i);
         if (it->seq->len + it->n > c->n_ctx)
-            return gpt2_fail(err, errlen, ENG_EINVAL,
-                             "item %zu: positions up to %zu are past the context of %zu", i,
-                             it->seq->len + it->n, c->n_ctx);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                               "item %zu: positions up to %zu are past the context of %zu", i,
+                               it->seq->len + it->n, c->n_ctx);
         if (it->seq->len + it->n > it->seq->cap)
-            return gpt2_fail(err, errlen, ENG_EINVAL,
-                             "item %zu: %zu positions but only %zu reserved in the KV cache", i,
-                             it->seq->len + it->n, it->seq->cap);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                               "item %zu: %zu positions but only %zu reserved in the KV cache", i,
+                               it->seq->len + it->n, it->seq->cap);
         if (it->want != ENG_LOGITS_NONE && it->logits == NULL)
-            return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu: no logits buffer", i);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "item %zu: no logits buffer", i);
         for (size_t k = 0; k < it->n; k++)
             if (it->tokens[k] < 0 || (size_t)it->tokens[k] >= V)
-                return gpt2_fail(err, errlen, ENG_EINVAL, "item %zu: token %d is not in 0..%zu", i,
-                                 it->tokens[k], V - 1);
+                return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "item %zu: token %d is not in 0..%zu",
+                                   i, it->tokens[k], V - 1);
         T += it->n;
     }
     if (T > w->max_rows)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "%zu rows exceed the workspace's %zu", T,
-                         w->max_rows);
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "%zu rows exceed the workspace's %zu", T,
+                           w->max_rows);
 
     /* Embeddings: x = wte[token] + wpe[position], both widened from the
      * file's format (the LM head reads the same wte). */

@@ -5,6 +5,7 @@
 
 #include "kernels.h"
 #include "step.h"
+#include "errbuf.h"
 #include "safetensors.h"
 
 /* One transformer block's weights: views into the mapping, in the file's
@@ -134,17 +135,54 @@ static inline float *kv_head(const eng_kv *kv, const eng_seq *seq, size_t l, int
     return kv->pool + off * kv->HS;
 }
 
+/* ---- One row's distribution and its logprobs (sample.c) ---- */
+
+/* A sampling thread's own buffers, for rows of V logits. */
+typedef struct {
+    void *scratch;   /* eng_sample_scratch_bytes(V)                    */
+    float *raw;      /* V: the row before it is shaped, for logprobs   */
+    uint32_t *stamp; /* V: presence marks of the penalties             */
+    uint32_t stamp_now;
+} samp_thread;
+
+/* Allocates th's buffers for rows of V logits: ENG_OK, or ENG_ENOMEM with
+ * nothing held. samp_thread_fini frees them (and accepts a zeroed th). */
+eng_status samp_thread_init(samp_thread *th, size_t V);
+void samp_thread_fini(samp_thread *th);
+
+/*
+ * What shapes one sequence's distribution before the draw, applied in this
+ * order to the row: the logit bias, then the presence and frequency
+ * penalties over the tokens it has generated (as vLLM does: not the
+ * prompt). A per-sequence token mask (structured outputs) joins here, last,
+ * so that a masked token stays masked whatever the bias and penalties did.
+ * Borrows everything; valid for the one call.
+ */
+typedef struct {
+    const eng_sampling *sp;
+    const int32_t *generated; /* the tokens generated so far */
+    size_t ngenerated;
+    int logprobs; /* -1: none; 0..ENG_MAX_TOP: the chosen token's plus top N */
+} samp_seq;
+
+/*
+ * Samples the next token of sequence q from row (V logits, shaped in place)
+ * with q's random stream: ev->token, and with q->logprobs >= 0 the chosen
+ * token's logprob and the top alternatives under the model's own (unshaped)
+ * distribution. Thread: worker (the step's sampling), th its own.
+ */
+void samp_row(eng_event *ev, samp_thread *th, float *row, size_t V, const samp_seq *q,
+              eng_rng *rng);
+
+/* The logprob of token chosen and the top n alternatives (n <= ENG_MAX_TOP;
+ * ties: lower id first) of raw logits x[0..V), into ev. */
+void samp_logprobs(eng_event *ev, const float *x, size_t V, int32_t chosen, int n);
+
 /* The scheduler's KV pool (tests narrow its hash_mask). */
 eng_kv *sch_kv(eng_sched *s);
 
 /* The worker pool of a step's workspace (forward.c), for the scheduler's
  * sampling. */
 op_pool *gpt2_workspace_pool(eng_workspace *w);
-
-eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
 
 #endif

@@ -88,7 +88,7 @@ void op_pool_run_chunks(op_pool *p, size_t n, size_t grain, op_task fn, void *ct
  *            scale of W[k][n] is scale[(k / 32) * N + n]; for the token
  *            embeddings (V, C) that of wte[v][c] is scale[(v * C + c) / 32]
  *            (C a multiple of 32, so a block never crosses a row).
- * The layout of a projection W (K, N), formats/wformat.h:
+ * The layout of a projection W (K, N), formats/include/wformat.h:
  *   panel 0  row-major, as Hugging Face stores Conv1D weights: W[k][n] at
  *            k * N + n (its Q8 scale at (k / 32) * N + n);
  *   panel 1  "panel64": N / 64 panels of K rows of 64 columns, each panel

@@ -50,16 +50,16 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
     *out = NULL;
     const eng_config *c = eng_model_config(m);
     if (block_len == 0 || block_len > 4096)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "KV block length %zu is not in 1..4096",
-                         block_len);
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "KV block length %zu is not in 1..4096",
+                           block_len);
     size_t per_block = c->n_layer * 2 * block_len * c->n_embd * sizeof(float);
     size_t nblocks = budget_bytes / per_block;
     if (nblocks == 0 || nblocks > INT32_MAX / 2)
-        return gpt2_fail(err, errlen, ENG_EINVAL,
-                         "a KV budget of %zu bytes holds no block of %zu bytes", budget_bytes,
-                         per_block);
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                           "a KV budget of %zu bytes holds no block of %zu bytes", budget_bytes,
+                           per_block);
     eng_kv *kv = calloc(1, sizeof *kv);
-    if (kv == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+    if (kv == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     kv->block_len = block_len;
     kv->nblocks = nblocks;
     kv->L = c->n_layer;
@@ -76,8 +76,8 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
     if (kv->pool == NULL || kv->free_list == NULL || kv->meta == NULL || kv->tokens == NULL
         || kv->bucket == NULL || kv->lp == NULL) {
         eng_kv_free(kv);
-        return gpt2_fail(err, errlen, ENG_ENOMEM, "cannot allocate a KV pool of %zu bytes",
-                         per_block * nblocks);
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "cannot allocate a KV pool of %zu bytes",
+                           per_block * nblocks);
     }
     /* Lowest ids are handed out first. */
     for (size_t i = 0; i < nblocks; i++) {

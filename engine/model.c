@@ -13,7 +13,6 @@
 #include "wformat.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,17 +29,6 @@ const char *eng_strerror(eng_status s)
     case ENG_ETOOBIG: return "too big";
     }
     return "unknown status";
-}
-
-eng_status gpt2_fail(char *err, size_t errlen, eng_status s, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return s;
 }
 
 void eng_model_free(eng_model *m)
@@ -112,8 +100,8 @@ static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t, size_t 
     for (size_t i = 0; ok && i < (panel ? 3u : 2u); i++)
         ok = s->ndim == (panel ? 3u : 2u) && s->shape[i] == want[i];
     if (!ok)
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: q8 tensor '%s' lacks valid scales",
-                         b->path, t->name);
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT, "%s: q8 tensor '%s' lacks valid scales",
+                           b->path, t->name);
     b->bytes += s->nbytes;
     *dst = (op_w){t->data, s->data, OP_Q8, panel};
     return ENG_OK;
@@ -133,12 +121,13 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
     snprintf(full, sizeof full, "%s%s", b->prefix, name);
     const sft_tensor *t = sft_find(b->f, full);
     if (t == NULL)
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path, full);
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path,
+                           full);
     int panel = kind == BIND_PROJECTION && b->panel;
     if (panel && d1 % WF_PANEL != 0)
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
-                         "%s: tensor '%s': %zu columns cannot be panels of %d", b->path, full, d1,
-                         WF_PANEL);
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
+                           "%s: tensor '%s': %zu columns cannot be panels of %d", b->path, full, d1,
+                           WF_PANEL);
     size_t want[3] = {d0, d1, 0};
     if (panel) {
         want[0] = d1 / WF_PANEL;
@@ -155,9 +144,9 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
                      (long long)t->shape[i]);
         for (size_t i = 0; i < ndim; i++)
             snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%zu", i ? ", " : "", want[i]);
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
-                         "%s: tensor '%s' has shape %s], expected %s]%s", b->path, full, got, exp,
-                         panel ? " (a panel64 file)" : "");
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
+                           "%s: tensor '%s' has shape %s], expected %s]%s", b->path, full, got, exp,
+                           panel ? " (a panel64 file)" : "");
     }
     if (t->dtype == SFT_I8 && q8) {
         b->params += sft_tensor_numel(t);
@@ -165,9 +154,9 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
         return bind_scales(b, dst, t, d0, d1, panel);
     }
     if (t->dtype != SFT_F32 && t->dtype != SFT_F16 && t->dtype != SFT_BF16)
-        return gpt2_fail(b->err, b->errlen, ENG_EFORMAT,
-                         "%s: tensor '%s' is %s; expected F32, F16 or BF16%s", b->path, full,
-                         sft_dtype_name(t->dtype), q8 ? " (or I8 in a q8 file)" : "");
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
+                           "%s: tensor '%s' is %s; expected F32, F16 or BF16%s", b->path, full,
+                           sft_dtype_name(t->dtype), q8 ? " (or I8 in a q8 file)" : "");
     b->params += sft_tensor_numel(t);
     b->bytes += t->nbytes;
     *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype), panel};
@@ -222,7 +211,7 @@ static eng_status read_config(const char *dir, eng_config *c, char *err, size_t 
     fclose(fp);
     if (root == NULL || !json_is_object(root)) {
         json_decref(root);
-        return gpt2_fail(err, errlen, ENG_EFORMAT, "%s: not a JSON object", path);
+        return ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s: not a JSON object", path);
     }
     eng_status rc = ENG_OK;
     json_t *nh = json_object_get(root, "n_head");
@@ -230,16 +219,16 @@ static eng_status read_config(const char *dir, eng_config *c, char *err, size_t 
     if (nh != NULL) {
         if (!json_is_integer(nh) || json_integer_value(nh) <= 0
             || c->n_embd % (size_t)json_integer_value(nh) != 0) {
-            rc = gpt2_fail(err, errlen, ENG_EFORMAT,
-                           "%s: n_head must be a positive divisor of the width %zu", path,
-                           c->n_embd);
+            rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
+                             "%s: n_head must be a positive divisor of the width %zu", path,
+                             c->n_embd);
             goto done;
         }
         c->n_head = (size_t)json_integer_value(nh);
     }
     if (eps != NULL) {
         if (!json_is_number(eps) || json_number_value(eps) <= 0 || json_number_value(eps) > 1) {
-            rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s: bad layer_norm_epsilon", path);
+            rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s: bad layer_norm_epsilon", path);
             goto done;
         }
         c->ln_eps = (float)json_number_value(eps);
@@ -249,9 +238,9 @@ static eng_status read_config(const char *dir, eng_config *c, char *err, size_t 
     for (size_t i = 0; i < 4; i++) {
         json_t *v = json_object_get(root, dims[i]);
         if (v != NULL && (!json_is_integer(v) || (size_t)json_integer_value(v) != have[i])) {
-            rc = gpt2_fail(err, errlen, ENG_EFORMAT,
-                           "%s: %s does not match the weights (which say %zu)", path, dims[i],
-                           have[i]);
+            rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
+                             "%s: %s does not match the weights (which say %zu)", path, dims[i],
+                             have[i]);
             goto done;
         }
     }
@@ -269,15 +258,15 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     char e[512];
     sft_status ss = sft_open(path, SFT_LOAD_MMAP, &f, e, sizeof e);
     if (ss != SFT_OK)
-        return gpt2_fail(err, errlen,
-                         ss == SFT_ENOMEM ? ENG_ENOMEM
-                         : ss == SFT_EIO  ? ENG_EIO
-                                          : ENG_EFORMAT,
-                         "%s", e);
+        return ERRBUF_FAIL(err, errlen,
+                           ss == SFT_ENOMEM ? ENG_ENOMEM
+                           : ss == SFT_EIO  ? ENG_EIO
+                                            : ENG_EFORMAT,
+                           "%s", e);
     eng_model *m = calloc(1, sizeof *m);
     eng_status rc = ENG_OK;
     if (m == NULL) {
-        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
         goto done;
     }
     binder b = {.f = f, .prefix = "", .path = path, .err = err, .errlen = errlen};
@@ -290,9 +279,9 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     snprintf(nm, sizeof nm, "%swpe.weight", b.prefix);
     const sft_tensor *wpe = sft_find(f, nm);
     if (wte == NULL || wte->ndim != 2 || wpe == NULL || wpe->ndim != 2) {
-        rc = gpt2_fail(err, errlen, ENG_EFORMAT,
-                       "%s: missing or misshapen %swte.weight / %swpe.weight", path, b.prefix,
-                       b.prefix);
+        rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
+                         "%s: missing or misshapen %swte.weight / %swpe.weight", path, b.prefix,
+                         b.prefix);
         goto done;
     }
     m->cfg.n_vocab = (size_t)wte->shape[0];
@@ -305,8 +294,8 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         m->cfg.n_layer++;
     }
     if (m->cfg.n_layer == 0 || m->cfg.n_embd == 0 || m->cfg.n_vocab == 0 || m->cfg.n_ctx == 0) {
-        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s: no transformer blocks (h.0.ln_1.weight)",
-                       path);
+        rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s: no transformer blocks (h.0.ln_1.weight)",
+                         path);
         goto done;
     }
     m->cfg.n_head = m->cfg.n_embd % 64 == 0 ? m->cfg.n_embd / 64 : 1;
@@ -314,17 +303,17 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     if (rc != ENG_OK) goto done;
     m->layers = calloc(m->cfg.n_layer, sizeof *m->layers);
     if (m->layers == NULL) {
-        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
         goto done;
     }
     if (wf_detect(f, &m->dtype, e, sizeof e) != SFT_OK) {
-        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
+        rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s", e);
         goto done;
     }
     /* wf_detect checked the layout and its shapes; the binder checks every
      * shape again, as the kernels index by them. */
     if (wf_layout(f, &b.panel, e, sizeof e) != SFT_OK) {
-        rc = gpt2_fail(err, errlen, ENG_EFORMAT, "%s", e);
+        rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s", e);
         goto done;
     }
     m->layout = b.panel ? WF_LAYOUT_PANEL : "hf";

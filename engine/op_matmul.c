@@ -11,17 +11,17 @@
  * reference, and the portable path); the AVX2 and AVX-512 versions that
  * follow perform the same operations on 8 or 16 columns at once, so they
  * give the same bits (tests/test_engine.c, op_matmul_*, every row count
- * 1..70 at every kernel level).
+ * 1..70 at every kernel level). This file has the reference, the k-blocked
+ * tiles for few rows (decode) and the choice between them and the packed
+ * tiles for many rows (prefill), which are in op_matmul_packed.c.
  */
-#include "internal.h"
+#include "matmul.h"
 
 #include <math.h>
 #include <string.h>
 
 /* ---- matmul: out (T,N) = in (T,K) @ W (K,N) + b ------------------------- */
 
-#define MM_COLS 32 /* columns per block: four 8-float vectors          */
-#define MM_ROWS 3  /* rows per register tile (12 accumulators)         */
 /* Up to this many rows, k-blocked tiles over W; above, packed strips. The
  * packed AVX-512 tiles take about the same time from 24 to 48 rows (the
  * weights' reading bounds them), the k-blocked ones grow with the rows:
@@ -46,43 +46,6 @@
  * 64 rows 70.1-75.1 against 83.7-86.6; F16 at 64 rows 71.8-74.6 against
  * 75.2-76.3, BF16 75.8-76.3 against 76.9-78.5. */
 #define MM_STREAM_MAX_PANEL 64
-
-/*
- * Two loop orders, one arithmetic. Few rows (decode): W is streamed once,
- * KB rows at a time, in register tiles whose accumulators rest in out
- * between k-blocks (kb_tile_*). Many rows (prefill): a strip
- * of 32 columns of W is packed into contiguous memory once, then register
- * tiles of 3 rows x 32 columns run k = 0..K-1 over it. Either way each
- * element is b[n] followed by one FMA per k in increasing k.
- */
-typedef struct {
-    float *out;
-    const float *in;
-    op_w W;         /* (K, N), any op_dtype                             */
-    op_w bias;      /* (N) as stored                                    */
-    const float *b; /* (N) as F32: the file's, or NULL until a task widens it */
-    size_t T, K, N;
-    float *pack; /* per thread: mm_thread_floats(K, N) floats */
-} mm_ctx;
-
-/* Where W[k][n] and its Q8 scale are, in either layout (kernels.h, op_w). */
-static inline size_t mm_wi(const mm_ctx *c, size_t k, size_t n)
-{
-    return c->W.panel ? ((n / OP_PANEL) * c->K + k) * OP_PANEL + n % OP_PANEL : k * c->N + n;
-}
-
-static inline size_t mm_si(const mm_ctx *c, size_t k, size_t n)
-{
-    size_t kq = (c->K + OP_Q8_BLOCK - 1) / OP_Q8_BLOCK;
-    return c->W.panel ? ((n / OP_PANEL) * kq + k / OP_Q8_BLOCK) * OP_PANEL + n % OP_PANEL
-                      : (k / OP_Q8_BLOCK) * c->N + n;
-}
-
-/* W[k][n] widened: the reference (kernels.h, op_widen1). */
-static inline float mm_w_at(const mm_ctx *c, size_t k, size_t n)
-{
-    return op_widen1(&c->W, mm_wi(c, k, n), mm_si(c, k, n));
-}
 
 /* The reference: columns [n0, n1) of every row in the fixed order. Each W
  * row segment is widened once into wrow and used by every row t. */
@@ -163,35 +126,6 @@ static inline void gather_inputs(const mm_ctx *c, float *xs, size_t kb, size_t k
 {
     for (size_t t = 0; t < c->T; t++)
         for (size_t k = kb; k < ke; k++) xs[(k - kb) * c->T + t] = c->in[t * c->K + k];
-}
-
-/* Eight columns of W at row k from column n, widened; sc: the eight Q8
- * scales of the k-block (unused otherwise). */
-OP_AVX2 __attribute__((always_inline)) static inline __m256
-mm_w8(const mm_ctx *c, size_t k, size_t n, __m256 sc, const op_dtype dt)
-{
-    __m256 w = op_ld8(c->W.p, mm_wi(c, k, n), dt);
-    return dt == OP_Q8 ? _mm256_mul_ps(w, sc) : w;
-}
-
-OP_AVX512 __attribute__((always_inline)) static inline __m512
-mm_w16(const mm_ctx *c, size_t k, size_t n, __m512 sc, const op_dtype dt)
-{
-    __m512 w = op_ld16(c->W.p, mm_wi(c, k, n), dt);
-    return dt == OP_Q8 ? _mm512_mul_ps(w, sc) : w;
-}
-
-/* The Q8 scales of row k's block at column n (zeros for other formats). */
-OP_AVX2 __attribute__((always_inline)) static inline __m256 mm_sc8(const mm_ctx *c, size_t k,
-                                                                   size_t n, const op_dtype dt)
-{
-    return dt == OP_Q8 ? _mm256_loadu_ps(c->W.scale + mm_si(c, k, n)) : _mm256_setzero_ps();
-}
-
-OP_AVX512 __attribute__((always_inline)) static inline __m512 mm_sc16(const mm_ctx *c, size_t k,
-                                                                      size_t n, const op_dtype dt)
-{
-    return dt == OP_Q8 ? _mm512_loadu_ps(c->W.scale + mm_si(c, k, n)) : _mm512_setzero_ps();
 }
 
 static size_t mm_esize(op_dtype dt)
@@ -621,154 +555,10 @@ OP_AVX512 static void mm_kblock_avx512(const mm_ctx *c, size_t n0, size_t n1, fl
     }
 }
 
-/* Packs columns [n0, n0 + cols) of W, widened, into strip (K x cols floats,
- * cols 32 or 64): copies of the widened values, so no bit changes. */
-OP_AVX2 __attribute__((always_inline)) static inline void
-mm_pack_t(const mm_ctx *c, size_t n0, size_t cols, float *strip, const op_dtype dt)
-{
-    for (size_t k = 0; k < c->K; k++)
-        for (size_t j = 0; j < cols; j += 8)
-            _mm256_store_ps(strip + k * cols + j,
-                            mm_w8(c, k, n0 + j, mm_sc8(c, k, n0 + j, dt), dt));
-}
-
-/* cols is a constant where this is inlined (32 or 64): the F32 copy is then
- * a few vector moves a row, not a call of memcpy (a call per row took
- * prefill's matmuls from 120-131 to 155-330 ms in bench_ops at 256 rows). */
-OP_AVX2 __attribute__((always_inline)) static inline void mm_pack(const mm_ctx *c, size_t n0,
-                                                                  const size_t cols, float *strip)
-{
-    switch (c->W.dt) {
-    case OP_F32:
-        for (size_t k = 0; k < c->K; k++)
-            memcpy(strip + k * cols, (const float *)c->W.p + mm_wi(c, k, n0), cols * sizeof(float));
-        break;
-    case OP_F16: mm_pack_t(c, n0, cols, strip, OP_F16); break;
-    case OP_BF16: mm_pack_t(c, n0, cols, strip, OP_BF16); break;
-    case OP_Q8: mm_pack_t(c, n0, cols, strip, OP_Q8); break;
-    }
-}
-
-OP_AVX2 __attribute__((always_inline)) static inline void
-mm_tile_avx2(const mm_ctx *c, const float *strip, size_t t0, size_t n0, const size_t R)
-{
-    __m256 acc[MM_ROWS][4];
-    for (size_t r = 0; r < R; r++)
-        for (size_t v = 0; v < 4; v++) acc[r][v] = _mm256_loadu_ps(c->b + n0 + 8 * v);
-    const float *w = strip;
-    for (size_t k = 0; k < c->K; k++, w += MM_COLS) {
-        __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
-        __m256 w2 = _mm256_load_ps(w + 16), w3 = _mm256_load_ps(w + 24);
-        for (size_t r = 0; r < R; r++) {
-            __m256 x = _mm256_broadcast_ss(c->in + (t0 + r) * c->K + k);
-            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
-            acc[r][2] = _mm256_fmadd_ps(x, w2, acc[r][2]);
-            acc[r][3] = _mm256_fmadd_ps(x, w3, acc[r][3]);
-        }
-    }
-    for (size_t r = 0; r < R; r++)
-        for (size_t v = 0; v < 4; v++)
-            _mm256_storeu_ps(c->out + (t0 + r) * c->N + n0 + 8 * v, acc[r][v]);
-}
-
-OP_AVX2 static void mm_block_avx2(const mm_ctx *c, size_t n0, float *strip)
-{
-    mm_pack(c, n0, MM_COLS, strip);
-    size_t t = 0;
-    for (; t + 3 <= c->T; t += 3) mm_tile_avx2(c, strip, t, n0, 3);
-    if (c->T - t == 2) mm_tile_avx2(c, strip, t, n0, 2);
-    if (c->T - t == 1) mm_tile_avx2(c, strip, t, n0, 1);
-}
-/* AVX-512: register tiles of 6 rows x 64 columns (24 accumulators). A
- * 512-bit FMA rounds each lane exactly as a 256-bit one or fmaf does, so
- * the bits are those of the other paths. */
-#define MM512_COLS 64
-#define MM512_ROWS 6
-#define MM512_KC 256
-
-/* One register tile: rows x[0..5] (K floats from the current k) against K
- * rows of the packed strip, starting from init[r] (the bias, or the partial
- * sums from the previous k-block) and written to o[0..5]. Fully unrolled so
- * that the 24 accumulators stay in registers. */
-__attribute__((target("avx512f,avx2,fma,f16c"))) static void
-mm_tile6_avx512(float *const o[6], const float *const x[6], const float *strip,
-                const float *const init[6], size_t K)
-{
-#define ACC(r)                                                                                     \
-    __m512 a##r##0 = _mm512_loadu_ps(init[r]), a##r##1 = _mm512_loadu_ps(init[r] + 16),            \
-           a##r##2 = _mm512_loadu_ps(init[r] + 32), a##r##3 = _mm512_loadu_ps(init[r] + 48)
-    ACC(0);
-    ACC(1);
-    ACC(2);
-    ACC(3);
-    ACC(4);
-    ACC(5);
-#undef ACC
-    const float *w = strip;
-    for (size_t k = 0; k < K; k++, w += MM512_COLS) {
-        __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
-        __m512 w2 = _mm512_load_ps(w + 32), w3 = _mm512_load_ps(w + 48);
-#define ROW(r)                                                                                     \
-    do {                                                                                           \
-        __m512 v = _mm512_set1_ps(x[r][k]);                                                        \
-        a##r##0 = _mm512_fmadd_ps(v, w0, a##r##0);                                                 \
-        a##r##1 = _mm512_fmadd_ps(v, w1, a##r##1);                                                 \
-        a##r##2 = _mm512_fmadd_ps(v, w2, a##r##2);                                                 \
-        a##r##3 = _mm512_fmadd_ps(v, w3, a##r##3);                                                 \
-    } while (0)
-        ROW(0);
-        ROW(1);
-        ROW(2);
-        ROW(3);
-        ROW(4);
-        ROW(5);
-#undef ROW
-    }
-#define OUT(r)                                                                                     \
-    do {                                                                                           \
-        _mm512_storeu_ps(o[r], a##r##0);                                                           \
-        _mm512_storeu_ps(o[r] + 16, a##r##1);                                                      \
-        _mm512_storeu_ps(o[r] + 32, a##r##2);                                                      \
-        _mm512_storeu_ps(o[r] + 48, a##r##3);                                                      \
-    } while (0)
-    OUT(0);
-    OUT(1);
-    OUT(2);
-    OUT(3);
-    OUT(4);
-    OUT(5);
-#undef OUT
-}
-
-/* tail: per-thread scratch of 6 x 64 floats for the rows past the last full
- * tile (their inputs repeat a real row; their outputs are dropped). */
-__attribute__((target("avx512f,avx2,fma,f16c"))) static void
-mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
-{
-    mm_pack(c, n0, MM512_COLS, strip);
-    /* k-blocks of MM512_KC rows (64 KB of strip, in L1/L2 while every row
-     * tile passes over it): 256 measured best of 64, 128, 256 and none. */
-    for (size_t kb = 0; kb < c->K; kb += MM512_KC) {
-        size_t kn = kb + MM512_KC < c->K ? MM512_KC : c->K - kb;
-        for (size_t t = 0; t < c->T; t += MM512_ROWS) {
-            float *o[MM512_ROWS];
-            const float *x[MM512_ROWS], *init[MM512_ROWS];
-            for (size_t r = 0; r < MM512_ROWS; r++) {
-                int real = t + r < c->T;
-                x[r] = c->in + (real ? t + r : t) * c->K + kb;
-                o[r] = real ? c->out + (t + r) * c->N + n0 : tail + r * MM512_COLS;
-                init[r] = kb == 0 ? c->b + n0 : o[r];
-            }
-            mm_tile6_avx512(o, x, strip + kb * MM512_COLS, init, kn);
-        }
-    }
-}
-
 #endif
 
 /* Per thread: a strip of K x 64 floats of W and 6 x 64 floats for the rows
- * past the last full AVX-512 tile (mm_block_avx512), or T x KB inputs for the
+ * past the last full AVX-512 tile (op_mm_block_avx512), or T x KB inputs for the
  * k-blocked tiles (T <= MM_STREAM_MAX, KB <= K: a panel's k-block is all of
  * K, so T x K, less than the strip while T <= 64); then N floats for the
  * bias widened from F16 or BF16 (the task's columns). */
@@ -813,8 +603,8 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
         size_t n = n0;
         if (op_use_avx512())
             for (; n + MM512_COLS <= n1; n += MM512_COLS)
-                mm_block_avx512(c, n, mine, mine + c->K * MM512_COLS);
-        for (; n + MM_COLS <= n1; n += MM_COLS) mm_block_avx2(c, n, mine);
+                op_mm_block_avx512(c, n, mine, mine + c->K * MM512_COLS);
+        for (; n + MM_COLS <= n1; n += MM_COLS) op_mm_block_avx2(c, n, mine);
         if (n < n1) mm_stream_c(c, n, n1);
         return;
     }

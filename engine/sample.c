@@ -11,6 +11,10 @@
  * exp, then a draw by blocks, or for top-p two bucketing passes over the
  * weights and a sort of one small bucket (sorting the vocabulary took ~6 ms
  * a row). With top-k, a heap keeps the k strongest and only they are sorted.
+ *
+ * Before the draw, samp_row shapes a sequence's row (logit bias, presence
+ * and frequency penalties; internal.h, samp_seq) and takes the logprobs of
+ * the row as the model gave it; the scheduler only hands rows over.
  */
 #include "internal.h"
 
@@ -266,4 +270,86 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
         n = keep;
     }
     return draw_cands(c, n, rng);
+}
+
+/* ---- One sequence's row: shaping, the draw, logprobs ------------------- */
+
+eng_status samp_thread_init(samp_thread *th, size_t V)
+{
+    *th = (samp_thread){0};
+    th->scratch = malloc(eng_sample_scratch_bytes(V));
+    th->raw = malloc(V * sizeof *th->raw);
+    th->stamp = calloc(V, sizeof *th->stamp);
+    if (th->scratch == NULL || th->raw == NULL || th->stamp == NULL) {
+        samp_thread_fini(th);
+        return ENG_ENOMEM;
+    }
+    return ENG_OK;
+}
+
+void samp_thread_fini(samp_thread *th)
+{
+    free(th->scratch);
+    free(th->raw);
+    free(th->stamp);
+    *th = (samp_thread){0};
+}
+
+/* log-softmax facts of raw logits: the log of the partition function. */
+static double log_partition(const float *x, size_t V)
+{
+    float maxv = x[0];
+    for (size_t i = 1; i < V; i++)
+        if (x[i] > maxv) maxv = x[i];
+    double sum = 0;
+    for (size_t i = 0; i < V; i++) sum += exp((double)(x[i] - maxv));
+    return (double)maxv + log(sum);
+}
+
+void samp_logprobs(eng_event *ev, const float *x, size_t V, int32_t chosen, int n)
+{
+    double lz = log_partition(x, V);
+    ev->logprob = (float)(x[chosen] - lz);
+    size_t want = n > 0 ? (size_t)n : 0, have = 0;
+    if (want > V) want = V;
+    /* One pass keeping the n largest in order (n <= 5). Ties: lower id
+     * first, so a later id enters only when strictly larger. */
+    for (size_t i = 0; i < V && want > 0; i++) {
+        if (have == want && !(x[i] > x[ev->top_ids[have - 1]])) continue;
+        size_t j = have < want ? have++ : have - 1;
+        while (j > 0 && x[i] > x[ev->top_ids[j - 1]]) {
+            ev->top_ids[j] = ev->top_ids[j - 1];
+            j--;
+        }
+        ev->top_ids[j] = (int32_t)i;
+    }
+    ev->ntop = have;
+    for (size_t k = 0; k < have; k++) ev->top_logprobs[k] = (float)(x[ev->top_ids[k]] - lz);
+}
+
+/* The distribution q samples from: the bias, then the penalties, in place.
+ * (A token mask goes last, here.) */
+static void shape_row(float *row, const samp_seq *q, samp_thread *th)
+{
+    const eng_sampling *sp = q->sp;
+    for (size_t b = 0; b < sp->nbias; b++) row[sp->bias[b].token] += sp->bias[b].bias;
+    if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
+        th->stamp_now++;
+        for (size_t g = 0; g < q->ngenerated; g++) {
+            int32_t t = q->generated[g];
+            row[t] -= sp->frequency_penalty;
+            if (th->stamp[t] != th->stamp_now) {
+                th->stamp[t] = th->stamp_now;
+                row[t] -= sp->presence_penalty;
+            }
+        }
+    }
+}
+
+void samp_row(eng_event *ev, samp_thread *th, float *row, size_t V, const samp_seq *q, eng_rng *rng)
+{
+    if (q->logprobs >= 0) memcpy(th->raw, row, V * sizeof *row);
+    shape_row(row, q, th);
+    ev->token = eng_sample(row, V, q->sp, rng, th->scratch);
+    if (q->logprobs >= 0) samp_logprobs(ev, th->raw, V, ev->token, q->logprobs);
 }

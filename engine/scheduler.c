@@ -13,6 +13,7 @@
  * the step's sequences and writes the KV blocks and the step's results.
  */
 #include "internal.h"
+#include "tokenizer.h" /* BPE_EOT only: a header edge, no link (docs/architecture.md) */
 
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +21,6 @@
 #include <string.h>
 #include <time.h>
 
-#define EOT 50256
 /* Rows of prompt logits (echo) per step: bounds the logits buffer. */
 #define ECHO_ROWS 64
 
@@ -58,13 +58,6 @@ typedef struct {
 typedef struct {
     size_t item, row, result;
 } samp_unit;
-
-typedef struct {
-    void *scratch;   /* eng_sample_scratch_bytes(V) */
-    float *raw;      /* V: the logits before bias and penalties */
-    uint32_t *stamp; /* V: presence marks */
-    uint32_t stamp_now;
-} samp_thread;
 
 struct eng_sched {
     const eng_model *m;
@@ -117,7 +110,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
     eng_sched *s = calloc(1, sizeof *s);
-    if (s == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+    if (s == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;
     s->o = o;
     s->next_id = 1;
@@ -128,7 +121,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
      * sequence on top. */
     rc = eng_workspace_new(m, o.step_tokens + o.max_running, o.threads, &s->ws);
     if (rc != ENG_OK) {
-        gpt2_fail(err, errlen, rc, "cannot allocate the step workspace");
+        errbuf_set(err, errlen, "cannot allocate the step workspace");
         goto fail;
     }
     s->logit_rows = o.max_running + ECHO_ROWS;
@@ -144,14 +137,9 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     s->thr = calloc(s->nthreads, sizeof *s->thr);
     int ok = s->running && s->queue && s->items && s->step_seqs && s->logits && s->results
              && s->units && s->thr;
-    for (size_t t = 0; ok && t < s->nthreads; t++) {
-        s->thr[t].scratch = malloc(eng_sample_scratch_bytes(V));
-        s->thr[t].raw = malloc(V * sizeof *s->thr[t].raw);
-        s->thr[t].stamp = calloc(V, sizeof *s->thr[t].stamp);
-        ok = s->thr[t].scratch && s->thr[t].raw && s->thr[t].stamp;
-    }
+    for (size_t t = 0; ok && t < s->nthreads; t++) ok = samp_thread_init(&s->thr[t], V) == ENG_OK;
     if (!ok) {
-        rc = gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
+        rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory for the scheduler");
         goto fail;
     }
     s->stats.kv_blocks_total = eng_kv_blocks_total(s->kv);
@@ -179,7 +167,8 @@ eng_status eng_sched_warmup(eng_sched *s, char *err, size_t errlen)
     eng_seq seq = {0};
     eng_status rc = eng_kv_reserve(s->kv, &seq, n + 1);
     if (rc != ENG_OK)
-        return gpt2_fail(err, errlen, rc, "the KV pool cannot hold a %zu-position warm-up", n + 1);
+        return ERRBUF_FAIL(err, errlen, rc, "the KV pool cannot hold a %zu-position warm-up",
+                           n + 1);
     int32_t toks[WARMUP_TOKENS];
     for (size_t i = 0; i < n; i++) toks[i] = (int32_t)(i * 997 % s->m->cfg.n_vocab);
     eng_item it = {
@@ -222,11 +211,7 @@ void eng_sched_free(eng_sched *s)
     free(s->step_seqs);
     free(s->logits);
     free(s->results);
-    for (size_t t = 0; s->thr != NULL && t < s->nthreads; t++) {
-        free(s->thr[t].scratch);
-        free(s->thr[t].raw);
-        free(s->thr[t].stamp);
-    }
+    for (size_t t = 0; s->thr != NULL && t < s->nthreads; t++) samp_thread_fini(&s->thr[t]);
     free(s->thr);
     free(s->units);
     free(s);
@@ -237,32 +222,33 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
 {
     const eng_config *c = &s->m->cfg;
     if (r->nprompt == 0 || r->prompt == NULL)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "the prompt has no tokens");
-    if (r->on_event == NULL) return gpt2_fail(err, errlen, ENG_EINVAL, "no event callback");
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "the prompt has no tokens");
+    if (r->on_event == NULL) return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "no event callback");
     for (size_t i = 0; i < r->nprompt; i++)
         if (r->prompt[i] < 0 || (size_t)r->prompt[i] >= c->n_vocab)
-            return gpt2_fail(err, errlen, ENG_EINVAL, "prompt token %d is not in 0..%zu",
-                             r->prompt[i], c->n_vocab - 1);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "prompt token %d is not in 0..%zu",
+                               r->prompt[i], c->n_vocab - 1);
     for (size_t i = 0; i < r->sampling.nbias; i++)
         if (r->sampling.bias[i].token < 0 || (size_t)r->sampling.bias[i].token >= c->n_vocab)
-            return gpt2_fail(err, errlen, ENG_EINVAL, "logit_bias token %d is not in 0..%zu",
-                             r->sampling.bias[i].token, c->n_vocab - 1);
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logit_bias token %d is not in 0..%zu",
+                               r->sampling.bias[i].token, c->n_vocab - 1);
     if (r->logprobs > ENG_MAX_TOP)
-        return gpt2_fail(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
-                         ENG_MAX_TOP);
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
+                           ENG_MAX_TOP);
     size_t total = r->nprompt + r->max_tokens;
     if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
-        return gpt2_fail(err, errlen, ENG_ETOOBIG,
-                         "the prompt (%zu tokens) plus max_tokens (%zu) exceed the context of %zu",
-                         r->nprompt, r->max_tokens, c->n_ctx);
+        return ERRBUF_FAIL(
+            err, errlen, ENG_ETOOBIG,
+            "the prompt (%zu tokens) plus max_tokens (%zu) exceed the context of %zu", r->nprompt,
+            r->max_tokens, c->n_ctx);
     size_t blocks = (total + s->o.block_len - 1) / s->o.block_len;
     if (blocks > eng_kv_blocks_total(s->kv))
-        return gpt2_fail(err, errlen, ENG_ETOOBIG,
-                         "the request needs %zu KV blocks; the pool has %zu", blocks,
-                         eng_kv_blocks_total(s->kv));
+        return ERRBUF_FAIL(err, errlen, ENG_ETOOBIG,
+                           "the request needs %zu KV blocks; the pool has %zu", blocks,
+                           eng_kv_blocks_total(s->kv));
     if (s->qlen >= s->qlimit)
-        return gpt2_fail(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
-                         s->qlimit);
+        return ERRBUF_FAIL(err, errlen, ENG_EFULL, "the wait queue is full (%zu requests)",
+                           s->qlimit);
     size_t nphash = s->o.prefix_cache ? r->nprompt / s->o.block_len : 0;
     sch_seq *q = calloc(1, sizeof *q);
     int32_t *tokens = malloc(total * sizeof *tokens);
@@ -277,7 +263,7 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         free(bias);
         free(phash);
         free(plp);
-        return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     }
     for (size_t b = 0; b < nphash; b++)
         phash[b] =
@@ -357,7 +343,7 @@ eng_status eng_sched_set_max_queue(eng_sched *s, size_t max_queue, char *err, si
     if (max_queue == 0) max_queue = 256; /* as eng_sched_new */
     if (max_queue > s->o.max_queue) {    /* a larger ring, in queue order */
         sch_seq **ring = calloc(max_queue, sizeof *ring);
-        if (ring == NULL) return gpt2_fail(err, errlen, ENG_ENOMEM, "out of memory");
+        if (ring == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
         for (size_t i = 0; i < s->qlen; i++) ring[i] = s->queue[(s->qhead + i) % s->o.max_queue];
         free(s->queue);
         s->queue = ring;
@@ -503,39 +489,6 @@ int eng_sched_plan(eng_sched *s)
     return s->planned;
 }
 
-/* log-softmax facts of raw logits: the log of the partition function. */
-static double log_partition(const float *x, size_t V)
-{
-    float maxv = x[0];
-    for (size_t i = 1; i < V; i++)
-        if (x[i] > maxv) maxv = x[i];
-    double sum = 0;
-    for (size_t i = 0; i < V; i++) sum += exp((double)(x[i] - maxv));
-    return (double)maxv + log(sum);
-}
-
-/* The chosen token's logprob and the top n alternatives into ev. */
-static void fill_logprobs(eng_event *ev, const float *x, size_t V, int32_t chosen, int n)
-{
-    double lz = log_partition(x, V);
-    ev->logprob = (float)(x[chosen] - lz);
-    size_t want = n > 0 ? (size_t)n : 0, have = 0;
-    if (want > V) want = V;
-    /* One pass keeping the n largest in order (n <= 5). Ties: lower id
-     * first, so a later id enters only when strictly larger. */
-    for (size_t i = 0; i < V && want > 0; i++) {
-        if (have == want && !(x[i] > x[ev->top_ids[have - 1]])) continue;
-        size_t j = have < want ? have++ : have - 1;
-        while (j > 0 && x[i] > x[ev->top_ids[j - 1]]) {
-            ev->top_ids[j] = ev->top_ids[j - 1];
-            j--;
-        }
-        ev->top_ids[j] = (int32_t)i;
-    }
-    ev->ntop = have;
-    for (size_t k = 0; k < have; k++) ev->top_logprobs[k] = (float)(x[ev->top_ids[k]] - lz);
-}
-
 /* One unit of a step's sampling, on worker thread tid. */
 static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
 {
@@ -545,28 +498,15 @@ static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
     eng_event *ev = &s->results[u->result];
     if (u->row != SAMPLE_ROW) { /* echo: row j predicts prompt token step_first + j + 1 */
         /* All ENG_MAX_TOP for the cache; the request gets its first ones. */
-        fill_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
+        samp_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
         return;
     }
-    samp_thread *th = &s->thr[tid];
     float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
-    const eng_sampling *sp = &q->req.sampling;
-    if (q->req.logprobs >= 0) memcpy(th->raw, last, V * sizeof *last);
-    for (size_t b = 0; b < sp->nbias; b++) last[sp->bias[b].token] += sp->bias[b].bias;
-    if (sp->presence_penalty != 0 || sp->frequency_penalty != 0) {
-        /* Over the generated tokens (as vLLM does), not the prompt. */
-        th->stamp_now++;
-        for (size_t g = q->req.nprompt; g < q->ntokens; g++) {
-            int32_t t = q->tokens[g];
-            last[t] -= sp->frequency_penalty;
-            if (th->stamp[t] != th->stamp_now) {
-                th->stamp[t] = th->stamp_now;
-                last[t] -= sp->presence_penalty;
-            }
-        }
-    }
-    ev->token = eng_sample(last, V, sp, &q->rng, th->scratch);
-    if (q->req.logprobs >= 0) fill_logprobs(ev, th->raw, V, ev->token, q->req.logprobs);
+    samp_seq sq = {.sp = &q->req.sampling,
+                   .generated = q->tokens + q->req.nprompt,
+                   .ngenerated = q->ntokens > q->req.nprompt ? q->ntokens - q->req.nprompt : 0,
+                   .logprobs = q->req.logprobs};
+    samp_row(ev, &s->thr[tid], last, V, &sq, &q->rng);
 }
 
 static void sample_task(void *arg, size_t begin, size_t end, size_t tid)
@@ -709,7 +649,7 @@ void eng_sched_complete(eng_sched *s)
             if (ev->kind == ENG_EV_TOKEN) {
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;
-                if (ev->token == EOT && !q->req.ignore_eos) {
+                if (ev->token == BPE_EOT && !q->req.ignore_eos) {
                     done = 1;
                     why = ENG_FINISH_EOS;
                 } else if (q->generated == q->req.max_tokens) {

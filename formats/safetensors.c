@@ -4,6 +4,7 @@
  * error formatting, UTF-8 and shape checks, and the F16/BF16 conversions.
  * Reading is formats/sft_read.c, writing formats/sft_write.c.
  */
+#include "errbuf.h"
 #include "internal.h"
 
 #include <stdarg.h>
@@ -62,20 +63,14 @@ __attribute__((format(printf, 5, 6)))
 sft_status
 sft__fail(char *err, size_t errlen, sft_status s, const char *path, const char *fmt, ...)
 {
-    if (err != NULL && errlen > 0) {
-        int k = snprintf(err, errlen, "%s: ", path);
-        size_t used = k < 0 ? 0 : (size_t)k;
-        if (used < errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(err + used, errlen - used, fmt, ap);
-            va_end(ap);
-        }
-        /* One line, whatever the file holds: control bytes quoted from a
-         * header (jansson's "near '...'") or a path become '?'. */
-        for (char *c = err; *c != '\0'; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-    }
+    va_list ap;
+    errbuf_set(err, errlen, "%s: ", path);
+    va_start(ap, fmt);
+    errbuf_vappend(err, errlen, fmt, ap);
+    va_end(ap);
+    /* One line, whatever the file holds: control bytes quoted from a
+     * header (jansson's "near '...'") or a path become '?'. */
+    errbuf_oneline(err, errlen);
     return s;
 }
 

@@ -4,28 +4,14 @@
  */
 #include "wformat.h"
 
-#include <stdarg.h>
+#include "errbuf.h"
+
 #include <stdio.h>
 #include <string.h>
 
-static sft_status wf_fail(char *err, size_t errlen, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static sft_status wf_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-        for (char *c = err; *c != '\0'; c++) /* one line: names and values are file data */
-            if ((unsigned char)*c < 0x20 || *c == 0x7F) *c = '?';
-    }
-    return SFT_EFORMAT;
-}
+/* A format error: the message, one line (names and values are file data). */
+#define WF_FAIL(err, errlen, ...)                                                                  \
+    (errbuf_set((err), (errlen), __VA_ARGS__), errbuf_oneline((err), (errlen)), SFT_EFORMAT)
 
 static int ends_with(const char *name, const char *suffix)
 {
@@ -66,7 +52,7 @@ sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen)
     const char *v = sft_metadata_get(f, WF_META_LAYOUT);
     if (v == NULL) return SFT_OK;
     if (strcmp(v, WF_LAYOUT_PANEL) != 0)
-        return wf_fail(err, errlen,
+        return WF_FAIL(err, errlen,
                        "%s: metadata %s is \"%s\"; expected \"%s\" (or no key: the hf layout)",
                        sft_path(f), WF_META_LAYOUT, v, WF_LAYOUT_PANEL);
     *panel = 1;
@@ -121,21 +107,21 @@ static sft_status check_layout(const sft_file *f, int panel, char *err, size_t e
         int proj = wf_is_projection(t->name) || is_projection_scale(t->name);
         if (!panel) {
             if (proj && t->ndim == 3)
-                return wf_fail(err, errlen,
+                return WF_FAIL(err, errlen,
                                "%s: 3-D projection '%s' in a file without %s \"%s\" metadata", path,
                                t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
             continue;
         }
         if (proj && t->ndim != 3)
-            return wf_fail(err, errlen,
+            return WF_FAIL(err, errlen,
                            "%s: %s file: projection '%s' is %zu-D, expected 3-D [N/%d, K, %d]",
                            path, WF_LAYOUT_PANEL, t->name, t->ndim, WF_PANEL, WF_PANEL);
         if (proj && t->shape[2] != WF_PANEL)
-            return wf_fail(err, errlen,
+            return WF_FAIL(err, errlen,
                            "%s: %s file: projection '%s' has last dimension %lld, expected %d",
                            path, WF_LAYOUT_PANEL, t->name, (long long)t->shape[2], WF_PANEL);
         if (!proj && t->ndim == 3)
-            return wf_fail(err, errlen, "%s: %s file: 3-D tensor '%s' is not a projection", path,
+            return WF_FAIL(err, errlen, "%s: %s file: 3-D tensor '%s' is not a projection", path,
                            WF_LAYOUT_PANEL, t->name);
     }
     return SFT_OK;
@@ -154,7 +140,7 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
     char want_block[16];
     snprintf(want_block, sizeof want_block, "%d", WF_Q8_BLOCK);
     if (block == NULL || strcmp(block, want_block) != 0)
-        return wf_fail(err, errlen, "%s: q8 file: metadata %s is %s%s%s; expected \"%d\"", path,
+        return WF_FAIL(err, errlen, "%s: q8 file: metadata %s is %s%s%s; expected \"%d\"", path,
                        WF_META_Q8_BLOCK, block ? "\"" : "missing", block ? block : "",
                        block ? "\"" : "", WF_Q8_BLOCK);
     size_t nq = 0;
@@ -164,29 +150,29 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
             char base[512];
             size_t len = strlen(t->name) - strlen(WF_Q8_SCALE_SUFFIX);
             if (len >= sizeof base)
-                return wf_fail(err, errlen, "%s: q8 scale '%s': name too long", path, t->name);
+                return WF_FAIL(err, errlen, "%s: q8 scale '%s': name too long", path, t->name);
             memcpy(base, t->name, len);
             base[len] = '\0';
             const sft_tensor *q = sft_find(f, base);
             if (q == NULL || q->dtype != SFT_I8)
-                return wf_fail(err, errlen, "%s: q8 scale '%s' has no I8 tensor '%s'", path,
+                return WF_FAIL(err, errlen, "%s: q8 scale '%s' has no I8 tensor '%s'", path,
                                t->name, base);
             continue;
         }
         if (!is_matrix(t)) {
             if (t->dtype == SFT_I8)
-                return wf_fail(err, errlen, "%s: q8 file: I8 tensor '%s' is not a matrix", path,
+                return WF_FAIL(err, errlen, "%s: q8 file: I8 tensor '%s' is not a matrix", path,
                                t->name);
             continue;
         }
         if (is_float(t->dtype) && strstr(t->name, "wpe.weight") == NULL)
-            return wf_fail(err, errlen, "%s: q8 file: matrix '%s' is %s, expected I8", path,
+            return WF_FAIL(err, errlen, "%s: q8 file: matrix '%s' is %s, expected I8", path,
                            t->name, sft_dtype_name(t->dtype));
         if (t->dtype != SFT_I8) continue;
         char sname[512];
         if ((size_t)snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX)
             >= sizeof sname)
-            return wf_fail(err, errlen, "%s: q8 tensor '%s': name too long", path, t->name);
+            return WF_FAIL(err, errlen, "%s: q8 tensor '%s': name too long", path, t->name);
         /* The scales' shape: [rows, cols] of the logical matrix, or, for a
          * panel [N/64, K, 64], [N/64, ceil(K/32), 64]. */
         int64_t shape[3];
@@ -196,24 +182,24 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
             shape[1] = wf_blocks(t->shape[1]);
             shape[2] = t->shape[2];
         } else if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
-            return wf_fail(err, errlen,
+            return WF_FAIL(err, errlen,
                            "%s: q8 tensor '%s': %lld columns are not a multiple of the block %d",
                            path, t->name, (long long)t->shape[1], WF_Q8_BLOCK);
         const sft_tensor *s = sft_find(f, sname);
         if (s == NULL)
-            return wf_fail(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
+            return WF_FAIL(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
                            t->name, sname);
         int ok = s->dtype == SFT_F32 && s->ndim == nd;
         for (size_t d = 0; ok && d < nd; d++) ok = s->shape[d] == shape[d];
         if (!ok && nd == 3)
-            return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld, %lld]", path,
+            return WF_FAIL(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld, %lld]", path,
                            sname, (long long)shape[0], (long long)shape[1], (long long)shape[2]);
         if (!ok)
-            return wf_fail(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,
+            return WF_FAIL(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,
                            (long long)shape[0], (long long)shape[1]);
         nq++;
     }
-    if (nq == 0) return wf_fail(err, errlen, "%s: q8 file without I8 matrices", path);
+    if (nq == 0) return WF_FAIL(err, errlen, "%s: q8 file without I8 matrices", path);
     return SFT_OK;
 }
 
@@ -232,13 +218,13 @@ sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t err
     }
     if (meta != NULL && strcmp(meta, "f32") != 0 && strcmp(meta, "f16") != 0
         && strcmp(meta, "bf16") != 0)
-        return wf_fail(err, errlen, "%s: metadata %s is \"%s\"; expected f32, f16, bf16 or q8",
+        return WF_FAIL(err, errlen, "%s: metadata %s is \"%s\"; expected f32, f16, bf16 or q8",
                        sft_path(f), WF_META_FORMAT, meta);
     int seen = -1, mixed = 0;
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);
         if (t->dtype == SFT_I8 && (is_matrix(t) || is_scale_name(t->name)))
-            return wf_fail(err, errlen, "%s: I8 matrix '%s' in a file without %s \"q8\" metadata",
+            return WF_FAIL(err, errlen, "%s: I8 matrix '%s' in a file without %s \"q8\" metadata",
                            sft_path(f), t->name, WF_META_FORMAT);
         if (!is_matrix(t) || !is_float(t->dtype)) continue;
         if (seen < 0)

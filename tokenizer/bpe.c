@@ -15,12 +15,12 @@
  * over a small array; long ones (a 10,000-byte run of letters) a binary heap
  * of candidate pairs with lazy deletion, O(n log n).
  */
+#include "errbuf.h"
 #include "internal.h"
 #include "tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,21 +64,6 @@ const char *bpe_strerror(bpe_status s)
     case BPE_ETOOBIG: return "too big";
     }
     return "unknown status";
-}
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static bpe_status
-fail(char *err, size_t errlen, bpe_status s, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return s;
 }
 
 /* ---- Hashing ------------------------------------------------------------ */
@@ -184,28 +169,29 @@ static bpe_status read_file(const char *path, char **out, size_t *len, char *err
 {
     *out = NULL;
     FILE *fp = fopen(path, "rb");
-    if (fp == NULL) return fail(err, errlen, BPE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fp == NULL)
+        return ERRBUF_FAIL(err, errlen, BPE_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(fp);
-        return fail(err, errlen, BPE_EIO, "%s: not a regular file", path);
+        return ERRBUF_FAIL(err, errlen, BPE_EIO, "%s: not a regular file", path);
     }
     if ((uint64_t)st.st_size > BPE_MAX_FILE) {
         fclose(fp);
-        return fail(err, errlen, BPE_ETOOBIG, "%s: %lld bytes is over the limit of %u", path,
-                    (long long)st.st_size, BPE_MAX_FILE);
+        return ERRBUF_FAIL(err, errlen, BPE_ETOOBIG, "%s: %lld bytes is over the limit of %u", path,
+                           (long long)st.st_size, BPE_MAX_FILE);
     }
     size_t n = (size_t)st.st_size;
     char *buf = malloc(n + 1);
     if (buf == NULL) {
         fclose(fp);
-        return fail(err, errlen, BPE_ENOMEM, "%s: out of memory", path);
+        return ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "%s: out of memory", path);
     }
     size_t got = fread(buf, 1, n, fp);
     fclose(fp);
     if (got != n) {
         free(buf);
-        return fail(err, errlen, BPE_EIO, "%s: short read", path);
+        return ERRBUF_FAIL(err, errlen, BPE_EIO, "%s: short read", path);
     }
     buf[n] = '\0';
     *out = buf;
@@ -238,17 +224,17 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
     unsigned char *bytes = NULL;
     uint32_t *offs = NULL;
     if (root == NULL) {
-        rc = fail(err, errlen, BPE_EFORMAT, "%s: not valid JSON: %s (line %d)", path, jerr.text,
-                  jerr.line);
+        rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT, "%s: not valid JSON: %s (line %d)", path,
+                         jerr.text, jerr.line);
         goto done;
     }
     if (!json_is_object(root)) {
-        rc = fail(err, errlen, BPE_EFORMAT, "%s: not a JSON object", path);
+        rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT, "%s: not a JSON object", path);
         goto done;
     }
     size_t n = json_object_size(root);
     if (n == 0) {
-        rc = fail(err, errlen, BPE_EFORMAT, "%s: the vocabulary is empty", path);
+        rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT, "%s: the vocabulary is empty", path);
         goto done;
     }
     /* Pass 1: ids, and the total byte count (a token's bytes are at most its
@@ -262,13 +248,13 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
     json_object_foreach(root, key, val)
     {
         if (!json_is_integer(val) || json_integer_value(val) < 0) {
-            rc = fail(err, errlen, BPE_EFORMAT,
-                      "%s: the id of token \"%s\" is not a non-negative integer", path, key);
+            rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT,
+                             "%s: the id of token \"%s\" is not a non-negative integer", path, key);
             goto done;
         }
         if (json_integer_value(val) > BPE_MAX_ID) {
-            rc = fail(err, errlen, BPE_ETOOBIG, "%s: the id %lld of token \"%s\" is over %d", path,
-                      (long long)json_integer_value(val), key, BPE_MAX_ID);
+            rc = ERRBUF_FAIL(err, errlen, BPE_ETOOBIG, "%s: the id %lld of token \"%s\" is over %d",
+                             path, (long long)json_integer_value(val), key, BPE_MAX_ID);
             goto done;
         }
         ids[k] = (int32_t)json_integer_value(val);
@@ -277,7 +263,7 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
         k++;
     }
     if (total > UINT32_MAX) {
-        rc = fail(err, errlen, BPE_ETOOBIG, "%s: too many token bytes", path);
+        rc = ERRBUF_FAIL(err, errlen, BPE_ETOOBIG, "%s: too many token bytes", path);
         goto done;
     }
     t->vocab_size = max_id + 1;
@@ -296,13 +282,13 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
     {
         int32_t id = ids[k++];
         if (t->present[id]) {
-            rc = fail(err, errlen, BPE_EFORMAT, "%s: id %d is used by two tokens (one is \"%s\")",
-                      path, id, key);
+            rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT,
+                             "%s: id %d is used by two tokens (one is \"%s\")", path, id, key);
             goto done;
         }
         long nb = symbols_to_bytes(sym, key, strlen(key), bytes + used);
         if (nb <= 0) {
-            rc = fail(
+            rc = ERRBUF_FAIL(
                 err, errlen, BPE_EFORMAT,
                 "%s: token \"%s\" (id %d) is empty or has a character outside the 256 byte symbols",
                 path, key, id);
@@ -341,7 +327,7 @@ static bpe_status load_vocab(bpe *t, const char *path, const int16_t sym[0x144],
     rc = BPE_OK;
     goto done;
 nomem:
-    rc = fail(err, errlen, BPE_ENOMEM, "%s: out of memory", path);
+    rc = ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "%s: out of memory", path);
 done:
     json_decref(root);
     free(ids);
@@ -364,7 +350,7 @@ static bpe_status load_merges(bpe *t, const char *path, const int16_t sym[0x144]
     t->pairs = calloc(t->pair_mask + 1, sizeof *t->pairs);
     unsigned char *buf = malloc(len + 1);
     if (t->pairs == NULL || buf == NULL) {
-        rc = fail(err, errlen, BPE_ENOMEM, "%s: out of memory", path);
+        rc = ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "%s: out of memory", path);
         goto done;
     }
     size_t pos = 0, lineno = 0;
@@ -381,37 +367,38 @@ static bpe_status load_merges(bpe *t, const char *path, const int16_t sym[0x144]
         const char *space = memchr(line, ' ', n);
         if (space == NULL || space == line || space == line + n - 1
             || memchr(space + 1, ' ', (size_t)(line + n - space - 1)) != NULL) {
-            rc = fail(err, errlen, BPE_EFORMAT, "%s:%zu: \"%.*s\" is not two symbols", path, lineno,
-                      (int)(n > 80 ? 80 : n), line);
+            rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT, "%s:%zu: \"%.*s\" is not two symbols", path,
+                             lineno, (int)(n > 80 ? 80 : n), line);
             goto done;
         }
         size_t nl = (size_t)(space - line), nr = n - nl - 1;
         long bl = symbols_to_bytes(sym, line, nl, buf);
         long br = bl < 0 ? -1 : symbols_to_bytes(sym, space + 1, nr, buf + bl);
         if (bl < 0 || br < 0) {
-            rc = fail(err, errlen, BPE_EFORMAT,
-                      "%s:%zu: \"%.*s\" has a character outside the 256 byte symbols", path, lineno,
-                      (int)(n > 80 ? 80 : n), line);
+            rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT,
+                             "%s:%zu: \"%.*s\" has a character outside the 256 byte symbols", path,
+                             lineno, (int)(n > 80 ? 80 : n), line);
             goto done;
         }
         int32_t left = str_find(t, buf, (size_t)bl);
         int32_t right = str_find(t, buf + bl, (size_t)br);
         int32_t merged = str_find(t, buf, (size_t)(bl + br));
         if (left < 0 || right < 0 || merged < 0) {
-            rc = fail(err, errlen, BPE_EFORMAT,
-                      "%s:%zu: the %s of \"%.*s\" is not in the vocabulary", path, lineno,
-                      left < 0    ? "left part"
-                      : right < 0 ? "right part"
-                                  : "result",
-                      (int)(n > 80 ? 80 : n), line);
+            rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT,
+                             "%s:%zu: the %s of \"%.*s\" is not in the vocabulary", path, lineno,
+                             left < 0    ? "left part"
+                             : right < 0 ? "right part"
+                                         : "result",
+                             (int)(n > 80 ? 80 : n), line);
             goto done;
         }
         uint64_t key = pair_key(left, right);
         size_t i = (size_t)mix64(key) & t->pair_mask;
         while (t->pairs[i].key != 0 && t->pairs[i].key != key) i = (i + 1) & t->pair_mask;
         if (t->pairs[i].key == key) {
-            rc = fail(err, errlen, BPE_EFORMAT, "%s:%zu: \"%.*s\" repeats the merge of rank %u",
-                      path, lineno, (int)(n > 80 ? 80 : n), line, t->pairs[i].rank);
+            rc = ERRBUF_FAIL(err, errlen, BPE_EFORMAT,
+                             "%s:%zu: \"%.*s\" repeats the merge of rank %u", path, lineno,
+                             (int)(n > 80 ? 80 : n), line, t->pairs[i].rank);
             goto done;
         }
         t->pairs[i] = (pair_slot){.key = key, .rank = (uint32_t)t->nmerges, .id = merged};
@@ -430,7 +417,7 @@ bpe_status bpe_load(const char *vocab_path, const char *merges_path, bpe **out, 
     *out = NULL;
     if (err != NULL && errlen > 0) err[0] = '\0';
     bpe *t = calloc(1, sizeof *t);
-    if (t == NULL) return fail(err, errlen, BPE_ENOMEM, "out of memory");
+    if (t == NULL) return ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "out of memory");
     int16_t sym[0x144];
     build_symbol_table(sym);
     bpe_status rc = load_vocab(t, vocab_path, sym, err, errlen);
@@ -450,7 +437,7 @@ bpe_status bpe_load_dir(const char *dir, bpe **out, char *err, size_t errlen)
     bpe_status rc;
     if (v == NULL || m == NULL) {
         *out = NULL;
-        rc = fail(err, errlen, BPE_ENOMEM, "out of memory");
+        rc = ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "out of memory");
     } else {
         snprintf(v, n, "%s/vocab.json", dir);
         snprintf(m, n, "%s/merges.txt", dir);
@@ -630,7 +617,7 @@ static bpe_status encode_span(const bpe *t, const char *text, size_t from, size_
     size_t pos = from;
     while (pos < n) {
         if (*k > max)
-            return fail(err, errlen, BPE_ETOOBIG, "the text has more than %zu tokens", max);
+            return ERRBUF_FAIL(err, errlen, BPE_ETOOBIG, "the text has more than %zu tokens", max);
         size_t end = bpe_split_next(text, n, pos);
         size_t m = end - pos;
         int32_t whole = str_find(t, u + pos, m);
@@ -639,17 +626,17 @@ static bpe_status encode_span(const bpe *t, const char *text, size_t from, size_
             pos = end;
             continue;
         }
-        if (!scratch_reserve(s, m)) return fail(err, errlen, BPE_ENOMEM, "out of memory");
+        if (!scratch_reserve(s, m)) return ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "out of memory");
         for (size_t i = 0; i < m; i++) s->id[i] = t->byte_id[u[pos + i]];
         size_t left = m <= SMALL_PIECE ? merge_small(t, s->id, s->rank, m) : merge_large(t, s, m);
         for (size_t i = 0; i < left; i++) {
             if (s->id[i] < 0) {
                 size_t b = pos;
                 while (t->byte_id[u[b]] >= 0) b++;
-                return fail(err, errlen, BPE_EUNKNOWN,
-                            "the text has byte 0x%02X (at %zu) that the vocabulary cannot "
-                            "represent",
-                            u[b], b);
+                return ERRBUF_FAIL(err, errlen, BPE_EUNKNOWN,
+                                   "the text has byte 0x%02X (at %zu) that the vocabulary cannot "
+                                   "represent",
+                                   u[b], b);
             }
             out[(*k)++] = s->id[i];
         }
@@ -672,7 +659,7 @@ static bpe_status encode(const bpe *t, const char *text, size_t n, int special, 
     if (out == NULL || !scratch_reserve(&s, SMALL_PIECE)) {
         free(out);
         scratch_free(&s);
-        return fail(err, errlen, BPE_ENOMEM, "out of memory");
+        return ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "out of memory");
     }
     const size_t elen = sizeof BPE_EOT_TEXT - 1;
     int32_t eot = special ? str_find(t, (const unsigned char *)BPE_EOT_TEXT, elen) : -1;
@@ -689,7 +676,7 @@ static bpe_status encode(const bpe *t, const char *text, size_t n, int special, 
         pos = end;
     }
     if (rc == BPE_OK && k > max)
-        rc = fail(err, errlen, BPE_ETOOBIG, "the text has more than %zu tokens", max);
+        rc = ERRBUF_FAIL(err, errlen, BPE_ETOOBIG, "the text has more than %zu tokens", max);
     scratch_free(&s);
     if (rc != BPE_OK) {
         free(out);
@@ -736,12 +723,12 @@ bpe_status bpe_decode(const bpe *t, const int32_t *ids, size_t n, char **out, si
     size_t total = 0, len;
     for (size_t i = 0; i < n; i++) {
         if (bpe_token_bytes(t, ids[i], &len) == NULL)
-            return fail(err, errlen, BPE_EUNKNOWN, "id %d (at %zu) is not in the vocabulary",
-                        ids[i], i);
+            return ERRBUF_FAIL(err, errlen, BPE_EUNKNOWN, "id %d (at %zu) is not in the vocabulary",
+                               ids[i], i);
         total += len;
     }
     char *buf = malloc(total + 1);
-    if (buf == NULL) return fail(err, errlen, BPE_ENOMEM, "out of memory");
+    if (buf == NULL) return ERRBUF_FAIL(err, errlen, BPE_ENOMEM, "out of memory");
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         const char *p = bpe_token_bytes(t, ids[i], &len);

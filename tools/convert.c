@@ -9,7 +9,7 @@
  * without copying and every process shares one copy of the weights in the
  * page cache. The write is atomic (formats/ sft_save).
  *
- * Formats (formats/wformat.h). Without --dtype, tensors, dtypes and
+ * Formats (formats/include/wformat.h). Without --dtype, tensors, dtypes and
  * metadata are kept as they are (but the layout key, which is OUT's). With it, every floating-point
  * tensor (F32, F16, BF16, F64) is first widened exactly to F32, then: f32   kept; f16   rounded to
  * nearest, ties to even (sft_f32_to_f16; out of range becomes infinity, as IEEE conversion does);
@@ -22,7 +22,7 @@
  * its dequantized values (q * scale, the F32 product the engine computes),
  * so `convert --dtype f32` of a q8 file gives exactly its logits.
  *
- * Layouts (formats/wformat.h, "gpt2d.layout"): --layout hf|panel64,
+ * Layouts (formats/include/wformat.h, "gpt2d.layout"): --layout hf|panel64,
  * default IN's. panel64 is gpt2d's serving layout (each projection matrix
  * stored in panels of 64 columns, so decode streams contiguous memory);
  * hf keeps the file loadable by Hugging Face. The steps: IN's projections

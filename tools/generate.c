@@ -17,7 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-#define EOT 50256
 #define PREFILL_CHUNK 256
 
 static void gen_usage(FILE *out)
@@ -75,7 +74,7 @@ static void on_event(void *user, const eng_event *ev)
         st->out[st->nout++] = ev->token;
         size_t len;
         const char *b = bpe_token_bytes(st->tok, ev->token, &len);
-        if (st->print && b != NULL && !(ev->token == EOT)) {
+        if (st->print && b != NULL && !(ev->token == BPE_EOT)) {
             fwrite(b, 1, len, stdout);
             fflush(stdout);
         }
@@ -166,7 +165,7 @@ int tool_generate(int argc, char **argv)
             fprintf(stderr, "gpt2d generate: out of memory\n");
             goto done;
         }
-        ids[0] = EOT;
+        ids[0] = BPE_EOT;
         nids = 1;
     }
     size_t want = (size_t)ntok;

@@ -1,6 +1,6 @@
 /*
  * tools/quantize.c: the q8 weight format's writer and reader for tools
- * (see quantize.h and formats/wformat.h for the format).
+ * (see quantize.h and formats/include/wformat.h for the format).
  *
  * Rounding: scale = max |w| / 127 in F32 (one division, rounded to nearest
  * even), q = nearbyintf(w / scale) in the default rounding mode (nearest,
@@ -9,6 +9,7 @@
  */
 #include "quantize.h"
 
+#include "errbuf.h"
 #include "wformat.h"
 
 #include <math.h>
@@ -61,7 +62,7 @@ static float *widen(tool_set *s, const sft_tensor *t, char *err, size_t errlen)
     size_t n = sft_tensor_numel(t);
     float *w = tool_set_alloc(s, n * sizeof *w);
     if (w == NULL) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return NULL;
     }
     return sft_tensor_to_f32(t, w, n, err, errlen) == SFT_OK ? w : NULL;
@@ -78,7 +79,7 @@ int tool_to_float(tool_set *s, sft_dtype to, char *err, size_t errlen)
         if (to != SFT_F32) {
             uint16_t *h = tool_set_alloc(s, n * sizeof *h);
             if (h == NULL) {
-                snprintf(err, errlen, "out of memory");
+                errbuf_set(err, errlen, "out of memory");
                 return -1;
             }
             for (size_t k = 0; k < n; k++)
@@ -102,12 +103,12 @@ int tool_quantize_q8(tool_set *s, char *err, size_t errlen)
         size_t R = (size_t)src.shape[0], Cc = (size_t)src.shape[1], cnt = R * Cc;
         int64_t *ss = tool_set_alloc(s, 2 * sizeof *ss);
         if (ss == NULL) {
-            snprintf(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return -1;
         }
         if (wf_q8_scale_shape(src.name, src.shape[0], src.shape[1], ss) != 0) {
-            snprintf(err, errlen, "%s: width %zu is not a multiple of %d", src.name, Cc,
-                     WF_Q8_BLOCK);
+            errbuf_set(err, errlen, "%s: width %zu is not a multiple of %d", src.name, Cc,
+                       WF_Q8_BLOCK);
             return -1;
         }
         size_t nsc = (size_t)(ss[0] * ss[1]), nlen = strlen(src.name) + sizeof WF_Q8_SCALE_SUFFIX;
@@ -115,7 +116,7 @@ int tool_quantize_q8(tool_set *s, char *err, size_t errlen)
         int8_t *q = tool_set_alloc(s, cnt);
         char *name = tool_set_alloc(s, nlen);
         if (sc == NULL || q == NULL || name == NULL) {
-            snprintf(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return -1;
         }
         const float *wide = widen(s, &src, err, errlen);
@@ -134,7 +135,7 @@ int tool_quantize_q8(tool_set *s, char *err, size_t errlen)
                                          &sc[(r0 / WF_Q8_BLOCK) * Cc + c]);
         }
         if (bad) {
-            snprintf(err, errlen, "%s: a weight is not finite; q8 cannot store it", src.name);
+            errbuf_set(err, errlen, "%s: a weight is not finite; q8 cannot store it", src.name);
             return -1;
         }
         snprintf(name, nlen, "%s%s", src.name, WF_Q8_SCALE_SUFFIX);
@@ -148,7 +149,7 @@ int tool_quantize_q8(tool_set *s, char *err, size_t errlen)
                          .data = sc,
                          .nbytes = nsc * sizeof *sc};
         if (tool_set_push(s, &st) != 0) {
-            snprintf(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return -1;
         }
     }
@@ -172,7 +173,7 @@ int tool_dequantize_q8(tool_set *s, char *err, size_t errlen)
         size_t R = (size_t)t->shape[0], Cc = (size_t)t->shape[1];
         float *w = tool_set_alloc(s, R * Cc * sizeof *w);
         if (st == NULL || w == NULL) {
-            snprintf(err, errlen, "%s: %s", t->name, st ? "out of memory" : "no scales");
+            errbuf_set(err, errlen, "%s: %s", t->name, st ? "out of memory" : "no scales");
             return -1;
         }
         const int8_t *q = t->data;

@@ -16,7 +16,7 @@
 uint16_t tool_f32_to_bf16(float f);
 
 /*
- * The tensors of s as a q8 file (formats/wformat.h), in the hf layout:
+ * The tensors of s as a q8 file (formats/include/wformat.h), in the hf layout:
  * every 2-D float tensor but wpe becomes I8 plus an F32 "<name>.q8_scale"
  * tensor appended to s; per block of 32 along the reduction dimension,
  * scale = max |w| / 127 (0 for an all-zero block) and q = w / scale

@@ -1,7 +1,7 @@
 /*
  * tools/tensorset.c: the tensor array of `gpt2d convert` and the panel64
  * permutation (see tensorset.h; the layout is specified in
- * formats/wformat.h).
+ * formats/include/wformat.h).
  *
  * The permutation moves runs of WF_PANEL elements: row k of panel g of the
  * stored tensor, [g][k][0..64), is row k's columns g*64 .. g*64+63 of the
@@ -11,6 +11,7 @@
  */
 #include "tensorset.h"
 
+#include "errbuf.h"
 #include "wformat.h"
 
 #include <stdint.h>
@@ -26,7 +27,7 @@ int tool_set_init(tool_set *s, const sft_file *f, char *err, size_t errlen)
     s->t = calloc(s->cap, sizeof *s->t);
     if (s->t == NULL) {
         s->cap = 0;
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < n; i++) s->t[i] = *sft_tensor_at(f, i);
@@ -111,7 +112,7 @@ static int relayout(tool_set *s, sft_tensor *t, size_t rows, size_t N, int to_pa
     int64_t *shape = tool_set_alloc(s, 3 * sizeof *shape);
     unsigned char *dst = tool_set_alloc(s, t->nbytes);
     if (shape == NULL || dst == NULL) {
-        snprintf(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     permute(t->data, dst, rows, N, sft_dtype_size(t->dtype), to_panel);
@@ -135,8 +136,8 @@ int tool_unpanel(tool_set *s, char *err, size_t errlen)
         sft_tensor *t = &s->t[i];
         if (t->ndim != 3 || !tool_is_paneled(t->name)) continue;
         if (t->shape[2] != WF_PANEL) { /* wf_detect refuses it; checked for the indexing */
-            snprintf(err, errlen, "%s: last dimension %lld, expected %d", t->name,
-                     (long long)t->shape[2], WF_PANEL);
+            errbuf_set(err, errlen, "%s: last dimension %lld, expected %d", t->name,
+                       (long long)t->shape[2], WF_PANEL);
             return -1;
         }
         size_t N = (size_t)t->shape[0] * WF_PANEL;
@@ -151,8 +152,8 @@ int tool_panel(tool_set *s, char *err, size_t errlen)
         sft_tensor *t = &s->t[i];
         if (!tool_is_paneled(t->name)) continue;
         if (t->ndim != 2) {
-            snprintf(err, errlen, "%s: a %zu-D projection; the %s layout needs a matrix", t->name,
-                     t->ndim, WF_LAYOUT_PANEL);
+            errbuf_set(err, errlen, "%s: a %zu-D projection; the %s layout needs a matrix", t->name,
+                       t->ndim, WF_LAYOUT_PANEL);
             return -1;
         }
         if (t->shape[1] % WF_PANEL != 0) {

@@ -1,7 +1,7 @@
 /*
  * tools/tensorset.h: the tensors of a file being converted by `gpt2d
  * convert` (convert.c, quantize.c), as an array that each step rewrites,
- * and the steps between the hf and panel64 layouts (formats/wformat.h).
+ * and the steps between the hf and panel64 layouts (formats/include/wformat.h).
  * Prefix: tool_. Thread: any (no shared state; one set per thread).
  */
 #ifndef GPT2D_TOOLS_TENSORSET_H

@@ -1,5 +1,5 @@
 /*
- * engine/engine.h: GPT-2 over one shared read-only mapping, a batched forward
+ * engine/include/engine.h: GPT-2 over one shared read-only mapping, a batched forward
  * pass over a paged KV cache, and sampling.
  *
  * Dimensions: T rows in a step (every sequence's new tokens stacked),

@@ -1,5 +1,5 @@
 /*
- * tools/tools.h: the gpt2d subcommands that are not the server. Each takes
+ * tools/include/tools.h: the gpt2d subcommands that are not the server. Each takes
  * the arguments after its own name (argv[0] is the subcommand) and returns
  * the process exit status: 0 success, 1 failure (one line on stderr),
  * 2 usage error (the usage on stderr). Prefix: tool_. Thread: main only.

@@ -1,5 +1,5 @@
 /*
- * formats/wformat.h: gpt2d's weight formats over safetensors, so that
+ * formats/include/wformat.h: gpt2d's weight formats over safetensors, so that
  * `gpt2d inspect`, `gpt2d convert` and the engine's loader name and check a
  * file's format the same way.
  *

@@ -1,5 +1,5 @@
 /*
- * tokenizer/tokenizer.h: GPT-2's byte-level BPE, identical to tiktoken's
+ * tokenizer/include/tokenizer.h: GPT-2's byte-level BPE, identical to tiktoken's
  * "gpt2" encoding (encode_ordinary), and a streaming UTF-8 decoder for
  * generated tokens.
  *
@@ -73,7 +73,10 @@ size_t bpe_merge_count(const bpe *t);
 bpe_status bpe_encode(const bpe *t, const char *text, size_t n, int32_t **ids, size_t *nids,
                       char *err, size_t errlen);
 
-/* The text of GPT-2's one special token, id 50256. */
+/* GPT-2's one special token: its id, the end of a text (a sequence that
+ * samples it is finished), and its text. The one definition of the id:
+ * engine/, tools/ and server/ use this. */
+#define BPE_EOT 50256
 #define BPE_EOT_TEXT "<|endoftext|>"
 
 /*

@@ -1,5 +1,5 @@
 /*
- * config/config.h: gpt2d serve's configuration, one validated struct.
+ * config/include/config.h: gpt2d serve's configuration, one validated struct.
  *
  * Sources, lowest first: built-in defaults < a config file (`key = value`
  * lines, `#` comments, blank lines) < the command line (`--key value` or

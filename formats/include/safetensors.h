@@ -1,5 +1,5 @@
 /*
- * formats/safetensors.h: a validating reader and an atomic writer for the
+ * formats/include/safetensors.h: a validating reader and an atomic writer for the
  * safetensors file format (https://huggingface.co/docs/safetensors).
  *
  * A model file comes from the internet and is treated as hostile: every
