@@ -285,7 +285,7 @@ set -e
 [ "$rc" = 2 ] && grep -q "f32, f16, bf16 or q8" "$dir/err" || fail "--dtype f8 exited $rc"
 }
 
-# gpt2d convert --layout panel64 (formats/wformat.h): in every dtype, the
+# gpt2d convert --layout panel64 (formats/include/wformat.h): in every dtype, the
 # projections (and q8 scales) stored [N/64, K, 64], inspect names the layout,
 # and back to hf gives the same bytes as the hf conversion.
 case_panel64() {

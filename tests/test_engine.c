@@ -848,7 +848,7 @@ static void test_w_free(test_w *t)
 static const char *const dt_names[] = {"F32", "F16", "BF16", "Q8"};
 
 /* W (K, N) of t rewritten in the panel64 layout, from its definition
- * (kernels.h, formats/wformat.h): element (k, n) moves to ((n / 64) * K +
+ * (kernels.h, formats/include/wformat.h): element (k, n) moves to ((n / 64) * K +
  * k) * 64 + n % 64, and a Q8 scale (j, n) to ((n / 64) * ceil(K / 32) + j)
  * * 64 + n % 64. The widened values stay where they were. */
 static void test_w_panel(test_w *t, size_t K, size_t N)

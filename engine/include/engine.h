@@ -72,11 +72,11 @@ size_t eng_model_copied_bytes(const eng_model *m);
 size_t eng_model_params(const eng_model *m);
 
 /* The format the model is served in, as the file stores it: "f32", "f16",
- * "bf16", "q8" (formats/wformat.h) or "mixed". A static string. */
+ * "bf16", "q8" (formats/include/wformat.h) or "mixed". A static string. */
 const char *eng_model_dtype(const eng_model *m);
 /* The layout of its projections: "hf" (as Hugging Face stores them) or
  * "panel64" (gpt2d's serving layout, `gpt2d convert --layout`;
- * formats/wformat.h). A static string. */
+ * formats/include/wformat.h). A static string. */
 const char *eng_model_layout(const eng_model *m);
 
 /* Bytes of the weights as stored (Q8 scales included): what one step reads
