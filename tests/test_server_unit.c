@@ -4,7 +4,7 @@
  * SSE queue's backlog bound and the /metrics page. The expectations are
  * written from docs/api.md, OpenAI's error shapes and the Prometheus text
  * format, not from the code. */
-#include "internal.h"
+#include "daemon/daemon.h"
 #include "testutil.h"
 
 #include <check.h>
