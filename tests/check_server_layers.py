@@ -121,11 +121,17 @@ def call_graph(libs):
     return graph, why
 
 
+FOLDERS = []  # server/'s subfolders, longest first (main() fills it)
+
+
 def src_of(obj):
     """meson names an object after its source path below the target's
     folder with '/' as '_' ("http_req.c.o" is server/http/req.c)."""
-    base = os.path.basename(obj)
-    return re.sub(r'\.o$', '', base)
+    base = re.sub(r'\.o$', '', os.path.basename(obj))
+    for folder in FOLDERS:
+        if base.startswith(folder + '_'):
+            return folder + '/' + base[len(folder) + 1:]
+    return base
 
 
 def include_graph(root):
@@ -174,6 +180,8 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     root, libs = argv[1], argv[2:]
+    FOLDERS.extend(sorted((d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))),
+                          key=len, reverse=True))
     calls, why = call_graph(libs)
     includes = include_graph(root)
     n = report('call', calls, why) + report('include', includes)
