@@ -14,8 +14,8 @@ static void list_remove(srv_req *r)
     cmpl_job *j = r->cmpl;
     if (j->prev)
         j->prev->cmpl->next = j->next;
-    else if (r->s->head == r)
-        r->s->head = j->next;
+    else if (r->s->cmpl_list == r)
+        r->s->cmpl_list = j->next;
     if (j->next) j->next->cmpl->prev = j->prev;
     j->prev = j->next = NULL;
 }
@@ -23,9 +23,9 @@ static void list_remove(srv_req *r)
 void cmpl_list_add(srv_req *r)
 {
     srv *s = r->s;
-    r->cmpl->next = s->head;
-    if (s->head) s->head->cmpl->prev = r;
-    s->head = r;
+    r->cmpl->next = s->cmpl_list;
+    if (s->cmpl_list) s->cmpl_list->cmpl->prev = r;
+    s->cmpl_list = r;
 }
 
 size_t cmpl_completion_tokens(const srv_req *r)

@@ -443,7 +443,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
 void cmpl_tick(srv *s, double now)
 {
     srv_req *next;
-    for (srv_req *r = s->head; r != NULL; r = next) {
+    for (srv_req *r = s->cmpl_list; r != NULL; r = next) {
         next = r->cmpl->next;
         if (r->conn == NULL || r->cmpl->nlive == 0) continue;
         double age = now - r->t_start;
@@ -477,14 +477,14 @@ void cmpl_tick(srv *s, double now)
 
 void cmpl_after_step(srv *s)
 {
-    for (srv_req *r = s->head; r != NULL; r = r->cmpl->next) cmpl_backlog(r);
+    for (srv_req *r = s->cmpl_list; r != NULL; r = r->cmpl->next) cmpl_backlog(r);
 }
 
 size_t cmpl_cut_all(srv *s, const char *why)
 {
     size_t n = 0;
     srv_req *next;
-    for (srv_req *r = s->head; r != NULL; r = next) {
+    for (srv_req *r = s->cmpl_list; r != NULL; r = next) {
         next = r->cmpl->next;
         if (r->conn == NULL || r->cmpl->nlive == 0) continue;
         /* Its DONE events (now, or when the step in flight is back) end the

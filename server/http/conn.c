@@ -207,7 +207,7 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
     if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         srv_conn *c = *socket_context;
         if (c == NULL) return;
-        if (c->req != NULL) c->req->sc = NULL;
+        if (c->req != NULL) c->req->conn_rec = NULL;
         if (c->prev)
             c->prev->next = c->next;
         else

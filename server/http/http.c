@@ -155,8 +155,8 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     r->state = HTTP_REQ_HEAD;
     r->t_start = log_now();
     r->t_progress = r->t_start;
-    r->sc = conn_of(conn);
-    if (r->sc != NULL) r->sc->req = r;
+    r->conn_rec = conn_of(conn);
+    if (r->conn_rec != NULL) r->conn_rec->req = r;
     r->created = (long long)time(NULL);
     set_request_id(r);
     snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
@@ -183,11 +183,11 @@ static void on_body(srv_req *r, const char *data, size_t n)
     if (r->too_large || r->body_oom) return;
     if (r->body_len + n > r->s->cfg.max_body_bytes) {
         r->too_large = 1;
-        if (r->sc != NULL) {
+        if (r->conn_rec != NULL) {
             char msg[160];
             snprintf(msg, sizeof msg, "The request body is over the limit of %zu bytes",
                      r->s->cfg.max_body_bytes);
-            conn_refuse(r->sc, 413, "Content Too Large", msg);
+            conn_refuse(r->conn_rec, 413, "Content Too Large", msg);
         }
     } else if (http_append(&r->body, &r->body_len, &r->body_cap, data, n) != 0) {
         r->body_oom = 1;
@@ -299,10 +299,10 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         http_req_set_state(r, HTTP_REQ_ABORTED);
     else if (r->state == HTTP_REQ_STREAMING)
         http_req_set_state(r, HTTP_REQ_FINISHED);
-    r->conn = NULL;      /* the connection is done with r: its reference goes below */
-    if (r->sc != NULL) { /* the connection waits for its next head now */
-        conn_request_done(r->sc);
-        r->sc = NULL;
+    r->conn = NULL;            /* the connection is done with r: its reference goes below */
+    if (r->conn_rec != NULL) { /* the connection waits for its next head now */
+        conn_request_done(r->conn_rec);
+        r->conn_rec = NULL;
     }
     r->cont = NULL;
     r->suspended = 0;

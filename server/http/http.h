@@ -228,7 +228,7 @@ typedef struct {
 struct srv_req {
     srv *s;
     struct MHD_Connection *conn; /* NULL once libmicrohttpd ended it (on_completed) */
-    srv_conn *sc;                /* its connection's record (NULL once it is done) */
+    srv_conn *conn_rec;          /* its connection's record (NULL once it is done) */
     http_state state;
     http_cont cont; /* set by http_suspend, run by on_request on resume */
     int suspended;  /* libmicrohttpd's view of the connection */
@@ -318,8 +318,8 @@ struct srv {
     eng_sched *sched;
     char fingerprint[32];
     uint64_t next_id;
-    size_t active; /* requests alive */
-    srv_req *head; /* requests with engine work (api/cmpl_job.c's list) */
+    size_t active;      /* requests alive */
+    srv_req *cmpl_list; /* requests with engine work, newest first (api/cmpl_job.c) */
     uv_timer_t tick;
     /* The hooks the layer above registers on the way down (daemon.c):
      * on_tick every second (timers.c), after_step after each engine step's
