@@ -115,8 +115,8 @@ if ref["kind"] != "Deployment" or ref["name"] != dep["metadata"]["name"]:
     fail("the autoscaler does not target the Deployment")
 if hpa["spec"]["minReplicas"] < 2:
     fail("fewer than 2 replicas at minimum")
-# The /metrics page is written by server/metrics.c.
-server_c = open(os.path.join(here, "..", "server", "metrics.c")).read()
+# The /metrics page is written by server/daemon/metrics.c.
+server_c = open(os.path.join(here, "..", "server", "daemon", "metrics.c")).read()
 for m in hpa["spec"]["metrics"]:
     if m["type"] == "Pods":
         name = m["pods"]["metric"]["name"]

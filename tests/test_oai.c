@@ -1,4 +1,4 @@
-/* tests/test_oai.c: the completions request parser (server/oai.c). */
+/* tests/test_oai.c: the completions request parser (server/api/oai.c). */
 #include "oai.h"
 #include "testutil.h"
 

@@ -1,10 +1,10 @@
 /* tests/test_server_unit.c: the pieces of `gpt2d serve` that decide without
- * a connection (server/internal.h): the route table lookup, the API key
+ * a connection (the headers of server/http, api, daemon): the route table lookup, the API key
  * check, the status table, the request state machine, best_of ranking, the
  * SSE queue's backlog bound and the /metrics page. The expectations are
  * written from docs/api.md, OpenAI's error shapes and the Prometheus text
  * format, not from the code. */
-#include "internal.h"
+#include "daemon/daemon.h"
 #include "testutil.h"
 
 #include <check.h>

@@ -1,4 +1,4 @@
-/* tests/test_sse.c: the SSE writer (server/sse.c), read back by an event
+/* tests/test_sse.c: the SSE writer (server/api/sse.c), read back by an event
  * stream parser written from the WHATWG HTML specification ("Interpreting an
  * event stream"): lines end in CR, LF or CRLF; a blank line dispatches the
  * event; "data" lines append to the data buffer (one space after the colon

@@ -1,0 +1,282 @@
+/*
+ * server/api/api.h: the API layer, above the HTTP layer (server/http/)
+ * and below the daemon (server/daemon/). A request's way through its
+ * files, top down:
+ *
+ *   completions.c  /v1/completions and /v1/chat/completions: parsing (by
+ *                  oai.c), admission, engine events into choices; the
+ *                  completion policy of the 1 s tick and after each step
+ *   cmpl_respond.c best_of ranking, the JSON answer and the SSE stream
+ *   logprobs.c     the logprobs object of a choice
+ *   cmpl_job.c     the completion job: its struct's lifetime, its token
+ *                  counts, its hooks on the request, its list on the srv
+ *   tokenize.c     the tokenizer job: prompts to ids (inline or on a
+ *                  tokenizer thread, admitted like generation, with the
+ *                  parser its caller gives); /tokenize and /detokenize
+ *   tokpool.c      the tokenizer threads (low priority)
+ *   step.c         the engine step driver: one step at a time on the
+ *                  libuv work queue, then the srv's after-step hook
+ *   oai.c          OpenAI request parsing and validation (pure)
+ *   chat_template.c the chat template (pure)
+ *   sse.c          SSE framing (pure)
+ *
+ * Thread: the loop thread, except tokenize's job (on tokpool.c's threads)
+ * and the step (eng_sched_execute, on the libuv work queue).
+ *
+ * Prefixes: cmpl_ (completions), lp_ (logprobs), tok_ (the tokenizer
+ * job), tpool_ (its threads), step_ (the step driver), oai_, sse_.
+ */
+#ifndef GPT2D_SERVER_API_H
+#define GPT2D_SERVER_API_H
+
+#include "api/oai.h"
+#include "api/sse.h"
+#include "http/http.h"
+
+/* The longest stop string a request may give; the stop matcher holds back
+ * less than this, so its output fits on the stack. */
+#define SRV_MAX_STOP_BYTES 256
+/* The bytes of one token, at most (GPT-2's longest is 128). */
+#define SRV_MAX_TOKEN_BYTES 256
+/* Bodies whose texts are at least this long are tokenized on the work queue:
+ * the tokenizer does ~50 MB/s, so a 1 MB prompt would hold the loop thread
+ * (every stream's next token) for ~20 ms; a typical prompt costs microseconds
+ * and is cheaper inline than a trip through the queue. */
+#define SRV_TOKENIZE_INLINE_BYTES (64u * 1024u)
+
+typedef struct tokpool tokpool;
+typedef struct tok_job tok_job;
+typedef struct cmpl_job cmpl_job;
+
+/* ---- The jobs ------------------------------------------------------------- */
+
+/* The tokenizer job of a request (tokenize.c): its text prompts to token
+ * ids, inline or on a tokenizer thread (state TOKENIZING). While on_thread
+ * the worker writes the results and nothing else touches them until
+ * tok_done runs on the loop thread. */
+struct tok_job {
+    /* What to do: */
+    int (*parse)(srv_req *r); /* a body still to parse first (where the
+                               * tokenizing runs), or NULL */
+    size_t max_prompt_tokens; /* a completion's limit, read by the worker */
+    /* Where it is: */
+    srv_req *qnext; /* tokpool.c's queues */
+    int on_thread;  /* a tokenizer thread holds it (and a reference to r) */
+    int waiting;    /* in the srv's tokenize wait list (wprev, wnext) */
+    srv_req *wprev, *wnext;
+    /* What it made: */
+    json_t *tokenize_body; /* /tokenize: the parsed body, which holds the text */
+    const char **text;     /* [nprompts]: each prompt's text (NULL: given as */
+    size_t *text_len;      /* ids), which its request's parsed body holds     */
+    int32_t **prompt_ids;  /* [nprompts][prompt_len[i]] */
+    size_t *prompt_len;
+    size_t nprompts;
+    int parse_failed; /* parse returned -1 (its error is its caller's) */
+    int body_status;  /* /(de)tokenize: a 400 for the body (body_param, err) */
+    const char *body_param;
+    char *answer; /* /(de)tokenize: the answer's JSON, made beside the tokens */
+    int failed;   /* a prompt failed to encode: status, err */
+    bpe_status status;
+    char err[256];
+};
+
+/* One completion choice: one engine request. */
+typedef struct {
+    srv_req *req;
+    size_t index;  /* choices[index] */
+    size_t prompt; /* which prompt */
+    uint64_t id;   /* engine request id */
+    int live;      /* submitted, DONE not yet delivered */
+    int done;
+    const char *finish; /* "stop" or "length" */
+    int stopped;        /* a stop string ended it */
+    utf8_stream utf8;
+    stop_matcher *stop;
+    char *text; /* non-streaming: the whole text; streaming: this chunk's */
+    size_t text_len, text_cap;
+    size_t tokens;
+    /* logprobs: {tokens, token_logprobs, top_logprobs, text_offset}; for a
+     * stream, the entries of the chunk being built. NULL when not asked. */
+    json_t *lp;
+    utf8_stream off_utf8; /* text_offset: characters before each token, */
+    size_t off_chars;     /* counted from the start of the prompt        */
+    size_t prompt_fed;    /* prompt tokens counted into off_chars so far */
+    double t_last;        /* when the last token came (inter-token latency) */
+    double lp_sum;        /* best_of: the sum and count of the chosen    */
+    size_t lp_n;          /* tokens' logprobs                            */
+    int trim;             /* chat: leading spaces of the reply still dropped */
+    size_t cached;        /* DONE: prompt tokens from the prefix cache   */
+} srv_choice;
+
+/* The completion job of a request (cmpl_job.c; completions.c and
+ * cmpl_respond.c fill it): the parsed request, one choice per prompt x
+ * candidate, the SSE queue. */
+struct cmpl_job {
+    int chat;       /* /v1/chat/completions */
+    oai_limits lim; /* the parser's limits */
+    oai_error parse_err;
+    oai_request oreq;
+    srv_choice *choices;
+    size_t nchoices;
+    size_t nlive; /* choices submitted whose DONE has not come */
+    size_t ndone;
+    /* Streaming: SSE bytes waiting to be sent. Over sse.limit the choices
+     * are paused (eng_sched_pause) since t_over; cmpl_backlog decides. */
+    sse_queue sse;
+    int paused;
+    double t_over;
+    int error_status; /* a failure after submission */
+    char error_msg[256];
+    const char *error_code; /* its OpenAI error code, or NULL */
+    srv_req *prev, *next;   /* the srv's list of requests with engine work */
+};
+
+/* ---- cmpl_job.c ------------------------------------------------------------ */
+
+/* Attaches a completion job and a tokenizer job to r, and the completion
+ * hooks (NULL: no memory). */
+cmpl_job *cmpl_job_new(srv_req *r);
+/* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
+size_t cmpl_prompt_tokens(const srv_req *r);
+size_t cmpl_completion_tokens(const srv_req *r);
+/* Cancels every live choice of r (their DONE events follow, some at once). */
+void cmpl_cancel_all(srv_req *r);
+/* Ends r with a 500 once (an error event for a stream): out of memory. */
+void cmpl_fail_oom(srv_req *r);
+/* Puts r on, and takes it off, the srv's list of requests with engine
+ * work (the tick's). */
+void cmpl_list_add(srv_req *r);
+
+/* ---- step.c ---------------------------------------------------------------- */
+
+/* Starts an engine step on the work queue if one is planned and none runs;
+ * after it, the events are delivered (cmpl_on_event), then s->after_step. */
+void step_kick(srv *s);
+
+/* ---- completions.c --------------------------------------------------------- */
+
+enum MHD_Result cmpl_route(srv_req *r);      /* POST /v1/completions      */
+enum MHD_Result cmpl_route_chat(srv_req *r); /* POST /v1/chat/completions */
+
+/* Continues a completion once its prompts are token ids (the continuation of
+ * tokenizing). */
+enum MHD_Result cmpl_admit(srv_req *r);
+/* The engine's event callback (eng_request.on_event; user is a srv_choice). */
+void cmpl_on_event(void *user, const eng_event *ev);
+/* A completion or chat body into r->cmpl->oreq by the route's parser
+ * (cmpl->chat, cmpl->lim), then the prompts given as ids into r->tok's
+ * prompt_ids. 0, or -1 with cmpl->parse_err set. The tokenizer job's
+ * parser (tok_prompts): thread: the loop thread, or a tokenizer thread. */
+int cmpl_parse(srv_req *r);
+/* The 1 s tick (srv.on_tick): each completion's wait limit (queue_timeout,
+ * 503), its own timeout, a stalled stream's cancel, a waiting stream's
+ * ": waiting" comment; then the tokenizer's wait list. */
+void cmpl_tick(srv *s, double now);
+/* After each step (srv.after_step): streams whose clients fell behind sit
+ * out the next step. */
+void cmpl_after_step(srv *s);
+/* The drain's end (lifecycle.c): every completion still generating ends
+ * with a final event naming the shutdown (why; streams) or 503 (whole
+ * answers). Returns how many it cut. */
+size_t cmpl_cut_all(srv *s, const char *why);
+/* Appends n bytes of text to choice c (a failure ends r with a 500). */
+void cmpl_choice_text(srv_choice *c, const char *p, size_t n);
+
+/* ---- cmpl_respond.c --------------------------------------------------------- */
+
+json_t *cmpl_base(const srv_req *r);
+/* Queues obj as one SSE event and drops the reference (NULL breaks the
+ * stream). */
+void cmpl_sse_event(srv_req *r, json_t *obj);
+/* Streaming: sends the chunk built for choice c (its text and logprobs). */
+void cmpl_chunk_flush(srv_choice *c);
+/* Streaming: choice c's last chunk, with its finish_reason. */
+void cmpl_sse_finish(srv_req *r, const srv_choice *c);
+/* Streaming chat: the first chunk of every choice ({"role": "assistant"}). */
+void cmpl_chat_open(srv_req *r);
+/* The final events of a stream: an error or usage, then [DONE]. */
+void cmpl_finish_stream(srv_req *r);
+/* The non-streaming answer (the continuation of a suspended completion). */
+enum MHD_Result cmpl_send(srv_req *r);
+/* Queues the SSE response of r. */
+enum MHD_Result cmpl_start_stream(srv_req *r);
+/* best_of: one prompt's best_of candidates (mean token logprob mean_lp[j])
+ * ranked into order[0..best_of), best first; the answer is the first n.
+ * Ties keep their order, and with best_of == n the candidates stay as they
+ * are. */
+void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order);
+/* A stream's back-pressure, after its queue grew or shrank: pauses its
+ * choices while the client leaves more than stream_backlog_bytes unread,
+ * resumes them when it catches up; 1 when it resumed them (the caller
+ * kicks the engine). */
+int cmpl_backlog(srv_req *r);
+/* Cancels a stream paused for longer than stream_stall_timeout, with an
+ * error event; 1 if it did. */
+int cmpl_stall_check(srv_req *r, double now);
+/* ---- logprobs.c ----------------------------------------------------------- */
+
+/* The logprobs of choice c in its request's shape: legacy completions
+ * {tokens, token_logprobs, top_logprobs, text_offset}, or chat {content}. */
+json_t *lp_new(const srv_req *r);
+/* How many tokens lp holds. */
+size_t lp_count(const json_t *lp);
+/* Counts token id into c's character offset; returns the offset before it. */
+size_t lp_offset_feed(srv_choice *c, int32_t id);
+/* Appends one token's entry (ev NULL: the first prompt token, no logprob). */
+void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
+/* ---- tokpool.c: the tokenizer threads ------------------------------------ */
+
+typedef void (*tpool_fn)(srv_req *r);
+
+/* Starts nthreads low-priority threads that call run(r) for each submitted
+ * request, then done(r) on the loop thread. 0, or -1 with err (then
+ * tpool_close and tpool_free what *out holds). */
+int tpool_new(uv_loop_t *loop, size_t nthreads, tpool_fn run, tpool_fn done, tokpool **out,
+              char *err, size_t errlen);
+/* Queues r (FIFO); one thread runs it when free. */
+void tpool_submit(tokpool *p, srv_req *r);
+/* Stops taking work and closes the wake-up handle (before uv_run returns);
+ * done is not called again. NULL: nothing. */
+void tpool_close(tokpool *p);
+/* Joins the threads (a job running finishes first), calls drop(r) for
+ * each request still queued or done but not delivered (the loop stopped
+ * first), and frees p. After uv_run returned. NULL: nothing. */
+void tpool_free(tokpool *p, tpool_fn drop);
+/* ---- tokenize.c ----------------------------------------------------------- */
+
+enum MHD_Result tok_route_tokenize(srv_req *r);   /* POST /tokenize   */
+enum MHD_Result tok_route_detokenize(srv_req *r); /* POST /detokenize */
+
+/* Attaches a new tokenizer job to r (NULL: no memory); no limit on a
+ * prompt's tokens until the caller sets max_prompt_tokens. */
+struct tok_job *tok_job_new(srv_req *r);
+/* Room for n prompts (texts and ids). 0, or -1 (no memory). */
+int tok_job_prompts(struct tok_job *t, size_t n);
+void tok_job_free(struct tok_job *t);
+/* The prompt tokens of r's job (0 while a tokenizer thread writes them). */
+size_t tok_prompt_tokens(const srv_req *r);
+/* r's connection ended: out of the tokenizer's wait list. */
+void tok_closed(srv_req *r);
+
+/* Tokenizes r's text prompts (inline, or on the work queue with r
+ * suspended), then runs then. Large bodies are admitted like generation:
+ * tokenize_concurrency at once on the work queue, up to max_queue more
+ * waiting (for at most queue_timeout: 503), others get 429. A prompt stops
+ * being tokenized past the job's max_prompt_tokens (BPE_ETOOBIG). parse
+ * (NULL: none) is run first, where the tokenizing runs: a body that is
+ * the work (parse sets the job's texts; -1 sets parse_failed). */
+enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then);
+/* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
+int tok_pool_start(srv *s, char *err, size_t errlen);
+/* Stops s->tokpool's threads (after uv_run returned) and frees the
+ * requests they held, whose connections libmicrohttpd has closed. */
+void tok_pool_free(srv *s);
+/* The 1 s tick: waiting bodies past queue_timeout get 503. */
+void tok_tick(srv *s, double now);
+/* Token ids as text: their bytes made valid UTF-8 (a split character is
+ * U+FFFD). *out is malloc'd; BPE_EUNKNOWN for an id that is not a token
+ * (with err), BPE_ENOMEM. */
+bpe_status tok_ids_text(const bpe *tok, const int32_t *ids, size_t n, char **out, size_t *len,
+                        char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,105 @@
+/*
+ * server/api/cmpl_job.c: the completion job of a request (struct cmpl_job,
+ * api.h): made with its tokenizer job when a completion route takes the
+ * request, freed with the request by the free hook registered here; its
+ * token counts; cancelling what it runs; the srv's list of requests with
+ * engine work, which the tick and the after-step hook walk.
+ */
+#include "api/api.h"
+
+#include <stdlib.h>
+
+static void list_remove(srv_req *r)
+{
+    cmpl_job *j = r->cmpl;
+    if (j->prev)
+        j->prev->cmpl->next = j->next;
+    else if (r->s->cmpl_list == r)
+        r->s->cmpl_list = j->next;
+    if (j->next) j->next->cmpl->prev = j->prev;
+    j->prev = j->next = NULL;
+}
+
+void cmpl_list_add(srv_req *r)
+{
+    srv *s = r->s;
+    r->cmpl->next = s->cmpl_list;
+    if (s->cmpl_list) s->cmpl_list->cmpl->prev = r;
+    s->cmpl_list = r;
+}
+
+size_t cmpl_completion_tokens(const srv_req *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; r->cmpl != NULL && i < r->cmpl->nchoices; i++)
+        n += r->cmpl->choices[i].tokens;
+    return n;
+}
+
+size_t cmpl_prompt_tokens(const srv_req *r)
+{
+    return tok_prompt_tokens(r);
+}
+
+void cmpl_cancel_all(srv_req *r)
+{
+    for (size_t i = 0; i < r->cmpl->nchoices; i++)
+        if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
+}
+
+void cmpl_fail_oom(srv_req *r)
+{
+    if (r->cmpl->error_status != 0) return;
+    r->cmpl->error_status = 500;
+    snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
+             "out of memory while building the response");
+    cmpl_cancel_all(r);
+}
+
+/* ---- The hooks on the request (srv_req_ops) -------------------------------- */
+
+/* The connection ended: out of the tokenizer's wait list, and every live
+ * sequence cancelled (each DONE releases that sequence's reference). */
+static void job_closed(srv_req *r)
+{
+    tok_closed(r);
+    cmpl_cancel_all(r);
+}
+
+static void job_usage(const srv_req *r, size_t *prompt, size_t *completion)
+{
+    *prompt = cmpl_prompt_tokens(r);
+    *completion = cmpl_completion_tokens(r);
+}
+
+static void job_free(srv_req *r)
+{
+    cmpl_job *j = r->cmpl;
+    list_remove(r);
+    for (size_t i = 0; i < j->nchoices; i++) {
+        stop_free(j->choices[i].stop);
+        free(j->choices[i].text);
+        json_decref(j->choices[i].lp);
+    }
+    free(j->choices);
+    oai_request_free(&j->oreq);
+    sse_free(&j->sse);
+    free(j);
+    r->cmpl = NULL;
+    tok_job_free(r->tok);
+    r->tok = NULL;
+}
+
+static const srv_req_ops cmpl_ops = {.closed = job_closed, .usage = job_usage, .free = job_free};
+
+cmpl_job *cmpl_job_new(srv_req *r)
+{
+    r->cmpl = calloc(1, sizeof *r->cmpl);
+    if (r->cmpl == NULL || tok_job_new(r) == NULL) {
+        free(r->cmpl);
+        r->cmpl = NULL;
+        return NULL;
+    }
+    r->ops = &cmpl_ops;
+    return r->cmpl;
+}

@@ -1,0 +1,290 @@
+/*
+ * server/api/cmpl_respond.c: a completion's answer: best_of ranking and the
+ * JSON body, or the SSE stream (its chunks, its end, its content reader).
+ */
+#include "api/api.h"
+
+#include <math.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+json_t *cmpl_base(const srv_req *r)
+{
+    const char *object = !r->cmpl->oreq.chat    ? "text_completion"
+                         : r->cmpl->oreq.stream ? "chat.completion.chunk"
+                                                : "chat.completion";
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", object, "created",
+                     (json_int_t)r->created, "model", r->s->cfg.model_name, "system_fingerprint",
+                     r->s->fingerprint);
+}
+
+/* One streamed choice: completions {text, index, logprobs, finish_reason},
+ * chat {index, delta, logprobs, finish_reason}. Takes delta and lp. */
+static json_t *stream_choice(const srv_req *r, size_t index, json_t *delta, const char *text,
+                             size_t n, json_t *lp, const char *finish)
+{
+    json_t *fin = finish ? json_string(finish) : json_null();
+    if (r->cmpl->oreq.chat)
+        return json_pack("{s:I, s:o, s:o, s:o}", "index", (json_int_t)index, "delta", delta,
+                         "logprobs", lp ? lp : json_null(), "finish_reason", fin);
+    json_decref(delta);
+    return json_pack("{s:s%, s:I, s:o, s:o}", "text", text, n, "index", (json_int_t)index,
+                     "logprobs", lp ? lp : json_null(), "finish_reason", fin);
+}
+
+static void stream_send(srv_req *r, json_t *choice)
+{
+    json_t *o = cmpl_base(r);
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    if (r->cmpl->oreq.include_usage) json_object_set_new(o, "usage", json_null());
+    cmpl_sse_event(r, o);
+}
+
+void cmpl_chat_open(srv_req *r)
+{
+    for (size_t i = 0; i < r->cmpl->nchoices; i++)
+        stream_send(r,
+                    stream_choice(r, i, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                                  "", 0, NULL, NULL));
+}
+
+void cmpl_sse_finish(srv_req *r, const srv_choice *c)
+{
+    stream_send(r, stream_choice(r, c->index, json_object(), "", 0, NULL, c->finish));
+}
+
+void cmpl_sse_event(srv_req *r, json_t *obj)
+{
+    if (obj == NULL)
+        r->cmpl->sse.failed = 1;
+    else
+        sse_data(&r->cmpl->sse, obj);
+    json_decref(obj);
+}
+
+void cmpl_chunk_flush(srv_choice *c)
+{
+    srv_req *r = c->req;
+    int has_lp = c->lp != NULL && lp_count(c->lp) > 0;
+    if (c->text_len == 0 && !has_lp) return;
+    const char *text = c->text ? c->text : "";
+    stream_send(r, stream_choice(r, c->index, json_pack("{s:s%}", "content", text, c->text_len),
+                                 text, c->text_len, has_lp ? json_incref(c->lp) : NULL, NULL));
+    c->text_len = 0;
+    if (has_lp) {
+        json_decref(c->lp);
+        c->lp = lp_new(r);
+    }
+}
+
+/* usage: OpenAI's three counts, and the extension `timings` (docs/api.md):
+ * time to the first token, the whole request, completion tokens a second. */
+/* Prompt tokens that came from the prefix cache: per prompt, the fewest any
+ * of its candidates took (the first computes what its siblings share). */
+static size_t usage_cached(const srv_req *r)
+{
+    size_t n = 0, per = r->cmpl->oreq.best_of;
+    for (size_t p = 0; per > 0 && p < r->cmpl->nchoices / per; p++) {
+        size_t least = SIZE_MAX;
+        for (size_t j = 0; j < per; j++)
+            if (r->cmpl->choices[p * per + j].cached < least)
+                least = r->cmpl->choices[p * per + j].cached;
+        n += least;
+    }
+    return n;
+}
+
+/* Every prompt counts once (as OpenAI counts it, whatever n and best_of),
+ * every generated token of every candidate; the cached part of the prompts
+ * in prompt_tokens_details (OpenAI's field). */
+static json_t *usage_json(const srv_req *r)
+{
+    size_t pt = cmpl_prompt_tokens(r), ct = cmpl_completion_tokens(r);
+    double total = log_now() - r->t_start;
+    double ttft = r->t_first > 0 ? r->t_first - r->t_start : 0;
+    /* Whole numbers: jansson writes a double with 17 digits (4.1 as
+     * 4.0999999999999996), which says nothing more about a timing. */
+    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:I, s:I, s:I}}", "prompt_tokens", (json_int_t)pt,
+                     "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)usage_cached(r),
+                     "timings", "ttft_ms", (json_int_t)llround(ttft * 1e3), "total_ms",
+                     (json_int_t)llround(total * 1e3), "completion_tokens_per_second",
+                     (json_int_t)(total > 0 ? llround((double)ct / total) : 0));
+}
+
+void cmpl_finish_stream(srv_req *r)
+{
+    if (r->cmpl->error_status != 0) { /* after the headers: an error event, then [DONE] */
+        oai_error e;
+        oai_error_set(&e, r->cmpl->error_status, "server_error", r->cmpl->error_code, NULL, "%s",
+                      r->cmpl->error_msg);
+        char *js = oai_error_json(&e);
+        if (js == NULL || sse_data_raw(&r->cmpl->sse, js) != 0) r->cmpl->sse.failed = 1;
+        free(js);
+    } else if (r->cmpl->oreq.include_usage) {
+        json_t *o = cmpl_base(r);
+        json_object_set_new(o, "choices", json_array());
+        json_object_set_new(o, "usage", usage_json(r));
+        cmpl_sse_event(r, o);
+    }
+    sse_done(&r->cmpl->sse);
+}
+
+/* A candidate's mean token logprob (best_of ranks by it). */
+static double choice_mean_lp(const srv_choice *c)
+{
+    return c->lp_n ? c->lp_sum / (double)c->lp_n : -1e30;
+}
+
+void cmpl_rank(const double *mean_lp, size_t best_of, size_t n, size_t *order)
+{
+    /* A stable insertion sort, so ties keep their order. */
+    for (size_t j = 0; j < best_of; j++) {
+        size_t at = j;
+        if (best_of > n)
+            while (at > 0 && mean_lp[j] > mean_lp[order[at - 1]]) {
+                order[at] = order[at - 1];
+                at--;
+            }
+        order[at] = j;
+    }
+}
+
+/* The text of choice c, after the prompt's when echo is asked. NULL when
+ * memory ran out or the prompt cannot be decoded (err says which). A chat
+ * choice is its message {role, content}. */
+static json_t *choice_text_json(srv_req *r, size_t pi, const srv_choice *c, char *err,
+                                size_t errlen)
+{
+    if (r->cmpl->oreq.chat)
+        return json_pack("{s:s, s:s%}", "role", "assistant", "content", c->text ? c->text : "",
+                         c->text_len);
+    if (!r->cmpl->oreq.echo) return json_stringn(c->text ? c->text : "", c->text_len);
+    char *pt;
+    size_t plen;
+    if (tok_ids_text(r->s->tok, r->tok->prompt_ids[pi], r->tok->prompt_len[pi], &pt, &plen, err,
+                     errlen)
+        != BPE_OK)
+        return NULL;
+    char *joined = realloc(pt, plen + c->text_len + 1);
+    if (joined == NULL) {
+        free(pt);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (c->text_len > 0) memcpy(joined + plen, c->text, c->text_len);
+    json_t *text = json_stringn(joined, plen + c->text_len);
+    free(joined);
+    return text;
+}
+
+enum MHD_Result cmpl_send(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_QUEUED || r->state == HTTP_REQ_RUNNING);
+    assert(r->cmpl->ndone == r->cmpl->nchoices);
+    if (r->cmpl->error_status != 0)
+        return http_send_error(r, r->cmpl->error_status, "server_error", r->cmpl->error_code, NULL,
+                               r->cmpl->error_status == 503 ? "5" : NULL, "%s", r->cmpl->error_msg);
+    json_t *o = cmpl_base(r);
+    json_t *choices = json_array();
+    size_t n = r->cmpl->oreq.n, best_of = r->cmpl->oreq.best_of;
+    double mean[128];
+    size_t order[128]; /* best_of <= max_n <= 128 */
+    for (size_t pi = 0; pi < r->tok->nprompts; pi++) {
+        for (size_t j = 0; j < best_of; j++)
+            mean[j] = choice_mean_lp(&r->cmpl->choices[pi * best_of + j]);
+        cmpl_rank(mean, best_of, n, order);
+        for (size_t k = 0; k < n; k++) {
+            const srv_choice *c = &r->cmpl->choices[pi * best_of + order[k]];
+            char err[64];
+            json_t *text = choice_text_json(r, pi, c, err, sizeof err);
+            if (text == NULL) {
+                json_decref(choices);
+                json_decref(o);
+                return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "%s", err);
+            }
+            json_array_append_new(
+                choices, json_pack("{s:o, s:I, s:O, s:s}", r->cmpl->oreq.chat ? "message" : "text",
+                                   text, "index", (json_int_t)(pi * n + k), "logprobs",
+                                   c->lp ? c->lp : json_null(), "finish_reason", c->finish));
+        }
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage_json(r)); /* all candidates */
+    return http_send_obj(r, o);
+}
+
+int cmpl_backlog(srv_req *r)
+{
+    if (!r->cmpl->oreq.stream || r->conn == NULL) return 0;
+    int over = sse_over_limit(&r->cmpl->sse);
+    if (over && r->cmpl->t_over == 0) r->cmpl->t_over = log_now();
+    if (!over) r->cmpl->t_over = 0;
+    if (over == r->cmpl->paused) return 0;
+    r->cmpl->paused = over;
+    for (size_t i = 0; i < r->cmpl->nchoices; i++)
+        if (r->cmpl->choices[i].live) eng_sched_pause(r->s->sched, r->cmpl->choices[i].id, over);
+    return !over;
+}
+
+int cmpl_stall_check(srv_req *r, double now)
+{
+    if (!r->cmpl->paused || now - r->cmpl->t_over <= r->s->cfg.stream_stall_timeout_s) return 0;
+    log_line("info",
+             "%s: the client left %zu bytes of its stream unread for %.0f s "
+             "(stream_stall_timeout); cancelled",
+             r->id, sse_pending(&r->cmpl->sse), now - r->cmpl->t_over);
+    if (r->cmpl->error_status == 0) {
+        r->cmpl->error_status = 408;
+        snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
+                 "The stream was cancelled: the client left over %zu bytes unread for %.0f s "
+                 "(stream_backlog_bytes, stream_stall_timeout)",
+                 r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
+    }
+    for (size_t i = 0; i < r->cmpl->nchoices; i++) /* DONE events end the stream: error, [DONE] */
+        if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
+    return 1;
+}
+
+/* The SSE body, chunk by chunk as on_event produces it. */
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    srv_req *r = cls;
+    assert(r->state == HTTP_REQ_STREAMING);
+    if (r->cmpl->sse.failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory */
+    if (sse_pending(&r->cmpl->sse) > 0) {
+        ssize_t n = (ssize_t)sse_take(&r->cmpl->sse, buf, max);
+        if (r->cmpl->paused && cmpl_backlog(r)) step_kick(r->s); /* caught up: resume */
+        return n;
+    }
+    if (sse_finished(&r->cmpl->sse)) return MHD_CONTENT_READER_END_OF_STREAM;
+    /* Nothing yet: sleep until on_event resumes us (no busy polling). */
+    http_suspend(r, NULL);
+    return 0;
+}
+
+enum MHD_Result cmpl_start_stream(srv_req *r)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, r, NULL);
+    if (resp == NULL) return MHD_NO;
+    http_req_set_state(r, HTTP_REQ_STREAMING);
+    /* The kernel's send buffer is part of what a stalled client pins: left to
+     * autotuning it grows to megabytes (tcp_wmem) before any backlog forms
+     * here. A token stream needs little of it. */
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int sndbuf = r->s->cfg.stream_backlog_bytes > INT_MAX / 2 ? INT_MAX / 2
+                                                              : (int)r->s->cfg.stream_backlog_bytes;
+    if (fi != NULL) setsockopt(fi->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    http_resp_headers(r, resp, 200);
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}

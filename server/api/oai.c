@@ -1,0 +1,674 @@
+/*
+ * server/api/oai.c: see oai.h. Every check names the parameter and says what was
+ * expected and what came, as OpenAI's own 400s do.
+ */
+#include "oai.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INVALID "invalid_request_error"
+
+/* Messages may quote the client's bytes (jansson's "near '...'") and may be
+ * cut mid-character by the buffer: every byte that is not part of valid
+ * UTF-8 becomes '?', so the error body is always valid JSON. */
+static void sanitize(char *p)
+{
+    unsigned char *u = (unsigned char *)p;
+    size_t n = strlen(p), i = 0;
+    while (i < n) {
+        unsigned c = u[i];
+        size_t len = c < 0x80                 ? 1
+                     : c >= 0xC2 && c <= 0xDF ? 2
+                     : c >= 0xE0 && c <= 0xEF ? 3
+                     : c >= 0xF0 && c <= 0xF4 ? 4
+                                              : 0;
+        int ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (u[i + k] & 0xC0) == 0x80;
+        if (ok && len == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0) && !(c == 0xED && u[i + 1] > 0x9F);
+        if (ok && len == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);
+        if (!ok) {
+            u[i++] = '?';
+            continue;
+        }
+        i += len;
+    }
+}
+
+void oai_error_set(oai_error *err, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...)
+{
+    err->status = status;
+    err->type = type;
+    err->code = code;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    sanitize(err->message);
+    sanitize(err->param);
+}
+
+char *oai_error_json(const oai_error *err)
+{
+    json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", err->message, "type",
+                          err->type ? err->type : "server_error", "param",
+                          err->param[0] ? json_string(err->param) : json_null(), "code",
+                          err->code ? json_string(err->code) : json_null());
+    if (e == NULL) return NULL;
+    char *s = json_dumps(e, JSON_COMPACT);
+    json_decref(e);
+    return s;
+}
+
+void oai_request_free(oai_request *r)
+{
+    if (r == NULL) return;
+    free(r->model);
+    for (size_t i = 0; i < r->nprompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
+    for (size_t i = 0; i < r->nstop; i++) free(r->stop[i]);
+    free(r->bias);
+    memset(r, 0, sizeof *r);
+}
+
+static int bad(oai_error *err, const char *param, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int bad(oai_error *err, const char *param, const char *fmt, ...)
+{
+    err->status = 400;
+    err->type = INVALID;
+    err->code = NULL;
+    snprintf(err->param, sizeof err->param, "%s", param);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    sanitize(err->message);
+    return -1;
+}
+
+/* A short text for "got ..." in messages. */
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "something else";
+}
+
+/* A number in [lo, hi] (integers count); absent or null keeps *out. */
+static int get_number(const json_t *o, const char *key, double lo, double hi, double *out,
+                      oai_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (v == NULL || json_is_null(v)) return 0;
+    if (!json_is_number(v))
+        return bad(err, key, "'%s' must be a number from %g to %g, got %s", key, lo, hi,
+                   json_kind(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return bad(err, key, "'%s' must be from %g to %g, got %g", key, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+/* An integer in [lo, hi]; absent or null keeps *out. */
+static int get_int(const json_t *o, const char *key, long long lo, long long hi, long long *out,
+                   oai_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (v == NULL || json_is_null(v)) return 0;
+    if (!json_is_integer(v))
+        return bad(err, key, "'%s' must be an integer from %lld to %lld, got %s", key, lo, hi,
+                   json_kind(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return bad(err, key, "'%s' must be from %lld to %lld, got %lld", key, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(const json_t *o, const char *key, int *out, oai_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (v == NULL || json_is_null(v)) return 0;
+    if (!json_is_boolean(v))
+        return bad(err, key, "'%s' must be a boolean, got %s", key, json_kind(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int parse_ids(const json_t *arr, const oai_limits *lim, const char *param, oai_prompt *p,
+                     oai_error *err)
+{
+    size_t n = json_array_size(arr);
+    if (n == 0) return bad(err, param, "'%s' must not be an empty list of tokens", param);
+    p->ids = malloc(n * sizeof *p->ids);
+    if (p->ids == NULL) return bad(err, param, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0
+            || (size_t)json_integer_value(v) >= lim->vocab_size)
+            return bad(err, param, "'%s' holds %s where a token id from 0 to %zu belongs", param,
+                       json_is_integer(v) ? "an out-of-range integer" : json_kind(v),
+                       lim->vocab_size - 1);
+        p->ids[i] = (int32_t)json_integer_value(v);
+    }
+    p->nids = n;
+    return 0;
+}
+
+static int set_text(oai_prompt *p, const json_t *v, oai_error *err)
+{
+    size_t n = json_string_length(v);
+    p->text = malloc(n + 1);
+    if (p->text == NULL) return bad(err, "prompt", "out of memory");
+    memcpy(p->text, json_string_value(v), n);
+    p->text[n] = '\0';
+    p->text_len = n;
+    return 0;
+}
+
+/* prompt: a string, an array of strings, an array of ids, or an array of
+ * arrays of ids; null or absent is "<|endoftext|>" (the spec's default),
+ * which the server's tokenizer makes the one token 50256. */
+static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+{
+    const json_t *v = json_object_get(o, "prompt");
+    if (v == NULL || json_is_null(v)) {
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+        r->nprompts = 1;
+        json_t *eot = json_string("<|endoftext|>");
+        int rc = set_text(&r->prompts[0], eot, err);
+        json_decref(eot);
+        return rc;
+    }
+    if (json_is_string(v)) {
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+        r->nprompts = 1;
+        return set_text(&r->prompts[0], v, err);
+    }
+    if (!json_is_array(v))
+        return bad(err, "prompt",
+                   "'prompt' must be a string, a list of strings, a list of token ids or a "
+                   "list of lists of token ids, got %s",
+                   json_kind(v));
+    size_t n = json_array_size(v);
+    if (n == 0) return bad(err, "prompt", "'prompt' must not be an empty list");
+    const json_t *first = json_array_get(v, 0);
+    if (json_is_integer(first)) { /* one prompt of ids */
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+        r->nprompts = 1;
+        return parse_ids(v, lim, "prompt", &r->prompts[0], err);
+    }
+    if (n > lim->max_prompts)
+        return bad(err, "prompt", "'prompt' has %zu entries; the limit is %zu", n,
+                   lim->max_prompts);
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+    r->nprompts = n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(v, i);
+        if (json_is_string(e) && json_is_string(first)) {
+            if (set_text(&r->prompts[i], e, err) != 0) return -1;
+        } else if (json_is_array(e) && json_is_array(first)) {
+            if (parse_ids(e, lim, "prompt", &r->prompts[i], err) != 0) return -1;
+        } else {
+            return bad(err, "prompt", "'prompt' mixes kinds: entry %zu is %s, entry 0 is %s", i,
+                       json_kind(e), json_kind(first));
+        }
+    }
+    return 0;
+}
+
+static int parse_stop(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+{
+    const json_t *v = json_object_get(o, "stop");
+    if (v == NULL || json_is_null(v)) return 0;
+    const json_t *items[OAI_MAX_STOP];
+    size_t n;
+    if (json_is_string(v)) {
+        items[0] = v;
+        n = 1;
+    } else if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n > OAI_MAX_STOP)
+            return bad(err, "stop", "'stop' may hold at most %d strings, got %zu", OAI_MAX_STOP, n);
+        for (size_t i = 0; i < n; i++) items[i] = json_array_get(v, i);
+    } else {
+        return bad(err, "stop", "'stop' must be a string or a list of up to %d strings, got %s",
+                   OAI_MAX_STOP, json_kind(v));
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!json_is_string(items[i]))
+            return bad(err, "stop", "'stop' entries must be strings, got %s", json_kind(items[i]));
+        size_t len = json_string_length(items[i]);
+        if (len == 0) continue; /* an empty stop string can never stop anything */
+        if (len > lim->max_stop_bytes)
+            return bad(err, "stop", "a 'stop' string is %zu bytes; the limit is %zu", len,
+                       lim->max_stop_bytes);
+        r->stop[r->nstop] = malloc(len + 1);
+        if (r->stop[r->nstop] == NULL) return bad(err, "stop", "out of memory");
+        memcpy(r->stop[r->nstop], json_string_value(items[i]), len + 1);
+        r->stop_len[r->nstop++] = len;
+    }
+    return 0;
+}
+
+static int parse_bias(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+{
+    const json_t *v = json_object_get(o, "logit_bias");
+    if (v == NULL || json_is_null(v)) return 0;
+    if (!json_is_object(v))
+        return bad(err, "logit_bias", "'logit_bias' must be an object, got %s", json_kind(v));
+    size_t n = json_object_size(v);
+    r->bias = calloc(n ? n : 1, sizeof *r->bias);
+    if (r->bias == NULL) return bad(err, "logit_bias", "out of memory");
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)v, key, val)
+    {
+        char *end;
+        errno = 0;
+        long long id = strtoll(key, &end, 10);
+        if (*key == '\0' || *end != '\0' || errno != 0 || id < 0 || (size_t)id >= lim->vocab_size)
+            return bad(err, "logit_bias",
+                       "'logit_bias' key '%.40s' is not a token id from 0 to %zu", key,
+                       lim->vocab_size - 1);
+        if (!json_is_number(val) || json_number_value(val) < -100 || json_number_value(val) > 100)
+            return bad(err, "logit_bias",
+                       "'logit_bias' values must be numbers from -100 to 100 (token %lld)", id);
+        r->bias[r->nbias++] = (oai_bias){(int32_t)id, (float)json_number_value(val)};
+    }
+    return 0;
+}
+
+/* The fields completions and chat share: sampling, n, stream, stop,
+ * penalties, logit_bias, seed, user and the extensions. */
+static int parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+{
+    long long ll;
+    double d;
+    if (get_number(o, "temperature", 0, 2, &r->temperature, err) != 0) return -1;
+    d = r->top_p;
+    if (get_number(o, "top_p", 0, 1, &d, err) != 0) return -1;
+    if (d <= 0) return bad(err, "top_p", "'top_p' must be above 0 and at most 1, got %g", d);
+    r->top_p = d;
+    ll = 0;
+    if (get_int(o, "top_k", 0, 1000000, &ll, err) != 0) return -1;
+    r->top_k = (int)ll;
+    ll = 1;
+    if (get_int(o, "n", 1, (long long)lim->max_n, &ll, err) != 0) return -1;
+    r->n = (size_t)ll;
+    if (get_bool(o, "stream", &r->stream, err) != 0) return -1;
+    const json_t *so = json_object_get(o, "stream_options");
+    if (so != NULL && !json_is_null(so)) {
+        if (!r->stream)
+            return bad(err, "stream_options",
+                       "'stream_options' is only allowed when 'stream' is true");
+        if (!json_is_object(so))
+            return bad(err, "stream_options", "'stream_options' must be an object, got %s",
+                       json_kind(so));
+        if (get_bool(so, "include_usage", &r->include_usage, err) != 0) {
+            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+    if (parse_stop(o, lim, r, err) != 0) return -1;
+    if (get_number(o, "presence_penalty", -2, 2, &r->presence_penalty, err) != 0) return -1;
+    if (get_number(o, "frequency_penalty", -2, 2, &r->frequency_penalty, err) != 0) return -1;
+    if (parse_bias(o, lim, r, err) != 0) return -1;
+    const json_t *seed = json_object_get(o, "seed");
+    if (seed != NULL && !json_is_null(seed)) {
+        if (!json_is_integer(seed))
+            return bad(err, "seed", "'seed' must be an integer, got %s", json_kind(seed));
+        r->has_seed = 1;
+        r->seed = (uint64_t)json_integer_value(seed);
+    }
+    const json_t *user = json_object_get(o, "user");
+    if (user != NULL && !json_is_null(user) && !json_is_string(user))
+        return bad(err, "user", "'user' must be a string, got %s", json_kind(user));
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) != 0) return -1;
+    if (get_number(o, "timeout", 0, 86400, &r->timeout_s, err) != 0) return -1;
+    return 0;
+}
+
+/* The body as a JSON object, and the optional `model` (a string without
+ * NUL; absent or null means the served model, r->model stays NULL). */
+static json_t *parse_body(const char *body, size_t len, oai_request *r, oai_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->max_tokens = 16;
+    r->temperature = 1;
+    r->top_p = 1;
+    r->n = 1;
+    r->best_of = 1;
+    r->logprobs = -1;
+    json_error_t jerr;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    if (o == NULL) {
+        bad(err, "", "the body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        bad(err, "", "the body must be a JSON object, got %s", json_kind(o));
+        goto fail;
+    }
+    const json_t *model = json_object_get(o, "model");
+    if (model != NULL && !json_is_null(model)) {
+        if (!json_is_string(model)) {
+            bad(err, "model", "'model' must be a string, got %s", json_kind(model));
+            goto fail;
+        }
+        size_t n = json_string_length(model);
+        if (memchr(json_string_value(model), '\0', n) != NULL) {
+            bad(err, "model", "'model' must not contain a NUL character");
+            goto fail;
+        }
+        r->model = strdup(json_string_value(model));
+        if (r->model == NULL) {
+            bad(err, "model", "out of memory");
+            goto fail;
+        }
+    }
+    return o;
+fail:
+    json_decref(o);
+    return NULL;
+}
+
+int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oai_request *r,
+                         oai_error *err)
+{
+    int rc = -1;
+    json_t *o = parse_body(body, len, r, err);
+    if (o == NULL) goto done;
+    const json_t *suffix = json_object_get(o, "suffix");
+    if (suffix != NULL && !json_is_null(suffix)) {
+        bad(err, "suffix", "'suffix' is not supported: GPT-2 has no insertion mode");
+        goto done;
+    }
+    long long ll;
+    if (parse_prompt(o, lim, r, err) != 0) goto done;
+    ll = (long long)r->max_tokens;
+    if (get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
+    r->max_tokens = (size_t)ll;
+    if (parse_shared(o, lim, r, err) != 0) goto done;
+    ll = (long long)r->n;
+    if (get_int(o, "best_of", 1, (long long)lim->max_n, &ll, err) != 0) goto done;
+    r->best_of = (size_t)ll;
+    if (r->best_of < r->n) {
+        bad(err, "best_of", "'best_of' (%zu) must be at least 'n' (%zu)", r->best_of, r->n);
+        goto done;
+    }
+    if (r->stream && r->best_of > r->n) {
+        bad(err, "best_of", "'best_of' cannot be used with 'stream'");
+        goto done;
+    }
+    ll = -1;
+    if (get_int(o, "logprobs", 0, OAI_MAX_LOGPROBS, &ll, err) != 0) goto done;
+    r->logprobs = (int)ll;
+    if (get_bool(o, "echo", &r->echo, err) != 0) goto done;
+    rc = 0;
+done:
+    json_decref(o);
+    if (rc != 0) oai_request_free(r);
+    return rc;
+}
+
+/* ---- chat ------------------------------------------------------------------ */
+
+/* Bounded growth of the rendered prompt: the body's own size bounds it, plus
+ * the template's text per message. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} textbuf;
+
+static int tb_add(textbuf *b, const char *p, size_t n)
+{
+    if (n > SIZE_MAX - b->len - 1) return -1;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL) return -1;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+static int tb_str(textbuf *b, const char *s)
+{
+    return tb_add(b, s, strlen(s));
+}
+
+/* Whether string v is exactly lit (a NUL inside v is not ignored). */
+static int str_is(const json_t *v, const char *lit)
+{
+    return json_string_length(v) == strlen(lit) && strcmp(json_string_value(v), lit) == 0;
+}
+
+/* One message's content: a string, or a list of text parts (joined). */
+static int add_content(textbuf *b, const json_t *content, size_t i, oai_error *err)
+{
+    if (json_is_string(content))
+        return tb_add(b, json_string_value(content), json_string_length(content)) != 0
+                   ? bad(err, "messages", "out of memory")
+                   : 0;
+    if (!json_is_array(content))
+        return bad(err, "messages",
+                   "'messages[%zu].content' must be a string or a list of text parts, got %s", i,
+                   json_kind(content));
+    for (size_t k = 0; k < json_array_size(content); k++) {
+        const json_t *part = json_array_get(content, k);
+        const json_t *type = json_object_get(part, "type");
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type))
+            return bad(err, "messages", "'messages[%zu].content[%zu]' must be a content part", i,
+                       k);
+        if (!str_is(type, "text"))
+            return bad(err, "messages",
+                       "'messages[%zu].content[%zu]' is a '%.40s' part; GPT-2 reads only text", i,
+                       k, json_string_value(type));
+        if (!json_is_string(text))
+            return bad(err, "messages", "'messages[%zu].content[%zu].text' must be a string", i, k);
+        if (tb_add(b, json_string_value(text), json_string_length(text)) != 0)
+            return bad(err, "messages", "out of memory");
+    }
+    return 0;
+}
+
+static int role_of(const char *name, oai_role *out)
+{
+    if (strcmp(name, "system") == 0 || strcmp(name, "developer") == 0)
+        *out = OAI_ROLE_SYSTEM;
+    else if (strcmp(name, "user") == 0)
+        *out = OAI_ROLE_USER;
+    else if (strcmp(name, "assistant") == 0)
+        *out = OAI_ROLE_ASSISTANT;
+    else
+        return -1;
+    return 0;
+}
+
+/* messages -> the template's text, as the one prompt of r. */
+static int render_messages(const json_t *o, const oai_template *t, oai_request *r, oai_error *err)
+{
+    const json_t *msgs = json_object_get(o, "messages");
+    if (msgs == NULL || json_is_null(msgs))
+        return bad(err, "messages", "'messages' is required: a list of {role, content}");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return bad(err, "messages", "'messages' must be a non-empty list, got %s",
+                   json_is_array(msgs) ? "an empty list" : json_kind(msgs));
+    textbuf b = {0};
+    if (tb_str(&b, t->begin) != 0) goto oom;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m)) {
+            bad(err, "messages", "'messages[%zu]' must be an object, got %s", i, json_kind(m));
+            goto fail;
+        }
+        const json_t *role = json_object_get(m, "role");
+        oai_role rl;
+        if (!json_is_string(role)) {
+            bad(err, "messages", "'messages[%zu].role' must be a string", i);
+            goto fail;
+        }
+        if (memchr(json_string_value(role), '\0', json_string_length(role)) != NULL
+            || role_of(json_string_value(role), &rl) != 0) {
+            bad(err, "messages",
+                "'messages[%zu].role' is '%.40s'; this server takes system, developer, user and "
+                "assistant messages (no tools)",
+                i, json_string_value(role));
+            goto fail;
+        }
+        const json_t *calls = json_object_get(m, "tool_calls");
+        if (calls == NULL || json_is_null(calls)) calls = json_object_get(m, "function_call");
+        if (calls != NULL && !json_is_null(calls)) {
+            bad(err, "messages", "'messages[%zu].%s': tools are not supported", i,
+                json_object_get(m, "tool_calls") != NULL ? "tool_calls" : "function_call");
+            goto fail;
+        }
+        const json_t *content = json_object_get(m, "content");
+        if (content == NULL || json_is_null(content)) {
+            bad(err, "messages", "'messages[%zu].content' is required", i);
+            goto fail;
+        }
+        if (tb_str(&b, t->prefix[rl]) != 0) goto oom;
+        if (add_content(&b, content, i, err) != 0) goto fail;
+        if (tb_str(&b, t->suffix[rl]) != 0) goto oom;
+    }
+    if (tb_str(&b, t->generation) != 0) goto oom;
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (r->prompts == NULL) goto oom;
+    r->nprompts = 1;
+    r->prompts[0].text = b.p;
+    r->prompts[0].text_len = b.len;
+    return 0;
+oom:
+    bad(err, "messages", "out of memory");
+fail:
+    free(b.p);
+    return -1;
+}
+
+/* A field that must be absent or null (or an empty list). */
+static int refuse(const json_t *o, const char *key, const char *why, oai_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (v == NULL || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) return 0;
+    return bad(err, key, "'%s' is not supported: %s", key, why);
+}
+
+int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oai_template *t,
+                   oai_request *r, oai_error *err)
+{
+    int rc = -1;
+    json_t *o = parse_body(body, len, r, err);
+    if (o == NULL) goto done;
+    r->chat = 1;
+    if (refuse(o, "tools", "GPT-2 cannot call tools", err) != 0
+        || refuse(o, "functions", "GPT-2 cannot call functions", err) != 0
+        || refuse(o, "audio", "GPT-2 writes only text", err) != 0)
+        goto done;
+    /* tool_choice and the older function_call: only "none" (or null). */
+    static const char *const choices[] = {"tool_choice", "function_call"};
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *tc = json_object_get(o, choices[i]);
+        if (tc != NULL && !json_is_null(tc) && !str_is(tc, "none")) {
+            bad(err, choices[i], "'%s' is not supported: GPT-2 cannot call tools", choices[i]);
+            goto done;
+        }
+    }
+    const json_t *rf = json_object_get(o, "response_format");
+    if (rf != NULL && !json_is_null(rf)) {
+        const json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type)) {
+            bad(err, "response_format", "'response_format' must be {\"type\": \"text\"}");
+            goto done;
+        }
+        if (!str_is(type, "text")) {
+            bad(err, "response_format",
+                "'response_format' type '%.40s' is not supported: this server writes only "
+                "free text",
+                json_string_value(type));
+            goto done;
+        }
+    }
+    if (render_messages(o, t, r, err) != 0) goto done;
+    /* max_completion_tokens is the current name, max_tokens the old one;
+     * both are checked, the current one wins. Without either, the reply may
+     * run to chat_max_tokens (the server also caps it by the context): a
+     * default of the whole context would reserve its KV blocks for every
+     * chat (admission reserves prompt + max_tokens). */
+    long long ll = -1, old = -1;
+    if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0
+        || get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &old, err) != 0)
+        goto done;
+    r->max_completion = ll >= 0;
+    if (ll < 0) ll = old;
+    r->max_tokens_auto = ll < 0;
+    r->max_tokens = ll >= 0                                        ? (size_t)ll
+                    : lim->chat_max_tokens < lim->max_tokens_limit ? lim->chat_max_tokens
+                                                                   : lim->max_tokens_limit;
+    if (parse_shared(o, lim, r, err) != 0) goto done;
+    r->best_of = r->n;
+    int logprobs = 0;
+    if (get_bool(o, "logprobs", &logprobs, err) != 0) goto done;
+    ll = 0;
+    if (get_int(o, "top_logprobs", 0, 20, &ll, err) != 0) goto done;
+    if (ll > OAI_MAX_LOGPROBS) {
+        bad(err, "top_logprobs", "'top_logprobs' is %lld; this server gives at most %d", ll,
+            OAI_MAX_LOGPROBS);
+        goto done;
+    }
+    if (ll > 0 && !logprobs) {
+        bad(err, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        goto done;
+    }
+    r->logprobs = logprobs ? (int)ll : -1;
+    for (size_t i = 0; i < t->nstop && r->nstop < OAI_STOP_CAP; i++) {
+        size_t n = strlen(t->stop[i]);
+        r->stop[r->nstop] = malloc(n + 1);
+        if (r->stop[r->nstop] == NULL) {
+            bad(err, "stop", "out of memory");
+            goto done;
+        }
+        memcpy(r->stop[r->nstop], t->stop[i], n + 1);
+        r->stop_len[r->nstop++] = n;
+    }
+    rc = 0;
+done:
+    json_decref(o);
+    if (rc != 0) oai_request_free(r);
+    return rc;
+}

@@ -1,0 +1,118 @@
+/*
+ * server/api/sse.c: see sse.h.
+ */
+#include "sse.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void sse_init(sse_queue *q)
+{
+    memset(q, 0, sizeof *q);
+}
+
+void sse_free(sse_queue *q)
+{
+    free(q->buf);
+    sse_init(q);
+}
+
+/* Appends the pieces of one event, all or nothing. */
+static int put(sse_queue *q, const char *a, const char *b, size_t blen, const char *c)
+{
+    if (q->failed || q->done) return -1;
+    size_t alen = strlen(a), clen = strlen(c);
+    if (q->off > 0 && q->off == q->len) q->off = q->len = 0; /* all taken: start over */
+    size_t need = q->len + alen + blen + clen;
+    if (need < q->len) { /* overflow */
+        q->failed = 1;
+        return -1;
+    }
+    if (need > q->cap && q->off > 0) { /* a slow reader: reuse what it took */
+        memmove(q->buf, q->buf + q->off, q->len - q->off);
+        q->len -= q->off;
+        need -= q->off;
+        q->off = 0;
+    }
+    if (need > q->cap) {
+        size_t cap = q->cap ? q->cap : 1024;
+        while (cap < need) {
+            if (cap > (size_t)-1 / 2) {
+                q->failed = 1;
+                return -1;
+            }
+            cap *= 2;
+        }
+        char *nb = realloc(q->buf, cap);
+        if (nb == NULL) {
+            q->failed = 1;
+            return -1;
+        }
+        q->buf = nb;
+        q->cap = cap;
+    }
+    memcpy(q->buf + q->len, a, alen);
+    memcpy(q->buf + q->len + alen, b, blen);
+    memcpy(q->buf + q->len + alen + blen, c, clen);
+    q->len = need;
+    return 0;
+}
+
+int sse_data(sse_queue *q, const json_t *obj)
+{
+    if (q->failed || q->done) return -1;
+    char *js = json_dumps(obj, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (js == NULL) {
+        q->failed = 1;
+        return -1;
+    }
+    /* Compact JSON from jansson never holds a raw CR or LF: no scan. */
+    int rc = put(q, "data: ", js, strlen(js), "\n\n");
+    free(js);
+    return rc;
+}
+
+int sse_data_raw(sse_queue *q, const char *json)
+{
+    if (strchr(json, '\n') != NULL || strchr(json, '\r') != NULL) return -1;
+    return put(q, "data: ", json, strlen(json), "\n\n");
+}
+
+int sse_comment(sse_queue *q, const char *text)
+{
+    if (strchr(text, '\n') != NULL || strchr(text, '\r') != NULL) return -1;
+    return put(q, ": ", text, strlen(text), "\n\n");
+}
+
+int sse_done(sse_queue *q)
+{
+    if (put(q, "data: [DONE]", "", 0, "\n\n") != 0) return -1;
+    q->done = 1;
+    return 0;
+}
+
+size_t sse_pending(const sse_queue *q)
+{
+    return q->len - q->off;
+}
+
+size_t sse_take(sse_queue *q, char *out, size_t max)
+{
+    size_t n = q->len - q->off;
+    if (n > max) n = max;
+    if (n == 0) return 0;
+    memcpy(out, q->buf + q->off, n);
+    q->off += n;
+    if (q->off == q->len) q->off = q->len = 0;
+    return n;
+}
+
+int sse_finished(const sse_queue *q)
+{
+    return q->done && q->off == q->len;
+}
+
+int sse_over_limit(const sse_queue *q)
+{
+    return q->limit > 0 && sse_pending(q) > q->limit;
+}

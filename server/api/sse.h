@@ -1,0 +1,55 @@
+/*
+ * server/api/sse.h: the Server-Sent Events writer of a streamed completion. A
+ * byte queue of whole events ("data: JSON\n\n", "data: [DONE]\n\n", ":
+ * comment\n\n") that libmicrohttpd's content reader drains.
+ *
+ * JSON is written compact, and jansson escapes every control character in
+ * strings, so an event's data is always one line: no text a model or a
+ * client produces can end an event early or forge one. If memory runs out
+ * the queue is marked failed and takes nothing more; the reader then ends
+ * the response with an error instead of sending a stream with a hole in it.
+ *
+ * Prefix: sse_. Pure: no I/O, no globals. Thread: one per queue.
+ */
+#ifndef GPT2D_SERVER_SSE_H
+#define GPT2D_SERVER_SSE_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+typedef struct {
+    char *buf;
+    size_t len, cap; /* bytes queued, allocated          */
+    size_t off;      /* bytes of buf already taken        */
+    int done;        /* [DONE] queued: nothing may follow  */
+    int failed;      /* out of memory: the stream is broken */
+    size_t limit;    /* the backlog bound in bytes (0: none); see sse_over_limit */
+} sse_queue;
+
+/* An empty queue (all zero). */
+void sse_init(sse_queue *q);
+void sse_free(sse_queue *q);
+
+/* Queues "data: <obj as compact JSON>\n\n". 0, or -1 when the queue failed,
+ * is done, or obj cannot be written. Does not take obj's reference. */
+int sse_data(sse_queue *q, const json_t *obj);
+/* Queues "data: <json>\n\n" for text that is already one line of JSON. */
+int sse_data_raw(sse_queue *q, const char *json);
+/* Queues ": <text>\n\n", a comment that clients ignore (keep-alive); text
+ * must not contain a newline (-1). */
+int sse_comment(sse_queue *q, const char *text);
+/* Queues "data: [DONE]\n\n" and marks the queue done. */
+int sse_done(sse_queue *q);
+
+/* Bytes waiting to be sent. */
+size_t sse_pending(const sse_queue *q);
+/* Copies up to max waiting bytes to out and removes them; the count. */
+size_t sse_take(sse_queue *q, char *out, size_t max);
+/* Whether the stream is complete: done and everything taken. */
+int sse_finished(const sse_queue *q);
+/* Whether more than q->limit bytes wait to be sent (never with limit 0):
+ * the client is not reading as fast as the stream is produced. Queuing
+ * goes on regardless; the caller decides what a backlog costs. */
+int sse_over_limit(const sse_queue *q);
+
+#endif

@@ -1,0 +1,295 @@
+/*
+ * server/daemon/daemon.c: `gpt2d serve`: the configuration, the model, the route
+ * table, listening (a socket systemd passed, or host:port), and the
+ * shutdown once the loop ends (lifecycle.c: the signals and the drain).
+ */
+#include "daemon/daemon.h"
+#include "server.h"
+#include "daemon/systemd.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef GPT2D_BUILD_VERSION
+#define GPT2D_BUILD_VERSION "dev"
+#endif
+
+/* libmicrohttpd's unescaper, which leaves the request target as sent: the
+ * router matches the undecoded path, so "/v1%2fcompletions" and
+ * "/health%00junk" are unknown routes (404), not their decoded look-alikes,
+ * and the access log shows what the client sent. No route reads query
+ * arguments, which stay undecoded too. */
+static size_t keep_escaped(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    return strlen(s);
+}
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out, "usage: gpt2d serve --model DIR [options]\n"
+                 "Serves the model over HTTP (OpenAI-compatible POST /v1/completions).\n"
+                 "Every option is also a config-file key (key = value):\n");
+    cfg_print_help(out);
+}
+
+/* The routes: the router (router.c) looks requests up here. /health, /ready
+ * and /metrics need no key when auth_open_health is set. */
+static size_t build_routes(const cfg_config *cfg, http_route *t)
+{
+    int probe_key = !cfg->auth_open_health;
+    size_t n = 0;
+    t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1, 0};
+    t[n++] = (http_route){"POST", "/v1/chat/completions", cmpl_route_chat, 1, 0};
+    t[n++] = (http_route){"GET", "/v1/models", probe_models, 1, 0};
+    t[n++] = (http_route){"GET", "/v1/models/", probe_model, 1, 1}; /* /v1/models/{id} */
+    t[n++] = (http_route){"GET", "/version", probe_version, probe_key, 0};
+    if (cfg->ui) t[n++] = (http_route){"GET", "/", ui_page, 0, 0}; /* its API calls need keys */
+    t[n++] = (http_route){"POST", "/tokenize", tok_route_tokenize, 1, 0};
+    t[n++] = (http_route){"POST", "/detokenize", tok_route_detokenize, 1, 0};
+    t[n++] = (http_route){"GET", "/health", probe_health, probe_key, 0};
+    t[n++] = (http_route){"GET", "/ready", probe_ready, probe_key, 0};
+    t[n++] = (http_route){"GET", "/metrics", probe_metrics, probe_key, 0};
+    return n;
+}
+#define SRV_MAX_ROUTES 16
+
+int srv_main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0) {
+            serve_usage(stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            srv_print_version();
+            return 0;
+        }
+        if (strcmp(argv[i], "--print-defaults") == 0) {
+            cfg_print_defaults(stdout);
+            return 0;
+        }
+    }
+    srv_sd_init();
+    srv s;
+    memset(&s, 0, sizeof s);
+    char err[1024];
+    met_init(&s.met);
+    s.argc = argc;
+    s.argv = argv;
+    if (srv_config_read(&s.cfg, argc, argv, err, sizeof err) != CFG_OK) {
+        log_fatal(err);
+        if (strncmp(err, "unknown option", 14) == 0) serve_usage(stderr);
+        return 2;
+    }
+    {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        s.started_wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+    }
+    /* The chat template: built in, none, or an operator's file. */
+    if (strcmp(s.cfg.chat_template, "none") == 0) {
+        s.chat_on = 0;
+    } else if (strcmp(s.cfg.chat_template, "default") == 0) {
+        if (oai_template_default(&s.chat) != 0) {
+            log_fatal("out of memory");
+            return 1;
+        }
+        s.chat_on = 1;
+    } else {
+        char terr[512];
+        if (oai_template_load(s.cfg.chat_template, &s.chat, terr, sizeof terr) != 0) {
+            snprintf(err, sizeof err, "chat_template: %s", terr);
+            log_fatal(err);
+            return 2;
+        }
+        s.chat_on = 1;
+    }
+    log_set_level(s.cfg.log_level);
+    const char *delay = getenv("GPT2D_TEST_STEP_DELAY_MS");
+    if (delay != NULL && atoi(delay) > 0) {
+        s.step_delay_ms = (unsigned)atoi(delay);
+        log_line("warn",
+                 "GPT2D_TEST_STEP_DELAY_MS: every step sleeps %u ms (a test of a wedged "
+                 "engine; never set it in production)",
+                 s.step_delay_ms);
+    }
+    int rc = 1;
+    log_line("info", "loading %s", s.cfg.model_dir);
+    srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
+    srv_model_watch_init(&s); /* the file's identity before it is read */
+    if (bpe_load_dir(s.cfg.model_dir, &s.tok, err, sizeof err) != BPE_OK
+        || eng_model_load(s.cfg.model_dir, &s.model, err, sizeof err) != ENG_OK) {
+        log_fatal(err);
+        goto done;
+    }
+    log_line("info", "weights: %s, %s layout, %.1f MB as stored", eng_model_dtype(s.model),
+             eng_model_layout(s.model), (double)eng_model_weight_bytes(s.model) / 1e6);
+    if (eng_model_copied_bytes(s.model) > 0)
+        log_line("warn",
+                 "copied %.1f MB of misaligned weights; "
+                 "`gpt2d convert` writes a file that maps without copying",
+                 (double)eng_model_copied_bytes(s.model) / 1e6);
+    eng_sched_opts so = {.kv_bytes = s.cfg.kv_cache_mb << 20,
+                         .block_len = s.cfg.kv_block,
+                         .max_running = s.cfg.max_running,
+                         .max_queue = s.cfg.max_queue,
+                         .step_tokens = s.cfg.step_tokens,
+                         .threads = s.cfg.threads,
+                         .prefix_cache = s.cfg.prefix_cache};
+    if (eng_sched_new(s.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
+        log_fatal(err);
+        goto done;
+    }
+    double warm0 = log_now();
+    if (eng_sched_warmup(s.sched, err, sizeof err) != ENG_OK) {
+        log_fatal(err);
+        goto done;
+    }
+    log_line("info", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
+    const eng_config *mc = eng_model_config(s.model);
+    /* system_fingerprint: changes with the build and with the weights file. */
+    {
+        char path[CFG_STR_MAX + 32];
+        snprintf(path, sizeof path, "%s/model.safetensors", s.cfg.model_dir);
+        struct stat st;
+        uint64_t h = 0xCBF29CE484222325ull;
+        const char *build = __DATE__ " " __TIME__ " " GPT2D_BUILD_VERSION;
+        for (const char *p = build; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
+        if (stat(path, &st) == 0) {
+            uint64_t parts[3] = {(uint64_t)st.st_size, (uint64_t)st.st_mtim.tv_sec,
+                                 (uint64_t)st.st_ino};
+            for (int i = 0; i < 3; i++) h = (h ^ parts[i]) * 0x100000001B3ull;
+        }
+        snprintf(s.fingerprint, sizeof s.fingerprint, "fp_%012llx",
+                 (unsigned long long)(h & 0xFFFFFFFFFFFFull));
+    }
+    http_route routes[SRV_MAX_ROUTES];
+    s.nroutes = build_routes(&s.cfg, routes);
+    s.routes = routes;
+    s.loop = uv_default_loop();
+    if (tok_pool_start(&s, err, sizeof err) != 0) {
+        log_fatal(err);
+        goto done;
+    }
+    /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port. */
+    int lfd = srv_sd_listen_fd(err, sizeof err);
+    if (lfd == -2) {
+        log_fatal(err);
+        goto done;
+    }
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+    if (lfd < 0 && uv_ip4_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in *)&ss) != 0) {
+        if (uv_ip6_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in6 *)&ss) != 0) {
+            snprintf(err, sizeof err, "host '%s' is not an IPv4 or IPv6 address", s.cfg.host);
+            log_fatal(err);
+            goto done;
+        }
+        flags |= MHD_USE_IPv6;
+    }
+    /* Connections over max_connections reach conn_on_notify, which closes an
+     * idle one to make room (or refuses the newcomer): conn.c. libmicrohttpd
+     * gets headroom for those closing: at its own limit it stops accepting
+     * until its next run, which may be a timer's second away. */
+    unsigned mhd_limit = (unsigned)s.cfg.max_connections + SRV_CONN_HEADROOM;
+    unsigned per_ip = (unsigned)s.cfg.max_connections_per_ip;
+    /* The options both ways of listening share: the undecoded path,
+     * libmicrohttpd's per-connection memory, the completion, connection and
+     * request-line callbacks, the limits and the idle timeout. */
+#define SRV_MHD_OPTIONS                                                                            \
+    MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,          \
+        (size_t)SRV_CONN_POOL_BYTES, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,           \
+        MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_URI_LOG_CALLBACK,             \
+        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,                                   \
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,                 \
+        (unsigned)s.cfg.connection_timeout_s
+    if (lfd >= 0)
+        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
+                                 MHD_OPTION_LISTEN_SOCKET, lfd, SRV_MHD_OPTIONS, MHD_OPTION_END);
+    else
+        s.mhd = MHD_start_daemon(flags, s.cfg.port, NULL, NULL, http_on_request, &s,
+                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, SRV_MHD_OPTIONS,
+                                 MHD_OPTION_END);
+#undef SRV_MHD_OPTIONS
+    if (s.mhd == NULL) {
+        if (lfd >= 0)
+            snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",
+                     lfd);
+        else
+            snprintf(err, sizeof err, "cannot listen on %s:%u (in use, or not allowed)", s.cfg.host,
+                     s.cfg.port);
+        log_fatal(err);
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_BIND_PORT);
+    uv_poll_init(s.loop, &s.poll, di->epoll_fd);
+    s.poll.data = &s;
+    uv_poll_start(&s.poll, UV_READABLE, loop_on_poll);
+    uv_timer_init(s.loop, &s.timer);
+    s.timer.data = &s;
+    uv_timer_init(s.loop, &s.drain_timer);
+    s.drain_timer.data = &s;
+    /* The hooks the completions register on the way down: their policy over
+     * time (each second) and their back-pressure (after each step). */
+    s.on_tick = cmpl_tick;
+    s.after_step = cmpl_after_step;
+    uv_timer_init(s.loop, &s.tick);
+    s.tick.data = &s;
+    uv_timer_start(&s.tick, srv_on_tick, 1000, 1000);
+    uv_timer_init(s.loop, &s.sweep);
+    s.sweep.data = &s;
+    uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
+    srv_signals_start(&s);
+    srv_model_watch_start(&s);
+    signal(SIGPIPE, SIG_IGN);
+    if (lfd >= 0)
+        log_line("info",
+                 "serving %s (%zu layers, width %zu) on the socket systemd passed (port %u)",
+                 s.cfg.model_name, mc->n_layer, mc->n_embd, pi ? pi->port : 0);
+    else
+        log_line("info", "serving %s (%zu layers, width %zu) on http://%s:%u", s.cfg.model_name,
+                 mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
+    uv_timer_init(s.loop, &s.watchdog);
+    s.watchdog.data = &s;
+    uv_timer_init(s.loop, &s.info_timer);
+    s.info_timer.data = &s;
+    s.info_last = log_now();
+    if (s.cfg.info_interval_s > 0) {
+        uint64_t ms = (uint64_t)(s.cfg.info_interval_s * 1000);
+        uv_timer_start(&s.info_timer, srv_on_info, ms > 0 ? ms : 1, ms > 0 ? ms : 1);
+    }
+    if (srv_sd_watchdog_usec() > 0) {
+        uint64_t ms = srv_sd_watchdog_usec() / 2000;
+        uv_timer_start(&s.watchdog, srv_on_watchdog, 0, ms > 0 ? ms : 1);
+    }
+    /* Ready only now: the model is loaded and the socket is listening. */
+    srv_sd_notify("READY=1");
+    srv_sd_status(&s);
+    loop_mhd_run(&s);
+    uv_run(s.loop, UV_RUN_DEFAULT);
+    /* libmicrohttpd aborts the process when it is stopped with a connection
+     * suspended (a request still tokenizing or waiting when the drain's
+     * grace ran out): resumed, they are closed like the others. */
+    conn_resume_all(&s);
+    MHD_stop_daemon(s.mhd);
+    s.mhd = NULL;
+    rc = s.exit_code;
+    log_line("info", "stopped (exit status %d)", rc);
+done:
+    if (rc != 0) tpool_close(s.tokpool);
+    tok_pool_free(&s);
+    oai_template_free(&s.chat);
+    eng_sched_free(s.sched);
+    eng_model_free(s.model);
+    bpe_free(s.tok);
+    if (s.loop != NULL) uv_loop_close(s.loop);
+    return rc;
+}

@@ -1,0 +1,96 @@
+/*
+ * server/daemon/daemon.h: the daemon, the top of server/: it builds the
+ * server object and the route table, registers the hooks, runs the loop,
+ * and owns the process's lifecycle. Its files:
+ *
+ *   daemon.c      start-up, listen, the route table and the hooks, the loop,
+ *                 shutdown
+ *   lifecycle.c   signals, the drain and its end
+ *   reload.c      SIGHUP: the configuration read again
+ *   modelwatch.c  the served weights file watched; SIGBUS named
+ *   timers.c      the 1 s tick, the systemd watchdog and status, the info
+ *                 line
+ *   probes.c      /health, /ready, /v1/models[/{id}], /metrics, /version
+ *   ui.c          the playground page at / (server/ui/, built into the
+ *                 binary by scripts/embed.py)
+ *   metrics.c     counters, histograms, the Prometheus page (a leaf)
+ *   systemd.c     sd_notify, the watchdog interval, the journal (a leaf)
+ *
+ * Thread: the loop thread (modelwatch.c's SIGBUS handler aside).
+ *
+ * Prefixes: srv_ (daemon), probe_, ui_, met_.
+ */
+#ifndef GPT2D_SERVER_DAEMON_H
+#define GPT2D_SERVER_DAEMON_H
+
+#include "api/api.h"
+
+/* ---- lifecycle.c, reload.c, modelwatch.c ---------------------------------- */
+
+/* srv_main's exit status when the model file changed under the server (a
+ * drain, then this status, so that systemd restarts it on the new file). */
+#define SRV_EXIT_MODEL_CHANGED 3
+/* Seconds the responses ended by a drain's end get to be written before the
+ * loop stops regardless (shutdown_timeout + this bounds the exit). */
+#define SRV_CUT_GRACE_S 0.5
+
+/* Builds the configuration: defaults < the config file (--config, else
+ * /etc/gpt2d/gpt2d.conf when it exists) < the command line; validated.
+ * CFG_OK, or the status with err naming the key and its file:line or
+ * option. */
+cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen);
+/* Starts the signal handlers: SIGTERM and SIGINT drain (a second one ends
+ * the drain at once), SIGHUP reloads, SIGUSR1 and SIGUSR2 are logged and
+ * otherwise ignored. */
+void srv_signals_start(srv *s);
+/* Starts the drain once: /ready answers 503, new completions 503, running
+ * ones finish within shutdown_timeout, then the rest are ended cleanly and
+ * the loop stops; srv_main then returns exit_code. why is logged. */
+void srv_drain_begin(srv *s, int exit_code, const char *why);
+/* Ends the drain now: every request still generating ends with a final
+ * event naming the shutdown (streams) or 503 (whole answers). */
+void srv_drain_cut(srv *s, const char *why);
+/* SIGHUP: reads the configuration again (the file and the command line) and
+ * applies the keys that may change while serving; any other changed key is
+ * logged as needing a restart; a bad file is refused whole, logged with
+ * its file:line. */
+void srv_reload(srv *s);
+/* The identity of the file at path now (exists 0 when stat fails). */
+void srv_file_id_get(const char *path, srv_file_id *out);
+/* 1 when a and b are the same file with the same contents, as far as
+ * srv_file_id tells. */
+int srv_file_id_same(const srv_file_id *a, const srv_file_id *b);
+/* Records the served weights file before it is loaded; then watches it
+ * (once a second) and drains with SRV_EXIT_MODEL_CHANGED when it changes.
+ * Also installs the SIGBUS handler that names the file when a read of its
+ * mapping fails (the file shrank under it). */
+void srv_model_watch_init(srv *s);
+void srv_model_watch_start(srv *s);
+/* ---- probes.c, ui.c: the small GET routes --------------------------------- */
+
+enum MHD_Result probe_health(srv_req *r); /* probes.c */
+enum MHD_Result probe_ready(srv_req *r);
+enum MHD_Result probe_models(srv_req *r);
+enum MHD_Result probe_model(srv_req *r); /* GET /v1/models/{id} */
+enum MHD_Result probe_metrics(srv_req *r);
+enum MHD_Result probe_version(srv_req *r);
+enum MHD_Result ui_page(srv_req *r); /* ui.c: GET / and its assets */
+
+/* The build, as /version and gpt2d_build_info report it. */
+const char *srv_version(void);
+const char *srv_commit(void);
+const char *srv_buildtype(void);
+
+/* ---- timers.c: the daemon's clocks ----------------------------------------- */
+
+/* The 1 s tick: the srv's on_tick hook (the completions' policy), then the
+ * systemd status line. */
+void srv_on_tick(uv_timer_t *t);
+/* systemd's watchdog: pings while steps progress. */
+void srv_on_watchdog(uv_timer_t *t);
+/* systemd's STATUS= line, sent when it changed. */
+void srv_sd_status(srv *s);
+/* The log line of what the server did since the last one (info_interval):
+ * nothing when it was idle. */
+void srv_on_info(uv_timer_t *t);
+#endif

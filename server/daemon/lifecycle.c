@@ -1,0 +1,158 @@
+/*
+ * server/daemon/lifecycle.c: the daemon's signals and the drain.
+ *
+ * SIGTERM or SIGINT starts the drain (srv_drain_begin): the listener stays
+ * open, /ready answers 503 (load balancers take the replica out), new
+ * completions get 503 with Retry-After, and what runs goes on. The drain
+ * ends in one of three ways:
+ *
+ *   - every request is answered and its response written: the loop stops;
+ *   - shutdown_timeout passes, or a second SIGTERM/SIGINT comes: the cut
+ *     (srv_drain_cut). Every request still generating is cancelled and ends
+ *     cleanly: a stream gets its choices' last chunks, an error event
+ *     naming the shutdown, `data: [DONE]` and the chunked end; a whole
+ *     answer gets a 503 JSON error. Those responses get SRV_CUT_GRACE_S to
+ *     be written, then the loop stops regardless;
+ *   - a third signal during the cut: the loop stops at once.
+ *
+ * When the loop stops, a request that still has no answer started (its
+ * body still coming, say) gets a 503 server_shutting_down JSON written on
+ * its socket (conn.c) before its connection is closed.
+ *
+ * Stopping the loop closes its handles; uv_run returns once the step in
+ * flight (if any) is back, and srv_main stops libmicrohttpd, which closes
+ * whatever connection is left, and returns s->exit_code.
+ *
+ *   serving -> draining -> (cut ->) closed
+ *
+ * SIGHUP reloads the configuration (reload.c); SIGUSR1 and SIGUSR2 are
+ * logged and otherwise ignored (their default action would kill the
+ * process). Thread: the loop thread (libuv delivers signals there).
+ */
+#include "daemon/daemon.h"
+#include "daemon/systemd.h"
+
+#include <signal.h>
+#include <string.h>
+
+static void close_handle(uv_handle_t *h)
+{
+    if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+/* Closes every handle of the loop, so that uv_run returns. */
+static void close_all(srv *s)
+{
+    if (s->closed) return;
+    s->closed = 1;
+    conn_close_unanswered(s); /* a request still unanswered gets a 503, not a bare close */
+    uv_handle_t *handles[] = {
+        (uv_handle_t *)&s->tick,     (uv_handle_t *)&s->drain_timer, (uv_handle_t *)&s->timer,
+        (uv_handle_t *)&s->watchdog, (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->sigterm,
+        (uv_handle_t *)&s->sigint,   (uv_handle_t *)&s->sighup,      (uv_handle_t *)&s->sigusr1,
+        (uv_handle_t *)&s->sigusr2,  (uv_handle_t *)&s->model_timer, (uv_handle_t *)&s->info_timer,
+        (uv_handle_t *)&s->sweep,
+    };
+    for (size_t i = 0; i < sizeof handles / sizeof handles[0]; i++) close_handle(handles[i]);
+    tpool_close(s->tokpool);
+}
+
+/* Nothing generates, waits or tokenizes, and every request's response is
+ * written (its connection's request completed). */
+static int all_answered(const srv *s)
+{
+    eng_sched_stats st;
+    eng_sched_stats_get(s->sched, &st);
+    return st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing + s->tok_nwait == 0
+           && s->active == 0;
+}
+
+static void drain_check(uv_timer_t *t)
+{
+    srv *s = t->data;
+    if (all_answered(s)) {
+        log_line("info", "drained: every response is written");
+        close_all(s);
+        return;
+    }
+    double now = log_now();
+    if (!s->cut && now - s->drain_started >= s->cfg.shutdown_timeout_s) {
+        srv_drain_cut(s, "shutdown_timeout");
+    } else if (s->cut && now - s->cut_at >= SRV_CUT_GRACE_S) {
+        log_line("warn",
+                 "%zu requests not answered %.1f s after the drain's end; closing their "
+                 "connections",
+                 s->active, SRV_CUT_GRACE_S);
+        close_all(s);
+    }
+}
+
+void srv_drain_begin(srv *s, int exit_code, const char *why)
+{
+    if (s->exit_code == 0) s->exit_code = exit_code;
+    if (s->draining) return;
+    s->draining = 1;
+    s->drain_started = log_now();
+    srv_sd_notify("STOPPING=1");
+    srv_sd_status(s);
+    log_line("info", "%s: draining (shutdown_timeout %.0f s; a second SIGTERM ends it now)", why,
+             s->cfg.shutdown_timeout_s);
+    uv_timer_start(&s->drain_timer, drain_check, 0, 50);
+}
+
+void srv_drain_cut(srv *s, const char *why)
+{
+    assert(s->draining);
+    if (s->cut || s->closed) return;
+    s->cut = 1;
+    s->cut_at = log_now();
+    size_t n = cmpl_cut_all(s, why);
+    log_line("info", "drain ended (%s): %zu requests still generating are cut short", why, n);
+    loop_mhd_run(s); /* write what the cancellations queued */
+}
+
+static void on_stop_signal(uv_signal_t *h, int signum)
+{
+    srv *s = h->data;
+    const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
+    if (!s->draining) {
+        srv_drain_begin(s, 0, name);
+    } else if (!s->cut) {
+        log_line("info", "%s during the drain: ending it now", name);
+        srv_drain_cut(s, "a second signal");
+    } else {
+        log_line("warn", "%s during the drain's end: closing every connection now", name);
+        close_all(s);
+    }
+}
+
+static void on_reload_signal(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    srv_reload(h->data);
+}
+
+static void on_user_signal(uv_signal_t *h, int signum)
+{
+    (void)h;
+    log_line("info", "%s: no action (SIGHUP reloads the configuration, SIGTERM drains)",
+             signum == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
+}
+
+void srv_signals_start(srv *s)
+{
+    struct {
+        uv_signal_t *h;
+        uv_signal_cb cb;
+        int signum;
+    } sigs[] = {
+        {&s->sigterm, on_stop_signal, SIGTERM}, {&s->sigint, on_stop_signal, SIGINT},
+        {&s->sighup, on_reload_signal, SIGHUP}, {&s->sigusr1, on_user_signal, SIGUSR1},
+        {&s->sigusr2, on_user_signal, SIGUSR2},
+    };
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        uv_signal_init(s->loop, sigs[i].h);
+        sigs[i].h->data = s;
+        uv_signal_start(sigs[i].h, sigs[i].cb, sigs[i].signum);
+    }
+}

@@ -1,0 +1,201 @@
+/*
+ * server/daemon/metrics.c: the counters and histograms of /metrics, and the
+ * Prometheus text page. Pure (no I/O but a memory stream); loop thread.
+ */
+#include "daemon/metrics.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double met_seconds[MET_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                1,     2.5,  5,     10,   30,  60,   120};
+static const double met_rows[MET_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
+                                             128, 256, 512, 1024, 2048, 4096, 8192};
+
+static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
+                                                   "/v1/chat/completions",
+                                                   "/v1/models",
+                                                   "/v1/models/{id}",
+                                                   "/health",
+                                                   "/ready",
+                                                   "/metrics",
+                                                   "/tokenize",
+                                                   "/detokenize",
+                                                   "/version",
+                                                   "/",
+                                                   "other"};
+/* Every status gpt2d writes (204: a preflight; 403: a refused Origin;
+ * 414/431/501: refused heads), then "other". */
+static const unsigned met_statuses[MET_STATUSES] = {200, 204, 400, 401, 403, 404, 405, 408,
+                                                    413, 414, 429, 431, 500, 501, 503, 0};
+
+void met_init(srv_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    m->ttft.bounds = m->itl.bounds = m->duration.bounds = m->step_seconds.bounds = met_seconds;
+    m->step_rows.bounds = met_rows;
+}
+
+void met_observe(met_hist *h, double v)
+{
+    for (size_t i = 0; i < MET_BUCKETS; i++)
+        if (v <= h->bounds[i]) {
+            h->counts[i]++;
+            break;
+        }
+    h->count++;
+    h->sum += v;
+}
+
+static void met_print(FILE *m, const char *name, const char *help, const met_hist *h)
+{
+    fprintf(m, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < MET_BUCKETS; i++) {
+        cum += h->counts[i];
+        fprintf(m, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    fprintf(m, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+            (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted)
+{
+    size_t ri = MET_ROUTES - 1, si = MET_STATUSES - 1;
+    static const char models[] = "/v1/models/";
+    for (size_t i = 0; i + 1 < MET_ROUTES; i++)
+        if (strcmp(url, met_routes[i]) == 0) ri = i;
+    if (strncmp(url, models, sizeof models - 1) == 0 && url[sizeof models - 1] != '\0')
+        ri = 3; /* "/v1/models/{id}": one series for every id */
+    for (size_t i = 0; i + 1 < MET_STATUSES; i++)
+        if (status == met_statuses[i]) si = i;
+    m->requests[ri][si]++;
+    if (aborted) m->aborted++;
+}
+
+/* A label value: backslash, quote and newline escaped (the text format). */
+static void label(FILE *m, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            fprintf(m, "\\%c", *v);
+        else if (*v == '\n')
+            fputs("\\n", m);
+        else
+            fputc(*v, m);
+    }
+}
+
+static void family(FILE *m, const char *name, const char *type, const char *help)
+{
+    fprintf(m, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void sample_u(FILE *m, const char *name, const char *type, const char *help,
+                     unsigned long long v)
+{
+    family(m, name, type, help);
+    fprintf(m, "%s %llu\n", name, v);
+}
+
+static void sample_d(FILE *m, const char *name, const char *type, const char *help, double v)
+{
+    if (v < 0) return; /* unknown here: leave the family out */
+    family(m, name, type, help);
+    fprintf(m, "%s %.6f\n", name, v);
+}
+
+int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *info, char **out,
+               size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&buf, &n);
+    if (m == NULL) return -1;
+    family(m, "gpt2d_build_info", "gauge",
+           "Always 1; the labels say which build serves which model and weights.");
+    fputs("gpt2d_build_info{version=\"", m);
+    label(m, info->version);
+    fputs("\",commit=\"", m);
+    label(m, info->commit);
+    fputs("\",buildtype=\"", m);
+    label(m, info->buildtype);
+    fputs("\",kernels=\"", m);
+    label(m, info->kernels);
+    fputs("\",dtype=\"", m);
+    label(m, info->dtype);
+    fputs("\",layout=\"", m);
+    label(m, info->layout);
+    fputs("\",model=\"", m);
+    label(m, info->model);
+    fputs("\"} 1\n", m);
+    family(m, "gpt2d_requests_total", "counter", "HTTP requests by route and status.");
+    for (size_t ri = 0; ri < MET_ROUTES; ri++)
+        for (size_t si = 0; si < MET_STATUSES; si++) {
+            if (s->requests[ri][si] == 0) continue;
+            char code[16];
+            if (met_statuses[si] == 0)
+                snprintf(code, sizeof code, "other");
+            else
+                snprintf(code, sizeof code, "%u", met_statuses[si]);
+            fprintf(m, "gpt2d_requests_total{route=\"%s\",status=\"%s\"} %llu\n", met_routes[ri],
+                    code, (unsigned long long)s->requests[ri][si]);
+        }
+    sample_u(m, "gpt2d_requests_aborted_total", "counter",
+             "Requests whose client went away before the answer was complete.",
+             (unsigned long long)s->aborted);
+    sample_u(m, "gpt2d_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+             (unsigned long long)s->prompt_tokens);
+    sample_u(m, "gpt2d_completion_tokens_total", "counter", "Tokens generated.",
+             (unsigned long long)s->completion_tokens);
+    met_print(m, "gpt2d_time_to_first_token_seconds", "From the request to its first token.",
+              &s->ttft);
+    met_print(m, "gpt2d_inter_token_latency_seconds", "Between consecutive tokens of a choice.",
+              &s->itl);
+    met_print(m, "gpt2d_request_duration_seconds", "Completion requests, start to end.",
+              &s->duration);
+    met_print(m, "gpt2d_step_duration_seconds", "One engine step: forward and sampling.",
+              &s->step_seconds);
+    met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &s->step_rows);
+    sample_u(m, "gpt2d_steps_total", "counter", "Engine steps run.", (unsigned long long)st->steps);
+    sample_u(m, "gpt2d_running_sequences", "gauge", "Sequences in the running batch.",
+             (unsigned long long)st->running);
+    sample_u(m, "gpt2d_queued_requests", "gauge", "Requests waiting for admission.",
+             (unsigned long long)st->queued);
+    sample_u(m, "gpt2d_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
+             (unsigned long long)st->kv_blocks_used);
+    sample_u(m, "gpt2d_kv_blocks_capacity", "gauge", "KV cache blocks in the pool.",
+             (unsigned long long)st->kv_blocks_total);
+    sample_u(m, "gpt2d_last_step_rows", "gauge", "Rows (tokens) in the last engine step.",
+             (unsigned long long)st->last_step_rows);
+    sample_d(m, "gpt2d_last_step_seconds", "gauge", "Duration of the last engine step.",
+             st->last_step_seconds);
+    sample_u(m, "gpt2d_prefix_cache_lookups_total", "counter",
+             "Admissions that looked for a cached prefix.", (unsigned long long)st->prefix_lookups);
+    sample_u(m, "gpt2d_prefix_cache_hit_tokens_total", "counter",
+             "Prompt tokens taken from the prefix cache.",
+             (unsigned long long)st->prefix_hit_tokens);
+    sample_u(m, "gpt2d_prefix_cache_blocks", "gauge", "KV blocks findable by content, held or not.",
+             (unsigned long long)st->kv_blocks_cached);
+    sample_u(m, "gpt2d_prefix_cache_evictions_total", "counter",
+             "Cached blocks given up for fresh ones.", (unsigned long long)st->prefix_evictions);
+    sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
+             info->cpu_seconds);
+    sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",
+             info->resident_bytes);
+    sample_d(m, "process_virtual_memory_bytes", "gauge", "Virtual memory size.",
+             info->virtual_bytes);
+    sample_d(m, "process_open_fds", "gauge", "Open file descriptors.", info->open_fds);
+    sample_d(m, "process_max_fds", "gauge", "The limit of open file descriptors.", info->max_fds);
+    sample_d(m, "process_start_time_seconds", "gauge",
+             "Start time of the process since the Unix epoch.", info->start_time);
+    int bad = ferror(m);
+    if (fclose(m) != 0 || bad || buf == NULL) { /* a write failed: never a partial page */
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}

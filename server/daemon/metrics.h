@@ -1,0 +1,51 @@
+/*
+ * server/daemon/metrics.h: the counters and histograms of /metrics, and
+ * their Prometheus page (metrics.c: pure, loop thread). A leaf: every layer
+ * counts into it, and it calls nothing in server/.
+ */
+#ifndef GPT2D_SERVER_METRICS_H
+#define GPT2D_SERVER_METRICS_H
+
+#include "engine.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MET_BUCKETS 14
+#define MET_ROUTES 12   /* metrics.c's met_routes, and "other" */
+#define MET_STATUSES 16 /* metrics.c's met_statuses, and "other" */
+
+typedef struct {
+    const double *bounds;
+    uint64_t counts[MET_BUCKETS]; /* non-cumulative; printed cumulative */
+    uint64_t count;
+    double sum;
+} met_hist;
+
+/* What /metrics says about the build and the process (probes.c gathers
+ * the process's numbers; met_render only prints them). */
+typedef struct {
+    const char *version, *commit, *buildtype, *kernels, *dtype, *layout, *model;
+    double start_time;        /* Unix seconds */
+    double cpu_seconds;       /* user + system */
+    double resident_bytes;    /* -1: unknown */
+    double virtual_bytes;     /* -1: unknown */
+    double open_fds, max_fds; /* -1: unknown */
+} met_info;
+
+typedef struct {
+    uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last column: others */
+    uint64_t prompt_tokens, completion_tokens, aborted;
+    met_hist ttft, itl, duration, step_seconds, step_rows;
+} srv_metrics;
+
+/* Zeroes m and sets the histograms' buckets. */
+void met_init(srv_metrics *m);
+void met_observe(met_hist *h, double v);
+/* Counts one finished request by route (its URL) and HTTP status. */
+void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted);
+/* The Prometheus text page of m, the scheduler's st and info into *out
+ * (malloc'd, *len bytes). 0, or -1 when memory ran out (nothing kept). */
+int met_render(const srv_metrics *m, const eng_sched_stats *st, const met_info *info, char **out,
+               size_t *len);
+#endif

@@ -1,0 +1,183 @@
+/*
+ * server/daemon/probes.c: the small GET routes: /health, /ready, /v1/models,
+ * /v1/models/{id}, /version and /metrics (the page metrics.c renders, with
+ * the process's numbers gathered here).
+ */
+#include "daemon/daemon.h"
+#include "server.h"
+#include "version.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#ifndef GPT2D_BUILD_VERSION
+#define GPT2D_BUILD_VERSION "dev"
+#endif
+#ifndef GPT2D_BUILD_TYPE
+#define GPT2D_BUILD_TYPE "unknown"
+#endif
+#ifndef GPT2D_BUILD_SANITIZE
+#define GPT2D_BUILD_SANITIZE "unknown"
+#endif
+
+const char *srv_version(void)
+{
+    return GPT2D_BUILD_VERSION;
+}
+
+const char *srv_commit(void)
+{
+    return GPT2D_COMMIT[0] != '\0' && GPT2D_COMMIT[0] != '@' ? GPT2D_COMMIT : "unknown";
+}
+
+const char *srv_buildtype(void)
+{
+    return GPT2D_BUILD_TYPE;
+}
+
+void srv_print_version(void)
+{
+    printf("gpt2d %s (%s, %s)\n", srv_version(), srv_commit(), srv_buildtype());
+}
+
+enum MHD_Result probe_health(srv_req *r)
+{
+    return http_send_json(r, 200, "{\"status\":\"ok\"}", NULL);
+}
+
+enum MHD_Result probe_ready(srv_req *r)
+{
+    return r->s->draining ? http_send_json(r, 503, "{\"status\":\"draining\"}", NULL)
+                          : http_send_json(r, 200, "{\"status\":\"ready\"}", NULL);
+}
+
+/* One model object, OpenAI's shape, with gpt2d's `dtype` and `layout` (the
+ * weights' format and layout); id is the name asked for. */
+static json_t *model_json(const srv *s, const char *id)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", id, "object", "model", "created",
+                     (json_int_t)0, "owned_by", "gpt2d", "dtype", eng_model_dtype(s->model),
+                     "layout", eng_model_layout(s->model));
+}
+
+enum MHD_Result probe_models(srv_req *r)
+{
+    json_t *o =
+        json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(r->s, r->s->cfg.model_name));
+    return http_send_obj(r, o);
+}
+
+enum MHD_Result probe_model(srv_req *r)
+{
+    static const char prefix[] = "/v1/models/";
+    /* The route sees the path as sent: %XX-decode the id (a NUL or a bad
+     * escape is no model's name). */
+    const char *raw = r->url + sizeof prefix - 1;
+    char id[sizeof r->s->cfg.model_names[0]];
+    size_t n = 0;
+    int ok = 1;
+    for (const char *p = raw; *p != '\0' && ok; p++) {
+        unsigned v = (unsigned char)*p;
+        if (*p == '%') {
+            ok = isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]);
+            if (!ok) break;
+            char hex[3] = {p[1], p[2], '\0'};
+            v = (unsigned)strtoul(hex, NULL, 16);
+            p += 2;
+        }
+        ok = v != 0 && n + 1 < sizeof id;
+        if (ok) id[n++] = (char)v;
+    }
+    id[n] = '\0';
+    if (!ok) {
+        snprintf(id, sizeof id, "%.100s", raw);
+        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                               "The model '%s' does not exist; this server serves '%s'", id,
+                               r->s->cfg.model_name);
+    }
+    if (!cfg_model_name_ok(&r->s->cfg, id))
+        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                               "The model '%s' does not exist; this server serves '%s'", id,
+                               r->s->cfg.model_name);
+    return http_send_obj(r, model_json(r->s, id));
+}
+
+enum MHD_Result probe_version(srv_req *r)
+{
+    const srv *s = r->s;
+    json_t *o =
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
+                  srv_commit(), "buildtype", srv_buildtype(), "sanitize", GPT2D_BUILD_SANITIZE,
+                  "kernels", eng_kernels(), "model", s->cfg.model_name, "dtype",
+                  eng_model_dtype(s->model), "layout", eng_model_layout(s->model));
+    return http_send_obj(r, o);
+}
+
+/* The process's numbers for /metrics (Linux /proc; -1 where unknown). */
+static void process_info(const srv *s, met_info *info)
+{
+    info->version = srv_version();
+    info->commit = srv_commit();
+    info->buildtype = srv_buildtype();
+    info->kernels = eng_kernels();
+    info->model = s->cfg.model_name;
+    info->dtype = eng_model_dtype(s->model);
+    info->layout = eng_model_layout(s->model);
+    info->start_time = s->started_wall;
+    struct rusage ru;
+    info->cpu_seconds = getrusage(RUSAGE_SELF, &ru) == 0
+                            ? (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6
+                                  + (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6
+                            : -1;
+    info->resident_bytes = info->virtual_bytes = -1;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f != NULL) {
+        unsigned long long size, resident;
+        if (fscanf(f, "%llu %llu", &size, &resident) == 2) {
+            double page = (double)sysconf(_SC_PAGESIZE);
+            info->virtual_bytes = (double)size * page;
+            info->resident_bytes = (double)resident * page;
+        }
+        fclose(f);
+    }
+    info->open_fds = -1;
+    DIR *d = opendir("/proc/self/fd");
+    if (d != NULL) {
+        double n = 0;
+        while (readdir(d) != NULL) n++;
+        closedir(d);
+        info->open_fds = n - 3; /* ".", ".." and the directory's own descriptor */
+    }
+    struct rlimit rl;
+    info->max_fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                        ? (double)rl.rlim_cur
+                        : -1;
+}
+
+/* GET /metrics: Prometheus text format. */
+enum MHD_Result probe_metrics(srv_req *r)
+{
+    eng_sched_stats st;
+    eng_sched_stats_get(r->s->sched, &st);
+    met_info info;
+    process_info(r->s, &info);
+    char *buf;
+    size_t len;
+    if (met_render(&r->s->met, &st, &info, &buf, &len) != 0)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    http_req_set_state(r, HTTP_REQ_FINISHED);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(buf);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+    http_resp_headers(r, resp, 200);
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/*
+ * server/daemon/reload.c: reading the configuration (at start-up and on SIGHUP).
+ *
+ * The configuration is built-in defaults < the config file (--config, else
+ * /etc/gpt2d/gpt2d.conf when it exists) < the command line. SIGHUP builds it
+ * again the same way from the same command line, so the file's new values
+ * count and the command line still wins, and then applies only the keys
+ * that may change while serving (cfg_key_reloadable): the handlers read
+ * s->cfg per request, so a new API key or limit applies to the next request
+ * and no connection is dropped. A key that needs a restart keeps its value
+ * and is named in the log; a file that does not parse is refused whole.
+ */
+#include "daemon/daemon.h"
+#include "daemon/systemd.h"
+
+#include <string.h>
+#include <unistd.h>
+
+/* The configuration file read when no --config is given, if it exists. */
+#define SRV_DEFAULT_CONFIG "/etc/gpt2d/gpt2d.conf"
+
+cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen)
+{
+    int explicit_config = 0;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0)
+            explicit_config = 1;
+    cfg_defaults(c);
+    cfg_status st = CFG_OK;
+    if (!explicit_config && access(SRV_DEFAULT_CONFIG, F_OK) == 0)
+        st = cfg_load_file(c, SRV_DEFAULT_CONFIG, err, errlen);
+    if (st == CFG_OK) st = cfg_parse_args(c, argc, argv, 1, err, errlen);
+    if (st == CFG_OK) st = cfg_validate(c, err, errlen);
+    return st;
+}
+
+void srv_reload(srv *s)
+{
+    srv_sd_notify("RELOADING=1");
+    cfg_config next;
+    char err[1024];
+    if (srv_config_read(&next, s->argc, s->argv, err, sizeof err) != CFG_OK) {
+        log_line("error", "SIGHUP: reload refused, the configuration is unchanged: %s", err);
+        srv_sd_notify("READY=1");
+        return;
+    }
+    size_t old_queue = s->cfg.max_queue;
+    char changed[512], kept[512];
+    size_t n = cfg_apply_reload(&s->cfg, &next, changed, sizeof changed, kept, sizeof kept);
+    log_set_level(s->cfg.log_level);
+    if (s->cfg.max_queue != old_queue
+        && eng_sched_set_max_queue(s->sched, s->cfg.max_queue, err, sizeof err) != ENG_OK) {
+        log_line("error", "SIGHUP: max_queue stays %zu: %s", old_queue, err);
+        s->cfg.max_queue = old_queue;
+    }
+    if (n > 0)
+        log_line("info", "SIGHUP: configuration reloaded; changed: %s", changed);
+    else
+        log_line("info", "SIGHUP: configuration reloaded; no reloadable key changed");
+    if (kept[0] != '\0')
+        log_line("warn", "SIGHUP: changed, but needs a restart (the running value is kept): %s",
+                 kept);
+    srv_sd_notify("READY=1");
+}

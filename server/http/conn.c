@@ -1,0 +1,290 @@
+/*
+ * server/http/conn.c: the connections themselves, under every request. Each
+ * accepted connection gets a record (libmicrohttpd's connection notifier)
+ * that says when it last became ready for a request head and which request,
+ * if any, is in progress on it. From that record:
+ *
+ *   - deadlines, checked every CONN_SWEEP_MS: a new connection must send a
+ *     complete request head within request_header_timeout, even a byte at a
+ *     time (libmicrohttpd's own timeout restarts with every byte, so a
+ *     byte-a-second client would hold a slot for ever); a body must not stall
+ *     for longer than body_timeout, nor come slower on average than
+ *     body_min_rate once body_timeout has passed (a byte every few seconds
+ *     never stalls); a keep-alive connection between requests
+ *     is closed connection_timeout after its last answer while no byte of a
+ *     next head has come, and once one has, that head must be complete
+ *     within request_header_timeout of it, as on a new connection;
+ *   - max_connections: libmicrohttpd is allowed SRV_CONN_HEADROOM more,
+ *     and when a connection over max_connections arrives the oldest one
+ *     without a request in progress (idle keep-alive, or a head still
+ *     coming) is closed so that the new client is served; with none idle
+ *     the new one gets a 503.
+ *
+ * libmicrohttpd reads a head's bytes without telling us until the head is
+ * complete, so the first byte of a keep-alive connection's next head is
+ * seen in the kernel's TCP_INFO (the time since the last byte arrived),
+ * once per sweep: the deadline then starts from the sweep before it (a
+ * client that spaces its bytes by less than the kernel's clock tick right
+ * after an answer is seen at its next byte). A socket that is not TCP has
+ * no such record; its keep-alive heads are bounded by connection_timeout
+ * and libmicrohttpd's own idle timeout.
+ *
+ * A connection is closed by shutting its socket down; libmicrohttpd sees
+ * the end on its next read and closes it (on_completed runs for a request in
+ * progress, which ends ABORTED). Before a request's answer has started, the
+ * socket carries nothing of ours, so a 408 or 503 JSON can be written on it
+ * first, whole, without libmicrohttpd's help.
+ */
+#include "http/http.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* TCP_INFO's last_data_recv counts kernel clock ticks (1-10 ms) in
+ * milliseconds: two readings of the same last byte differ by up to a
+ * tick. */
+#define CONN_RECV_SLACK_S 0.02
+
+srv_conn *conn_of(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c)
+{
+    conn_deadline d = {CONN_WAIT_NONE, 0.0};
+    if (c->closing) return d;
+    if (c->req == NULL) {
+        if (c->served == 0) {
+            d.kind = CONN_WAIT_HEAD;
+            d.at = c->t_ready + cfg->request_header_timeout_s;
+        } else if (c->t_head > 0) {
+            d.kind = CONN_WAIT_HEAD;
+            d.at = c->t_head + cfg->request_header_timeout_s;
+        } else {
+            d.kind = CONN_WAIT_IDLE;
+            d.at = c->t_ready + cfg->connection_timeout_s;
+        }
+    } else if (c->req->state == HTTP_REQ_HEAD || c->req->state == HTTP_REQ_BODY) {
+        d.kind = CONN_WAIT_BODY;
+        d.at = c->req->t_progress + cfg->body_timeout_s;
+        if (cfg->body_min_rate > 0) {
+            /* A byte every few seconds never stalls for body_timeout. */
+            double by_rate = c->req->t_start + cfg->body_timeout_s
+                             + (double)c->req->body_len / (double)cfg->body_min_rate;
+            if (by_rate < d.at) {
+                d.kind = CONN_WAIT_RATE;
+                d.at = by_rate;
+            }
+        }
+    }
+    return d;
+}
+
+int conn_note_recv(srv_conn *c, double at, double since)
+{
+    if (c->req != NULL || c->served == 0 || c->t_head > 0 || c->closing) return 0;
+    if (at < 0 || c->t_recv < 0 || at <= c->t_recv + CONN_RECV_SLACK_S) return 0;
+    /* The byte came after the previous check, unless the slack hid it then. */
+    double first = at < since ? at : since;
+    c->t_head = first > c->t_ready ? first : c->t_ready;
+    return 1;
+}
+
+/* When the last byte arrived on TCP socket fd, in log_now() seconds; -1
+ * when the kernel does not say (not TCP). */
+static double last_recv_at(int fd, double now)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0
+        || len < offsetof(struct tcp_info, tcpi_last_data_recv) + sizeof ti.tcpi_last_data_recv)
+        return -1.0;
+    return now - (double)ti.tcpi_last_data_recv / 1e3;
+}
+
+void conn_request_done(srv_conn *c)
+{
+    c->req = NULL;
+    c->t_ready = log_now();
+    c->t_recv = last_recv_at(c->fd, c->t_ready);
+    c->t_head = 0;
+    c->served++;
+}
+
+srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except)
+{
+    srv_conn *best = NULL;
+    for (srv_conn *c = head; c != NULL; c = c->next)
+        if (c != except && !c->closing && c->req == NULL
+            && (best == NULL || c->t_ready < best->t_ready))
+            best = c;
+    return best;
+}
+
+/* Writes a whole JSON error response on c's socket (best effort: a socket
+ * whose buffer is full gets nothing), before the close. It carries an
+ * X-Request-Id: the request's when one is in progress (whose access line,
+ * written when libmicrohttpd ends it, then gives this status), else a new
+ * one, with an access line of its own. */
+static void write_error(srv_conn *c, int status, const char *reason, const char *code,
+                        const char *msg)
+{
+    srv *s = c->s;
+    char id[sizeof((srv_req *)0)->req_id];
+    if (c->req != NULL) {
+        snprintf(id, sizeof id, "%s", c->req->req_id);
+        c->req->conn_status = (unsigned)status;
+    } else {
+        http_request_id_new(s, id, sizeof id);
+        double since = c->t_head > 0 ? c->t_head : c->t_ready;
+        log_access_conn(id, (unsigned)status, log_now() - since);
+        met_count_request(&s->met, "-", (unsigned)status, 0);
+    }
+    oai_error e;
+    oai_error_set(&e, status, status == 503 ? "server_error" : "invalid_request_error", code, NULL,
+                  "%s", msg);
+    char *js = oai_error_json(&e);
+    if (js == NULL) return;
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf,
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nCache-Control: "
+                     "no-store\r\nConnection: close\r\nX-Request-Id: %s\r\nContent-Length: "
+                     "%zu\r\n\r\n%s",
+                     status, reason, id, strlen(js), js);
+    free(js);
+    if (n > 0 && (size_t)n < sizeof buf) {
+        ssize_t w = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w; /* a client that cannot take it is closed all the same */
+    }
+}
+
+void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
+{
+    if (c->closing) return;
+    write_error(c, status, reason, NULL, msg);
+    conn_close(c);
+}
+
+void conn_close_unanswered(srv *s)
+{
+    for (srv_conn *c = s->conns; c != NULL; c = c->next) {
+        if (c->closing || c->req == NULL) continue;
+        http_state st = c->req->state;
+        /* A stream's head, or a whole answer, is libmicrohttpd's to send. */
+        if (st == HTTP_REQ_STREAMING || st == HTTP_REQ_FINISHED || st == HTTP_REQ_ABORTED) continue;
+        write_error(c, 503, "Service Unavailable", "server_shutting_down",
+                    "The server is shutting down and did not answer this request in time; "
+                    "retry on another replica");
+        conn_close(c);
+    }
+}
+
+void conn_resume_all(srv *s)
+{
+    for (srv_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->req != NULL) http_resume(c->req);
+}
+
+void conn_close(srv_conn *c)
+{
+    if (c->closing) return;
+    c->closing = 1;
+    c->s->nconns_closing++;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                    enum MHD_ConnectionNotificationCode toe)
+{
+    srv *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv_conn *c = *socket_context;
+        if (c == NULL) return;
+        if (c->req != NULL) c->req->conn_rec = NULL;
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            s->conns = c->next;
+        if (c->next) c->next->prev = c->prev;
+        if (c->closing) s->nconns_closing--;
+        s->nconns--;
+        free(c);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    srv_conn *c = calloc(1, sizeof *c);
+    if (c == NULL || fi == NULL) {
+        free(c); /* untracked: libmicrohttpd's own timeout still applies */
+        *socket_context = NULL;
+        return;
+    }
+    c->s = s;
+    c->conn = mc;
+    c->fd = fi->connect_fd;
+    c->t_ready = log_now();
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    *socket_context = c;
+    if (s->nconns - s->nconns_closing <= s->cfg.max_connections) return;
+    /* One over max_connections: make room, idle connections first. */
+    srv_conn *idle = conn_pick_idle(s->conns, c);
+    if (idle != NULL) {
+        log_line("debug", "max_connections (%zu) reached: closing the oldest idle connection",
+                 s->cfg.max_connections);
+        conn_close(idle);
+        return;
+    }
+    log_line("warn", "max_connections (%zu) reached and none is idle: refusing a connection",
+             s->cfg.max_connections);
+    write_error(c, 503, "Service Unavailable", "too_many_connections",
+                "The server has max_connections connections open, all busy; retry later");
+    conn_close(c);
+}
+
+void conn_on_sweep(uv_timer_t *t)
+{
+    srv *s = t->data;
+    double now = log_now();
+    int closed = 0;
+    for (srv_conn *c = s->conns; c != NULL; c = c->next) {
+        if (c->req == NULL && c->served > 0 && c->t_head == 0 && !c->closing)
+            conn_note_recv(c, last_recv_at(c->fd, now), s->sweep_last);
+        conn_deadline d = conn_deadline_of(&s->cfg, c);
+        if (d.kind == CONN_WAIT_NONE || now < d.at) continue;
+        if (d.kind == CONN_WAIT_HEAD) {
+            log_line("debug",
+                     "closing a connection: no complete request head in %g s "
+                     "(request_header_timeout)",
+                     s->cfg.request_header_timeout_s);
+            write_error(c, 408, "Request Timeout", "request_timeout",
+                        "The request head did not arrive within request_header_timeout");
+        } else if (d.kind == CONN_WAIT_BODY) {
+            log_line("info", "closing a connection: its body stalled for %g s (body_timeout)",
+                     s->cfg.body_timeout_s);
+            write_error(c, 408, "Request Timeout", "request_timeout",
+                        "The request body stalled for longer than body_timeout");
+        } else if (d.kind == CONN_WAIT_RATE) {
+            log_line("info",
+                     "closing a connection: its body came slower than %zu bytes a second "
+                     "(body_min_rate)",
+                     s->cfg.body_min_rate);
+            write_error(c, 408, "Request Timeout", "request_timeout",
+                        "The request body arrived slower than body_min_rate bytes a second");
+        }
+        conn_close(c);
+        closed = 1;
+    }
+    s->sweep_last = now;
+    if (closed) loop_mhd_run(s);
+}

@@ -1,0 +1,446 @@
+/*
+ * server/http/http.h: the HTTP layer, the bottom of server/ (STYLE.md
+ * Part 3). A request's way through its files, top down:
+ *
+ *   http.c     on_request/on_completed: the head phase, the body, dispatch
+ *              through the route table (the API layer's handlers, by
+ *              pointer), the access line
+ *   conn.c     the connections: head and body deadlines, the
+ *              max_connections policy (idle ones closed first)
+ *   respond.c  responses, and the one table from engine/tokenizer/config
+ *              status to HTTP status and OpenAI error
+ *   router.c   the {method, path, handler, needs_key} table lookup; the API
+ *              key and Origin checks
+ *   req.c      the request record: its state machine, suspend and resume,
+ *              its ids, its reference count (freed in one place)
+ *   loop.c     libmicrohttpd's epoll fd and timer in libuv
+ *   log.c      log lines and the access log
+ *
+ * The API layer (server/api/) sits above: it calls respond.c and req.c,
+ * and hears from this layer only through what it registered on the way
+ * down: the route table's handlers, a request's continuation (http_cont)
+ * and its hooks (srv_req_ops), the srv's tick and after-step hooks.
+ *
+ * Thread: the loop thread.
+ *
+ * Prefixes: srv_ (the shared server object), http_ (requests, routing,
+ * responses), conn_ (connections), loop_ (libmicrohttpd in libuv), log_.
+ */
+#ifndef GPT2D_SERVER_HTTP_H
+#define GPT2D_SERVER_HTTP_H
+
+#include "api/oai.h"
+#include "config.h"
+#include "daemon/metrics.h"
+#include "engine.h"
+#include "tokenizer.h"
+
+#include <assert.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+/* The request head: a target (path and query) longer than SRV_MAX_TARGET
+ * bytes is 414, a head larger than SRV_MAX_HEAD bytes 431, both in the JSON
+ * envelope. libmicrohttpd answers by itself (its HTML) only a head that
+ * does not fit its per-connection memory pool, SRV_CONN_POOL_BYTES: the
+ * pool is 4x our head limit so that what we refuse reaches us first (the
+ * pool also holds the parsed header list). Each kept-alive connection pins
+ * its pool (libmicrohttpd zeroes it between requests). */
+#define SRV_MAX_TARGET (8u * 1024u)
+#define SRV_MAX_HEAD (32u * 1024u)
+#define SRV_CONN_POOL_BYTES (128u * 1024u)
+
+typedef struct srv srv;
+typedef struct srv_req srv_req;
+typedef struct srv_conn srv_conn;
+struct tok_job;
+struct cmpl_job;
+struct tokpool;
+
+/* ---- log.c --------------------------------------------------------------- */
+
+/* One line per event on stderr (see log.c for the format); level is
+ * "error", "warn", "info" or "debug". */
+void log_line(const char *level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* in[0..n) made safe for one log line into out (outlen bytes, always
+ * terminated): control bytes (C0, DEL, C1), bytes that are not valid UTF-8
+ * and the backslash become \xNN; valid UTF-8 is kept. Stops before an
+ * escape or a character that would not fit. Returns the bytes written. */
+size_t log_escape(const char *in, size_t n, char *out, size_t outlen);
+/* A start-up failure: "gpt2d serve: message" at error priority. */
+void log_fatal(const char *msg);
+/* Sets the most verbose level written (an unknown name is "info"). */
+void log_set_level(const char *level);
+/* What the access log line of a finished request says (http.c fills it). */
+typedef struct {
+    const char *method, *url, *id, *req_id;
+    unsigned status;
+    size_t prompt_tokens, completion_tokens;
+    double duration_s; /* the head to the end */
+    double ttft_s;     /* the head to the first generated token; 0: none */
+    int cut;           /* ended by the end of a drain */
+    int aborted;
+} log_access_rec;
+
+/* The access log line of a finished request. */
+void log_access(const log_access_rec *a);
+/* The access log line of a response conn.c wrote itself on a connection
+ * without a request (a head's 408, max_connections' 503), or one
+ * libmicrohttpd wrote (req_id NULL: "-"): no method, no target, duration_s
+ * since the connection (or its head) started. */
+void log_access_conn(const char *req_id, unsigned status, double duration_s);
+/* CLOCK_MONOTONIC in seconds. */
+double log_now(void);
+
+/* ---- req.c: the request record, its state machine and its lifetime ------- */
+
+typedef enum {
+    HTTP_REQ_HEAD,       /* the headers are in; no body byte yet (first call) */
+    HTTP_REQ_BODY,       /* reading the body, then dispatching the route      */
+    HTTP_REQ_TOKENIZING, /* on the work queue; suspended                       */
+    HTTP_REQ_QUEUED,     /* engine requests submitted; suspended, no event yet */
+    HTTP_REQ_RUNNING,    /* events arriving; suspended until the last DONE     */
+    HTTP_REQ_STREAMING,  /* the SSE response is queued; the reader drains it   */
+    HTTP_REQ_FINISHED,   /* a whole response is queued (or sent)               */
+    HTTP_REQ_ABORTED,    /* the connection ended before the answer was sent    */
+    HTTP_REQ_NSTATES
+} http_state;
+
+/* What on_request runs when a suspended connection is resumed. */
+typedef enum MHD_Result (*http_cont)(srv_req *r);
+
+/* Whether from -> to is a transition of the machine (docs/architecture.md). */
+int http_state_legal(http_state from, http_state to);
+const char *http_state_name(http_state st);
+/* The one place a request changes state; asserts that the move is legal. */
+void http_req_set_state(srv_req *r, http_state to);
+/* Suspends r's connection; on resume, on_request runs cont (NULL: a stream
+ * whose content reader is called again instead). */
+void http_suspend(srv_req *r, http_cont cont);
+/* Resumes r's connection if it is suspended and still open. */
+void http_resume(srv_req *r);
+/* ---- router.c (pure) ------------------------------------------------------ */
+
+typedef enum MHD_Result (*http_handler)(srv_req *r);
+
+typedef struct {
+    const char *method; /* "GET", "POST" */
+    const char *path;   /* matched whole, or as a prefix (below) */
+    http_handler handler;
+    int needs_key; /* an API key is required (when any is configured) */
+    int prefix;    /* path is a prefix: "/v1/models/" matches "/v1/models/x"
+                    * (at least one byte more), not "/v1/models/" itself */
+} http_route;
+
+typedef enum {
+    HTTP_ROUTE_FOUND,      /* *out: the entry                                */
+    HTTP_ROUTE_BAD_METHOD, /* *out: the first entry of the path (405)        */
+    HTTP_ROUTE_NOT_FOUND   /* *out: NULL (404)                               */
+} http_route_result;
+
+/* HEAD finds the GET entry of a path. */
+http_route_result http_route_find(const http_route *table, size_t n, const char *method,
+                                  const char *path, const http_route **out);
+/* The Allow header of path (405): its entries' methods, HEAD after GET, and
+ * OPTIONS, into buf (truncated to len). */
+void http_route_allow(const http_route *table, size_t n, const char *path, char *buf, size_t len);
+/* Whether the Authorization header value auth presents one of cfg's API
+ * keys ("Bearer KEY", the scheme in any case); always 1 when none is
+ * configured. Constant time in
+ * the keys. */
+int http_key_ok(const cfg_config *cfg, const char *auth);
+/* Whether origin (an Origin header) is in list (cors_origins: origins
+ * separated by commas and spaces, compared whole; "*" allows any). */
+int http_origin_allowed(const char *list, const char *origin);
+/* Whether origin is this server itself as the browser reached it
+ * ("http://" + the Host header) with an IP address or localhost for a host
+ * name: the playground page's own calls. A host name is not enough (DNS
+ * rebinding): list it in cors_origins. */
+int http_origin_same_host(const char *origin, const char *host);
+/* ---- respond.c ------------------------------------------------------------ */
+
+typedef enum { HTTP_SRC_ENG, HTTP_SRC_BPE, HTTP_SRC_CFG } http_src;
+
+/* How a status of the engine, the tokenizer or the configuration reaches a
+ * client. */
+typedef struct {
+    http_src src;
+    int code;          /* eng_status, bpe_status or cfg_status */
+    int http;          /* HTTP status */
+    const char *type;  /* OpenAI error type */
+    const char *ecode; /* OpenAI error code, or NULL */
+    int retry;         /* send Retry-After */
+} http_status_map;
+
+/* The entry for code of src (a status not in the table: 500 server_error). */
+const http_status_map *http_status_of(http_src src, int code);
+
+/* The headers every response of r carries: X-Request-Id, CORS for an
+ * allowed Origin, WWW-Authenticate on 401, Allow on 405. */
+void http_resp_headers(const srv_req *r, struct MHD_Response *resp, unsigned status);
+/* The 204 answer to OPTIONS on a known path (a CORS preflight when r has
+ * an allowed Origin). */
+enum MHD_Result http_send_preflight(srv_req *r);
+enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
+                               const char *retry_after);
+enum MHD_Result http_send_error(srv_req *r, int status, const char *type, const char *code,
+                                const char *param, const char *retry_after, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 7, 8)))
+#endif
+    ;
+/* An error from the status table; param may be NULL. */
+enum MHD_Result http_send_status(srv_req *r, http_src src, int code, const char *param,
+                                 const char *msg);
+/* A 200 with obj as compact JSON; takes obj's reference (NULL: 500). */
+enum MHD_Result http_send_obj(srv_req *r, json_t *obj);
+enum MHD_Result http_send_oai_error(srv_req *r, const oai_error *e);
+/* Retry-After for 429/503 from the scheduler's step rate. */
+void http_retry_after(const srv *s, char *buf, size_t len);
+/* ---- The request --------------------------------------------------------- */
+
+typedef enum { R_UNKNOWN, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE } srv_kind;
+
+/* What the route that took a request registers on it (the way news comes
+ * back up from this layer). Each may be NULL. */
+typedef struct {
+    /* libmicrohttpd ended r's request (the answer is sent, or the client
+     * left): stop what still works for r (cancel, leave queues). r still
+     * holds the connection's reference during the call. */
+    void (*closed)(srv_req *r);
+    /* The prompt and completion tokens so far (the access line, metrics). */
+    void (*usage)(const srv_req *r, size_t *prompt, size_t *completion);
+    /* Frees what the route attached to r (its jobs), at the last release. */
+    void (*free)(srv_req *r);
+} srv_req_ops;
+
+/* One HTTP request: its connection, state, continuation, route, ids, body
+ * and timings. The work a route does for it is in jobs of their own
+ * (server/api/: tok, cmpl), which this layer does not look into. */
+struct srv_req {
+    srv *s;
+    struct MHD_Connection *conn; /* NULL once libmicrohttpd ended it (on_completed) */
+    srv_conn *conn_rec;          /* its connection's record (NULL once it is done) */
+    http_state state;
+    http_cont cont; /* set by http_suspend, run by on_request on resume */
+    int suspended;  /* libmicrohttpd's view of the connection */
+    /* The one lifetime rule: a reference for each user, the connection
+     * (from the head to on_completed), the tokenizer job while a tokenizer
+     * thread holds it, and each live engine sequence; the last
+     * http_req_release frees r. */
+    unsigned refs;
+    const srv_req_ops *ops; /* the route's hooks; NULL: none */
+    char method[8], url[64];
+    char req_id[132]; /* X-Request-Id: the client's (sane) or generated */
+    char origin[256]; /* an allowed Origin (CORS headers on every response) */
+    /* The head phase's decision (http.c): the route entry (NULL: none) and
+     * whether the method matched it. */
+    const http_route *route;
+    http_route_result route_result;
+    srv_kind kind;
+    char id[40]; /* the answer's id: cmpl-..., chatcmpl-... */
+    long long created;
+    char *body;
+    size_t body_len, body_cap;
+    int too_large, body_oom;
+    double t_start;        /* the head */
+    double t_first;        /* the first generated token (0: none yet) */
+    double t_progress;     /* the head, or the last body byte (body_timeout) */
+    int cut;               /* ended by the end of a drain (access line: cut=shutdown) */
+    unsigned conn_status;  /* a status conn.c wrote itself before closing (408, 413) */
+    struct tok_job *tok;   /* the tokenizer job (api/tokenize.c), or NULL */
+    struct cmpl_job *cmpl; /* the completion job (api/cmpl_job.c), or NULL */
+};
+
+/* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
+ * other than space. */
+int http_request_id_ok(const char *v);
+/* A new X-Request-Id ("req-" + hex) into buf, for a response without a
+ * request (conn.c). */
+void http_request_id_new(srv *s, char *buf, size_t len);
+/* Takes one more reference to r (a tokenizer thread, an engine sequence). */
+void http_req_hold(srv_req *r);
+/* Drops one reference; the last frees r (its ops' free, then the record):
+ * the one place a request is freed. */
+void http_req_release(srv_req *r);
+/* Appends n bytes to a growing NUL-terminated buffer; 0 or -1 (no memory). */
+int http_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n);
+
+/* libmicrohttpd's callbacks (MHD_start_daemon; http.c). */
+enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                const char *method, const char *version, const char *upload_data,
+                                size_t *upload_data_size, void **con_cls);
+void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                       enum MHD_RequestTerminationCode toe);
+/* MHD_OPTION_URI_LOG_CALLBACK, at a request line: returns NULL (on_head
+ * makes the request). Its use is that libmicrohttpd then calls
+ * on_completed for the requests it answers itself too, so that they have
+ * an access line. */
+void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn);
+
+/* ---- The server object every layer shares (daemon.c makes it) ------------- */
+
+/* What identifies a file's contents cheaply: a copy over it changes the
+ * size or the modification time, a rename over it the inode. */
+typedef struct {
+    int exists;
+    uint64_t dev, ino, size;
+    int64_t mtime_s, mtime_ns;
+} srv_file_id;
+
+struct srv {
+    cfg_config cfg;
+    uv_loop_t *loop;
+    struct MHD_Daemon *mhd;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    uv_work_t work;
+    int in_flight, draining;
+    size_t tokenizing; /* requests tokenizing on the tokenizer threads */
+    struct tokpool *tokpool;
+    /* Requests waiting for a tokenize slot (tokenize_concurrency), oldest
+     * first; at most max_queue of them. */
+    srv_req *tok_wait_head, *tok_wait_tail;
+    size_t tok_nwait;
+    double drain_started;
+    bpe *tok;
+    eng_model *model;
+    eng_sched *sched;
+    char fingerprint[32];
+    uint64_t next_id;
+    size_t active;      /* requests alive */
+    srv_req *cmpl_list; /* requests with engine work, newest first (api/cmpl_job.c) */
+    uv_timer_t tick;
+    /* The hooks the layer above registers on the way down (daemon.c):
+     * on_tick every second (timers.c), after_step after each engine step's
+     * events are delivered (api/step.c). */
+    void (*on_tick)(srv *s, double now);
+    void (*after_step)(srv *s);
+    /* The connections (conn.c): every accepted one, newest first. */
+    srv_conn *conns;
+    size_t nconns, nconns_closing;
+    uv_timer_t sweep;
+    double sweep_last; /* when conn_on_sweep last ran */
+    /* The routes (daemon.c builds them from the configuration). */
+    const http_route *routes;
+    size_t nroutes;
+    /* systemd: the watchdog timer, when the step in flight started, the last
+     * STATUS= line sent. */
+    uv_timer_t watchdog;
+    double step_started;
+    char sd_status[160];
+    unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
+    srv_metrics met;        /* loop thread only */
+    /* The chat template (chat_template; chat_on 0 when it is "none"). */
+    oai_template chat;
+    int chat_on;
+    double started_wall; /* Unix seconds at start-up (process_start_time_seconds) */
+    /* The periodic info line: when it was last written, and the token
+     * counters then. */
+    uv_timer_t info_timer;
+    double info_last;
+    uint64_t info_prompt, info_completion;
+    /* lifecycle.c: the drain's end and the exit. cut: the drain is over and
+     * what still ran was ended (a final event, or 503); closed: the loop's
+     * handles are closed and the loop is ending. */
+    int cut, closed;
+    double cut_at;
+    int exit_code; /* srv_main's status once the loop ends */
+    uv_signal_t sighup, sigusr1, sigusr2;
+    /* reload.c: the command line, read again on SIGHUP. */
+    int argc;
+    char **argv;
+    /* modelwatch.c: the served weights file as it was loaded. */
+    uv_timer_t model_timer;
+    char model_path[CFG_STR_MAX + 32];
+    srv_file_id model_id;
+};
+/* ---- conn.c: connections ------------------------------------------------ */
+
+/* One accepted connection (loop thread; freed when libmicrohttpd closes it). */
+struct srv_conn {
+    srv *s;
+    struct MHD_Connection *conn;
+    int fd;
+    double t_ready; /* accepted, or its last request ended */
+    size_t served;  /* requests ended on it */
+    srv_req *req;   /* the request in progress; NULL between requests */
+    int closing;    /* shut down here; libmicrohttpd closes it next */
+    /* Keep-alive: when the last byte before t_ready arrived (the kernel's
+     * TCP_INFO; < 0: unknown, not TCP), and when the next head's first byte
+     * came (0: none yet; conn_note_recv), which starts its deadline. */
+    double t_recv, t_head;
+    srv_conn *prev, *next;
+};
+
+/* What a connection is waiting for, and until when (log_now() seconds). */
+typedef enum {
+    CONN_WAIT_NONE, /* nothing bounded here: a request is being answered   */
+    CONN_WAIT_HEAD, /* a head: request_header_timeout from the connection's
+                     * start, or (keep-alive) from the head's first byte   */
+    CONN_WAIT_IDLE, /* keep-alive, no byte yet: connection_timeout         */
+    CONN_WAIT_BODY, /* the next body byte: body_timeout                    */
+    CONN_WAIT_RATE  /* the body so far: body_timeout + its bytes at
+                     * body_min_rate, from the head                        */
+} conn_wait;
+
+typedef struct {
+    conn_wait kind;
+    double at;
+} conn_deadline;
+
+#define CONN_SWEEP_MS 200
+/* Connections libmicrohttpd accepts past max_connections, each closed at
+ * once (conn_on_notify); LimitNOFILE must cover max_connections + this. */
+#define SRV_CONN_HEADROOM 64u
+
+/* The deadline of c under cfg (pure). */
+conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
+/* Keep-alive, between requests: at is when c's last byte arrived (< 0:
+ * unknown), since when the previous check ran. A byte after the one
+ * before t_ready starts the next head: t_head is set to the earliest time
+ * it can have come (t_ready, or since). 1 when it set t_head (pure). */
+int conn_note_recv(srv_conn *c, double at, double since);
+/* c's request ended (on_completed): c waits for its next head. */
+void conn_request_done(srv_conn *c);
+/* The connection of list head, other than except, that has no request in
+ * progress and has been so longest; NULL when none (pure). */
+srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except);
+/* The record of libmicrohttpd's connection mc (NULL: untracked). */
+srv_conn *conn_of(struct MHD_Connection *mc);
+/* Shuts c's socket down; libmicrohttpd closes it on its next run. */
+void conn_close(srv_conn *c);
+/* The drain's last moment: every connection whose request has no answer
+ * started (its head or body still coming, tokenizing, waiting) gets a 503
+ * server_shutting_down JSON and is closed. */
+void conn_close_unanswered(srv *s);
+/* Resumes every suspended request's connection: before MHD_stop_daemon,
+ * which aborts the process when one is still suspended. */
+void conn_resume_all(srv *s);
+/* Writes status (an invalid_request_error JSON with msg, X-Request-Id) on
+ * c's socket, then closes it: for a request refused in the middle of its
+ * body, when libmicrohttpd takes no response yet. */
+void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg);
+/* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
+ * max_connections. */
+void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                    enum MHD_ConnectionNotificationCode toe);
+/* Every CONN_SWEEP_MS: closes connections past their deadline. */
+void conn_on_sweep(uv_timer_t *t);
+/* ---- loop.c --------------------------------------------------------------- */
+
+/* Runs libmicrohttpd and re-arms its timeout. */
+void loop_mhd_run(srv *s);
+void loop_on_poll(uv_poll_t *p, int status, int events);
+
+#endif

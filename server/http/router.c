@@ -1,0 +1,120 @@
+/*
+ * server/http/router.c: the route table lookup, the Allow list of a path and the
+ * API key check. Pure: the daemon builds the table (daemon.c) and hands it
+ * over, so nothing here names a handler. Paths are the undecoded request
+ * target (http.c keeps libmicrohttpd from unescaping it), so "/v1%2fx" is
+ * never "/v1/x".
+ */
+#include "http/http.h"
+
+#include <arpa/inet.h>
+#include <string.h>
+#include <strings.h>
+
+/* Whether entry e's path matches path: whole, or as a prefix followed by at
+ * least one byte. */
+static int path_matches(const http_route *e, const char *path)
+{
+    if (!e->prefix) return strcmp(e->path, path) == 0;
+    size_t n = strlen(e->path);
+    return strncmp(e->path, path, n) == 0 && path[n] != '\0';
+}
+
+http_route_result http_route_find(const http_route *table, size_t n, const char *method,
+                                  const char *path, const http_route **out)
+{
+    /* HEAD is served wherever GET is (libmicrohttpd sends no body for it). */
+    int head = strcmp(method, "HEAD") == 0;
+    const http_route *path_match = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!path_matches(&table[i], path)) continue;
+        if (strcmp(table[i].method, method) == 0 || (head && strcmp(table[i].method, "GET") == 0)) {
+            *out = &table[i];
+            return HTTP_ROUTE_FOUND;
+        }
+        if (path_match == NULL) path_match = &table[i];
+    }
+    *out = path_match;
+    return path_match ? HTTP_ROUTE_BAD_METHOD : HTTP_ROUTE_NOT_FOUND;
+}
+
+void http_route_allow(const http_route *table, size_t n, const char *path, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (!path_matches(&table[i], path)) continue;
+        int get = strcmp(table[i].method, "GET") == 0;
+        int w = snprintf(buf + used, len - used, "%s%s%s", used ? ", " : "", table[i].method,
+                         get ? ", HEAD" : "");
+        if (w < 0 || (size_t)w >= len - used) break;
+        used += (size_t)w;
+    }
+    snprintf(buf + used, len - used, "%sOPTIONS", used ? ", " : "");
+}
+
+int http_key_ok(const cfg_config *cfg, const char *auth)
+{
+    if (cfg->n_api_keys == 0) return 1;
+    /* RFC 9110 11.1: the scheme is case-insensitive; 1*SP before the token. */
+    if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0) return 0;
+    const char *k = auth + 7;
+    while (*k == ' ') k++;
+    size_t klen = strlen(k);
+    int ok = 0;
+    for (size_t i = 0; i < cfg->n_api_keys; i++) {
+        const char *want = cfg->api_keys[i];
+        size_t wlen = strlen(want);
+        unsigned diff = (unsigned)(klen ^ wlen);
+        for (size_t j = 0; j < wlen; j++)
+            diff |= (unsigned char)want[j] ^ (unsigned char)(j < klen ? k[j] : 0);
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
+int http_origin_allowed(const char *list, const char *origin)
+{
+    size_t olen = strlen(origin);
+    const char *p = list;
+    while (*p != '\0') {
+        while (*p == ' ' || *p == ',') p++;
+        const char *e = p;
+        while (*e != '\0' && *e != ',') e++;
+        const char *end = e;
+        while (end > p && end[-1] == ' ') end--;
+        size_t n = (size_t)(end - p);
+        if ((n == 1 && *p == '*') || (n > 0 && n == olen && memcmp(p, origin, n) == 0)) return 1;
+        p = e;
+    }
+    return 0;
+}
+
+int http_origin_same_host(const char *origin, const char *host)
+{
+    static const char scheme[] = "http://";
+    if (origin == NULL || host == NULL || strncmp(origin, scheme, sizeof scheme - 1) != 0
+        || strcmp(origin + sizeof scheme - 1, host) != 0)
+        return 0;
+    /* The host's name without its port: an IP literal or localhost. A
+     * name (evil.example) could be rebound to this machine, so it must be
+     * listed in cors_origins. */
+    char name[64];
+    size_t n = strlen(host);
+    const char *end = host + n;
+    if (host[0] == '[') { /* [v6]:port */
+        const char *close = strchr(host, ']');
+        if (close == NULL) return 0;
+        host++;
+        end = close;
+    } else {
+        const char *colon = strrchr(host, ':');
+        if (colon != NULL) end = colon;
+    }
+    if ((size_t)(end - host) >= sizeof name || end == host) return 0;
+    memcpy(name, host, (size_t)(end - host));
+    name[end - host] = '\0';
+    unsigned char addr[16];
+    return strcmp(name, "localhost") == 0 || inet_pton(AF_INET, name, addr) == 1
+           || inet_pton(AF_INET6, name, addr) == 1;
+}

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""The structure check of server/ (STYLE.md Part 3): no file calls back into
+one that called it, and no header includes one that includes it.
+
+Two graphs between server/ files, each must be acyclic:
+  - calls: A.c -> B.c when A's object file needs a symbol B's defines
+    (nm: A's undefined symbols against B's defined ones), for every object
+    in the static libraries given on the command line;
+  - includes: A -> B when A (a .c or .h under server/) has #include "B"
+    that resolves to a file under server/ (by name, beside A, or under the
+    server folder's include paths).
+Calls through a function pointer (the route table, the hooks registered on
+the way down) are no edge: that is how news comes back up.
+
+  check_server_layers.py SERVER_DIR LIB.a...
+
+Prints every cycle found (one per strongly connected component, as a path)
+and exits 1, or prints the file order and exits 0.
+"""
+import os
+import re
+import subprocess
+import sys
+
+
+def sccs(graph):
+    """Tarjan's strongly connected components (iterative)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    advanced = True
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(sorted(comp))
+    return out
+
+
+def cycle_in(graph, comp):
+    """One cycle through comp's first file, as a list of files."""
+    members = set(comp)
+    start = comp[0]
+    prev = {start: None}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph.get(v, ())):
+            if w not in members:
+                continue
+            if w == start:
+                path = [v]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return list(reversed(path)) + [start]
+            if w not in prev:
+                prev[w] = v
+                queue.append(w)
+    return comp
+
+
+NM_LINE = re.compile(r'^(?P<lib>.*?\.a):(?P<obj>[^:]+):\s*(?:[0-9a-fA-F]+\s+)?(?P<type>\w)\s+(?P<sym>\S+)$')
+
+
+def call_graph(libs):
+    """Edges between source files from the objects' symbol tables, and the
+    symbols that make each edge."""
+    defined, undefined, objs = {}, {}, set()
+    for lib in libs:
+        res = subprocess.run(['nm', '-A', lib], capture_output=True, text=True, check=True)
+        for line in res.stdout.splitlines():
+            m = NM_LINE.match(line)
+            if not m:
+                continue
+            obj, typ, sym = m.group('obj'), m.group('type'), m.group('sym')
+            objs.add(obj)
+            if typ == 'U':
+                undefined.setdefault(obj, set()).add(sym)
+            elif typ.isupper():
+                defined.setdefault(sym, obj)
+    graph, why = {}, {}
+    for obj in objs:
+        graph.setdefault(src_of(obj), set())
+    for obj, syms in undefined.items():
+        a = src_of(obj)
+        for sym in syms:
+            if sym in defined:
+                b = src_of(defined[sym])
+                if a != b:
+                    graph[a].add(b)
+                    why.setdefault((a, b), set()).add(sym)
+    return graph, why
+
+
+FOLDERS = []  # server/'s subfolders, longest first (main() fills it)
+
+
+def src_of(obj):
+    """meson names an object after its source path below the target's
+    folder with '/' as '_' ("http_req.c.o" is server/http/req.c)."""
+    base = re.sub(r'\.o$', '', os.path.basename(obj))
+    for folder in FOLDERS:
+        if base.startswith(folder + '_'):
+            return folder + '/' + base[len(folder) + 1:]
+    return base
+
+
+def include_graph(root):
+    files = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            if n.endswith(('.c', '.h')):
+                p = os.path.join(dirpath, n)
+                files[os.path.relpath(p, root)] = p
+    by_base = {}
+    for rel in files:
+        by_base.setdefault(os.path.basename(rel), []).append(rel)
+    graph = {rel: set() for rel in files}
+    inc = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+    for rel, p in files.items():
+        with open(p, encoding='utf-8', errors='replace') as f:
+            text = f.read()
+        for target in inc.findall(text):
+            beside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+            if beside in files:
+                graph[rel].add(beside)
+            elif target in files:
+                graph[rel].add(target)
+            elif os.path.basename(target) in by_base and len(by_base[os.path.basename(target)]) == 1:
+                graph[rel].add(by_base[os.path.basename(target)][0])
+    return graph
+
+
+def report(kind, graph, why=None):
+    bad = [c for c in sccs(graph) if len(c) > 1]
+    for comp in bad:
+        cyc = cycle_in(graph, comp)
+        print(f'{kind} cycle among {len(comp)} server/ files: {", ".join(comp)}')
+        print('  e.g. ' + ' -> '.join(cyc))
+        members = set(comp)
+        print('  its edges:')
+        for a in comp:
+            for b in sorted(graph[a] & members):
+                what = f': {", ".join(sorted(why.get((a, b), ())))}' if why else ''
+                print(f'    {a} -> {b}{what}')
+    return len(bad)
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    root, libs = argv[1], argv[2:]
+    FOLDERS.extend(sorted((d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))),
+                          key=len, reverse=True))
+    calls, why = call_graph(libs)
+    includes = include_graph(root)
+    n = report('call', calls, why) + report('include', includes)
+    if n:
+        print(f'FAIL: {n} cycle(s); a file that calls into a file that called it shows a concern in '
+              'the wrong file (STYLE.md Part 3)')
+        return 1
+    print(f'ok: {len(calls)} objects and {len(includes)} source files, no cycle')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv))
