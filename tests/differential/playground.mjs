@@ -48,6 +48,7 @@ const browser = await puppeteer.launch({
   executablePath: chromium,
   headless: true,
   args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
+  protocolTimeout: 60000,  // a hung step fails in a minute, not three
 });
 const page = await browser.newPage();
 await page.setViewport({ width: 1200, height: 900 });
@@ -211,6 +212,7 @@ const apiReply = async (turns, seed) => {
   return (await r.json()).choices[0].message.content;
 };
 
+await page.bringToFront();  // after ORIGIN's pages: a tab behind others draws no frames
 await page.click('header h1');  // closes the alternatives
 await page.screenshot({ path: shotAs('completion-desktop'), fullPage: true });
 await page.setViewport(phone);
