@@ -104,6 +104,17 @@ done
 progress=(-sS)
 [ -t 2 ] && progress=(--progress-bar)
 mkdir -p "$dir/.partial"
+why() { # curl's exit status, the HTTP status: what went wrong, in words
+    case $1 in
+    6) echo "cannot find the host ${base#*://} (no network, or no DNS)" ;;
+    7) echo "cannot connect to ${base#*://} (no network, a firewall, or a proxy is needed)" ;;
+    22) echo "the hub answered HTTP $2" ;;
+    28) echo "the connection timed out" ;;
+    35 | 60) echo "the secure connection to ${base#*://} failed (curl exit $1)" ;;
+    18 | 52 | 56) echo "the connection broke off (curl exit $1)" ;;
+    *) echo "curl exit $1" ;;
+    esac
+}
 fetch() { # file: download (resuming) into .partial, verify, move into place
     local f=$1 want=${expect[$1]} part="$dir/.partial/$1" url="$base/$repo/resolve/$revision/$1"
     if [ -f "$dir/$f" ] && [ "$(sha256sum < "$dir/$f" | cut -d' ' -f1)" = "$want" ]; then
@@ -125,7 +136,9 @@ fetch() { # file: download (resuming) into .partial, verify, move into place
             rm -f "$part"
         fi
         if [ "$attempt" -ge "$retries" ]; then
-            echo "download: $f: failed after $retries attempts (curl exit $rc); run again to resume" >&2
+            local kept="nothing was downloaded"
+            [ -s "$part" ] && kept="the $(stat -c %s "$part") bytes received are kept in $part; the same command continues from there"
+            echo "download: $f: failed after $retries attempts: $(why "$rc" "$code"); $kept" >&2
             return 1
         fi
         attempt=$((attempt + 1))

@@ -162,11 +162,19 @@ int tool_convert(int argc, char **argv)
     sft_status ss = sft_save(out, set.t, set.n, om, nom, NULL, err, sizeof err);
     free(om);
     if (ss != SFT_OK) goto fail;
+    /* Plain words for what alignment buys: the server maps an aligned file
+     * and reads its weights in place; a misaligned one is copied at load. */
+    unsigned long long was = (unsigned long long)sft_data_start(f);
     fprintf(stderr,
-            "gpt2d convert: %zu tensors, %s -> %s, layout %s -> %s; data now starts at an "
-            "8-byte boundary (was byte %llu)\n",
-            set.n, from, dtype ? dtype : from, in_panel ? WF_LAYOUT_PANEL : "hf",
-            out_panel ? WF_LAYOUT_PANEL : "hf", (unsigned long long)sft_data_start(f));
+            "gpt2d convert: wrote %s: %zu tensors, weights %s -> %s, layout %s -> %s; its "
+            "weights start at a multiple of 8 bytes, so gpt2d serves them straight from the file",
+            out, set.n, from, dtype ? dtype : from, in_panel ? WF_LAYOUT_PANEL : "hf",
+            out_panel ? WF_LAYOUT_PANEL : "hf");
+    if (was % 8 != 0)
+        fprintf(stderr,
+                " (%s's start at byte %llu, so the server copies them into memory at every start)",
+                in, was);
+    fputc('\n', stderr);
     rc = 0;
     goto done;
 fail:

@@ -7,11 +7,20 @@
 // and that a click shows the alternatives. With ORIGIN (a page server the
 // gpt2d server lists in cors_origins, on 127.0.0.1), a page there calls the
 // chat API across origins (preflight included), and the same page on
-// localhost, another origin, is refused by the browser. The screenshot is
-// kept as the test's artifact. Exit 77 (skipped) when puppeteer-core or
-// chromium is missing.
+// localhost, another origin, is refused by the browser. Then the chat view:
+// a system prompt and two streamed turns (each reply the API's own text for
+// the same messages and seed, with its token spans and numbers), the page
+// reloaded (history, system prompt, view and settings come back from
+// localStorage), regenerate (the last reply replaced), continue, copy, a new
+// tab asking for the key in the chat view, and a stream cut mid-way by a
+// proxy in this script (the page keeps the partial text and says
+// "connection lost — output incomplete", in both views). The screenshot is
+// kept as the test's artifact, with SCREENSHOT-{completion,chat}-{desktop,
+// phone}.png beside it (1200x900 and 390x844). Exit 77 (skipped) when
+// puppeteer-core or chromium is missing.
 import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
+import http from 'node:http';
 
 const require = createRequire(import.meta.url);
 let puppeteer;
@@ -39,6 +48,7 @@ const browser = await puppeteer.launch({
   executablePath: chromium,
   headless: true,
   args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
+  protocolTimeout: 60000,  // a hung step fails in a minute, not three
 });
 const page = await browser.newPage();
 await page.setViewport({ width: 1200, height: 900 });
@@ -173,5 +183,207 @@ if (origin) {
   if (elsewhere.length) await fail(browser, own, 'gpt2d\'s page called ' + elsewhere.join(' '));
   cross = `; cross-origin chat from ${origin} ok, from ${refusedOrigin} refused; the page's copy on ${origin} ok, gpt2d's own page kept to its origin`;
 }
+// ---- The chat view ---------------------------------------------------------------
+// Screenshots beside SHOT: NAME-{completion,chat}-{desktop,phone}.png.
+const shotAs = (what) => shot.replace(/(\.png)?$/, '-' + what + '.png');
+const desktop = { width: 1200, height: 900 }, phone = { width: 390, height: 844 };
+const LOST = 'connection lost — output incomplete';
+const field = (p, id, value) => p.$eval('#' + id, (e, v) => { e.value = v; e.dispatchEvent(new Event('change')); }, value);
+const chatStatus = (p) => p.$eval('#chat-status', (e) => e.textContent);
+const waitChat = async (p, want, what) => p.waitForFunction((w) => document.getElementById('chat-status').textContent === w,
+  { timeout: 30000 }, want).catch(async () => fail(browser, p, what + ': chat status ' + JSON.stringify(await chatStatus(p))));
+const messages = (p) => p.$$eval('#messages .msg', (ms) => ms.map((m) => ({
+  role: m.classList.contains('user') ? 'user' : 'assistant',
+  text: m.querySelector('.text').textContent,
+  toks: m.querySelectorAll('.tok').length,
+  meta: m.querySelector('.meta').textContent,
+  note: m.querySelector('.notice').textContent,
+})));
+// The reply the API gives for these messages and seed (the page's settings).
+const system = 'You are a terse assistant.';
+const apiReply = async (turns, seed) => {
+  const r = await fetch(base + '/v1/chat/completions', {
+    method: 'POST', headers: { 'Content-Type': 'application/json', ...auth },
+    body: JSON.stringify({
+      messages: [{ role: 'system', content: system }, ...turns.map((m) => ({ role: m.role, content: m.text }))],
+      max_tokens: 16, temperature: 0.8, seed,
+    }),
+  });
+  return (await r.json()).choices[0].message.content;
+};
+
+await page.bringToFront();  // after ORIGIN's pages: a tab behind others draws no frames
+await page.click('header h1');  // closes the alternatives
+await page.screenshot({ path: shotAs('completion-desktop'), fullPage: true });
+await page.setViewport(phone);
+await page.screenshot({ path: shotAs('completion-phone'), fullPage: true });
+await page.setViewport(desktop);
+await page.click('#tab-chat');
+const shown = await page.evaluate(() => [document.getElementById('chat-view').hidden, document.getElementById('complete-view').hidden,
+  document.getElementById('tab-chat').getAttribute('aria-selected')]);
+if (shown.join() !== 'false,true,true') await fail(browser, page, 'the chat tab did not show the chat view: ' + shown);
+await field(page, 'max_tokens', '16');
+await field(page, 'temperature', '0.8');
+await field(page, 'seed', '1');
+await page.type('#system', system);
+
+// Two streamed turns, the first throttled so it arrives in pieces.
+await page.evaluate(() => {
+  window.chatCounts = [];
+  new MutationObserver(() => {
+    const m = [...document.querySelectorAll('#messages .msg.assistant .text')].pop();
+    if (m && document.getElementById('chat-status').textContent === 'generating…') window.chatCounts.push(m.querySelectorAll('.tok').length);
+  }).observe(document.getElementById('messages'), { childList: true, subtree: true, characterData: true });
+});
+await page.emulateNetworkConditions({ download: 6000, upload: 10000000, latency: 0 });
+await page.type('#message', 'Hello there');
+await page.keyboard.press('Enter');
+await waitChat(page, 'done', 'the first turn');
+await page.emulateNetworkConditions(null);
+const chatPartial = new Set((await page.evaluate(() => window.chatCounts)).filter((n) => n > 0));
+if (chatPartial.size < 3) await fail(browser, page, 'the reply was not shown as it arrived: token counts seen ' + JSON.stringify([...chatPartial]));
+await page.type('#message', 'And then?');
+await page.click('#send');
+await waitChat(page, 'done', 'the second turn');
+const turns = await messages(page);
+if (turns.map((m) => m.role).join() !== 'user,assistant,user,assistant') await fail(browser, page, 'messages ' + JSON.stringify(turns));
+if (turns[0].text !== 'Hello there' || turns[2].text !== 'And then?') await fail(browser, page, 'the user turns ' + JSON.stringify(turns));
+for (const i of [1, 3]) {
+  const want = await apiReply(turns.slice(0, i), 1);
+  if (turns[i].text !== want) await fail(browser, page, `reply ${i}: page ${JSON.stringify(turns[i].text)}, API ${JSON.stringify(want)}`);
+  if (turns[i].toks < 1) await fail(browser, page, `reply ${i} has no token spans`);
+  if (!/tokens\/s/.test(turns[i].meta) || !/prompt \d+ tokens/.test(turns[i].meta) || !/context \d+/.test(turns[i].meta)) await fail(browser, page, `reply ${i}'s numbers: ${JSON.stringify(turns[i].meta)}`);
+}
+await page.click('#messages .msg.assistant .tok');
+if ((await page.$$eval('#alts tr', (r) => r.length)) < 2) await fail(browser, page, 'no alternatives for a chat token');
+await page.click('header h1');  // closes the alternatives
+await page.screenshot({ path: shotAs('chat-desktop'), fullPage: true });
+await page.setViewport(phone);
+const wide = await page.evaluate(() => document.documentElement.scrollWidth);
+if (wide > phone.width) await fail(browser, page, `at phone width the page is ${wide} px wide`);
+await page.screenshot({ path: shotAs('chat-phone'), fullPage: true });
+await page.setViewport(desktop);
+
+// A reload: the chat, the system prompt, the view and the settings come back.
+await page.reload({ waitUntil: 'load' });
+await page.waitForFunction(() => /model gpt2/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+  .catch(() => fail(browser, page, 'after the reload the model line never showed the model'));
+const back = await messages(page);
+const kept = await page.evaluate(() => [document.getElementById('system').value, document.getElementById('chat-view').hidden,
+  document.getElementById('seed').value, document.getElementById('max_tokens').value]);
+if (JSON.stringify(back.map((m) => [m.text, m.toks, m.meta])) !== JSON.stringify(turns.map((m) => [m.text, m.toks, m.meta]))) await fail(browser, page, 'after the reload: ' + JSON.stringify(back));
+if (JSON.stringify(kept) !== JSON.stringify([system, false, '1', '16'])) await fail(browser, page, 'after the reload, system prompt, view hidden, seed, max_tokens: ' + JSON.stringify(kept));
+
+// Regenerate with another seed: the last reply is replaced by the API's.
+await field(page, 'seed', '2');
+await page.click('#regen');
+await waitChat(page, 'done', 'regenerate');
+const regen = await messages(page);
+const want2 = await apiReply(turns.slice(0, 3), 2);
+if (regen.length !== 4 || regen.slice(0, 3).some((m, i) => m.text !== turns[i].text)) await fail(browser, page, 'regenerate changed the history: ' + JSON.stringify(regen));
+if (regen[3].text !== want2 || want2 === turns[3].text) await fail(browser, page, `regenerated ${JSON.stringify(regen[3].text)}, API (seed 2) ${JSON.stringify(want2)}, before ${JSON.stringify(turns[3].text)}`);
+
+// Continue: more text on the same reply.
+await page.click('#continue');
+await waitChat(page, 'done', 'continue');
+const cont = await messages(page);
+if (cont.length !== 4 || !cont[3].text.startsWith(regen[3].text) || cont[3].text.length <= regen[3].text.length) await fail(browser, page, 'continue: ' + JSON.stringify(cont[3]));
+
+// Copy: the message's text on the clipboard.
+await browser.defaultBrowserContext().overridePermissions(base, ['clipboard-read', 'clipboard-write', 'clipboard-sanitized-write']);
+await page.click('#messages .msg.assistant:last-child .copy');
+const clip = await page.evaluate(() => navigator.clipboard.readText());
+if (clip !== cont[3].text) await fail(browser, page, `copied ${JSON.stringify(clip)}, the message is ${JSON.stringify(cont[3].text)}`);
+
+// A new tab (no key yet) opens in the chat view, with the history, and asks for the key.
+const tab = await browser.newPage();
+await tab.goto(base + '/', { waitUntil: 'load', timeout: 20000 });
+if (apiKey) {
+  await tab.waitForFunction(() => !document.getElementById('key-box').hidden && !document.getElementById('chat-view').hidden
+    && /needs an API key/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+    .catch(() => fail(browser, tab, 'the chat view did not ask for the API key'));
+}
+if ((await messages(tab)).length !== 4) await fail(browser, tab, 'a new tab does not show the chat');
+await tab.close();
+
+// A stream cut mid-way. The page is served through a proxy here (so that
+// its own origin is the proxy's) that passes everything on, but cuts the
+// connection of a stream after `cut.after` events when asked.
+const cut = { after: 0, sent: '' };
+const target = new URL(base);
+const proxy = http.createServer((req, res) => {
+  const headers = { ...req.headers, host: target.host };
+  delete headers.origin;  // the page's POSTs carry the proxy's origin
+  const up = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url, headers }, (ur) => {
+    res.writeHead(ur.statusCode, ur.headers);
+    const limit = req.method === 'POST' ? cut.after : 0;
+    if (!limit) return ur.pipe(res);
+    cut.after = 0;
+    cut.sent = '';
+    let buf = '', events = 0;
+    ur.on('data', (d) => {
+      if (events >= limit) return;
+      buf += d.toString('utf8');
+      let at;
+      while (events < limit && (at = buf.indexOf('\n\n')) >= 0) {
+        const event = buf.slice(0, at + 2);
+        buf = buf.slice(at + 2);
+        events++;
+        if (event.startsWith('data: {')) {
+          const c = (JSON.parse(event.slice(6)).choices || [])[0] || {};
+          cut.sent += c.text ?? c.delta?.content ?? '';
+        }
+        const last = events === limit;
+        // The cut comes a moment after the last event: a browser drops what
+        // a stream has queued but not yet handed to the page when it errors.
+        res.write(event, () => { if (last) setTimeout(() => { ur.destroy(); res.socket.destroy(); }, 400); });
+      }
+    });
+  });
+  up.on('error', () => res.destroy());
+  req.pipe(up);
+});
+await new Promise((ok) => proxy.listen(0, '127.0.0.1', ok));
+const via = 'http://127.0.0.1:' + proxy.address().port;
+const cutPage = await browser.newPage();
+await cutPage.goto(via + '/', { waitUntil: 'load', timeout: 20000 });
+if (apiKey) {
+  await cutPage.waitForFunction(() => !document.getElementById('key-box').hidden, { timeout: 10000 })
+    .catch(() => fail(browser, cutPage, 'through the proxy, the page did not ask for the key'));
+  await cutPage.type('#api_key', apiKey);
+  await cutPage.$eval('#api_key', (e) => e.dispatchEvent(new Event('change')));
+}
+await cutPage.waitForFunction(() => /model gpt2/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+  .catch(() => fail(browser, cutPage, 'through the proxy, the model line never showed the model'));
+await cutPage.click('#tab-chat');
+await field(cutPage, 'max_tokens', '64');
+await field(cutPage, 'temperature', '0');
+cut.after = 6;  // the role chunk and five pieces of text
+await cutPage.type('#message', 'Hi');
+await cutPage.keyboard.press('Enter');
+await waitChat(cutPage, LOST, 'the cut chat stream');
+const lost = (await messages(cutPage))[1];
+if (!cut.sent || lost.text !== cut.sent || lost.note !== LOST) await fail(browser, cutPage, `cut chat: the page kept ${JSON.stringify(lost)}, the proxy passed ${JSON.stringify(cut.sent)}`);
+await cutPage.reload({ waitUntil: 'load' });
+const lostBack = (await messages(cutPage))[1];
+if (lostBack.text !== cut.sent || lostBack.note !== LOST) await fail(browser, cutPage, 'the cut reply after a reload: ' + JSON.stringify(lostBack));
+// The completion view says the same and keeps its text.
+await cutPage.click('#tab-complete');
+await cutPage.$eval('#prompt', (e) => { e.value = 'The quick brown fox'; });
+await field(cutPage, 'n', '1');
+cut.after = 5;
+await cutPage.click('#run');
+await cutPage.waitForFunction((w) => document.getElementById('status').textContent === w, { timeout: 30000 }, LOST)
+  .catch(async () => fail(browser, cutPage, 'the cut completion: status ' + await cutPage.$eval('#status', (e) => e.textContent)));
+const lostText = await cutPage.$eval('.choice .text', (e) => e.textContent);
+if (lostText !== 'The quick brown fox' + cut.sent || !cut.sent) await fail(browser, cutPage, `cut completion: the page kept ${JSON.stringify(lostText)}, the proxy passed ${JSON.stringify(cut.sent)}`);
+proxy.close();
+if (external.length) await fail(browser, page, 'requests outside the server: ' + external.join(' '));
+const unexpectedChat = consoleErrors.filter((e) => !(apiKey && /status of 401/.test(e)));
+if (unexpectedChat.length) await fail(browser, page, 'console errors: ' + unexpectedChat.join(' | '));
+
 await browser.close();
-console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives, ${partial.size} partial renderings${cross}; screenshot ${shot})`);
+console.log(`playground: ok (${result[0].tokens.length} tokens shown, ${alts.length} alternatives, ${partial.size} partial renderings${cross}; `
+  + `chat: 2 turns (${chatPartial.size} partial renderings), reload, regenerate, continue, copy, a cut stream kept in both views; `
+  + `screenshots ${shot} and ${shotAs('{completion,chat}-{desktop,phone}')})`);
+
