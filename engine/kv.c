@@ -25,7 +25,7 @@
  * 4 KiB pages every block a step enters for the first time costs hundreds
  * of page faults inside that step: 16 sequences of a GPT-2-small-shaped
  * model crossing into new 16-token blocks at once took the step from 48 to
- * ~100 ms on a 2-vCPU VM (docs/benchmarks.md, 2026-12-05). Transparent huge
+ * ~100 ms on a 2-vCPU VM (docs/benchmarks-history.md, 2026-12-05). Transparent huge
  * pages where the kernel offers them on request (madvise mode, Debian's
  * default) cut the faults 512-fold; the pool is 2 MiB-aligned for them.
  * Blocks are handed out lowest id first, so touched memory is reused first.

@@ -83,7 +83,7 @@ static void mm_stream_c(const mm_ctx *c, size_t n0, size_t n1)
  * its panels in order: bench_decode, 2 threads, GPT-2 small, fastest step
  * against the row-major layout, 2 alternated runs (the panels then made in
  * memory at load, before the file layout existed; the files measure the
- * same, docs/benchmarks.md): 1 sequence q8 4.8-5.0
+ * same, docs/benchmarks-history.md): 1 sequence q8 4.8-5.0
  * -> 3.2 ms, BF16 5.7-6.5 -> 5.5-5.6, F32 12.0-12.3 -> 8.3-9.4; 16
  * sequences q8 20.1-20.4 -> 16.5, BF16 22.2-22.7 -> 16.7-17.3, F32
  * 27.7-28.8 -> 23.4-24.7. */
