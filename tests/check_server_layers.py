@@ -14,7 +14,15 @@ the way down) are no edge: that is how news comes back up.
 
   check_server_layers.py SERVER_DIR LIB.a...
 
-Prints every cycle found (one per strongly connected component, as a path)
+Besides, the layers' order: a file of a lower layer (http/ below api/
+below daemon/) neither calls nor includes one of a higher layer, so the
+layers read top-down (daemon -> api -> http) with no edge upward, even one
+that closes no cycle. A leaf (a file that calls and includes no other
+server/ file: the pure parsers oai.c and sse.c, metrics.c's counters,
+systemd.c's protocol) is a library below every layer, wherever its folder
+puts it, and any file may use it.
+
+Prints every cycle and upward edge found (one per strongly connected component, as a path)
 and exits 1, or prints the file order and exits 0.
 """
 import os
@@ -175,6 +183,42 @@ def report(kind, graph, why=None):
     return len(bad)
 
 
+# Top to bottom: a file may call and include files of its own layer and of
+# the layers below it.
+LAYERS = {'daemon': 0, 'api': 1, 'http': 2}
+
+
+def layer_of(rel):
+    top = rel.split('/', 1)[0]
+    return LAYERS.get(top) if '/' in rel else None
+
+
+def leaves_of(calls, includes):
+    """Files with no edge out in either graph (a .c and its .h count as one:
+    a header's include of its own leaf's types is no edge out)."""
+    out = {}
+    for g in (calls, includes):
+        for a, bs in g.items():
+            stem = os.path.splitext(a)[0]
+            out.setdefault(stem, set()).update(os.path.splitext(b)[0] for b in bs)
+    return {stem for stem, bs in out.items() if not (bs - {stem})}
+
+
+def report_upward(kind, graph, why=None, leaves=frozenset()):
+    bad = 0
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            la, lb = layer_of(a), layer_of(b)
+            if os.path.splitext(b)[0] in leaves:
+                continue
+            if la is not None and lb is not None and lb < la:
+                what = f': {", ".join(sorted(why.get((a, b), ())))}' if why else ''
+                print(f'{kind} edge upward, from the {a.split("/")[0]} layer to the '
+                      f'{b.split("/")[0]} layer: {a} -> {b}{what}')
+                bad += 1
+    return bad
+
+
 def main(argv):
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -185,8 +229,10 @@ def main(argv):
     calls, why = call_graph(libs)
     includes = include_graph(root)
     n = report('call', calls, why) + report('include', includes)
+    leaves = leaves_of(calls, includes)
+    n += report_upward('call', calls, why, leaves) + report_upward('include', includes, None, leaves)
     if n:
-        print(f'FAIL: {n} cycle(s); a file that calls into a file that called it shows a concern in '
+        print(f'FAIL: {n} cycle(s) or upward edge(s); a file that calls into a file that called it shows a concern in '
               'the wrong file (STYLE.md Part 3)')
         return 1
     print(f'ok: {len(calls)} objects and {len(includes)} source files, no cycle')

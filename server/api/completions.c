@@ -389,10 +389,13 @@ enum MHD_Result cmpl_admit(srv_req *r)
                                "The server is shutting down; retry on another replica");
     if (!prompts_fit(r, &rc)) return rc;
     /* One engine request per prompt and candidate (best_of >= n of them). */
-    r->cmpl->nchoices = q->nprompts * q->best_of;
-    r->cmpl->choices = calloc(r->cmpl->nchoices, sizeof *r->cmpl->choices);
+    /* The count only once the array exists: the usage and close hooks walk
+     * choices[0 .. nchoices). */
+    size_t nchoices = q->nprompts * q->best_of;
+    r->cmpl->choices = calloc(nchoices, sizeof *r->cmpl->choices);
     if (r->cmpl->choices == NULL)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    r->cmpl->nchoices = nchoices;
     eng_bias *bias = NULL;
     if (q->nbias > 0) {
         bias = malloc(q->nbias * sizeof *bias);

@@ -48,12 +48,26 @@ tok_job *tok_job_new(srv_req *r)
 
 int tok_job_prompts(tok_job *t, size_t n)
 {
-    t->nprompts = n;
     t->prompt_ids = calloc(n ? n : 1, sizeof *t->prompt_ids);
     t->prompt_len = calloc(n ? n : 1, sizeof *t->prompt_len);
     t->text = calloc(n ? n : 1, sizeof *t->text);
     t->text_len = calloc(n ? n : 1, sizeof *t->text_len);
-    return t->prompt_ids && t->prompt_len && t->text && t->text_len ? 0 : -1;
+    if (t->prompt_ids && t->prompt_len && t->text && t->text_len) {
+        /* The count only once the arrays exist: the usage hook of the
+         * access line reads prompt_len[0 .. nprompts). */
+        t->nprompts = n;
+        return 0;
+    }
+    free(t->prompt_ids);
+    free(t->prompt_len);
+    free(t->text);
+    free(t->text_len);
+    t->prompt_ids = NULL;
+    t->prompt_len = NULL;
+    t->text = NULL;
+    t->text_len = NULL;
+    t->nprompts = 0;
+    return -1;
 }
 
 void tok_job_free(tok_job *t)

@@ -76,6 +76,7 @@ int srv_main(int argc, char **argv)
         }
     }
     srv_sd_init();
+    log_set_journal(srv_sd_journal());
     srv s;
     memset(&s, 0, sizeof s);
     char err[1024];

@@ -79,6 +79,9 @@ size_t log_escape(const char *in, size_t n, char *out, size_t outlen);
 void log_fatal(const char *msg);
 /* Sets the most verbose level written (an unknown name is "info"). */
 void log_set_level(const char *level);
+/* Whether stderr is the journal ("<PRIORITY>" line prefixes instead of a
+ * time stamp); set once at start-up, before any thread. */
+void log_set_journal(int on);
 /* What the access log line of a finished request says (http.c fills it). */
 typedef struct {
     const char *method, *url, *id, *req_id;

@@ -10,13 +10,15 @@
  * an ESC or a forged "<3>" at a line start would forge or colour lines.
  */
 #include "http/http.h"
-#include "daemon/systemd.h"
 
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
 
 static int log_max = 2; /* the most verbose level written: 0 error .. 3 debug */
+/* stderr is the journal: the daemon says so (log_set_journal) at start-up,
+ * before any thread; the log lives below the daemon and asks it nothing. */
+static int log_journal;
 
 static int level_rank(const char *level)
 {
@@ -24,6 +26,11 @@ static int level_rank(const char *level)
     for (int i = 0; i < 4; i++)
         if (strcmp(level, names[i]) == 0) return i;
     return 2;
+}
+
+void log_set_journal(int on)
+{
+    log_journal = on != 0;
 }
 
 void log_set_level(const char *level)
@@ -91,7 +98,7 @@ void log_line(const char *level, const char *fmt, ...)
     if (rank > log_max) return;
     char line[4096];
     int n;
-    if (srv_sd_journal()) {
+    if (log_journal) {
         static const int prio[] = {3, 4, 6, 7};
         n = snprintf(line, sizeof line, "<%d>", prio[rank]);
     } else {
@@ -118,7 +125,7 @@ void log_fatal(const char *msg)
 {
     char esc[4096];
     log_escape(msg, strlen(msg), esc, sizeof esc);
-    fprintf(stderr, "%sgpt2d serve: %s\n", srv_sd_journal() ? "<3>" : "", esc);
+    fprintf(stderr, "%sgpt2d serve: %s\n", log_journal ? "<3>" : "", esc);
 }
 
 void log_access(const log_access_rec *a)
