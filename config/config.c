@@ -63,6 +63,9 @@ static const spec specs[] = {
     {"kv_block", K_SIZE, F(kv_block), 1, 4096, "16", "positions per KV cache block"},
     {"prefix_cache", K_BOOL, F(prefix_cache), 0, 1, "true",
      "reuse the KV cache of prompt prefixes seen before (the same results, bit for bit)"},
+    {"prefix_cache_shared_across_keys", K_BOOL, F(prefix_cache_shared_across_keys), 0, 1, "false",
+     "let all API keys share cached prompts (one tenant); false: each key's prompts are cached "
+     "apart, so no key can see or time another's"},
     {"max_running", K_SIZE, F(max_running), 1, 4096, "64", "sequences decoded together per step"},
     {"step_tokens", K_SIZE, F(step_tokens), 1, 65536, "512",
      "prompt tokens per step, the prefill chunk (bounds decode latency); decode rows come on top"},
@@ -368,6 +371,7 @@ static const char *const reloadable[] = {
     "request_header_timeout",
     "stream_backlog_bytes",
     "stream_stall_timeout",
+    "prefix_cache_shared_across_keys",
 };
 
 int cfg_key_reloadable(const char *key)

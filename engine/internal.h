@@ -56,6 +56,7 @@ typedef struct {
     int registered;     /* findable by hash                              */
     int has_lp;         /* registered with its positions' prompt logprobs */
     uint64_t hash;      /* registered: chain hash (tokens + parent hash) */
+    uint64_t salt;      /* registered: the partition (eng_seq.salt)      */
 } kv_block;
 
 struct eng_kv {
@@ -81,15 +82,21 @@ struct eng_kv {
 /* ---- The prefix cache (kv.c) ---- */
 
 /* The chain hash of a block of block_len tokens after the block whose hash
- * is prev (KV_HASH_ROOT for the first block). */
+ * is prev (kv_hash_root(salt) for the first block). */
 #define KV_HASH_ROOT UINT64_C(0x9e3779b97f4a7c15)
 uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens);
+/* The chain's seed in partition salt: KV_HASH_ROOT for salt 0, so the
+ * hashes of salt 0 are those of an unsalted cache. A salt changes every
+ * hash of the chain; a hit also compares the salt itself (find), so two
+ * partitions never share a block even when their hashes collide. */
+uint64_t kv_hash_root(uint64_t salt);
 
 /*
- * Admission with the cache: finds the longest run of registered blocks
- * spelling tokens[0 .. maxhit x block_len) (hashes[i]: the chain hash of
- * block i), takes them, and reserves fresh blocks up to `positions` in all,
- * evicting cached blocks when the free list runs out. All or nothing:
+ * Admission with the cache: finds the longest run of registered blocks of
+ * seq's partition (seq->salt) spelling tokens[0 .. maxhit x block_len)
+ * (hashes[i]: the chain hash of block i, from kv_hash_root(seq->salt)),
+ * takes them, and reserves fresh blocks up to `positions` in all, evicting
+ * cached blocks when the free list runs out. All or nothing:
  * ENG_ENOMEM leaves seq and the pool unchanged. On success seq->len is the
  * hit's positions and *hit its blocks. seq must be empty.
  *
@@ -102,18 +109,18 @@ eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint6
                     size_t maxhit, size_t positions, kv_lp *lp, size_t *hit);
 
 /* While seq's next block is unwritten (seq->len on a block boundary, below
- * maxhit blocks) and registered, swaps it in for seq's reserved one and
- * advances seq->len; returns the blocks gained. With lp (echo), as
+ * maxhit blocks) and registered in seq's partition, swaps it in for seq's
+ * reserved one and advances seq->len; returns the blocks gained. With lp (echo), as
  * kv_admit: only blocks with logprobs, followed by one, whose first entry
  * joins theirs in lp. */
 size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t *hashes,
                  size_t maxhit, kv_lp *lp);
 
-/* Registers seq's full blocks from *nhashed up to seq->len (tokens: the
- * sequence's tokens; *hash: the chain hash of block *nhashed - 1). A block
- * already registered with the same contents replaces seq's copy, which goes
- * back to the free list. lp (or NULL): the prompt logprobs of positions
- * [1, nlp); a block whose positions all have them keeps them. */
+/* Registers seq's full blocks from *nhashed up to seq->len in seq's
+ * partition (tokens: the sequence's tokens; *hash: the chain hash of block
+ * *nhashed - 1). A block already registered with the same contents and
+ * salt replaces seq's copy, which goes back to the free list. lp (or NULL): the prompt logprobs of
+ * positions [1, nlp); a block whose positions all have them keeps them. */
 void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed, uint64_t *hash,
                const kv_lp *lp, size_t nlp);
 

@@ -8,7 +8,10 @@
  * sequence whose prompt begins with the same tokens takes the registered
  * blocks (a reference each) instead of computing them. A hit compares the
  * tokens and the parent block itself, not only the hash, so a collision can
- * never make two different prefixes share a block. Registered blocks are
+ * never make two different prefixes share a block. Every block belongs to
+ * a partition, its sequence's salt (eng_request.cache_salt: one per tenant
+ * in the server): the salt seeds the chain hash and a hit compares it too,
+ * so one partition can neither take nor time another's blocks. Registered blocks are
  * never written: a sequence writes only at positions past its shared ones.
  * When the last holder lets go, a registered block stays cached on an LRU
  * list; it counts as free, and is evicted (leaves first) only when a fresh
@@ -170,12 +173,28 @@ uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens)
     return h & kv->hash_mask;
 }
 
-/* The registered block with this hash, parent and tokens, or -1. */
-static int32_t find(const eng_kv *kv, uint64_t hash, int32_t parent, const int32_t *tokens)
+uint64_t kv_hash_root(uint64_t salt)
+{
+    if (salt == 0) return KV_HASH_ROOT;
+    /* splitmix64 of the salt: nearby salts give unrelated seeds. */
+    uint64_t h = salt + KV_HASH_ROOT;
+    h ^= h >> 30;
+    h *= UINT64_C(0xbf58476d1ce4e5b9);
+    h ^= h >> 27;
+    h *= UINT64_C(0x94d049bb133111eb);
+    h ^= h >> 31;
+    return h;
+}
+
+/* The registered block of partition salt with this hash, parent and
+ * tokens, or -1. A child's salt is its parent's, so the comparison decides
+ * only for first blocks; it is as cheap everywhere. */
+static int32_t find(const eng_kv *kv, uint64_t hash, uint64_t salt, int32_t parent,
+                    const int32_t *tokens)
 {
     for (int32_t b = kv->bucket[hash & (kv->nbucket - 1)]; b >= 0; b = kv->meta[b].hnext) {
         const kv_block *m = &kv->meta[b];
-        if (m->hash == hash && m->parent == parent
+        if (m->hash == hash && m->salt == salt && m->parent == parent
             && memcmp(kv->tokens + (size_t)b * kv->block_len, tokens,
                       kv->block_len * sizeof *tokens)
                    == 0)
@@ -184,12 +203,13 @@ static int32_t find(const eng_kv *kv, uint64_t hash, int32_t parent, const int32
     return -1;
 }
 
-static void register_block(eng_kv *kv, int32_t b, uint64_t hash, int32_t parent,
+static void register_block(eng_kv *kv, int32_t b, uint64_t hash, uint64_t salt, int32_t parent,
                            const int32_t *tokens)
 {
     kv_block *m = &kv->meta[b];
     m->registered = 1;
     m->hash = hash;
+    m->salt = salt;
     m->parent = parent;
     memcpy(kv->tokens + (size_t)b * kv->block_len, tokens, kv->block_len * sizeof *tokens);
     size_t at = hash & (kv->nbucket - 1);
@@ -289,7 +309,7 @@ eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint6
     size_t h = 0, from_lru = 0;
     int32_t lp_next = -1; /* echo: the block after the hit, for its first position */
     for (int32_t parent = -1; h < maxhit; h++) {
-        int32_t b = find(kv, hashes[h], parent, tokens + h * bl);
+        int32_t b = find(kv, hashes[h], seq->salt, parent, tokens + h * bl);
         if (b < 0 || (lp != NULL && !kv->meta[b].has_lp)) break;
         seq->blocks[h] = b;
         from_lru += kv->meta[b].ref == 0;
@@ -321,11 +341,12 @@ size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t
     while (seq->len % bl == 0) {
         size_t i = seq->len / bl;
         if (i >= maxhit || i >= seq->nblocks) break;
-        int32_t b = find(kv, hashes[i], i > 0 ? seq->blocks[i - 1] : -1, tokens + i * bl);
+        int32_t b =
+            find(kv, hashes[i], seq->salt, i > 0 ? seq->blocks[i - 1] : -1, tokens + i * bl);
         if (b < 0) break;
         if (lp != NULL) { /* echo: block i's logprobs, and the next block's first */
             int32_t next = i + 1 < maxhit && kv->meta[b].has_lp
-                               ? find(kv, hashes[i + 1], b, tokens + (i + 1) * bl)
+                               ? find(kv, hashes[i + 1], seq->salt, b, tokens + (i + 1) * bl)
                                : -1;
             if (next < 0 || !kv->meta[next].has_lp) break;
             memcpy(lp + i * bl, kv->lp + (size_t)b * bl, bl * sizeof *lp);
@@ -355,9 +376,9 @@ void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed,
     size_t bl = kv->block_len;
     for (size_t i = *nhashed; (i + 1) * bl <= seq->len; i++) {
         const int32_t *t = tokens + i * bl;
-        uint64_t h = kv_hash(kv, i > 0 ? *hash : KV_HASH_ROOT, t);
+        uint64_t h = kv_hash(kv, i > 0 ? *hash : kv_hash_root(seq->salt), t);
         int32_t parent = i > 0 ? seq->blocks[i - 1] : -1;
-        int32_t same = find(kv, h, parent, t);
+        int32_t same = find(kv, h, seq->salt, parent, t);
         if (same >= 0) {
             /* Computed twice at once (two sequences prefilled it in the
              * same steps): keep one copy, the same bits. */
@@ -365,7 +386,7 @@ void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed,
             unhold(kv, seq->blocks[i]);
             seq->blocks[i] = same;
         } else {
-            register_block(kv, seq->blocks[i], h, parent, t);
+            register_block(kv, seq->blocks[i], h, seq->salt, parent, t);
         }
         /* The same logprobs whoever computed them: the first to have them
          * leaves them. */

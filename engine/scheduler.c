@@ -265,9 +265,10 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         free(plp);
         return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     }
+    q->kv.salt = r->cache_salt;
     for (size_t b = 0; b < nphash; b++)
-        phash[b] =
-            kv_hash(s->kv, b > 0 ? phash[b - 1] : KV_HASH_ROOT, r->prompt + b * s->o.block_len);
+        phash[b] = kv_hash(s->kv, b > 0 ? phash[b - 1] : kv_hash_root(r->cache_salt),
+                           r->prompt + b * s->o.block_len);
     q->phash = phash;
     q->plp = plp;
     q->nplp = 1; /* the first prompt token has no logprob */
@@ -383,14 +384,16 @@ static void took_cached(eng_sched *s, sch_seq *q, size_t blocks)
 }
 
 /* 1 if sequence a (prefilling) will compute q's prompt block b: the same
- * tokens after the same prefix (chain hash), with logprobs if q needs them
+ * tokens after the same prefix (chain hash) in the same partition (salt:
+ * another's would not be taken, and waiting for it would time it), with
+ * logprobs if q needs them
  * (echo). A paused sequence computes nothing until its client reads again
  * (eng_sched_pause), maybe never: others do not wait for it. */
 static int computes_block(const sch_seq *a, const sch_seq *q, size_t b, size_t bl)
 {
     return !a->paused && a->prefilled < a->req.nprompt && a->kv.len < (b + 1) * bl
-           && a->req.nprompt >= (b + 1) * bl && a->phash[b] == q->phash[b]
-           && (q->plp == NULL || a->plp != NULL);
+           && a->req.nprompt >= (b + 1) * bl && a->kv.salt == q->kv.salt
+           && a->phash[b] == q->phash[b] && (q->plp == NULL || a->plp != NULL);
 }
 
 /* 1 if an earlier running sequence is computing the prompt block that

@@ -33,6 +33,9 @@ typedef struct {
     size_t nblocks;
     size_t len; /* positions already in the cache */
     size_t cap; /* positions the reserved blocks hold */
+    /* The prefix cache's partition (kv.c): the sequence takes and registers
+     * cached blocks only under this salt (eng_request.cache_salt). */
+    uint64_t salt;
 } eng_seq;
 
 /* Reserves blocks so that seq can hold `positions` positions in all. All or

@@ -271,6 +271,28 @@ START_TEST(cfg_print_help_lists_every_key)
 }
 END_TEST
 
+/* Issue 24: keys cache apart unless the operator says they are one tenant;
+ * the switch applies per request, so SIGHUP may flip it. */
+START_TEST(cfg_prefix_cache_shared_across_keys_off_and_reloadable)
+{
+    cfg_config cur, next;
+    cfg_defaults(&cur);
+    ck_assert_int_eq(cur.prefix_cache_shared_across_keys, 0);
+    memcpy(&next, &cur, sizeof next);
+    char err[256], changed[256];
+    ck_assert_int_eq(
+        cfg_set(&next, "prefix_cache_shared_across_keys", "true", "t", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(next.prefix_cache_shared_across_keys, 1);
+    ck_assert_int_eq(
+        cfg_set(&next, "prefix_cache_shared_across_keys", "yes please", "t", err, sizeof err),
+        CFG_EVALUE);
+    ck_assert(cfg_key_reloadable("prefix_cache_shared_across_keys"));
+    ck_assert_uint_eq(cfg_apply_reload(&cur, &next, changed, sizeof changed, NULL, 0), 1);
+    ck_assert_str_eq(changed, "prefix_cache_shared_across_keys");
+    ck_assert_int_eq(cur.prefix_cache_shared_across_keys, 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -286,6 +308,7 @@ int main(void)
     tcase_add_test(tc, cfg_set_model_name_takes_several_names);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
     tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);
+    tcase_add_test(tc, cfg_prefix_cache_shared_across_keys_off_and_reloadable);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1349,6 +1349,73 @@ def case_never_admissible(ctx):
     check(st == 200, "best_of 4 x 60 positions (each fits the 128-position pool) got %d: %r" % (st, b[:200]))
 
 
+def case_cache_cross_key(ctx):
+    """24.2: the prefix cache does not leak prompts across API keys. Key A
+    sends a document with a recovery PIN; key B sends the same document with
+    guesses: every guess, the right one too, gets cached_tokens 0 and no hit
+    in /metrics, while A's own repeat hits, with the same text as a cold run.
+    cache_salt separates users of one key on both routes (and a bad one is a
+    400 naming it); prefix_cache_shared_across_keys shares on purpose."""
+    ka, kb = "tenant-a-key-1111", "tenant-b-key-2222"
+    filler = ("The quarterly report lists the branch offices, their staff and the"
+              " numbers of the accounts they opened in the spring. ")
+    # The PIN in the first KV block: a wrong guess shares no block with A's
+    # prompt (nor with B's other guesses); only the right one could.
+    doc = lambda pin: "Recovery PIN %s for account 88213. " % pin + filler * 5
+
+    def ask(port, key, body, path="/v1/completions"):
+        body = dict({"model": "gpt2", "max_tokens": 4, "temperature": 0}, **body)
+        st, _, b = request(port, "POST", path, body, headers={"Authorization": "Bearer " + key})
+        check(st == 200, "%s with key %s got %d: %r" % (path, key[:8], st, b[:200]))
+        d = json.loads(b)
+        c = d["choices"][0]
+        text = c["message"]["content"] if "message" in c else c["text"]
+        return d["usage"]["prompt_tokens_details"]["cached_tokens"], text, d["usage"]["prompt_tokens"]
+
+    srv = Server(ctx, ctx.models.get("long"), "--api-key", ka, "--api-key", kb)
+    hits = lambda: srv.metric("gpt2d_prefix_cache_hit_tokens_total")
+    cached, cold, ntok = ask(srv.port, ka, {"prompt": doc("4471")})
+    check(cached == 0 and ntok >= 64, "key A's first request: cached_tokens %d, %d prompt tokens" % (cached, ntok))
+    # B's probe: a wrong guess, the right one, another wrong one.
+    before = hits()
+    for pin in ("4470", "4471", "4472"):
+        cached, text, _ = ask(srv.port, kb, {"prompt": doc(pin)})
+        check(cached == 0, "key B's guess %s got cached_tokens %d from key A's prompt" % (pin, cached))
+        if pin == "4471":
+            check(text == cold, "key B's copy of A's prompt answered %r, a cold run %r" % (text, cold))
+    check(hits() == before, "key B's guesses took %g tokens from the prefix cache" % (hits() - before))
+    # A's own repeat is warm and the same bits.
+    cached, text, _ = ask(srv.port, ka, {"prompt": doc("4471")})
+    check(cached >= 64, "key A's repeat got cached_tokens %d, want its own hit (>= 64)" % cached)
+    check(text == cold, "key A's warm repeat answered %r, the cold run %r" % (text, cold))
+    check(hits() - before == cached, "/metrics counted %g hit tokens for A's %d" % (hits() - before, cached))
+    # cache_salt: users behind one key, on both routes; B's user of the same
+    # name is another tenant still.
+    for path, body in (("/v1/completions", {"prompt": doc("4471")}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": doc("4471")}]})):
+        first = {}
+        for key, salt in ((ka, "alice"), (ka, "bob"), (kb, "alice")):
+            cached, first[(key, salt)], _ = ask(srv.port, key, dict(body, cache_salt=salt), path)
+            check(cached == 0, "%s: cache_salt %r (key %s) got cached_tokens %d from another user"
+                  % (path, salt, key[:8], cached))
+        cached, text, _ = ask(srv.port, ka, dict(body, cache_salt="alice"), path)
+        check(cached >= 64, "%s: alice's repeat under her cache_salt got cached_tokens %d" % (path, cached))
+        check(text == first[(ka, "alice")], "%s: alice's warm repeat answered differently" % path)
+        for bad in (5, "", "x" * 257, ["alice"]):
+            st, _, b = request(srv.port, "POST", path, dict({"model": "gpt2", "max_tokens": 1}, cache_salt=bad, **body),
+                               headers={"Authorization": "Bearer " + ka})
+            check(st == 400 and error_envelope(b, "cache_salt %r" % (bad,))["param"] == "cache_salt",
+                  "%s: cache_salt %r got %d: %r" % (path, bad, st, b[:200]))
+    srv.stop()
+    # One tenant on purpose: B takes A's blocks.
+    srv = Server(ctx, ctx.models.get("long"), "--api-key", ka, "--api-key", kb,
+                 "--prefix-cache-shared-across-keys", "true", name="shared")
+    ask(srv.port, ka, {"prompt": doc("4471")})
+    cached, text, _ = ask(srv.port, kb, {"prompt": doc("4471")})
+    check(cached >= 64, "prefix_cache_shared_across_keys: key B got cached_tokens %d, want A's blocks" % cached)
+    check(text == cold, "the shared cache answered %r, a cold run %r" % (text, cold))
+
+
 def case_head_allow(ctx):
     """15: HEAD where GET is allowed (200, no body); 405 carries Allow."""
     srv = Server(ctx, ctx.models.get("tiny"))
@@ -1561,6 +1628,7 @@ CASES = [
     ("request_id", case_request_id),
     ("disconnects", case_disconnects),
     ("drain_short_streams", case_drain_short_streams),
+    ("cache_cross_key", case_cache_cross_key),
 ]
 
 

@@ -352,6 +352,73 @@ START_TEST(oai_parse_chat_bad_requests_name_the_parameter)
 }
 END_TEST
 
+/* cache_salt (issue 24): a string of 1..OAI_MAX_CACHE_SALT bytes on both
+ * generating routes, kept with its length; anything else is a 400 naming
+ * it. */
+START_TEST(oai_parse_cache_salt_on_both_routes)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_request r = parse_ok("{\"prompt\":\"x\",\"cache_salt\":\"tenant-a\"}");
+    ck_assert_uint_eq(r.cache_salt_len, 8);
+    ck_assert_mem_eq(r.cache_salt, "tenant-a", 8);
+    oai_request_free(&r);
+    r = parse_ok("{\"prompt\":\"x\",\"cache_salt\":\"a\\u0000b\"}"); /* a NUL is a byte */
+    ck_assert_uint_eq(r.cache_salt_len, 3);
+    ck_assert_mem_eq(r.cache_salt, "a\0b", 3);
+    oai_request_free(&r);
+    r = parse_ok("{\"prompt\":\"x\",\"cache_salt\":null}");
+    ck_assert_ptr_null(r.cache_salt);
+    oai_request_free(&r);
+    r = parse_ok("{\"prompt\":\"x\"}");
+    ck_assert_ptr_null(r.cache_salt);
+    ck_assert_uint_eq(r.cache_salt_len, 0);
+    oai_request_free(&r);
+    r = chat_ok(&t,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"u-1\"}");
+    ck_assert_uint_eq(r.cache_salt_len, 3);
+    ck_assert_mem_eq(r.cache_salt, "u-1", 3);
+    oai_request_free(&r);
+    /* The cap: OAI_MAX_CACHE_SALT bytes pass, one more does not. */
+    static char body[OAI_MAX_CACHE_SALT + 128];
+    for (int over = 0; over <= 1; over++) {
+        size_t n = OAI_MAX_CACHE_SALT + (size_t)over;
+        int w =
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",\"cache_salt\":\"%0*d\"}", (int)n, 0);
+        ck_assert(w > 0 && (size_t)w < sizeof body);
+        oai_error e;
+        int rc = oai_parse_completion(body, (size_t)w, &lim, &r, &e);
+        if (!over) {
+            ck_assert_int_eq(rc, 0);
+            ck_assert_uint_eq(r.cache_salt_len, OAI_MAX_CACHE_SALT);
+            oai_request_free(&r);
+        } else {
+            ck_assert_int_eq(rc, -1);
+            ck_assert_str_eq(e.param, "cache_salt");
+            ck_assert_msg(strstr(e.message, "1 to 256 bytes, got 257") != NULL, "%s", e.message);
+        }
+    }
+    static const char *const wrong[] = {"5", "true", "[\"a\"]", "{\"a\":1}", "\"\"", "1.5"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++)
+        for (int chat = 0; chat <= 1; chat++) {
+            snprintf(body, sizeof body, "{%s,\"cache_salt\":%s}",
+                     chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+                          : "\"prompt\":\"x\"",
+                     wrong[i]);
+            oai_error e;
+            int rc = chat ? oai_parse_chat(body, strlen(body), &lim, &t, &r, &e)
+                          : oai_parse_completion(body, strlen(body), &lim, &r, &e);
+            ck_assert_msg(rc == -1, "%s was taken", body);
+            ck_assert_int_eq(e.status, 400);
+            ck_assert_str_eq(e.type, "invalid_request_error");
+            ck_assert_msg(strcmp(e.param, "cache_salt") == 0, "%s: param '%s'", body, e.param);
+            ck_assert_msg(strstr(e.message, "'cache_salt' must be") != NULL, "%s: %s", body,
+                          e.message);
+        }
+    oai_template_free(&t);
+}
+END_TEST
+
 static char tpath[64];
 
 static void write_template_n(const char *text, size_t n)
@@ -447,6 +514,7 @@ int main(void)
     tc = tcase_create("oai_parse_chat");
     tcase_add_test(tc, oai_parse_chat_renders_the_default_transcript);
     tcase_add_test(tc, oai_parse_chat_every_field);
+    tcase_add_test(tc, oai_parse_cache_salt_on_both_routes);
     tcase_add_loop_test(tc, oai_parse_chat_bad_requests_name_the_parameter, 0,
                         (int)(sizeof chat_bad / sizeof chat_bad[0]));
     suite_add_tcase(s, tc);

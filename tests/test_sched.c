@@ -1359,6 +1359,86 @@ START_TEST(sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit)
 }
 END_TEST
 
+/* Submits prompt p[0..n) in the prefix cache's partition salt. */
+static void submit_salted(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
+                          uint64_t seed, uint64_t salt)
+{
+    eng_request q = {.prompt = p,
+                     .nprompt = n,
+                     .max_tokens = max_tokens,
+                     .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f},
+                     .seed = seed,
+                     .ignore_eos = 1,
+                     .logprobs = 2,
+                     .cache_salt = salt,
+                     .on_event = on_event,
+                     .user = r};
+    char err[256];
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
+}
+
+/* Issue 24: two tenants (salts) never share a cached block, one after the
+ * other or at once, even when every hash collides; the same salt does; and
+ * the bits are those of a cold run whichever way. */
+START_TEST(sched_prefix_cache_salts_partition_the_cache)
+{
+    int32_t p[100];
+    prompt_of(p, 100, 111);
+    static rec ref, a, b, a2, b2, none, x, y;
+    reference(&ref, p, 100, 10, 4, 0.8f, 0);
+    const uint64_t A = UINT64_C(0x1234567890abcdef), B = A + 1;
+    for (int collide = 0; collide <= 1; collide++) {
+        eng_sched *s = make_sched(64, 4, 16, 64);
+        if (collide) sch_kv(s)->hash_mask = 0; /* only the salt tells A from B */
+        submit_salted(s, &a, p, 100, 10, 4, A);
+        run_all(s);
+        submit_salted(s, &b, p, 100, 10, 4, B); /* A's prompt is cached; B's is not */
+        run_all(s);
+        submit_salted(s, &none, p, 100, 10, 4, 0); /* nor the unsalted one's */
+        run_all(s);
+        submit_salted(s, &a2, p, 100, 10, 4, A);
+        submit_salted(s, &b2, p, 100, 10, 4, B);
+        run_all(s);
+        ck_assert_uint_eq(a.cached, 0);
+        ck_assert_uint_eq(b.cached, 0);
+        ck_assert_uint_eq(none.cached, 0);
+        ck_assert_uint_eq(a2.cached, 96); /* each its own six full blocks */
+        ck_assert_uint_eq(b2.cached, 96);
+        rec *all[] = {&a, &b, &none, &a2, &b2};
+        for (size_t i = 0; i < 5; i++) assert_same(all[i], &ref);
+        eng_sched_stats st;
+        eng_sched_stats_get(s, &st);
+        ck_assert_uint_eq(st.prefix_hit_tokens, 2 * 96);
+        ck_assert_uint_eq(st.kv_blocks_cached, 3 * 6); /* A's, B's and the unsalted chain */
+        assert_idle(s);
+        eng_sched_free(s);
+    }
+    /* At once, on a cold cache: a later sequence of another salt neither
+     * waits for an earlier one's prompt blocks nor takes them when they are
+     * done (both compute all of it); one of the same salt does. */
+    int32_t q[100];
+    prompt_of(q, 100, 112);
+    static rec ref_q;
+    reference(&ref_q, q, 100, 10, 4, 0.8f, 0);
+    eng_sched *s = make_sched(64, 4, 16, 32); /* 32-row chunks: four steps of prefill */
+    submit_salted(s, &x, q, 100, 10, 4, A);
+    submit_salted(s, &y, q, 100, 10, 4, B);
+    run_all(s);
+    ck_assert_uint_eq(x.cached, 0);
+    ck_assert_uint_eq(y.cached, 0);
+    assert_same(&x, &ref_q);
+    assert_same(&y, &ref_q);
+    submit_salted(s, &x, q, 100, 10, 4, A);
+    run_all(s);
+    ck_assert_uint_eq(x.cached, 96);
+    assert_same(&x, &ref_q);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -1392,6 +1472,7 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_waiter_cancelled_leaves_the_producer_alone);
     tcase_add_test(tc, sched_prefix_cache_sharers_never_write_into_shared_blocks);
     tcase_add_test(tc, sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit);
+    tcase_add_test(tc, sched_prefix_cache_salts_partition_the_cache);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -284,6 +284,56 @@ START_TEST(http_key_ok_wrong_key_refused)
 }
 END_TEST
 
+/* The matched key is named (1 + its index): its prefix cache salt (issue 24). */
+START_TEST(http_key_ok_names_the_matched_key)
+{
+    cfg_config c = keyed("sk-first-0123456789", "sk-second-0123456789");
+    ck_assert_int_eq(http_key_ok(&c, "Bearer sk-first-0123456789"), 1);
+    ck_assert_int_eq(http_key_ok(&c, "Bearer sk-second-0123456789"), 2);
+    ck_assert_int_eq(http_key_ok(&c, "Bearer sk-third-0123456789"), 0);
+    c = keyed(NULL, NULL);
+    ck_assert_int_eq(http_key_ok(&c, "Bearer sk-first-0123456789"), 1);
+}
+END_TEST
+
+/* The reference implementation's test vectors: key 00 01 .. 0f, message
+ * 00 01 .. n-1 (Aumasson and Bernstein's vectors.h, as 64-bit numbers). */
+START_TEST(http_siphash_reference_vectors)
+{
+    const uint64_t k[2] = {UINT64_C(0x0706050403020100), UINT64_C(0x0f0e0d0c0b0a0908)};
+    unsigned char m[16];
+    for (unsigned i = 0; i < sizeof m; i++) m[i] = (unsigned char)i;
+    ck_assert_uint_eq(http_siphash(k, m, 0), UINT64_C(0x726fdb47dd0e0e31));
+    ck_assert_uint_eq(http_siphash(k, m, 1), UINT64_C(0x74f839c593dc67fd));
+    ck_assert_uint_eq(http_siphash(k, m, 8), UINT64_C(0x93f5f5799a932462));
+    ck_assert_uint_eq(http_siphash(k, m, 15), UINT64_C(0xa129ca6149be45e5));
+}
+END_TEST
+
+/* A key's salt depends on the key and the process's secret, is never 0
+ * (the common partition), and a request's cache_salt makes another within
+ * the key's; no cache_salt leaves the key's. */
+START_TEST(http_key_salt_per_key_per_secret_never_zero)
+{
+    const uint64_t s1[2] = {1, 2}, s2[2] = {3, 4};
+    uint64_t a = http_key_salt(s1, "sk-first-0123456789");
+    uint64_t b = http_key_salt(s1, "sk-second-0123456789");
+    ck_assert(a != 0 && b != 0 && a != b);
+    ck_assert_uint_eq(http_key_salt(s1, "sk-first-0123456789"), a);
+    ck_assert_uint_ne(http_key_salt(s2, "sk-first-0123456789"), a);
+    ck_assert_uint_eq(http_cache_salt(s1, a, NULL, 0), a);
+    ck_assert_uint_eq(http_cache_salt(s1, 0, NULL, 0), 0);
+    uint64_t au = http_cache_salt(s1, a, "u", 1), av = http_cache_salt(s1, a, "v", 1);
+    uint64_t bu = http_cache_salt(s1, b, "u", 1), nu = http_cache_salt(s1, 0, "u", 1);
+    ck_assert(au != 0 && av != 0 && bu != 0 && nu != 0);
+    ck_assert(au != a && au != av && au != bu && au != nu && bu != nu);
+    ck_assert_uint_eq(http_cache_salt(s1, a, "u", 1), au);
+    /* Two uses of one hash, told apart: a cache_salt spelling a key does
+     * not land on that key's salt. */
+    ck_assert_uint_ne(http_cache_salt(s1, 0, "sk-first-0123456789", 19), a);
+}
+END_TEST
+
 /* ---- The status table ---------------------------------------------------- */
 
 START_TEST(http_status_of_engine_statuses_mapped)
@@ -744,6 +794,9 @@ int main(void)
     tcase_add_test(tc, http_key_ok_no_keys_open);
     tcase_add_test(tc, http_key_ok_configured_key_accepted);
     tcase_add_test(tc, http_key_ok_wrong_key_refused);
+    tcase_add_test(tc, http_key_ok_names_the_matched_key);
+    tcase_add_test(tc, http_siphash_reference_vectors);
+    tcase_add_test(tc, http_key_salt_per_key_per_secret_never_zero);
     suite_add_tcase(s, tc);
     tc = tcase_create("log");
     tcase_add_test(tc, log_escape_controls_and_bad_utf8_escaped);

@@ -68,6 +68,9 @@ typedef struct {
     char api_keys[CFG_MAX_KEYS][128];
     size_t n_api_keys;
     int auth_open_health; /* 1: /health, /ready, /metrics need no key */
+    /* 1: every API key shares the prefix cache (one tenant); 0: each key's
+     * prompts are cached apart (server/http/router.c, http_key_salt). */
+    int prefix_cache_shared_across_keys;
     /* Operation */
     double shutdown_timeout_s;
     char log_level[16];     /* error, warn, info, debug */

@@ -141,10 +141,11 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
  * sequence never fails for memory; it joins at the next step and leaves the
  * step after it finishes.
  *
- * With prefix_cache, full KV blocks are kept and shared by content: a
- * prompt starts after its longest cached prefix (its last token is always
- * computed), and a prompt that an earlier running sequence is computing
- * waits for those blocks instead of computing them again. Results are the
+ * With prefix_cache, full KV blocks are kept and shared by content among
+ * the requests of one cache_salt: a prompt starts after its longest cached
+ * prefix (its last token is always computed), and a prompt that an earlier
+ * running sequence of its salt is computing waits for those blocks instead
+ * of computing them again. Results are the
  * same bits with and without the cache. A block computed with echo keeps
  * its positions' prompt logprobs; echo requests take only such blocks.
  *
@@ -208,6 +209,14 @@ typedef struct {
     int ignore_eos;
     int logprobs; /* -1: none; 0..5: the chosen token's plus top N */
     int echo;     /* 1: PROMPT_LOGPROB events for the prompt      */
+    /* The prefix cache's partition: a request takes cached blocks only
+     * from requests of the same salt (and waits only for theirs), so one
+     * salt can neither read another's prompts through `cached` nor time
+     * them. 0: the common partition (every unsalted request shares it). The
+     * caller picks salts that others cannot guess or choose (the server: a
+     * keyed hash of the API key and cache_salt); the results are the same
+     * bits under any salt. */
+    uint64_t cache_salt;
     eng_event_cb on_event;
     void *user;
 } eng_request;

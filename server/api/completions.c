@@ -349,6 +349,9 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                     : q->best_of > q->n ? 0
                                         : -1,
         .echo = q->echo && q->logprobs >= 0,
+        /* the key's partition, and within it the request's cache_salt */
+        .cache_salt =
+            http_cache_salt(r->s->salt_secret, r->cache_tenant, q->cache_salt, q->cache_salt_len),
         .on_event = cmpl_on_event,
         .user = c,
     };

@@ -78,6 +78,7 @@ void oai_request_free(oai_request *r)
     free(r->prompts);
     for (size_t i = 0; i < r->nstop; i++) free(r->stop[i]);
     free(r->bias);
+    free(r->cache_salt);
     memset(r, 0, sizeof *r);
 }
 
@@ -307,6 +308,26 @@ static int parse_bias(const json_t *o, const oai_limits *lim, oai_request *r, oa
     return 0;
 }
 
+/* cache_salt (vLLM's extension): absent or null, or a string of 1 to
+ * OAI_MAX_CACHE_SALT bytes, kept with its length (a NUL inside is just a
+ * byte: it is hashed, never printed). */
+static int parse_cache_salt(const json_t *o, oai_request *r, oai_error *err)
+{
+    const json_t *v = json_object_get(o, "cache_salt");
+    if (v == NULL || json_is_null(v)) return 0;
+    if (!json_is_string(v))
+        return bad(err, "cache_salt", "'cache_salt' must be a string, got %s", json_kind(v));
+    size_t n = json_string_length(v);
+    if (n == 0 || n > OAI_MAX_CACHE_SALT)
+        return bad(err, "cache_salt", "'cache_salt' must be 1 to %d bytes, got %zu",
+                   OAI_MAX_CACHE_SALT, n);
+    r->cache_salt = malloc(n);
+    if (r->cache_salt == NULL) return bad(err, "cache_salt", "out of memory");
+    memcpy(r->cache_salt, json_string_value(v), n);
+    r->cache_salt_len = n;
+    return 0;
+}
+
 /* The fields completions and chat share: sampling, n, stream, stop,
  * penalties, logit_bias, seed, user and the extensions. */
 static int parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
@@ -354,6 +375,7 @@ static int parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, 
         return bad(err, "user", "'user' must be a string, got %s", json_kind(user));
     if (get_bool(o, "ignore_eos", &r->ignore_eos, err) != 0) return -1;
     if (get_number(o, "timeout", 0, 86400, &r->timeout_s, err) != 0) return -1;
+    if (parse_cache_salt(o, r, err) != 0) return -1;
     return 0;
 }
 

@@ -11,8 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OAI_MAX_STOP 4     /* stop strings a request may send */
-#define OAI_MAX_LOGPROBS 5 /* top alternatives per token */
+#define OAI_MAX_STOP 4         /* stop strings a request may send */
+#define OAI_MAX_LOGPROBS 5     /* top alternatives per token */
+#define OAI_MAX_CACHE_SALT 256 /* bytes of a cache_salt */
 /* Stop strings a request holds: its own plus a chat template's. */
 #define OAI_STOP_CAP (2 * OAI_MAX_STOP)
 
@@ -66,6 +67,10 @@ typedef struct {
     int echo;
     int ignore_eos;   /* extension */
     double timeout_s; /* extension: per-request deadline; 0 = none */
+    /* extension (vLLM's): the prefix cache partition within the API key;
+     * owned, 1..OAI_MAX_CACHE_SALT bytes (NUL allowed), NULL: absent */
+    char *cache_salt;
+    size_t cache_salt_len;
 } oai_request;
 
 /* An error as OpenAI sends it: status, then the body's four fields. */

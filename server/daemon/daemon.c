@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,6 +82,11 @@ int srv_main(int argc, char **argv)
     memset(&s, 0, sizeof s);
     char err[1024];
     met_init(&s.met);
+    /* The prefix cache salts' key (http/router.c): new at every start. */
+    if (getrandom(s.salt_secret, sizeof s.salt_secret, 0) != (ssize_t)sizeof s.salt_secret) {
+        log_fatal("getrandom: no random bytes for the prefix cache salts");
+        return 1;
+    }
     s.argc = argc;
     s.argv = argv;
     if (srv_config_read(&s.cfg, argc, argv, err, sizeof err) != CFG_OK) {

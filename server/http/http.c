@@ -119,11 +119,15 @@ static enum MHD_Result head_checks(srv_req *r, const char *method)
         return http_send_preflight(r);
     /* An unknown route needs a key too: a keyless client learns nothing. */
     int needs_key = r->route == NULL || r->route->needs_key;
-    if (needs_key
-        && !http_key_ok(&s->cfg,
-                        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Authorization")))
+    int key = needs_key ? http_key_ok(
+                  &s->cfg, MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Authorization"))
+                        : 0;
+    if (needs_key && key == 0)
         return http_send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
                                "Incorrect or missing API key (Authorization: Bearer ...)");
+    /* Each key caches its prompts apart (docs/operations.md, tenants). */
+    if (key > 0 && s->cfg.n_api_keys > 0 && !s->cfg.prefix_cache_shared_across_keys)
+        r->cache_tenant = http_key_salt(s->salt_secret, s->cfg.api_keys[key - 1]);
     if (r->route_result == HTTP_ROUTE_NOT_FOUND)
         return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
                                "Unknown route %s %s", r->method, r->url);

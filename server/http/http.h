@@ -156,10 +156,20 @@ http_route_result http_route_find(const http_route *table, size_t n, const char 
  * OPTIONS, into buf (truncated to len). */
 void http_route_allow(const http_route *table, size_t n, const char *path, char *buf, size_t len);
 /* Whether the Authorization header value auth presents one of cfg's API
- * keys ("Bearer KEY", the scheme in any case); always 1 when none is
- * configured. Constant time in
- * the keys. */
+ * keys ("Bearer KEY", the scheme in any case): 0 if not, else 1 + the
+ * index of the key in cfg->api_keys; always 1 when none is configured.
+ * Constant time in the keys. */
 int http_key_ok(const cfg_config *cfg, const char *auth);
+/* SipHash-2-4 of p[0..n) under the 128-bit key k. */
+uint64_t http_siphash(const uint64_t k[2], const void *p, size_t n);
+/* The prefix cache salt of API key `key` (a tenant), under the process's
+ * secret (srv.salt_secret): never 0, and it reveals nothing of the key. */
+uint64_t http_key_salt(const uint64_t secret[2], const char *key);
+/* The engine's cache_salt of a request: tenant (http_key_salt, or 0 for
+ * the common partition) alone when salt is NULL, else mixed with the
+ * request's cache_salt salt[0..n) (at most OAI_MAX_CACHE_SALT bytes;
+ * never 0). */
+uint64_t http_cache_salt(const uint64_t secret[2], uint64_t tenant, const char *salt, size_t n);
 /* Whether origin (an Origin header) is in list (cors_origins: origins
  * separated by commas and spaces, compared whole; "*" allows any). */
 int http_origin_allowed(const char *list, const char *origin);
@@ -249,6 +259,9 @@ struct srv_req {
     const http_route *route;
     http_route_result route_result;
     srv_kind kind;
+    /* The prefix cache partition of the matched API key (http_key_salt); 0:
+     * no key configured, or prefix_cache_shared_across_keys. */
+    uint64_t cache_tenant;
     char id[40]; /* the answer's id: cmpl-..., chatcmpl-... */
     long long created;
     char *body;
@@ -321,6 +334,9 @@ struct srv {
     eng_sched *sched;
     char fingerprint[32];
     uint64_t next_id;
+    /* The key of the prefix cache salts (router.c), random at start-up and
+     * never written anywhere. */
+    uint64_t salt_secret[2];
     size_t active;      /* requests alive */
     srv_req *cmpl_list; /* requests with engine work, newest first (api/cmpl_job.c) */
     uv_timer_t tick;

@@ -1,9 +1,9 @@
 /*
  * server/http/router.c: the route table lookup, the Allow list of a path and the
- * API key check. Pure: the daemon builds the table (daemon.c) and hands it
- * over, so nothing here names a handler. Paths are the undecoded request
- * target (http.c keeps libmicrohttpd from unescaping it), so "/v1%2fx" is
- * never "/v1/x".
+ * API key check (and the key's prefix cache salt). Pure: the daemon builds
+ * the table (daemon.c) and hands it over, so nothing here names a handler.
+ * Paths are the undecoded request target (http.c keeps libmicrohttpd from
+ * unescaping it), so "/v1%2fx" is never "/v1/x".
  */
 #include "http/http.h"
 
@@ -68,9 +68,94 @@ int http_key_ok(const cfg_config *cfg, const char *auth)
         unsigned diff = (unsigned)(klen ^ wlen);
         for (size_t j = 0; j < wlen; j++)
             diff |= (unsigned char)want[j] ^ (unsigned char)(j < klen ? k[j] : 0);
-        ok |= diff == 0;
+        /* ok = i + 1 where the key matched, without a branch on it */
+        unsigned hit = 0u - (unsigned)(diff == 0);
+        ok = (int)(((unsigned)ok & ~hit) | ((unsigned)(i + 1) & hit));
     }
     return ok;
+}
+
+/* ---- Prefix cache salts (issue 24) ---------------------------------------
+ *
+ * The engine shares cached prompt blocks only among requests of one salt
+ * (eng_request.cache_salt). A tenant's salt is SipHash-2-4 (Aumasson and
+ * Bernstein, "SipHash: a fast short-input PRF", 2012) under a secret drawn
+ * at start-up (srv.salt_secret): it says nothing about the key it came
+ * from, nobody can pick a message that lands on another tenant's salt, and
+ * a restart gives new ones. The first byte separates the two uses. */
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+
+static void sip_round(uint64_t v[4])
+{
+    v[0] += v[1];
+    v[1] = ROTL(v[1], 13);
+    v[1] ^= v[0];
+    v[0] = ROTL(v[0], 32);
+    v[2] += v[3];
+    v[3] = ROTL(v[3], 16);
+    v[3] ^= v[2];
+    v[0] += v[3];
+    v[3] = ROTL(v[3], 21);
+    v[3] ^= v[0];
+    v[2] += v[1];
+    v[1] = ROTL(v[1], 17);
+    v[1] ^= v[2];
+    v[2] = ROTL(v[2], 32);
+}
+
+uint64_t http_siphash(const uint64_t k[2], const void *p, size_t n)
+{
+    const unsigned char *in = p;
+    uint64_t v[4] = {k[0] ^ UINT64_C(0x736f6d6570736575), k[1] ^ UINT64_C(0x646f72616e646f6d),
+                     k[0] ^ UINT64_C(0x6c7967656e657261), k[1] ^ UINT64_C(0x7465646279746573)};
+    size_t whole = n - n % 8;
+    for (size_t i = 0; i < whole; i += 8) {
+        uint64_t m = 0;
+        for (int j = 7; j >= 0; j--) m = (m << 8) | in[i + (size_t)j]; /* little-endian */
+        v[3] ^= m;
+        sip_round(v);
+        sip_round(v);
+        v[0] ^= m;
+    }
+    uint64_t b = (uint64_t)(n & 0xff) << 56;
+    for (size_t j = 0; j < n % 8; j++) b |= (uint64_t)in[whole + j] << (8 * j);
+    v[3] ^= b;
+    sip_round(v);
+    sip_round(v);
+    v[0] ^= b;
+    v[2] ^= 0xff;
+    for (int r = 0; r < 4; r++) sip_round(v);
+    return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+
+/* 0 is the engine's common partition: a salt is never 0. */
+static uint64_t nonzero(uint64_t h)
+{
+    return h != 0 ? h : 1;
+}
+
+uint64_t http_key_salt(const uint64_t secret[2], const char *key)
+{
+    unsigned char m[1 + sizeof((cfg_config *)0)->api_keys[0]];
+    size_t n = strlen(key);
+    if (n > sizeof m - 1) n = sizeof m - 1; /* cfg bounds keys below this */
+    m[0] = 'k';
+    memcpy(m + 1, key, n);
+    uint64_t h = nonzero(http_siphash(secret, m, 1 + n));
+    memset(m, 0, sizeof m); /* no copy of the key left on the stack */
+    return h;
+}
+
+uint64_t http_cache_salt(const uint64_t secret[2], uint64_t tenant, const char *salt, size_t n)
+{
+    if (salt == NULL) return tenant;
+    unsigned char m[1 + 8 + OAI_MAX_CACHE_SALT];
+    if (n > OAI_MAX_CACHE_SALT) n = OAI_MAX_CACHE_SALT; /* oai.c refuses longer ones */
+    m[0] = 'c';
+    for (int j = 0; j < 8; j++) m[1 + j] = (unsigned char)(tenant >> (8 * j));
+    memcpy(m + 9, salt, n);
+    return nonzero(http_siphash(secret, m, 9 + n));
 }
 
 int http_origin_allowed(const char *list, const char *origin)
