@@ -195,6 +195,7 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
     case K_NETS: {
         /* Parsed aside, so that a refused value changes nothing. */
         cfg_net nets[CFG_MAX_NETS];
+        memset(nets, 0, sizeof nets); /* the struct compares bytewise (tests) */
         size_t n = 0;
         if (strlen(value) >= sp->size)
             return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,

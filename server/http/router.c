@@ -61,6 +61,8 @@ int http_key_ok(const cfg_config *cfg, const char *auth)
     const char *k = auth + 7;
     while (*k == ' ') k++;
     size_t klen = strlen(k);
+    /* RFC 9110 5.5: a field value's trailing whitespace is not part of it. */
+    while (klen > 0 && (k[klen - 1] == ' ' || k[klen - 1] == '\t')) klen--;
     int ok = 0;
     for (size_t i = 0; i < cfg->n_api_keys; i++) {
         const char *want = cfg->api_keys[i];
