@@ -12,7 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_STR, K_PORT, K_SIZE, K_SECONDS, K_BOOL, K_APIKEY, K_LEVEL, K_NAMES, K_NETS, K_HOSTS } kind;
+typedef enum {
+    K_STR,
+    K_PORT,
+    K_SIZE,
+    K_SECONDS,
+    K_BOOL,
+    K_APIKEY,
+    K_LEVEL,
+    K_NAMES,
+    K_NETS,
+    K_HOSTS
+} kind;
 
 typedef struct {
     const char *key;
@@ -526,8 +537,8 @@ static cfg_status net_parse(const char *text, size_t len, cfg_net *out, char *er
         char *end;
         unsigned long bits = strtoul(b, &end, 10);
         if (*b < '0' || *b > '9' || *end != '\0' || bits > out->bits)
-            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "'%s/%s': the prefix length must be 0 to %u",
-                               buf, b, out->bits);
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "'%s/%s': the prefix length must be 0 to %u", buf, b, out->bits);
         out->bits = (unsigned)bits;
     }
     return CFG_OK;
@@ -543,8 +554,7 @@ cfg_status cfg_nets_parse(const char *list, cfg_net *nets, size_t max, size_t *n
         if (*p == '\0') return CFG_OK;
         const char *e = p;
         while (*e != '\0' && *e != ',' && *e != ' ' && *e != '\t') e++;
-        if (*n == max)
-            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "more than %zu addresses", max);
+        if (*n == max) return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "more than %zu addresses", max);
         cfg_status rc = net_parse(p, (size_t)(e - p), &nets[*n], err, errlen);
         if (rc != CFG_OK) return rc;
         (*n)++;

@@ -285,9 +285,9 @@ START_TEST(cfg_trusted_proxies_parse_and_match)
     v6[15] = 1;
     ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, v4));
     ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 6, v6));
-    ck_assert_int_eq(cfg_set(&c, "trusted_proxies", "10.0.0.0/8, 192.168.1.5,fd00::/8", "t", err,
-                             sizeof err),
-                     CFG_OK);
+    ck_assert_int_eq(
+        cfg_set(&c, "trusted_proxies", "10.0.0.0/8, 192.168.1.5,fd00::/8", "t", err, sizeof err),
+        CFG_OK);
     ck_assert_uint_eq(c.n_trusted_nets, 3);
     unsigned char a[16] = {10, 200, 0, 1}, b[16] = {11, 0, 0, 1}, h[16] = {192, 168, 1, 5},
                   h2[16] = {192, 168, 1, 6}, u[16] = {0xfd, 0x12}, u2[16] = {0xfe};

@@ -58,9 +58,9 @@ typedef struct {
     /* Host names requests may carry (comma-separated, "*": any; empty: the
      * loopback names on a loopback bind, else any). */
     char allowed_hosts[1024];
-    size_t stream_backlog_bytes;     /* unread SSE bytes before a stream pauses */
-    double stream_stall_timeout_s;   /* paused that long: cancelled */
-    size_t tokenize_concurrency;     /* bodies tokenized at once on the work queue */
+    size_t stream_backlog_bytes;   /* unread SSE bytes before a stream pauses */
+    double stream_stall_timeout_s; /* paused that long: cancelled */
+    size_t tokenize_concurrency;   /* bodies tokenized at once on the work queue */
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128];                 /* the first name: what responses and /v1/models report */

@@ -230,7 +230,7 @@ int srv_main(int argc, char **argv)
     MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,          \
         (size_t)SRV_CONN_POOL_BYTES, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,           \
         MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_URI_LOG_CALLBACK,             \
-        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,   \
+        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,    \
         (unsigned)s.cfg.connection_timeout_s
     if (lfd >= 0)
         s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,

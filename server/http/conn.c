@@ -151,7 +151,7 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
         met_count_request(&s->met, "-", (unsigned)status, 0);
     }
     oai_error e;
-    const char *type = status == 503 ? "server_error"
+    const char *type = status == 503   ? "server_error"
                        : status == 429 ? "rate_limit_exceeded"
                                        : "invalid_request_error";
     oai_error_set(&e, status, type, code, NULL, "%s", msg);
@@ -211,7 +211,8 @@ void conn_close(srv_conn *c)
 
 void conn_addr_text(int family, const unsigned char *addr, char *buf, size_t len)
 {
-    if (family == 0 || inet_ntop(family == 4 ? AF_INET : AF_INET6, addr, buf, (socklen_t)len) == NULL)
+    if (family == 0
+        || inet_ntop(family == 4 ? AF_INET : AF_INET6, addr, buf, (socklen_t)len) == NULL)
         snprintf(buf, len, "-");
 }
 
@@ -302,10 +303,9 @@ void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refuse
     if (family != 0) memcpy(free_slot->addr, addr, alen);
     free_slot->why = why;
     free_slot->since = log_now();
-    log_line("warn",
-             "refused a connection from %s (%s: %s); more from it are summed up every %.0f s",
-             family != 0 ? text : "other addresses", met_refused_name(why), what,
-             CONN_REFUSE_LOG_S);
+    log_line(
+        "warn", "refused a connection from %s (%s: %s); more from it are summed up every %.0f s",
+        family != 0 ? text : "other addresses", met_refused_name(why), what, CONN_REFUSE_LOG_S);
 }
 
 void conn_refuse_log_flush(srv *s, double now)
@@ -379,8 +379,9 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
     const union MHD_ConnectionInfo *ai =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ai != NULL && ai->client_addr != NULL) conn_addr_of(ai->client_addr, c);
-    c->trusted = c->family != 0
-                 && cfg_nets_contain(s->cfg.trusted_nets, s->cfg.n_trusted_nets, c->family, c->addr);
+    c->trusted =
+        c->family != 0
+        && cfg_nets_contain(s->cfg.trusted_nets, s->cfg.n_trusted_nets, c->family, c->addr);
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
     s->conns = c;

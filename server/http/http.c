@@ -144,7 +144,8 @@ static enum MHD_Result head_checks(srv_req *r, const char *method)
         char esc[128];
         log_escape(host, strnlen(host, 60), esc, sizeof esc);
         if (c != NULL)
-            conn_note_refused(s, c->family, c->addr, MET_REFUSED_HOST, "a Host not in allowed_hosts");
+            conn_note_refused(s, c->family, c->addr, MET_REFUSED_HOST,
+                              "a Host not in allowed_hosts");
         else
             met_count_refused(&s->met, MET_REFUSED_HOST);
         log_line("debug", "refused Host '%s' (allowed_hosts) request_id=%s", esc, r->req_id);

@@ -131,7 +131,8 @@ void log_access(const log_access_rec *a)
              a->method, a->url, a->status, a->id, a->req_id, a->prompt_tokens, a->completion_tokens,
              a->duration_s * 1e3, a->ttft_s * 1e3,
              a->duration_s > 0 ? (double)a->completion_tokens / a->duration_s : 0.0,
-             a->client != NULL && a->client[0] != '\0' ? a->client : "-", a->cut ? " cut=shutdown" : "", a->aborted ? " aborted=1" : "");
+             a->client != NULL && a->client[0] != '\0' ? a->client : "-",
+             a->cut ? " cut=shutdown" : "", a->aborted ? " aborted=1" : "");
 }
 
 void log_access_conn(const char *req_id, unsigned status, double duration_s)
