@@ -1345,6 +1345,87 @@ def case_auth(ctx):
         s.close()
 
 
+def case_query_too_long(ctx):
+    """issue 24 finding 6: a 9 KB query of short arguments (which do not fit
+    libmicrohttpd's connection memory once split) gets a 414 JSON at once,
+    not a close without a status; a plain 9 KB query too."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    for what, target in (("2300 arguments", b"/health?" + b"a=1&" * 2300),
+                         ("one 9 KB argument", b"/v1/models?q=" + b"a" * 9000)):
+        try:
+            _, st, h, b = raw_exchange(srv.port, b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 3)
+        except ConnectionResetError:
+            raise Fail("%s: a reset, not a 414" % what)
+        check(st == 414, "%s: status %d" % (what, st))
+        error_envelope(b, "%s's 414" % what)
+    st, _, _ = request(srv.port, "GET", "/health?" + "a=1&" * 100)
+    check(st == 200, "a short query got %d" % st)
+
+
+def case_header_control_byte(ctx):
+    """issue 24 finding 6: a control byte (other than HTAB) in a header
+    value is a 400 JSON naming the header; HTAB and trailing OWS are fine.
+    (A NUL is cut off by libmicrohttpd before gpt2d sees the value: what
+    follows it is never read; docs/operations.md.)"""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    for byte in (b"\x01", b"\x1b", b"\x7f", b"\x0b"):
+        _, st, _, b = raw_exchange(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Note: a" + byte
+                                   + b"b\r\nConnection: close\r\n\r\n", 3)
+        check(st == 400, "a header with byte %r got %d" % (byte, st))
+        e = error_envelope(b, "the control byte's 400")
+        check("X-Note" in e["message"], "the 400 does not name the header: %r" % e)
+    _, st, _, _ = raw_exchange(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Note: a\tb \t\r\n"
+                               b"Connection: close\r\n\r\n", 3)
+    check(st == 200, "a header with HTAB and trailing OWS got %d" % st)
+
+
+def case_auth_trailing_ows(ctx):
+    """issue 24 finding 6: `Authorization: Bearer KEY ` (trailing spaces or
+    tabs: OWS, not part of the value, RFC 9110 5.5) is the key; a key with a
+    byte more, or a control byte after it, is not."""
+    key = "good-key-12345"
+    srv = Server(ctx, ctx.models.get("tiny"), "--api-key", key)
+    for tail in (b" ", b"  ", b"\t", b" \t "):
+        _, st, _, _ = raw_exchange(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   b"Authorization: Bearer " + key.encode() + tail + b"\r\nConnection: close\r\n\r\n", 3)
+        check(st == 200, "Bearer KEY%r got %d" % (tail, st))
+    for tail in (b"x", b" x", b"\x01"):
+        _, st, _, _ = raw_exchange(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   b"Authorization: Bearer " + key.encode() + tail + b"\r\nConnection: close\r\n\r\n", 3)
+        check(st in (400, 401), "Bearer KEY%r got %d" % (tail, st))
+
+
+def case_logit_bias_keys(ctx):
+    """issue 24 finding 6: logit_bias keys are token ids in canonical
+    decimal: " 5", "+5", "05", "5 " are a 400 naming logit_bias, "5" and
+    "0" are taken."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    for k in (" 5", "+5", "05", "5 ", "-0", "0x5"):
+        st, _, body = request(srv.port, "POST", "/v1/completions",
+                              {"model": "gpt2", "prompt": "Hi", "max_tokens": 1, "logit_bias": {k: 1}})
+        check(st == 400, "logit_bias key %r got %d" % (k, st))
+        e = error_envelope(body, "logit_bias %r" % k)
+        check(e["param"] == "logit_bias", "logit_bias key %r: param %r" % (k, e["param"]))
+    for k in ("5", "0"):
+        st, _, body = request(srv.port, "POST", "/v1/completions",
+                              {"model": "gpt2", "prompt": "Hi", "max_tokens": 1, "logit_bias": {k: 1}})
+        check(st == 200, "logit_bias key %r got %d: %r" % (k, st, body[:200]))
+
+
+def case_expect_no_body(ctx):
+    """issue 24 finding 6: `Expect: 100-continue` on a POST without a body
+    (Content-Length: 0, or none) gets its final answer at once (a 100
+    before it is allowed), never seconds of nothing. (A guard: on this
+    base it already answers at once.)"""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    for extra in (b"Content-Length: 0\r\n", b""):
+        t0 = time.monotonic()
+        _, st, _, b = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   b"Expect: 100-continue\r\nContent-Type: application/json\r\n" + extra + b"\r\n", 3)
+        check(st == 400 and time.monotonic() - t0 < 1, "Expect without a body: %d after %.1f s" % (st, time.monotonic() - t0))
+        error_envelope(b, "the empty body's 400")
+
+
 def case_log_injection(ctx):
     """8: URLs with %0a, a forged priority and ESC bytes do not forge or colour log lines."""
     srv = Server(ctx, ctx.models.get("tiny"))
@@ -1687,6 +1768,11 @@ CASES = [
     ("trusted_proxy_xff", case_trusted_proxy_xff),
     ("refused_metric", case_refused_metric),
     ("host_allow_list", case_host_allow_list),
+    ("query_too_long", case_query_too_long),
+    ("header_control_byte", case_header_control_byte),
+    ("auth_trailing_ows", case_auth_trailing_ows),
+    ("logit_bias_keys", case_logit_bias_keys),
+    ("expect_no_body", case_expect_no_body),
     ("slow_body", case_slow_body),
     ("slow_body_rate", case_slow_body_rate),
     ("keepalive_deadlines", case_keepalive_deadlines),

@@ -179,6 +179,16 @@ void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
     conn_close(c);
 }
 
+void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg)
+{
+    if (c->closing) return;
+    write_error(c, status, reason, NULL, msg, NULL, 0);
+    c->closing = 1;
+    c->s->nconns_closing++;
+    c->t_linger = log_now();
+    shutdown(c->fd, SHUT_WR);
+}
+
 void conn_close_unanswered(srv *s)
 {
     for (srv_conn *c = s->conns; c != NULL; c = c->next) {

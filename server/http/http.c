@@ -90,6 +90,26 @@ static enum MHD_Result head_size_checks(srv_req *r, const char *url)
     return MHD_YES;
 }
 
+/* A header value with a control byte (C0 other than HTAB, or DEL; a NUL
+ * shows as a value shorter than libmicrohttpd measured it): RFC 9110 5.5
+ * has no room for one, and a NUL would cut the value short for whoever
+ * reads it as a C string (the API key). The first such header's name into
+ * cls (a char[64]). */
+static enum MHD_Result control_byte(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    size_t key_size, const char *value, size_t value_size)
+{
+    (void)kind;
+    char *bad = cls;
+    int found = value != NULL && strlen(value) != value_size;
+    for (size_t i = 0; value != NULL && !found && i < value_size; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        found = (ch < 0x20 && ch != '\t') || ch == 0x7F;
+    }
+    if (!found) return MHD_YES;
+    log_escape(key, key_size < 40 ? key_size : 40, bad, 64);
+    return MHD_NO;
+}
+
 typedef struct {
     unsigned n_length; /* Content-Length headers */
     int length_differs;
@@ -124,6 +144,11 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
 static enum MHD_Result head_checks(srv_req *r, const char *method)
 {
     srv *s = r->s;
+    char bad[64] = "";
+    MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, control_byte, bad);
+    if (bad[0] != '\0')
+        return http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                               "The header %s has a control byte in its value", bad);
     framing f = {0};
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, framing_header, &f);
     if (f.length_differs)
@@ -294,8 +319,20 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
 void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     (void)cls;
-    (void)uri;
-    (void)conn;
+    /* A target over SRV_MAX_TARGET is refused here, before libmicrohttpd
+     * splits its query into arguments in the connection's memory pool: a
+     * query of a few thousand short arguments does not fit there, and
+     * libmicrohttpd would close the connection without a status. The 414
+     * goes on the socket (conn.c), and the request never reaches
+     * on_request (its connection is closing). */
+    size_t n = strlen(uri);
+    srv_conn *c = conn_of(conn);
+    if (n > SRV_MAX_TARGET && c != NULL && !c->closing) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "The request target is %zu bytes; the limit is %u", n,
+                 SRV_MAX_TARGET);
+        conn_refuse_linger(c, 414, "URI Too Long", msg);
+    }
     return NULL; /* no request yet: on_head makes it once the head is in */
 }
 

@@ -482,6 +482,10 @@ void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refuse
                        const char *what);
 /* Writes the summed-up refusal lines whose interval has passed (the sweep). */
 void conn_refuse_log_flush(srv *s, double now);
+/* As conn_refuse, for a connection whose request has not been read yet:
+ * the answer, then the sending side shut and CONN_LINGER_S of reading, so
+ * that the client reads the answer rather than a reset. */
+void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg);
 /* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
  * max_connections and max_connections_per_ip (429, 503 with Retry-After,
  * never a bare close). */
