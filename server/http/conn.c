@@ -133,8 +133,8 @@ srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except)
  * whose buffer is full gets nothing), before the close. It carries an
  * X-Request-Id: the request's when one is in progress (whose access line,
  * written when libmicrohttpd ends it, then gives this status), else a new
- * one, with an access line of its own unless quiet (a refusal at accept,
- * logged per address by conn_note_refused instead). retry_after: a
+ * one, with an access line of its own unless quiet (a per-address
+ * refusal, logged per address by conn_note_refused instead). retry_after: a
  * Retry-After value, or NULL. */
 static void write_error(srv_conn *c, int status, const char *reason, const char *code,
                         const char *msg, const char *retry_after, int quiet)
@@ -347,7 +347,9 @@ static void refuse_at_accept(srv_conn *c, int status, const char *reason, const 
     srv *s = c->s;
     char ra[16];
     http_retry_after(s, ra, sizeof ra);
-    write_error(c, status, reason, code, msg, ra, 1);
+    /* A per-address refusal has no access line of its own: one address
+     * can cause thousands (conn_note_refused sums them up). */
+    write_error(c, status, reason, code, msg, ra, why == MET_REFUSED_PER_IP);
     conn_note_refused(s, c->family, c->addr, why, what);
     c->closing = 1;
     s->nconns_closing++;
