@@ -6,12 +6,24 @@
 #include "config.h"
 #include "errbuf.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_STR, K_PORT, K_SIZE, K_SECONDS, K_BOOL, K_APIKEY, K_LEVEL, K_NAMES } kind;
+typedef enum {
+    K_STR,
+    K_PORT,
+    K_SIZE,
+    K_SECONDS,
+    K_BOOL,
+    K_APIKEY,
+    K_LEVEL,
+    K_NAMES,
+    K_NETS,
+    K_HOSTS
+} kind;
 
 typedef struct {
     const char *key;
@@ -39,8 +51,15 @@ static const spec specs[] = {
     {"body_min_rate", K_SIZE, F(body_min_rate), 0, 1073741824, "1024",
      "bytes a second a body must average: it gets body_timeout plus a second for each "
      "body_min_rate bytes (else 408, closed; 0: no minimum)"},
-    {"max_connections_per_ip", K_SIZE, F(max_connections_per_ip), 0, 1000000, "64",
-     "concurrent connections from one address; more are closed at once (0: no limit)"},
+    {"max_connections_per_ip", K_SIZE, F(max_connections_per_ip), 0, 1000000, "512",
+     "concurrent connections from one address, trusted_proxies aside; more get 429 and are "
+     "closed (0: no limit)"},
+    {"trusted_proxies", K_NETS, F(trusted_proxies), 0, 0, "127.0.0.0/8, ::1",
+     "addresses and CIDRs (comma-separated) exempt from max_connections_per_ip, whose "
+     "X-Forwarded-For names the client in the access log (\"\": none)"},
+    {"allowed_hosts", K_HOSTS, F(allowed_hosts), 0, 0, "",
+     "Host names (comma-separated, any port; \"*\": any) requests may carry, others get 421; "
+     "empty: localhost, 127.0.0.1 and [::1] on a loopback bind, any elsewhere"},
     {"stream_backlog_bytes", K_SIZE, F(stream_backlog_bytes), 4096, 1073741824, "1048576",
      "SSE bytes a streaming client may leave unread; over it, its sequences pause"},
     {"stream_stall_timeout", K_SECONDS, F(stream_stall_timeout_s), 1, 86400, "30",
@@ -187,6 +206,35 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
         memcpy(c->model_name, names[0], strlen(names[0]) + 1);
         return CFG_OK;
     }
+    case K_NETS: {
+        /* Parsed aside, so that a refused value changes nothing. */
+        cfg_net nets[CFG_MAX_NETS];
+        memset(nets, 0, sizeof nets); /* the struct compares bytewise (tests) */
+        size_t n = 0;
+        if (strlen(value) >= sp->size)
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,
+                               sp->key, sp->size - 1);
+        cfg_status rc = cfg_nets_parse(value, nets, CFG_MAX_NETS, &n, err, errlen);
+        if (rc != CFG_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", err);
+            return ERRBUF_FAIL(err, errlen, rc, "%s: %s: %s", origin, sp->key, why);
+        }
+        memcpy(c->trusted_nets, nets, sizeof nets);
+        c->n_trusted_nets = n;
+        memcpy(field, value, strlen(value) + 1);
+        return CFG_OK;
+    }
+    case K_HOSTS:
+        if (strlen(value) >= sp->size)
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,
+                               sp->key, sp->size - 1);
+        for (const char *p = value; *p; p++)
+            if ((unsigned char)*p < ' ' || (unsigned char)*p > '~')
+                return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                                   "%s: %s: host names are printable ASCII", origin, sp->key);
+        memcpy(field, value, strlen(value) + 1);
+        return CFG_OK;
     case K_BOOL:
         if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "1") == 0)
             memcpy(field, &(int){1}, sizeof(int));
@@ -391,7 +439,8 @@ static int same_value(const cfg_config *a, const cfg_config *b, const spec *sp)
             if (strcmp(a->api_keys[i], b->api_keys[i]) != 0) return 0;
         return 1;
     }
-    if (sp->k == K_STR || sp->k == K_LEVEL) return strcmp(fa, fb) == 0; /* bytes past NUL vary */
+    if (sp->k == K_STR || sp->k == K_LEVEL || sp->k == K_NETS || sp->k == K_HOSTS)
+        return strcmp(fa, fb) == 0; /* bytes past NUL vary */
     return memcmp(fa, fb, sp->size) == 0;
 }
 
@@ -435,6 +484,8 @@ static const char *kind_name(kind k)
     case K_APIKEY: return "string, repeatable";
     case K_LEVEL: return "level";
     case K_NAMES: return "names";
+    case K_NETS: return "addresses";
+    case K_HOSTS: return "host names";
     }
     return "?";
 }
@@ -462,4 +513,70 @@ void cfg_print_defaults(FILE *out)
         fprintf(out, "\n# %s (%s)\n%s%s = %s\n", sp->help, kind_name(sp->k), sp->def[0] ? "" : "# ",
                 sp->key, sp->def[0] ? sp->def : "...");
     }
+}
+
+/* One address or CIDR ("10.0.0.0/8", "::1", "fd00::/8") into *out. */
+static cfg_status net_parse(const char *text, size_t len, cfg_net *out, char *err, size_t errlen)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof buf)
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "'%.*s' is not an address or CIDR", (int)len,
+                           text);
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    char *slash = strchr(buf, '/');
+    if (slash != NULL) *slash = '\0';
+    memset(out, 0, sizeof *out);
+    if (inet_pton(AF_INET, buf, out->addr) == 1) {
+        out->family = 4;
+        out->bits = 32;
+    } else if (inet_pton(AF_INET6, buf, out->addr) == 1) {
+        out->family = 6;
+        out->bits = 128;
+    } else {
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "'%s' is not an IPv4 or IPv6 address", buf);
+    }
+    if (slash != NULL) {
+        const char *b = slash + 1;
+        char *end;
+        unsigned long bits = strtoul(b, &end, 10);
+        if (*b < '0' || *b > '9' || *end != '\0' || bits > out->bits)
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "'%s/%s': the prefix length must be 0 to %u", buf, b, out->bits);
+        out->bits = (unsigned)bits;
+    }
+    return CFG_OK;
+}
+
+cfg_status cfg_nets_parse(const char *list, cfg_net *nets, size_t max, size_t *n, char *err,
+                          size_t errlen)
+{
+    *n = 0;
+    const char *p = list;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t') p++;
+        if (*p == '\0') return CFG_OK;
+        const char *e = p;
+        while (*e != '\0' && *e != ',' && *e != ' ' && *e != '\t') e++;
+        if (*n == max) return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "more than %zu addresses", max);
+        cfg_status rc = net_parse(p, (size_t)(e - p), &nets[*n], err, errlen);
+        if (rc != CFG_OK) return rc;
+        (*n)++;
+        p = e;
+    }
+}
+
+int cfg_nets_contain(const cfg_net *nets, size_t n, int family, const unsigned char *addr)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (nets[i].family != family) continue;
+        unsigned bits = nets[i].bits, whole = bits / 8, rest = bits % 8;
+        if (memcmp(nets[i].addr, addr, whole) != 0) continue;
+        if (rest != 0) {
+            unsigned mask = (0xFFu << (8 - rest)) & 0xFFu;
+            if (((nets[i].addr[whole] ^ addr[whole]) & mask) != 0) continue;
+        }
+        return 1;
+    }
+    return 0;
 }

@@ -270,6 +270,7 @@ curl -s "$base/v1/completions" -d '{"prompt":"Hi"}' > /dev/null
 curl -s "${auth[@]}" "$base/nowhere" > /dev/null
 curl -s "${auth[@]}" -H 'Origin: http://evil.example' "$base/v1/completions" -d '{"prompt":"Hi"}' > /dev/null
 curl -s "${auth[@]}" "$base/v1/models/gpt-4" > /dev/null # model_ids' 404, for this case alone
+curl -s -H 'Host: evil.example' "$base/health" > /dev/null # 421: a refusal's series
 curl -s "$base/metrics" > "$dir/metrics.txt"
 if command -v promtool > /dev/null; then
     promtool check metrics < "$dir/metrics.txt" > "$dir/promtool.out" 2>&1 || fail "promtool: $(cat "$dir/promtool.out")"

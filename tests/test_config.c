@@ -39,6 +39,10 @@ START_TEST(cfg_defaults_are_the_documented_ones)
     ck_assert(c.shutdown_timeout_s == 30.0);
     ck_assert_str_eq(c.log_level, "info");
     ck_assert_str_eq(c.cors_origins, "");
+    ck_assert_uint_eq(c.max_connections_per_ip, 512);
+    ck_assert_str_eq(c.trusted_proxies, "127.0.0.0/8, ::1");
+    ck_assert_uint_eq(c.n_trusted_nets, 2);
+    ck_assert_str_eq(c.allowed_hosts, "");
 }
 END_TEST
 
@@ -293,6 +297,50 @@ START_TEST(cfg_prefix_cache_shared_across_keys_off_and_reloadable)
 }
 END_TEST
 
+START_TEST(cfg_trusted_proxies_parse_and_match)
+{
+    cfg_config c;
+    char err[256];
+    cfg_defaults(&c);
+    /* The default: loopback, both families. */
+    unsigned char v4[16] = {127, 9, 8, 7}, v6[16] = {0};
+    v6[15] = 1;
+    ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, v4));
+    ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 6, v6));
+    ck_assert_int_eq(
+        cfg_set(&c, "trusted_proxies", "10.0.0.0/8, 192.168.1.5,fd00::/8", "t", err, sizeof err),
+        CFG_OK);
+    ck_assert_uint_eq(c.n_trusted_nets, 3);
+    unsigned char a[16] = {10, 200, 0, 1}, b[16] = {11, 0, 0, 1}, h[16] = {192, 168, 1, 5},
+                  h2[16] = {192, 168, 1, 6}, u[16] = {0xfd, 0x12}, u2[16] = {0xfe};
+    ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, a));
+    ck_assert(!cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, b));
+    ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, h));
+    ck_assert(!cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, h2));
+    ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 6, u));
+    ck_assert(!cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 6, u2));
+    ck_assert(!cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, v4)); /* replaced */
+    /* A /12 cuts inside a byte. */
+    ck_assert_int_eq(cfg_set(&c, "trusted_proxies", "172.16.0.0/12", "t", err, sizeof err), CFG_OK);
+    unsigned char in[16] = {172, 31, 255, 255}, out[16] = {172, 32, 0, 0};
+    ck_assert(cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, in));
+    ck_assert(!cfg_nets_contain(c.trusted_nets, c.n_trusted_nets, 4, out));
+    ck_assert_int_eq(cfg_set(&c, "trusted_proxies", "", "t", err, sizeof err), CFG_OK);
+    ck_assert_uint_eq(c.n_trusted_nets, 0);
+    /* Refused values name the entry and change nothing. */
+    static const char *bad[] = {"10.0.0.0/33", "example.com", "::1/129", "10.0.0.1/", "10.0.0.1/x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(cfg_set(&c, "trusted_proxies", bad[i], "f:3", err, sizeof err),
+                         CFG_EVALUE);
+        ck_assert_msg(strstr(err, "f:3: trusted_proxies") != NULL, "%s", err);
+        ck_assert_uint_eq(c.n_trusted_nets, 0);
+    }
+    ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "a.example, localhost", "t", err, sizeof err),
+                     CFG_OK);
+    ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "a\x01b", "t", err, sizeof err), CFG_EVALUE);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -307,6 +355,7 @@ int main(void)
     tcase_add_test(tc, cfg_validate_cross_checks);
     tcase_add_test(tc, cfg_set_model_name_takes_several_names);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
+    tcase_add_test(tc, cfg_trusted_proxies_parse_and_match);
     tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);
     tcase_add_test(tc, cfg_prefix_cache_shared_across_keys_off_and_reloadable);
     suite_add_tcase(s, tc);

@@ -46,7 +46,7 @@ $user
 worker_processes 1;
 pid $dir/nginx.pid;
 error_log $dir/nginx-error.log warn;
-events { worker_connections 256; }
+events { worker_connections 1024; }
 http {
     access_log $dir/nginx-access.log;
     client_body_temp_path $dir/body;
@@ -151,5 +151,47 @@ done
 echo "nginx: replica a killed mid-test; 48 requests all succeeded (b served $((after_b - n_b)))"
 }
 
-CASES=(proxy:proxy openai_client:proxy both_replicas:proxy failover:proxy)
+# 4. 256 clients at once through the proxy (issue 24, finding 1): nginx
+#    opens as many connections to the replicas, all from one address
+#    (loopback, exempt from max_connections_per_ip, as a trusted proxy
+#    would be); every one is answered 200, none reset. Each client holds
+#    its connection open until all 256 are connected, then sends.
+case_many_clients() {
+python3 - "$port" <<'PY' || fail "256 concurrent clients through nginx"
+import json, socket, sys, threading
+port, n = int(sys.argv[1]), 256
+body = json.dumps({"model": "gpt2", "prompt": "Hello", "max_tokens": 2, "temperature": 0}).encode()
+req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+       b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+barrier = threading.Barrier(n)
+errors = []
+def client(i):
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        barrier.wait(60)
+        s.sendall(req)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        if not data.startswith(b"HTTP/1.1 200"):
+            errors.append("client %d: %r" % (i, data[:120]))
+    except Exception as e:
+        errors.append("client %d: %r" % (i, e))
+threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("nginx: %d concurrent clients, %d errors" % (n, len(errors)))
+if errors:
+    print("\n".join(errors[:5]), file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+CASES=(proxy:proxy openai_client:proxy both_replicas:proxy many_clients:proxy failover:proxy)
 run_cases "$@"

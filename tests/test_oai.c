@@ -132,6 +132,13 @@ static const struct {
     {"{\"model\":\"m\",\"presence_penalty\":-3}", "presence_penalty", "from -2 to 2"},
     {"{\"model\":\"m\",\"frequency_penalty\":2.01}", "frequency_penalty", "from -2 to 2"},
     {"{\"model\":\"m\",\"logit_bias\":{\"abc\":1}}", "logit_bias", "is not a token id"},
+    /* Token ids in canonical decimal only: no space, sign or leading zero. */
+    {"{\"model\":\"m\",\"logit_bias\":{\" 5\":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"+5\":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"-0\":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"05\":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"5 \":1}}", "logit_bias", "is not a token id"},
+    {"{\"model\":\"m\",\"logit_bias\":{\"\":1}}", "logit_bias", "is not a token id"},
     {"{\"model\":\"m\",\"logit_bias\":{\"50257\":1}}", "logit_bias", "is not a token id"},
     {"{\"model\":\"m\",\"logit_bias\":{\"5\":101}}", "logit_bias", "from -100 to 100"},
     {"{\"model\":\"m\",\"logit_bias\":[1]}", "logit_bias", "must be an object"},

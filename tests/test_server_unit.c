@@ -265,6 +265,33 @@ START_TEST(http_key_ok_configured_key_accepted)
     ck_assert(http_key_ok(&c, "bearer sk-first-0123456789"));
     ck_assert(http_key_ok(&c, "BEARER sk-first-0123456789"));
     ck_assert(http_key_ok(&c, "Bearer   sk-first-0123456789"));
+    /* RFC 9110 5.5: trailing whitespace (OWS) is not part of the value. */
+    ck_assert(http_key_ok(&c, "Bearer sk-first-0123456789 "));
+    ck_assert(http_key_ok(&c, "Bearer sk-first-0123456789\t \t"));
+}
+END_TEST
+
+START_TEST(http_host_allowed_loopback_default_and_list)
+{
+    /* A loopback bind: the loopback names, any port, no other. */
+    ck_assert(http_host_allowed("", 1, NULL));
+    ck_assert(http_host_allowed("", 1, "localhost"));
+    ck_assert(http_host_allowed("", 1, "LocalHost:8080"));
+    ck_assert(http_host_allowed("", 1, "127.0.0.1:1"));
+    ck_assert(http_host_allowed("", 1, "[::1]"));
+    ck_assert(http_host_allowed("", 1, "[::1]:80"));
+    ck_assert(!http_host_allowed("", 1, "evil.example"));
+    ck_assert(!http_host_allowed("", 1, "localhost.evil.example"));
+    ck_assert(!http_host_allowed("", 1, "127.0.0.1.nip.io:80"));
+    ck_assert(!http_host_allowed("", 1, "[::1]x"));
+    ck_assert(!http_host_allowed("", 1, "[::1"));
+    ck_assert(!http_host_allowed("", 1, "localhost:80x"));
+    ck_assert(!http_host_allowed("", 1, ""));
+    /* Elsewhere any Host, unless listed. */
+    ck_assert(http_host_allowed("", 0, "anything.example"));
+    ck_assert(http_host_allowed("api.example, localhost", 0, "API.example:443"));
+    ck_assert(!http_host_allowed("api.example, localhost", 0, "127.0.0.1"));
+    ck_assert(http_host_allowed("*", 1, "evil.example"));
 }
 END_TEST
 
@@ -797,6 +824,7 @@ int main(void)
     tcase_add_test(tc, http_key_ok_names_the_matched_key);
     tcase_add_test(tc, http_siphash_reference_vectors);
     tcase_add_test(tc, http_key_salt_per_key_per_secret_never_zero);
+    tcase_add_test(tc, http_host_allowed_loopback_default_and_list);
     suite_add_tcase(s, tc);
     tc = tcase_create("log");
     tcase_add_test(tc, log_escape_controls_and_bad_utf8_escaped);

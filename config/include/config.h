@@ -29,6 +29,15 @@ typedef enum {
 #define CFG_MAX_KEYS 16  /* API keys */
 #define CFG_MAX_NAMES 8  /* names the model answers to */
 #define CFG_STR_MAX 4096 /* paths and other strings */
+#define CFG_MAX_NETS 32  /* trusted_proxies entries */
+
+/* An IPv4 or IPv6 network: family 4 or 6, the address (4 or 16 bytes used)
+ * and the prefix length in bits. */
+typedef struct {
+    int family;
+    unsigned char addr[16];
+    unsigned bits;
+} cfg_net;
 
 typedef struct {
     /* Listening */
@@ -39,10 +48,19 @@ typedef struct {
     double request_header_timeout_s; /* a new connection's complete head */
     double body_timeout_s;           /* the longest gap between body bytes */
     size_t body_min_rate;            /* bytes/s a body averages past body_timeout (0: any) */
-    size_t max_connections_per_ip;   /* 0: no limit */
-    size_t stream_backlog_bytes;     /* unread SSE bytes before a stream pauses */
-    double stream_stall_timeout_s;   /* paused that long: cancelled */
-    size_t tokenize_concurrency;     /* bodies tokenized at once on the work queue */
+    size_t max_connections_per_ip;   /* 0: no limit; trusted_proxies are exempt */
+    /* Proxies (and loopback, by default): exempt from the per-address
+     * limit; their X-Forwarded-For names the client (the text and it
+     * parsed). */
+    char trusted_proxies[1024];
+    cfg_net trusted_nets[CFG_MAX_NETS];
+    size_t n_trusted_nets;
+    /* Host names requests may carry (comma-separated, "*": any; empty: the
+     * loopback names on a loopback bind, else any). */
+    char allowed_hosts[1024];
+    size_t stream_backlog_bytes;   /* unread SSE bytes before a stream pauses */
+    double stream_stall_timeout_s; /* paused that long: cancelled */
+    size_t tokenize_concurrency;   /* bodies tokenized at once on the work queue */
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128];                 /* the first name: what responses and /v1/models report */
@@ -108,6 +126,13 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
 /* Whether name is one of the served model's names (model_name). Borrows
  * name. */
 int cfg_model_name_ok(const cfg_config *c, const char *name);
+
+/* Parses list (addresses and CIDRs separated by commas or spaces) into
+ * nets[0..*n), at most max. An error names the entry. */
+cfg_status cfg_nets_parse(const char *list, cfg_net *nets, size_t max, size_t *n, char *err,
+                          size_t errlen);
+/* Whether addr (4 bytes for family 4, 16 for 6) is in one of nets. */
+int cfg_nets_contain(const cfg_net *nets, size_t n, int family, const unsigned char *addr);
 
 /* Cross-key checks (e.g. a model directory is set). */
 cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen);

@@ -223,9 +223,11 @@ static enum MHD_Result route(srv_req *r, int chat)
 {
     assert(r->state == HTTP_REQ_BODY);
     srv *s = r->s;
-    if (s->draining)
+    if (s->draining) {
+        met_count_refused(&s->met, MET_REFUSED_DRAINING);
         return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
                                "The server is shutting down; retry on another replica");
+    }
     const eng_config *mc = eng_model_config(s->model);
     r->kind = R_COMPLETIONS;
     if (cmpl_job_new(r) == NULL)

@@ -293,10 +293,15 @@ static int parse_bias(const json_t *o, const oai_limits *lim, oai_request *r, oa
     json_t *val;
     json_object_foreach((json_t *)v, key, val)
     {
+        /* A token id in canonical decimal: digits only (no sign, no space,
+         * which strtoll would take), no leading zero ("05" and "5" would be
+         * two keys for one token). */
+        int canonical = key[0] >= '0' && key[0] <= '9' && !(key[0] == '0' && key[1] != '\0');
+        for (const char *p = key; canonical && *p != '\0'; p++) canonical = *p >= '0' && *p <= '9';
         char *end;
         errno = 0;
-        long long id = strtoll(key, &end, 10);
-        if (*key == '\0' || *end != '\0' || errno != 0 || id < 0 || (size_t)id >= lim->vocab_size)
+        long long id = canonical ? strtoll(key, &end, 10) : -1;
+        if (!canonical || *end != '\0' || errno != 0 || id < 0 || (size_t)id >= lim->vocab_size)
             return bad(err, "logit_bias",
                        "'logit_bias' key '%.40s' is not a token id from 0 to %zu", key,
                        lim->vocab_size - 1);

@@ -7,10 +7,12 @@
 #include "server.h"
 #include "daemon/systemd.h"
 
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +31,27 @@ static size_t keep_escaped(void *cls, struct MHD_Connection *c, char *s)
     (void)cls;
     (void)c;
     return strlen(s);
+}
+
+/* Whether d's listening socket is bound to a loopback address (127.0.0.0/8,
+ * ::1, or IPv4-mapped loopback); 0 when unknown. */
+static int listens_on_loopback(struct MHD_Daemon *d)
+{
+    const union MHD_DaemonInfo *li = MHD_get_daemon_info(d, MHD_DAEMON_INFO_LISTEN_FD);
+    if (li == NULL) return 0;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(li->listen_fd, (struct sockaddr *)&ss, &len) != 0) return 0;
+    if (ss.ss_family == AF_INET) {
+        const unsigned char *a =
+            (const unsigned char *)&((const struct sockaddr_in *)(const void *)&ss)->sin_addr;
+        return a[0] == 127;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)&ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
 }
 
 static void serve_usage(FILE *out)
@@ -201,12 +224,12 @@ int srv_main(int argc, char **argv)
         }
         flags |= MHD_USE_IPv6;
     }
-    /* Connections over max_connections reach conn_on_notify, which closes an
+    /* Connections over max_connections, or over max_connections_per_ip
+     * from one address, reach conn_on_notify, which closes an
      * idle one to make room (or refuses the newcomer): conn.c. libmicrohttpd
      * gets headroom for those closing: at its own limit it stops accepting
      * until its next run, which may be a timer's second away. */
     unsigned mhd_limit = (unsigned)s.cfg.max_connections + SRV_CONN_HEADROOM;
-    unsigned per_ip = (unsigned)s.cfg.max_connections_per_ip;
     /* The options both ways of listening share: the undecoded path,
      * libmicrohttpd's per-connection memory, the completion, connection and
      * request-line callbacks, the limits and the idle timeout. */
@@ -214,8 +237,7 @@ int srv_main(int argc, char **argv)
     MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,          \
         (size_t)SRV_CONN_POOL_BYTES, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, &s,           \
         MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_URI_LOG_CALLBACK,             \
-        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,                                   \
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,                 \
+        http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,    \
         (unsigned)s.cfg.connection_timeout_s
     if (lfd >= 0)
         s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
@@ -235,6 +257,10 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
+    s.bind_loopback = listens_on_loopback(s.mhd);
+    if (!s.bind_loopback && s.cfg.n_api_keys == 0)
+        log_line("warn", "listening on a non-loopback address without an api_key: anyone who "
+                         "reaches this port can use the model");
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_EPOLL_FD);
     const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s.mhd, MHD_DAEMON_INFO_BIND_PORT);
     uv_poll_init(s.loop, &s.poll, di->epoll_fd);

@@ -26,9 +26,22 @@ static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
                                                    "/",
                                                    "other"};
 /* Every status gpt2d writes (204: a preflight; 403: a refused Origin;
- * 414/431/501: refused heads), then "other". */
-static const unsigned met_statuses[MET_STATUSES] = {200, 204, 400, 401, 403, 404, 405, 408,
-                                                    413, 414, 429, 431, 500, 501, 503, 0};
+ * 421: a Host not allowed; 414/431/501: refused heads), then "other". */
+static const unsigned met_statuses[MET_STATUSES] = {200, 204, 400, 401, 403, 404, 405, 408, 413,
+                                                    414, 421, 429, 431, 500, 501, 503, 0};
+
+static const char *const met_refused_names[MET_REFUSED_N] = {
+    "per_ip", "max_connections", "draining", "shutdown", "timeout", "host"};
+
+void met_count_refused(srv_metrics *m, met_refused why)
+{
+    if ((unsigned)why < MET_REFUSED_N) m->refused[why]++;
+}
+
+const char *met_refused_name(met_refused why)
+{
+    return (unsigned)why < MET_REFUSED_N ? met_refused_names[why] : "other";
+}
 
 void met_init(srv_metrics *m)
 {
@@ -142,6 +155,11 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
             fprintf(m, "gpt2d_requests_total{route=\"%s\",status=\"%s\"} %llu\n", met_routes[ri],
                     code, (unsigned long long)s->requests[ri][si]);
         }
+    family(m, "gpt2d_connections_refused_total", "counter",
+           "Connections and requests refused before a route ran, by reason.");
+    for (size_t i = 0; i < MET_REFUSED_N; i++)
+        fprintf(m, "gpt2d_connections_refused_total{reason=\"%s\"} %llu\n", met_refused_names[i],
+                (unsigned long long)s->refused[i]);
     sample_u(m, "gpt2d_requests_aborted_total", "counter",
              "Requests whose client went away before the answer was complete.",
              (unsigned long long)s->aborted);

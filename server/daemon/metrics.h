@@ -13,7 +13,7 @@
 
 #define MET_BUCKETS 14
 #define MET_ROUTES 12   /* metrics.c's met_routes, and "other" */
-#define MET_STATUSES 16 /* metrics.c's met_statuses, and "other" */
+#define MET_STATUSES 17 /* metrics.c's met_statuses, and "other" */
 
 typedef struct {
     const double *bounds;
@@ -33,8 +33,22 @@ typedef struct {
     double open_fds, max_fds; /* -1: unknown */
 } met_info;
 
+/* Why a connection or request was refused before any route ran
+ * (gpt2d_connections_refused_total{reason}): metrics.c's met_refused_names
+ * in this order. */
+typedef enum {
+    MET_REFUSED_PER_IP,          /* over max_connections_per_ip: 429           */
+    MET_REFUSED_MAX_CONNECTIONS, /* over max_connections, none idle: 503       */
+    MET_REFUSED_DRAINING,        /* a completion while the server drains: 503  */
+    MET_REFUSED_SHUTDOWN,        /* unanswered when the drain ended: 503       */
+    MET_REFUSED_TIMEOUT,         /* a head or body past its deadline: 408      */
+    MET_REFUSED_HOST,            /* a Host not in allowed_hosts: 421           */
+    MET_REFUSED_N
+} met_refused;
+
 typedef struct {
-    uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last column: others */
+    uint64_t requests[MET_ROUTES][MET_STATUSES];
+    uint64_t refused[MET_REFUSED_N]; /* the last column: others */
     uint64_t prompt_tokens, completion_tokens, aborted;
     met_hist ttft, itl, duration, step_seconds, step_rows;
 } srv_metrics;
@@ -44,6 +58,10 @@ void met_init(srv_metrics *m);
 void met_observe(met_hist *h, double v);
 /* Counts one finished request by route (its URL) and HTTP status. */
 void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted);
+/* Counts one refusal. */
+void met_count_refused(srv_metrics *m, met_refused why);
+/* The label value of why ("per_ip", ...). */
+const char *met_refused_name(met_refused why);
 /* The Prometheus text page of m, the scheduler's st and info into *out
  * (malloc'd, *len bytes). 0, or -1 when memory ran out (nothing kept). */
 int met_render(const srv_metrics *m, const eng_sched_stats *st, const met_info *info, char **out,

@@ -37,6 +37,7 @@
  */
 #include "http/http.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -132,9 +133,11 @@ srv_conn *conn_pick_idle(srv_conn *head, const srv_conn *except)
  * whose buffer is full gets nothing), before the close. It carries an
  * X-Request-Id: the request's when one is in progress (whose access line,
  * written when libmicrohttpd ends it, then gives this status), else a new
- * one, with an access line of its own. */
+ * one, with an access line of its own unless quiet (a per-address
+ * refusal, logged per address by conn_note_refused instead). retry_after: a
+ * Retry-After value, or NULL. */
 static void write_error(srv_conn *c, int status, const char *reason, const char *code,
-                        const char *msg)
+                        const char *msg, const char *retry_after, int quiet)
 {
     srv *s = c->s;
     char id[sizeof((srv_req *)0)->req_id];
@@ -144,20 +147,24 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
     } else {
         http_request_id_new(s, id, sizeof id);
         double since = c->t_head > 0 ? c->t_head : c->t_ready;
-        log_access_conn(id, (unsigned)status, log_now() - since);
+        if (!quiet) log_access_conn(id, (unsigned)status, log_now() - since);
         met_count_request(&s->met, "-", (unsigned)status, 0);
     }
     oai_error e;
-    oai_error_set(&e, status, status == 503 ? "server_error" : "invalid_request_error", code, NULL,
-                  "%s", msg);
+    const char *type = status == 503   ? "server_error"
+                       : status == 429 ? "rate_limit_exceeded"
+                                       : "invalid_request_error";
+    oai_error_set(&e, status, type, code, NULL, "%s", msg);
     char *js = oai_error_json(&e);
     if (js == NULL) return;
+    char ra[48] = "";
+    if (retry_after != NULL) snprintf(ra, sizeof ra, "Retry-After: %s\r\n", retry_after);
     char buf[2048];
     int n = snprintf(buf, sizeof buf,
                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nCache-Control: "
-                     "no-store\r\nConnection: close\r\nX-Request-Id: %s\r\nContent-Length: "
+                     "no-store\r\nConnection: close\r\n%sX-Request-Id: %s\r\nContent-Length: "
                      "%zu\r\n\r\n%s",
-                     status, reason, id, strlen(js), js);
+                     status, reason, ra, id, strlen(js), js);
     free(js);
     if (n > 0 && (size_t)n < sizeof buf) {
         ssize_t w = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -168,8 +175,18 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
 void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
 {
     if (c->closing) return;
-    write_error(c, status, reason, NULL, msg);
+    write_error(c, status, reason, NULL, msg, NULL, 0);
     conn_close(c);
+}
+
+void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg)
+{
+    if (c->closing) return;
+    write_error(c, status, reason, NULL, msg, NULL, 0);
+    c->closing = 1;
+    c->s->nconns_closing++;
+    c->t_linger = log_now();
+    shutdown(c->fd, SHUT_WR);
 }
 
 void conn_close_unanswered(srv *s)
@@ -181,7 +198,9 @@ void conn_close_unanswered(srv *s)
         if (st == HTTP_REQ_STREAMING || st == HTTP_REQ_FINISHED || st == HTTP_REQ_ABORTED) continue;
         write_error(c, 503, "Service Unavailable", "server_shutting_down",
                     "The server is shutting down and did not answer this request in time; "
-                    "retry on another replica");
+                    "retry on another replica",
+                    "5", 0);
+        met_count_refused(&s->met, MET_REFUSED_SHUTDOWN);
         conn_close(c);
     }
 }
@@ -198,6 +217,144 @@ void conn_close(srv_conn *c)
     c->closing = 1;
     c->s->nconns_closing++;
     shutdown(c->fd, SHUT_RDWR);
+}
+
+void conn_addr_text(int family, const unsigned char *addr, char *buf, size_t len)
+{
+    if (family == 0
+        || inet_ntop(family == 4 ? AF_INET : AF_INET6, addr, buf, (socklen_t)len) == NULL)
+        snprintf(buf, len, "-");
+}
+
+/* An IPv4-mapped IPv6 address (::ffff:a.b.c.d) as IPv4, in place. */
+static void unmap(int *family, unsigned char *addr)
+{
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+    if (*family == 6 && memcmp(addr, mapped, sizeof mapped) == 0) {
+        memmove(addr, addr + 12, 4);
+        memset(addr + 4, 0, 12);
+        *family = 4;
+    }
+}
+
+int conn_addr_parse(const char *text, size_t len, int *family, unsigned char *addr)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof buf) return 0;
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    memset(addr, 0, 16);
+    if (inet_pton(AF_INET, buf, addr) == 1) {
+        *family = 4;
+    } else if (inet_pton(AF_INET6, buf, addr) == 1) {
+        *family = 6;
+        unmap(family, addr);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* The peer address sa into c (family 0 when it is not IP). */
+static void conn_addr_of(const struct sockaddr *sa, srv_conn *c)
+{
+    if (sa->sa_family == AF_INET) {
+        c->family = 4;
+        memcpy(c->addr, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+    } else if (sa->sa_family == AF_INET6) {
+        c->family = 6;
+        memcpy(c->addr, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+        unmap(&c->family, c->addr);
+    }
+}
+
+/* The connections open from c's address (c included), those closing aside. */
+static size_t conns_from(const srv *s, const srv_conn *c)
+{
+    size_t n = 0;
+    size_t alen = c->family == 4 ? 4 : 16;
+    for (const srv_conn *o = s->conns; o != NULL; o = o->next)
+        if (!o->closing && o->family == c->family && memcmp(o->addr, c->addr, alen) == 0) n++;
+    return n;
+}
+
+void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refused why,
+                       const char *what)
+{
+    met_count_refused(&s->met, why);
+    size_t alen = family == 4 ? 4 : 16;
+    conn_refuse_log *free_slot = NULL, *other = NULL;
+    for (size_t i = 0; i < CONN_REFUSE_LOG_SLOTS; i++) {
+        conn_refuse_log *e = &s->refuse_log[i];
+        if (!e->used) {
+            if (free_slot == NULL) free_slot = e;
+            continue;
+        }
+        if (e->family == 0) other = e;
+        if (e->why == why && e->family == family && family != 0
+            && memcmp(e->addr, addr, alen) == 0) {
+            e->count++;
+            return;
+        }
+    }
+    char text[INET6_ADDRSTRLEN + 1];
+    conn_addr_text(family, addr, text, sizeof text);
+    if (free_slot == NULL || family == 0) { /* the table is full: one line for the others */
+        if (other != NULL) {
+            other->count++;
+            return;
+        }
+        free_slot = free_slot != NULL ? free_slot : &s->refuse_log[CONN_REFUSE_LOG_SLOTS - 1];
+        family = 0;
+    }
+    memset(free_slot, 0, sizeof *free_slot);
+    free_slot->used = 1;
+    free_slot->family = family;
+    if (family != 0) memcpy(free_slot->addr, addr, alen);
+    free_slot->why = why;
+    free_slot->since = log_now();
+    log_line(
+        "warn", "refused a connection from %s (%s: %s); more from it are summed up every %.0f s",
+        family != 0 ? text : "other addresses", met_refused_name(why), what, CONN_REFUSE_LOG_S);
+}
+
+void conn_refuse_log_flush(srv *s, double now)
+{
+    for (size_t i = 0; i < CONN_REFUSE_LOG_SLOTS; i++) {
+        conn_refuse_log *e = &s->refuse_log[i];
+        if (!e->used || now - e->since < CONN_REFUSE_LOG_S) continue;
+        if (e->count == 0) {
+            e->used = 0;
+            continue;
+        }
+        char text[INET6_ADDRSTRLEN + 1];
+        conn_addr_text(e->family, e->addr, text, sizeof text);
+        log_line("warn", "refused %llu more connections from %s (%s) in the last %.0f s", e->count,
+                 e->family != 0 ? text : "other addresses", met_refused_name(e->why),
+                 now - e->since);
+        e->count = 0;
+        e->since = now;
+    }
+}
+
+/* Refuses c at accept: the answer on its socket (no request yet, so the
+ * socket carries nothing of ours), its sending side shut, then a linger
+ * (t_linger) in which libmicrohttpd reads and drops what the client sent,
+ * so that the client reads the answer instead of a reset. */
+static void refuse_at_accept(srv_conn *c, int status, const char *reason, const char *code,
+                             const char *msg, met_refused why, const char *what)
+{
+    srv *s = c->s;
+    char ra[16];
+    http_retry_after(s, ra, sizeof ra);
+    /* A per-address refusal has no access line of its own: one address
+     * can cause thousands (conn_note_refused sums them up). */
+    write_error(c, status, reason, code, msg, ra, why == MET_REFUSED_PER_IP);
+    conn_note_refused(s, c->family, c->addr, why, what);
+    c->closing = 1;
+    s->nconns_closing++;
+    c->t_linger = log_now();
+    shutdown(c->fd, SHUT_WR);
 }
 
 void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -231,11 +388,28 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
     c->conn = mc;
     c->fd = fi->connect_fd;
     c->t_ready = log_now();
+    const union MHD_ConnectionInfo *ai =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ai != NULL && ai->client_addr != NULL) conn_addr_of(ai->client_addr, c);
+    c->trusted =
+        c->family != 0
+        && cfg_nets_contain(s->cfg.trusted_nets, s->cfg.n_trusted_nets, c->family, c->addr);
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
     s->conns = c;
     s->nconns++;
     *socket_context = c;
+    size_t limit = s->cfg.max_connections_per_ip;
+    if (limit > 0 && c->family != 0 && !c->trusted && conns_from(s, c) > limit) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "More than max_connections_per_ip (%zu) connections from your address; retry "
+                 "later",
+                 limit);
+        refuse_at_accept(c, 429, "Too Many Requests", "too_many_connections", msg,
+                         MET_REFUSED_PER_IP, "more than max_connections_per_ip open");
+        return;
+    }
     if (s->nconns - s->nconns_closing <= s->cfg.max_connections) return;
     /* One over max_connections: make room, idle connections first. */
     srv_conn *idle = conn_pick_idle(s->conns, c);
@@ -245,11 +419,9 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
         conn_close(idle);
         return;
     }
-    log_line("warn", "max_connections (%zu) reached and none is idle: refusing a connection",
-             s->cfg.max_connections);
-    write_error(c, 503, "Service Unavailable", "too_many_connections",
-                "The server has max_connections connections open, all busy; retry later");
-    conn_close(c);
+    refuse_at_accept(c, 503, "Service Unavailable", "too_many_connections",
+                     "The server has max_connections connections open, all busy; retry later",
+                     MET_REFUSED_MAX_CONNECTIONS, "max_connections reached and none idle");
 }
 
 void conn_on_sweep(uv_timer_t *t)
@@ -257,7 +429,14 @@ void conn_on_sweep(uv_timer_t *t)
     srv *s = t->data;
     double now = log_now();
     int closed = 0;
+    conn_refuse_log_flush(s, now);
     for (srv_conn *c = s->conns; c != NULL; c = c->next) {
+        if (c->t_linger > 0 && now - c->t_linger >= CONN_LINGER_S) {
+            c->t_linger = 0; /* the client had its time to read the answer */
+            shutdown(c->fd, SHUT_RDWR);
+            closed = 1;
+            continue;
+        }
         if (c->req == NULL && c->served > 0 && c->t_head == 0 && !c->closing)
             conn_note_recv(c, last_recv_at(c->fd, now), s->sweep_last);
         conn_deadline d = conn_deadline_of(&s->cfg, c);
@@ -268,20 +447,22 @@ void conn_on_sweep(uv_timer_t *t)
                      "(request_header_timeout)",
                      s->cfg.request_header_timeout_s);
             write_error(c, 408, "Request Timeout", "request_timeout",
-                        "The request head did not arrive within request_header_timeout");
+                        "The request head did not arrive within request_header_timeout", NULL, 0);
         } else if (d.kind == CONN_WAIT_BODY) {
             log_line("info", "closing a connection: its body stalled for %g s (body_timeout)",
                      s->cfg.body_timeout_s);
             write_error(c, 408, "Request Timeout", "request_timeout",
-                        "The request body stalled for longer than body_timeout");
+                        "The request body stalled for longer than body_timeout", NULL, 0);
         } else if (d.kind == CONN_WAIT_RATE) {
             log_line("info",
                      "closing a connection: its body came slower than %zu bytes a second "
                      "(body_min_rate)",
                      s->cfg.body_min_rate);
             write_error(c, 408, "Request Timeout", "request_timeout",
-                        "The request body arrived slower than body_min_rate bytes a second");
+                        "The request body arrived slower than body_min_rate bytes a second", NULL,
+                        0);
         }
+        met_count_refused(&s->met, MET_REFUSED_TIMEOUT);
         conn_close(c);
         closed = 1;
     }

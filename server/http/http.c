@@ -27,6 +27,41 @@ static void set_request_id(srv_req *r)
              (unsigned long long)(r->s->next_id & 0xFFFFFF));
 }
 
+/* The client's address into r->client: the peer's, or, when the peer is a
+ * trusted proxy, the rightmost X-Forwarded-For entry that is not itself a
+ * trusted proxy (the entries left of it are the client's word, not the
+ * proxy's). An entry that is not an address ends the walk. */
+static void set_client(srv_req *r)
+{
+    srv_conn *c = r->conn_rec;
+    snprintf(r->client, sizeof r->client, "-");
+    if (c == NULL || c->family == 0) return;
+    int family = c->family;
+    unsigned char addr[16];
+    memcpy(addr, c->addr, sizeof addr);
+    const char *xff = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Forwarded-For");
+    if (c->trusted && xff != NULL) {
+        const cfg_config *cfg = &r->s->cfg;
+        const char *end = xff + strlen(xff);
+        while (end > xff) {
+            const char *e = end;
+            while (e > xff && (e[-1] == ' ' || e[-1] == '\t')) e--;
+            const char *b = e;
+            while (b > xff && b[-1] != ',') b--;
+            const char *p = b;
+            while (p < e && (*p == ' ' || *p == '\t')) p++;
+            int f2;
+            unsigned char a2[16];
+            if (!conn_addr_parse(p, (size_t)(e - p), &f2, a2)) break;
+            family = f2;
+            memcpy(addr, a2, sizeof addr);
+            if (!cfg_nets_contain(cfg->trusted_nets, cfg->n_trusted_nets, f2, a2)) break;
+            end = b > xff ? b - 1 : b;
+        }
+    }
+    conn_addr_text(family, addr, r->client, sizeof r->client);
+}
+
 static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
                                  const char *value)
 {
@@ -53,6 +88,26 @@ static enum MHD_Result head_size_checks(srv_req *r, const char *url)
                                "The request head is %zu bytes; the limit is %u", ci->header_size,
                                SRV_MAX_HEAD);
     return MHD_YES;
+}
+
+/* A header value with a control byte (C0 other than HTAB, or DEL; a NUL
+ * shows as a value shorter than libmicrohttpd measured it): RFC 9110 5.5
+ * has no room for one, and a NUL would cut the value short for whoever
+ * reads it as a C string (the API key). The first such header's name into
+ * cls (a char[64]). */
+static enum MHD_Result control_byte(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    size_t key_size, const char *value, size_t value_size)
+{
+    (void)kind;
+    char *bad = cls;
+    int found = value != NULL && strlen(value) != value_size;
+    for (size_t i = 0; value != NULL && !found && i < value_size; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        found = (ch < 0x20 && ch != '\t') || ch == 0x7F;
+    }
+    if (!found) return MHD_YES;
+    log_escape(key, key_size < 40 ? key_size : 40, bad, 64);
+    return MHD_NO;
 }
 
 typedef struct {
@@ -89,6 +144,11 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
 static enum MHD_Result head_checks(srv_req *r, const char *method)
 {
     srv *s = r->s;
+    char bad[64] = "";
+    MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, control_byte, bad);
+    if (bad[0] != '\0')
+        return http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                               "The header %s has a control byte in its value", bad);
     framing f = {0};
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, framing_header, &f);
     if (f.length_differs)
@@ -101,11 +161,26 @@ static enum MHD_Result head_checks(srv_req *r, const char *method)
         return http_send_error(r, 501, "invalid_request_error", NULL, NULL, NULL,
                                "Transfer-Encoding '%s' is not supported (only chunked)",
                                f.n_te > 1 ? "(several headers)" : f.te);
+    /* DNS rebinding: a page whose name now resolves to this server sends
+     * its own name as Host (allowed_hosts). */
+    const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
+    if (!http_host_allowed(s->cfg.allowed_hosts, s->bind_loopback, host)) {
+        srv_conn *c = r->conn_rec;
+        char esc[128];
+        log_escape(host, strnlen(host, 60), esc, sizeof esc);
+        if (c != NULL)
+            conn_note_refused(s, c->family, c->addr, MET_REFUSED_HOST,
+                              "a Host not in allowed_hosts");
+        else
+            met_count_refused(&s->met, MET_REFUSED_HOST);
+        log_line("debug", "refused Host '%s' (allowed_hosts) request_id=%s", esc, r->req_id);
+        return http_send_error(r, 421, "invalid_request_error", "host_not_allowed", NULL, NULL,
+                               "Host '%.100s' is not served here (allowed_hosts)", host);
+    }
     /* A browser's cross-origin request (or a DNS-rebound page) carries
      * Origin: refused unless cors_origins allows it. */
     const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
     if (origin != NULL) {
-        const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
         if (strlen(origin) >= sizeof r->origin
             || !(http_origin_allowed(s->cfg.cors_origins, origin)
                  || http_origin_same_host(origin, host)))
@@ -163,6 +238,7 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     if (r->conn_rec != NULL) r->conn_rec->req = r;
     r->created = (long long)time(NULL);
     set_request_id(r);
+    set_client(r);
     snprintf(r->id, sizeof r->id, "cmpl-%llx%06llx", (unsigned long long)r->created,
              (unsigned long long)(s->next_id++ & 0xFFFFFF));
     snprintf(r->method, sizeof r->method, "%s", method);
@@ -220,7 +296,12 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
 {
     (void)version;
     srv_req *r = *con_cls;
-    if (r == NULL) return on_head(cls, conn, url, method, con_cls);
+    if (r == NULL) {
+        /* Refused at accept (its answer is written) or closed: no request. */
+        srv_conn *c = conn_of(conn);
+        if (c != NULL && c->closing) return MHD_NO;
+        return on_head(cls, conn, url, method, con_cls);
+    }
     if (r->state == HTTP_REQ_HEAD) http_req_set_state(r, HTTP_REQ_BODY);
     if (*upload_data_size > 0) {
         on_body(r, upload_data, *upload_data_size);
@@ -242,8 +323,20 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
 void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     (void)cls;
-    (void)uri;
-    (void)conn;
+    /* A target over SRV_MAX_TARGET is refused here, before libmicrohttpd
+     * splits its query into arguments in the connection's memory pool: a
+     * query of a few thousand short arguments does not fit there, and
+     * libmicrohttpd would close the connection without a status. The 414
+     * goes on the socket (conn.c), and the request never reaches
+     * on_request (its connection is closing). */
+    size_t n = strlen(uri);
+    srv_conn *c = conn_of(conn);
+    if (n > SRV_MAX_TARGET && c != NULL && !c->closing) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "The request target is %zu bytes; the limit is %u", n,
+                 SRV_MAX_TARGET);
+        conn_refuse_linger(c, 414, "URI Too Long", msg);
+    }
     return NULL; /* no request yet: on_head makes it once the head is in */
 }
 
@@ -291,7 +384,8 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                         .duration_s = now - r->t_start,
                         .ttft_s = r->t_first > 0 ? r->t_first - r->t_start : 0.0,
                         .cut = r->cut,
-                        .aborted = aborted};
+                        .aborted = aborted,
+                        .client = r->client};
     log_access(&a);
     met_count_request(&s->met, r->url, status, aborted);
     if (strcmp(r->url, "/v1/completions") == 0) met_observe(&s->met.duration, now - r->t_start);

@@ -56,6 +56,19 @@
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
+
+/* The refusals of one address (conn.c): the first is logged at once, the
+ * rest summed up in one line per CONN_REFUSE_LOG_S (no log flood). family
+ * 0: every address that found the table full. */
+typedef struct {
+    int used, family;
+    unsigned char addr[16];
+    met_refused why;
+    double since;
+    unsigned long long count; /* refused since `since`, not yet logged */
+} conn_refuse_log;
+#define CONN_REFUSE_LOG_SLOTS 16
+#define CONN_REFUSE_LOG_S 10.0
 typedef struct srv_conn srv_conn;
 struct tok_job;
 struct cmpl_job;
@@ -91,6 +104,7 @@ typedef struct {
     double ttft_s;     /* the head to the first generated token; 0: none */
     int cut;           /* ended by the end of a drain */
     int aborted;
+    const char *client; /* the client's address (NULL: not known) */
 } log_access_rec;
 
 /* The access log line of a finished request. */
@@ -178,6 +192,13 @@ int http_origin_allowed(const char *list, const char *origin);
  * name: the playground page's own calls. A host name is not enough (DNS
  * rebinding): list it in cors_origins. */
 int http_origin_same_host(const char *origin, const char *host);
+/* Whether a request with this Host header (NULL: none) may be served:
+ * its name (any port) is in list (allowed_hosts: names separated by commas
+ * and spaces, compared without case; "[::1]" with brackets; "*": any).
+ * An empty list means localhost, 127.0.0.1 and [::1] on a loopback bind
+ * (a DNS-rebound page carries its own name), any Host elsewhere. No Host
+ * (HTTP/1.0) is allowed. */
+int http_host_allowed(const char *list, int loopback_bind, const char *host);
 /* ---- respond.c ------------------------------------------------------------ */
 
 typedef enum { HTTP_SRC_ENG, HTTP_SRC_BPE, HTTP_SRC_CFG } http_src;
@@ -254,6 +275,8 @@ struct srv_req {
     char method[8], url[64];
     char req_id[132]; /* X-Request-Id: the client's (sane) or generated */
     char origin[256]; /* an allowed Origin (CORS headers on every response) */
+    char client[48];  /* the client's address: the peer's, or from a trusted
+                       * proxy the rightmost untrusted X-Forwarded-For entry */
     /* The head phase's decision (http.c): the route entry (NULL: none) and
      * whether the method matched it. */
     const http_route *route;
@@ -379,6 +402,11 @@ struct srv {
     /* reload.c: the command line, read again on SIGHUP. */
     int argc;
     char **argv;
+    /* conn.c: refusals' log lines, summed up per address. */
+    conn_refuse_log refuse_log[CONN_REFUSE_LOG_SLOTS];
+    /* Whether the listening socket is bound to a loopback address (the
+     * default allowed_hosts; daemon.c). */
+    int bind_loopback;
     /* modelwatch.c: the served weights file as it was loaded. */
     uv_timer_t model_timer;
     char model_path[CFG_STR_MAX + 32];
@@ -395,6 +423,15 @@ struct srv_conn {
     size_t served;  /* requests ended on it */
     srv_req *req;   /* the request in progress; NULL between requests */
     int closing;    /* shut down here; libmicrohttpd closes it next */
+    /* Refused at accept (429, 503): its answer is written and its sending
+     * side shut; since t_linger its reading side stays open for
+     * CONN_LINGER_S so that the client reads the answer rather than a
+     * reset for the request bytes it sent (0: not lingering). */
+    double t_linger;
+    /* The peer's address (family 4 or 6; an IPv4-mapped IPv6 address is
+     * 4; 0: not IP) and whether it is in trusted_proxies. */
+    int family, trusted;
+    unsigned char addr[16];
     /* Keep-alive: when the last byte before t_ready arrived (the kernel's
      * TCP_INFO; < 0: unknown, not TCP), and when the next head's first byte
      * came (0: none yet; conn_note_recv), which starts its deadline. */
@@ -422,6 +459,8 @@ typedef struct {
 /* Connections libmicrohttpd accepts past max_connections, each closed at
  * once (conn_on_notify); LimitNOFILE must cover max_connections + this. */
 #define SRV_CONN_HEADROOM 64u
+/* How long a connection refused at accept keeps reading (see t_linger). */
+#define CONN_LINGER_S 1.0
 
 /* The deadline of c under cfg (pure). */
 conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
@@ -450,8 +489,25 @@ void conn_resume_all(srv *s);
  * c's socket, then closes it: for a request refused in the middle of its
  * body, when libmicrohttpd takes no response yet. */
 void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg);
+/* The address of c in text (inet_ntop) into buf; "-" when not IP. */
+void conn_addr_text(int family, const unsigned char *addr, char *buf, size_t len);
+/* Parses text as an IPv4 or IPv6 address into family and addr (an
+ * IPv4-mapped IPv6 address is 4); 0 when it is not one. */
+int conn_addr_parse(const char *text, size_t len, int *family, unsigned char *addr);
+/* Notes a refusal (why) of a connection or request from family/addr: the
+ * metric, and a log line for the first of the address's refusals in a
+ * CONN_REFUSE_LOG_S (the rest are summed up by conn_refuse_log_flush). */
+void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refused why,
+                       const char *what);
+/* Writes the summed-up refusal lines whose interval has passed (the sweep). */
+void conn_refuse_log_flush(srv *s, double now);
+/* As conn_refuse, for a connection whose request has not been read yet:
+ * the answer, then the sending side shut and CONN_LINGER_S of reading, so
+ * that the client reads the answer rather than a reset. */
+void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg);
 /* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
- * max_connections. */
+ * max_connections and max_connections_per_ip (429, 503 with Retry-After,
+ * never a bare close). */
 void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
                     enum MHD_ConnectionNotificationCode toe);
 /* Every CONN_SWEEP_MS: closes connections past their deadline. */

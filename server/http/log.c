@@ -134,10 +134,11 @@ void log_access(const log_access_rec *a)
      * completion tokens over the whole request. */
     log_line("info",
              "access %s %s status=%u id=%s request_id=%s prompt_tokens=%zu "
-             "completion_tokens=%zu duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f%s%s",
+             "completion_tokens=%zu duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f client=%s%s%s",
              a->method, a->url, a->status, a->id, a->req_id, a->prompt_tokens, a->completion_tokens,
              a->duration_s * 1e3, a->ttft_s * 1e3,
              a->duration_s > 0 ? (double)a->completion_tokens / a->duration_s : 0.0,
+             a->client != NULL && a->client[0] != '\0' ? a->client : "-",
              a->cut ? " cut=shutdown" : "", a->aborted ? " aborted=1" : "");
 }
 

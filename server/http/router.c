@@ -61,6 +61,8 @@ int http_key_ok(const cfg_config *cfg, const char *auth)
     const char *k = auth + 7;
     while (*k == ' ') k++;
     size_t klen = strlen(k);
+    /* RFC 9110 5.5: a field value's trailing whitespace is not part of it. */
+    while (klen > 0 && (k[klen - 1] == ' ' || k[klen - 1] == '\t')) klen--;
     int ok = 0;
     for (size_t i = 0; i < cfg->n_api_keys; i++) {
         const char *want = cfg->api_keys[i];
@@ -202,4 +204,40 @@ int http_origin_same_host(const char *origin, const char *host)
     unsigned char addr[16];
     return strcmp(name, "localhost") == 0 || inet_pton(AF_INET, name, addr) == 1
            || inet_pton(AF_INET6, name, addr) == 1;
+}
+
+int http_host_allowed(const char *list, int loopback_bind, const char *host)
+{
+    static const char loopback_names[] = "localhost, 127.0.0.1, [::1]";
+    if (host == NULL) return 1; /* HTTP/1.0 without Host: no browser sends that */
+    if (list[0] == '\0') {
+        if (!loopback_bind) return 1;
+        list = loopback_names;
+    }
+    /* The name: "[v6]" with its brackets, else up to the port's colon. */
+    size_t n = strlen(host);
+    if (host[0] == '[') {
+        const char *close = strchr(host, ']');
+        if (close == NULL) return 0;
+        n = (size_t)(close - host) + 1;
+        if (host[n] != '\0' && host[n] != ':') return 0;
+    } else {
+        const char *colon = strchr(host, ':');
+        if (colon != NULL) n = (size_t)(colon - host);
+    }
+    const char *port = host + n;
+    if (*port == ':')
+        for (const char *p = port + 1; *p; p++)
+            if (*p < '0' || *p > '9') return 0;
+    const char *p = list;
+    while (*p != '\0') {
+        while (*p == ' ' || *p == ',') p++;
+        const char *e = p;
+        while (*e != '\0' && *e != ',' && *e != ' ') e++;
+        size_t len = (size_t)(e - p);
+        if ((len == 1 && *p == '*') || (len > 0 && len == n && strncasecmp(p, host, n) == 0))
+            return 1;
+        p = e;
+    }
+    return 0;
 }
