@@ -1112,7 +1112,7 @@ def case_model_truncated(ctx):
             pass
         time.sleep(0.1)
     rc = srv.wait(1)
-    check(rc is not None and rc != 0, "after truncating the served file: %s" % describe_exit(rc))
+    check(rc == 3, "after truncating the served file: %s, want exit status 3" % describe_exit(rc))
     check(names_file(srv, path), "%s, and no log line names %s (last lines: %s)"
           % (describe_exit(rc), path, srv.tail(2)))
 
@@ -1134,7 +1134,7 @@ def case_model_overwritten(ctx):
             pass
         time.sleep(0.1)
     rc = srv.wait(1)
-    check(rc is not None and rc != 0, "6 s after the served file was overwritten: %s (/ready 503 seen: %s)"
+    check(rc == 3, "6 s after the served file was overwritten: %s, want exit status 3 (/ready 503 seen: %s)"
           % (describe_exit(rc), saw_503))
     check(names_file(srv, path), "no log line names %s: %s" % (path, srv.tail(2)))
 
@@ -1491,8 +1491,115 @@ def case_request_id(ctx):
               "no access line with status=%d and request_id=%s: %s" % (st, rid, srv.tail(4)))
 
 
+# Finding 5 of issue 24: a model update never aborts. 16 streams run while
+# the file is replaced, rewritten or touched; the exit status is exactly 3
+# (never a signal: no SIGABRT, no core dump), or the server goes on.
+MODEL_STREAM = dict(LONG_STREAM, max_tokens=120, stream_options={"include_usage": True})
+
+
+def model_streams(srv, n=16):
+    streams = [Stream(srv.port, dict(MODEL_STREAM, prompt="Model %d" % i)) for i in range(n)]
+    srv.wait_metric("gpt2d_running_sequences", n, 10, "%d streams running" % n)
+    return streams
+
+
+def streams_whole(streams, why):
+    for i, st in enumerate(streams):
+        st.wait(15, "%s: stream %d" % (why, i))
+        ev = st.events()
+        check(ev[-1] == "[DONE]", "%s: stream %d ends %r" % (why, i, ev[-1:]))
+        usage = json.loads(ev[-2]).get("usage") or {}
+        check(usage.get("completion_tokens") == MODEL_STREAM["max_tokens"],
+              "%s: stream %d was not finished whole: %r" % (why, i, ev[-2][:200]))
+
+
+def write_in_place(path, data):
+    """Writes data over path's bytes: the same inode, never truncated."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def exits_3(srv, why, timeout=20):
+    rc = srv.wait(timeout)
+    check(rc == 3, "%s: %s, want exit status 3 (last lines: %s)" % (why, describe_exit(rc), srv.tail(3)))
+    check("Assertion" not in srv.log(), "%s: an assertion failed: %s" % (why, srv.tail(3)))
+
+
+def still_serving(srv, streams, path, why):
+    streams_whole(streams, why)
+    check(srv.proc.poll() is None, "%s: the server exited: %s" % (why, describe_exit(srv.proc.poll())))
+    check(request(srv.port, "GET", "/ready")[0] == 200, "%s: /ready is not 200" % why)
+    check(request(srv.port, "POST", "/v1/completions", {"model": "gpt2", "prompt": "Hi", "max_tokens": 5})[0]
+          == 200, "%s: a completion failed" % why)
+    check("draining" not in srv.log(), "%s: the server drained: %s" % (why, srv.tail(3)))
+    check(names_file(srv, path), "%s: no log line names %s" % (why, path))
+
+
+def case_model_rename_exit3(ctx):
+    """5: another file renamed over the served one under 16 streams: the
+    streams finish whole (the drain), then exit status exactly 3."""
+    d, path = model_file(ctx, "renamed")
+    srv = Server(ctx, d, "--shutdown-timeout", "20", env=STEP_DELAY)
+    streams = model_streams(srv)
+    tmp = path + ".new"
+    shutil.copyfile(os.path.join(ctx.models.get("long2"), "model.safetensors"), tmp)
+    os.rename(tmp, path)
+    exits_3(srv, "after a rename over the served file")
+    streams_whole(streams, "the drain after a rename")
+
+
+def case_model_inplace_exit3(ctx):
+    """5: other bytes written over the served file in place under 16
+    streams: each stream gets its clean ending, then exit status exactly 3."""
+    d, path = model_file(ctx, "inplace")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    streams = model_streams(srv)
+    with open(os.path.join(ctx.models.get("long2"), "model.safetensors"), "rb") as f:
+        write_in_place(path, f.read())
+    exits_3(srv, "after other bytes in place")
+    for i, st in enumerate(streams):
+        st.wait(5, "stream %d" % i)
+        check(st.events()[-1] == "[DONE]", "stream %d has no [DONE]" % i)
+
+
+def case_model_touch_ignored(ctx):
+    """5: `touch` of the served file under 16 streams: no drain, no exit,
+    the streams finish whole."""
+    d, path = model_file(ctx, "touched")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    time.sleep(1.5)  # the digest at load
+    streams = model_streams(srv)
+    os.utime(path)
+    time.sleep(2.5)
+    still_serving(srv, streams, path, "after a touch")
+
+
+def case_model_same_bytes_ignored(ctx):
+    """5: the same bytes written again, in place and then renamed over it,
+    under 16 streams: no drain, no exit, the streams finish whole."""
+    d, path = model_file(ctx, "samebytes")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    time.sleep(1.5)  # the digest at load
+    streams = model_streams(srv)
+    with open(path, "rb") as f:
+        data = f.read()
+    time.sleep(0.01)
+    write_in_place(path, data)
+    time.sleep(2.5)
+    tmp = path + ".new"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, path)
+    time.sleep(2.5)
+    still_serving(srv, streams, path, "after the same bytes")
+
+
 # The checkpoints a case uses, made before its time limit starts.
-CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"]}
+CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
+               "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"]}
 
 def case_disconnects(ctx):
     """What held and must keep holding: 40 clients leaving mid-stream leave
@@ -1548,6 +1655,10 @@ CASES = [
     ("sighup_reload", case_sighup_reload),
     ("model_truncated", case_model_truncated),
     ("model_overwritten", case_model_overwritten),
+    ("model_rename_exit3", case_model_rename_exit3),
+    ("model_inplace_exit3", case_model_inplace_exit3),
+    ("model_touch_ignored", case_model_touch_ignored),
+    ("model_same_bytes_ignored", case_model_same_bytes_ignored),
     ("empty_key", case_empty_key),
     ("auth", case_auth),
     ("log_injection", case_log_injection),

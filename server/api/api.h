@@ -236,7 +236,7 @@ int tpool_new(uv_loop_t *loop, size_t nthreads, tpool_fn run, tpool_fn done, tok
 /* Queues r (FIFO); one thread runs it when free. */
 void tpool_submit(tokpool *p, srv_req *r);
 /* Stops taking work and closes the wake-up handle (before uv_run returns);
- * done is not called again. NULL: nothing. */
+ * done is not called again. NULL, or a pool already closed: nothing. */
 void tpool_close(tokpool *p);
 /* Joins the threads (a job running finishes first), calls drop(r) for
  * each request still queued or done but not delivered (the loop stopped

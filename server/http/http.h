@@ -364,6 +364,11 @@ struct srv {
     uv_timer_t model_timer;
     char model_path[CFG_STR_MAX + 32];
     srv_file_id model_id;
+    /* The digest of its bytes as loaded (model_digest_ok once known), and
+     * the digest job in flight on the work queue (NULL: none). */
+    uint64_t model_digest[5];
+    int model_digest_ok;
+    void *model_job;
 };
 /* ---- conn.c: connections ------------------------------------------------ */
 
