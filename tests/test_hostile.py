@@ -1597,6 +1597,73 @@ def case_model_same_bytes_ignored(ctx):
     still_serving(srv, streams, path, "after the same bytes")
 
 
+# Finding 3 of issue 24: abandoned work stops.
+CANCEL_CLIENT = 'gpt2d_requests_cancelled_total{reason="client_closed"}'
+
+
+def case_abandoned_nonstream_cancelled(ctx):
+    """3: a whole-answer request of 16 sequences (4 running, 12 queued)
+    whose client closes is cancelled within a second (running and queued
+    go to 0), and counted; a pipelined request behind a whole answer, and a
+    stream's disconnect, are told apart (the first is no close, the second
+    counts too)."""
+    srv = Server(ctx, ctx.models.get("long"), "--max-running", "4", env=STEP_DELAY)
+    body = {"model": "gpt2", "prompt": ["Gone %d" % i for i in range(4)], "n": 4, "max_tokens": 800,
+            "ignore_eos": True}
+    payload = json.dumps(body).encode()
+    s = connect(srv.port)
+    s.sendall(completion_head(len(payload)) + payload)
+    srv.wait_metric("gpt2d_running_sequences", 4, 10, "the abandoned request running")
+    check(srv.metric("gpt2d_queued_requests") == 12, "12 sequences should wait behind 4")
+    time.sleep(0.5)
+    s.close()
+    t0 = time.monotonic()
+    srv.wait_metric("gpt2d_running_sequences", 0, 3, "after the client closed")
+    srv.wait_metric("gpt2d_queued_requests", 0, 1, "after the client closed")
+    took = time.monotonic() - t0
+    check(took <= 1.5, "the abandoned request ran %.2f s after its client closed (want <= 1 s + a step)" % took)
+    check(srv.metric(CANCEL_CLIENT) == 1, "%s is %g, want 1" % (CANCEL_CLIENT, srv.metric(CANCEL_CLIENT)))
+    srv.wait_metric("gpt2d_kv_blocks_used", 0, 3, "after the cancel")
+    # Keep-alive: a second request pipelined behind a whole answer is data, not a close.
+    short = json.dumps({"model": "gpt2", "prompt": "Stay", "max_tokens": 80, "ignore_eos": True}).encode()
+    s = connect(srv.port, 30)
+    s.sendall((completion_head(len(short)) + short) * 2)
+    got = b""
+    s.settimeout(20)
+    deadline = time.monotonic() + 20
+    while got.count(b"HTTP/1.1 200") < 2 and time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    check(got.count(b"HTTP/1.1 200") == 2, "two pipelined requests: %r" % got[:300])
+    check(srv.metric(CANCEL_CLIENT) == 1, "a pipelined request was taken for a close")
+    # A stream's disconnect counts under the same reason.
+    st = Stream(srv.port, dict(LONG_STREAM, prompt="Leaving"))
+    srv.wait_metric("gpt2d_running_sequences", 1, 10, "the stream running")
+    st.sock.close()
+    srv.wait_metric("gpt2d_running_sequences", 0, 3, "after the stream's client closed")
+    check(srv.metric(CANCEL_CLIENT) == 2, "the stream's disconnect is not counted: %g" % srv.metric(CANCEL_CLIENT))
+
+
+def case_sequences_cap(ctx):
+    """3: prompts x max(n, best_of) over max_sequences_per_request (64 by
+    default) is a 400 naming the fields; at the cap it is served."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    over = {"model": "gpt2", "prompt": ["p%d" % i for i in range(16)], "best_of": 16, "max_tokens": 1}
+    st, _, b = request(srv.port, "POST", "/v1/completions", over, timeout=20)
+    check(st == 400, "16 prompts x best_of 16 got %d: %r" % (st, b[:200]))
+    e = error_envelope(b, "the sequence cap")
+    check(e.get("param") == "best_of" and "prompt" in e["message"] and "max_sequences_per_request" in e["message"]
+          and "256" in e["message"] and "64" in e["message"], "the 400 does not name the fields and limit: %r" % e)
+    st, _, b = request(srv.port, "POST", "/v1/completions", dict(over, prompt=over["prompt"][:4]), timeout=20)
+    check(st == 200 and len(json.loads(b)["choices"]) == 4, "4 prompts x best_of 16 (64) got %d: %r" % (st, b[:200]))
+    srv2 = Server(ctx, ctx.models.get("tiny"), "--max-sequences-per-request", "4", name="server2")
+    st, _, b = request(srv2.port, "POST", "/v1/completions", {"model": "gpt2", "prompt": "x", "n": 5, "max_tokens": 1})
+    check(st == 400 and error_envelope(b, "n 5 over 4").get("param") == "n", "n 5 over a cap of 4 got %d: %r" % (st, b[:200]))
+
+
 # The checkpoints a case uses, made before its time limit starts.
 CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
                "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"]}
@@ -1659,6 +1726,8 @@ CASES = [
     ("model_inplace_exit3", case_model_inplace_exit3),
     ("model_touch_ignored", case_model_touch_ignored),
     ("model_same_bytes_ignored", case_model_same_bytes_ignored),
+    ("abandoned_nonstream_cancelled", case_abandoned_nonstream_cancelled),
+    ("sequences_cap", case_sequences_cap),
     ("empty_key", case_empty_key),
     ("auth", case_auth),
     ("log_injection", case_log_injection),

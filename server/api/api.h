@@ -129,6 +129,8 @@ struct cmpl_job {
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
     srv_req *prev, *next;   /* the srv's list of requests with engine work */
+    int cancel_counted;     /* gpt2d_requests_cancelled_total counted it */
+    size_t answer_bytes;    /* what the answer holds so far (max_response_bytes) */
 };
 
 /* ---- cmpl_job.c ------------------------------------------------------------ */
@@ -141,6 +143,9 @@ size_t cmpl_prompt_tokens(const srv_req *r);
 size_t cmpl_completion_tokens(const srv_req *r);
 /* Cancels every live choice of r (their DONE events follow, some at once). */
 void cmpl_cancel_all(srv_req *r);
+/* cmpl_cancel_all, counted once in gpt2d_requests_cancelled_total under
+ * why when something was still live. */
+void cmpl_cancel_for(srv_req *r, met_cancel_reason why);
 /* Ends r with a 500 once (an error event for a stream): out of memory. */
 void cmpl_fail_oom(srv_req *r);
 /* Puts r on, and takes it off, the srv's list of requests with engine

@@ -47,6 +47,15 @@ void cmpl_cancel_all(srv_req *r)
         if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
 }
 
+void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
+{
+    if (r->cmpl->nlive > 0 && !r->cmpl->cancel_counted) {
+        r->cmpl->cancel_counted = 1;
+        r->s->met.cancelled[why]++;
+    }
+    cmpl_cancel_all(r);
+}
+
 void cmpl_fail_oom(srv_req *r)
 {
     if (r->cmpl->error_status != 0) return;
@@ -59,11 +68,12 @@ void cmpl_fail_oom(srv_req *r)
 /* ---- The hooks on the request (srv_req_ops) -------------------------------- */
 
 /* The connection ended: out of the tokenizer's wait list, and every live
- * sequence cancelled (each DONE releases that sequence's reference). */
+ * sequence cancelled (each DONE releases that sequence's reference). Work
+ * still live means its client left (a stream's disconnect is seen here). */
 static void job_closed(srv_req *r)
 {
     tok_closed(r);
-    cmpl_cancel_all(r);
+    cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
 }
 
 static void job_usage(const srv_req *r, size_t *prompt, size_t *completion)

@@ -243,8 +243,7 @@ int cmpl_stall_check(srv_req *r, double now)
                  "(stream_backlog_bytes, stream_stall_timeout)",
                  r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
     }
-    for (size_t i = 0; i < r->cmpl->nchoices; i++) /* DONE events end the stream: error, [DONE] */
-        if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
+    cmpl_cancel_for(r, MET_CANCEL_STREAM_STALLED); /* DONE events end the stream: error, [DONE] */
     return 1;
 }
 

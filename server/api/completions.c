@@ -192,6 +192,18 @@ static int parsed_ok(srv_req *r, enum MHD_Result *rc)
      * the wait queue together: more than it holds can never be admitted,
      * however idle the server (a 400, not a 429 a client would retry). The
      * scheduler reads max_queue 0 as 256. */
+    const char *cand = q->best_of > q->n ? "best_of" : "n";
+    if (q->nprompts * q->best_of > s->cfg.max_sequences_per_request) {
+        /* One request's share of the engine is bounded up front: past the
+         * cap it would fill the queue before anyone else's (issue 24). */
+        *rc = http_send_error(r, 400, "invalid_request_error", "too_many_sequences", cand, NULL,
+                              "This request needs %zu sequences (%zu prompts in `prompt` x `%s` "
+                              "%zu); the limit is %zu a request (max_sequences_per_request): "
+                              "send fewer prompts or a smaller `%s`",
+                              q->nprompts * q->best_of, q->nprompts, cand, q->best_of,
+                              s->cfg.max_sequences_per_request, cand);
+        return 0;
+    }
     size_t queue_cap = s->cfg.max_queue ? s->cfg.max_queue : 256;
     if (q->nprompts * q->best_of > queue_cap) {
         *rc = http_send_error(r, 400, "invalid_request_error", NULL,
@@ -456,13 +468,29 @@ void cmpl_tick(srv *s, double now)
             r->cmpl->error_status = 503;
             snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
                      "The request waited %.0f s for a free slot (queue_timeout); retry later", age);
-            cmpl_cancel_all(r); /* the connection holds r through the DONE events */
+            /* the connection holds r through the DONE events */
+            cmpl_cancel_for(r, MET_CANCEL_QUEUE_TIMEOUT);
             continue;
         }
         if (cmpl_stall_check(r, now)) continue;
         if (r->cmpl->oreq.timeout_s > 0 && age > r->cmpl->oreq.timeout_s) {
             /* The request's own deadline ends generation like max_tokens. */
-            cmpl_cancel_all(r);
+            cmpl_cancel_for(r, MET_CANCEL_TIMEOUT);
+            continue;
+        }
+        if (!r->cmpl->oreq.stream && r->suspended && http_peer_closed(r)) {
+            /* A whole answer waits suspended, and libmicrohttpd does not
+             * watch a suspended connection: its client's close is looked
+             * for here, once a tick, or it would generate for nobody. */
+            log_line("info", "%s: the client closed its connection while waiting; cancelled",
+                     r->id);
+            if (r->cmpl->error_status == 0) {
+                r->cmpl->error_status = 499; /* nginx's "client closed request": the log's */
+                r->cmpl->error_code = "client_closed";
+                snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
+                         "The client closed its connection; the request was cancelled");
+            }
+            cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
             continue;
         }
         if (r->cmpl->oreq.stream && cmpl_completion_tokens(r) == 0) {
@@ -499,7 +527,7 @@ size_t cmpl_cut_all(srv *s, const char *why)
                      "another replica",
                      why);
         }
-        cmpl_cancel_all(r);
+        cmpl_cancel_for(r, MET_CANCEL_SHUTDOWN);
         n++;
     }
     return n;
