@@ -79,7 +79,7 @@ static const spec specs[] = {
     {"max_n", K_SIZE, F(max_n), 1, 128, "16", "largest n and best_of"},
     {"max_sequences_per_request", K_SIZE, F(max_sequences_per_request), 1, 65536, "64",
      "engine sequences one request may ask for (prompts x max(n, best_of)); more get 400"},
-    {"max_response_bytes", K_SIZE, F(max_response_bytes), 65536, 68719476736, "16777216",
+    {"max_response_bytes", K_SIZE, F(max_response_bytes), 65536, 68719476736, "4194304",
      "largest answer one request may ask for (its predictable size up front, and as it grows; "
      "a larger one gets 400, or its answer is ended with an error)"},
     {"api_key", K_APIKEY, F(api_keys), 0, 0, "",

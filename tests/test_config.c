@@ -178,7 +178,7 @@ START_TEST(cfg_request_bounds_default_range_and_reload)
     cfg_config c;
     cfg_defaults(&c);
     ck_assert_uint_eq(c.max_sequences_per_request, 64);
-    ck_assert_uint_eq(c.max_response_bytes, (size_t)16 << 20);
+    ck_assert_uint_eq(c.max_response_bytes, (size_t)4 << 20);
     char err[256];
     char *ok[] = {"serve", "--max-sequences-per-request", "256", "--max-response-bytes=1048576"};
     ck_assert_int_eq(cfg_parse_args(&c, 4, ok, 1, err, sizeof err), CFG_OK);

@@ -907,6 +907,7 @@ def case_tokenize_queue(ctx):
 
 LONG_STREAM = {"model": "gpt2", "prompt": "Drain", "max_tokens": 800, "ignore_eos": True, "stream": True}
 STEP_DELAY = {"GPT2D_TEST_STEP_DELAY_MS": "20"}  # 800 tokens take over 16 s
+STEP_S = 0.02  # one step under STEP_DELAY
 
 
 def access_line(srv, req_id):
@@ -1664,6 +1665,71 @@ def case_sequences_cap(ctx):
     check(st == 400 and error_envelope(b, "n 5 over 4").get("param") == "n", "n 5 over a cap of 4 got %d: %r" % (st, b[:200]))
 
 
+# Finding 4 of issue 24: answers are bounded.
+CANCEL_BYTES = 'gpt2d_requests_cancelled_total{reason="response_bytes"}'
+BIG_ANSWER = {"model": "gpt2", "prompt": [[(i * 7 + j) % 50000 + 10 for j in range(1000)] for i in range(16)],
+              "n": 16, "echo": True, "logprobs": 5, "max_tokens": 1}  # the issue's 82 KB request
+
+
+def big_answers(srv, why):
+    """The 82 KB request once, then 8 at once beside a stream: each a 400;
+    RSS rises by 256 MiB at most, the stream's longest gap is 100 ms."""
+    st, _, b = request(srv.port, "POST", "/v1/completions", BIG_ANSWER, timeout=30)
+    check(st == 400, "%s: the 82 KB request got %d: %r" % (why, st, b[:200]))
+    rss0, peak, done = srv.rss_kib(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], srv.rss_kib())
+            except (Fail, OSError):
+                pass
+            time.sleep(0.02)
+    threading.Thread(target=sample, daemon=True).start()
+    stream = Stream(srv.port, dict(LONG_STREAM, prompt="Beside", max_tokens=60, stream_options=None))
+    statuses = []
+    ts = [threading.Thread(target=lambda: statuses.append(
+        request(srv.port, "POST", "/v1/completions", BIG_ANSWER, timeout=30)[0])) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    stream.wait(20, "%s: the stream beside" % why)
+    done.set()
+    check(statuses == [400] * 8, "%s: 8 copies got %r" % (why, statuses))
+    rise = (peak[0] - rss0) // 1024
+    check(rise <= 256, "%s: RSS rose %d MiB" % (why, rise))
+    gap = max(stream.token_gaps() or [0])
+    check(gap <= 0.1 + STEP_S, "%s: the stream beside stalled %.0f ms" % (why, gap * 1e3))
+    return b
+
+
+def case_response_bytes_cap(ctx):
+    """4: an answer's predictable size over max_response_bytes is a 400
+    naming the fields, before any work (8 copies of the issue's 82 KB
+    request: RSS and a stream beside unaffected); an answer that grows past
+    it ends with a clear error (a whole answer: 400; a stream: an error
+    event and [DONE]), counted."""
+    srv = Server(ctx, ctx.models.get("long"), env=STEP_DELAY)
+    big_answers(srv, "by default")  # over max_sequences_per_request as well
+    srv2 = Server(ctx, ctx.models.get("long"), "--max-sequences-per-request", "256",
+                  "--max-response-bytes", "65536", env=STEP_DELAY, name="server2")
+    b = big_answers(srv2, "256 sequences allowed")
+    e = error_envelope(b, "the 82 KB request")
+    check(e.get("code") == "response_too_large" and "max_response_bytes" in e["message"]
+          and all(f in e["message"] for f in ("`prompt`", "`n`", "`echo`", "`logprobs`")),
+          "the 400 does not name the fields and the limit: %r" % e)
+    grow = {"model": "gpt2", "prompt": "Grow", "n": 4, "logprobs": 5, "max_tokens": 600, "ignore_eos": True}
+    st, _, b = request(srv2.port, "POST", "/v1/completions", grow, timeout=30)
+    check(st == 400 and error_envelope(b, "grown").get("code") == "response_too_large",
+          "a whole answer grown past 64 KiB got %d: %r" % (st, b[:200]))
+    stream = Stream(srv2.port, dict(grow, stream=True))
+    stream.wait(30, "the stream grown past 64 KiB")
+    ev = stream.events()
+    check(ev[-1] == "[DONE]" and "max_response_bytes" in ev[-2], "the grown stream ends %r" % ev[-2:])
+    check(srv2.metric(CANCEL_BYTES) == 2, "%s is %g, want 2" % (CANCEL_BYTES, srv2.metric(CANCEL_BYTES)))
+
+
 # The checkpoints a case uses, made before its time limit starts.
 CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
                "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"]}
@@ -1728,6 +1794,7 @@ CASES = [
     ("model_same_bytes_ignored", case_model_same_bytes_ignored),
     ("abandoned_nonstream_cancelled", case_abandoned_nonstream_cancelled),
     ("sequences_cap", case_sequences_cap),
+    ("response_bytes_cap", case_response_bytes_cap),
     ("empty_key", case_empty_key),
     ("auth", case_auth),
     ("log_injection", case_log_injection),

@@ -28,6 +28,7 @@ void cmpl_choice_text(srv_choice *c, const char *p, size_t n)
     }
     if (n == 0) return;
     c->trim = 0;
+    cmpl_grow(c->req, n);
     if (http_append(&c->text, &c->text_len, &c->text_cap, p, n) != 0) cmpl_fail_oom(c->req);
 }
 
@@ -319,6 +320,41 @@ static int prompts_fit(srv_req *r, enum MHD_Result *rc)
     return 1;
 }
 
+/* The answer's predictable size against max_response_bytes: a 400 naming
+ * the fields queued (*rc) and 0, or 1 when it fits. Predictable is what
+ * every answer to it holds at least: each choice's echoed prompt (its
+ * text, and with logprobs an entry per position with its top
+ * alternatives) and one generated token, at the least bytes each (a lower
+ * bound, so that nothing that fits is refused); what generation adds
+ * beyond is counted as it comes (cmpl_grow). Checked sums: the factors
+ * come from the client. */
+static int answer_fits(srv_req *r, enum MHD_Result *rc)
+{
+    const oai_request *q = &r->cmpl->oreq;
+    size_t per_pos = 1; /* a position's text: a byte at least */
+    if (q->logprobs >= 0) per_pos += CMPL_LP_POS_BYTES + (size_t)q->logprobs * CMPL_LP_TOP_BYTES;
+    size_t total = 0, limit = r->s->cfg.max_response_bytes;
+    int over = 0;
+    for (size_t i = 0; i < q->nprompts && !over; i++) {
+        size_t pos = (q->echo ? r->tok->prompt_len[i] : 0) + 1, one, all;
+        over = __builtin_mul_overflow(pos, per_pos, &one)
+               || __builtin_add_overflow(one, (size_t)CMPL_CHOICE_BYTES, &one)
+               || __builtin_mul_overflow(one, q->best_of, &all)
+               || __builtin_add_overflow(total, all, &total) || total > limit;
+    }
+    if (!over) return 1;
+    *rc = http_send_error(
+        r, 400, "invalid_request_error", "response_too_large", q->echo ? "echo" : "logprobs", NULL,
+        "The answer to this request would be over %zu bytes (max_response_bytes): %zu prompts "
+        "(`prompt`) x %zu choices (`%s`)%s%s; ask for less: fewer or shorter prompts, a smaller "
+        "`%s`, a smaller `logprobs`, or no `echo`",
+        limit, q->nprompts, q->best_of, q->best_of > q->n ? "best_of" : "n",
+        q->echo ? " x the echoed prompt's tokens (`echo`)" : "",
+        q->logprobs >= 0 ? " x logprobs entries (`logprobs`)" : "",
+        q->best_of > q->n ? "best_of" : "n");
+    return 0;
+}
+
 /* Sets up choice i and submits its engine request. ENG_OK, or the engine's
  * status with err (ENG_ENOMEM: memory here). */
 static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
@@ -400,6 +436,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
         return http_send_error(r, 503, "server_error", "server_shutting_down", NULL, "5",
                                "The server is shutting down; retry on another replica");
     if (!prompts_fit(r, &rc)) return rc;
+    if (!answer_fits(r, &rc)) return rc;
     /* One engine request per prompt and candidate (best_of >= n of them). */
     r->cmpl->nchoices = q->nprompts * q->best_of;
     r->cmpl->choices = calloc(r->cmpl->nchoices, sizeof *r->cmpl->choices);
