@@ -515,18 +515,17 @@ void cmpl_tick(srv *s, double now)
             cmpl_cancel_for(r, MET_CANCEL_TIMEOUT);
             continue;
         }
-        if (!r->cmpl->oreq.stream && r->suspended && http_peer_closed(r)) {
+        if (!r->cmpl->oreq.stream && r->suspended && r->cmpl->error_status == 0
+            && http_peer_closed(r)) {
             /* A whole answer waits suspended, and libmicrohttpd does not
              * watch a suspended connection: its client's close is looked
              * for here, once a tick, or it would generate for nobody. */
             log_line("info", "%s: the client closed its connection while waiting; cancelled",
                      r->id);
-            if (r->cmpl->error_status == 0) {
-                r->cmpl->error_status = 499; /* nginx's "client closed request": the log's */
-                r->cmpl->error_code = "client_closed";
-                snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
-                         "The client closed its connection; the request was cancelled");
-            }
+            r->cmpl->error_status = 499; /* nginx's "client closed request": the log's */
+            r->cmpl->error_code = "client_closed";
+            snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
+                     "The client closed its connection; the request was cancelled");
             cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
             continue;
         }
