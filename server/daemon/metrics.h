@@ -36,9 +36,9 @@ typedef struct {
 /* Why a request's generation was cancelled before it finished
  * (gpt2d_requests_cancelled_total{reason}); each request counts once. */
 typedef enum {
-    MET_CANCEL_CLIENT_CLOSED, /* its client closed the connection */
-    MET_CANCEL_QUEUE_TIMEOUT, /* it waited longer than queue_timeout */
-    MET_CANCEL_TIMEOUT,       /* its own timeout passed */
+    MET_CANCEL_CLIENT_CLOSED,  /* its client closed the connection */
+    MET_CANCEL_QUEUE_TIMEOUT,  /* it waited longer than queue_timeout */
+    MET_CANCEL_TIMEOUT,        /* its own timeout passed */
     MET_CANCEL_STREAM_STALLED, /* its stream stayed unread (stream_stall_timeout) */
     MET_CANCEL_SHUTDOWN,       /* the drain's end */
     MET_CANCEL_RESPONSE_BYTES, /* its answer outgrew max_response_bytes */
