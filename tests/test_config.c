@@ -176,6 +176,29 @@ START_TEST(cfg_parse_args_errors)
 }
 END_TEST
 
+/* Issue 24's per-request bounds: documented defaults, ranges, reloadable. */
+START_TEST(cfg_request_bounds_default_range_and_reload)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    ck_assert_uint_eq(c.max_sequences_per_request, 64);
+    ck_assert_uint_eq(c.max_response_bytes, (size_t)4 << 20);
+    char err[256];
+    char *ok[] = {"serve", "--max-sequences-per-request", "256", "--max-response-bytes=1048576"};
+    ck_assert_int_eq(cfg_parse_args(&c, 4, ok, 1, err, sizeof err), CFG_OK);
+    ck_assert_uint_eq(c.max_sequences_per_request, 256);
+    ck_assert_uint_eq(c.max_response_bytes, 1048576);
+    char *zero[] = {"serve", "--max-sequences-per-request", "0"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, zero, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "max_sequences_per_request"));
+    char *tiny[] = {"serve", "--max-response-bytes", "1000"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, tiny, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "max_response_bytes"));
+    ck_assert_int_eq(cfg_key_reloadable("max_sequences_per_request"), 1);
+    ck_assert_int_eq(cfg_key_reloadable("max_response_bytes"), 1);
+}
+END_TEST
+
 START_TEST(cfg_set_model_name_takes_several_names)
 {
     cfg_config c;
@@ -354,6 +377,7 @@ int main(void)
     tcase_add_test(tc, cfg_parse_args_errors);
     tcase_add_test(tc, cfg_validate_cross_checks);
     tcase_add_test(tc, cfg_set_model_name_takes_several_names);
+    tcase_add_test(tc, cfg_request_bounds_default_range_and_reload);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
     tcase_add_test(tc, cfg_trusted_proxies_parse_and_match);
     tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);

@@ -1056,6 +1056,7 @@ def case_tokenize_queue(ctx):
 
 LONG_STREAM = {"model": "gpt2", "prompt": "Drain", "max_tokens": 800, "ignore_eos": True, "stream": True}
 STEP_DELAY = {"GPT2D_TEST_STEP_DELAY_MS": "20"}  # 800 tokens take over 16 s
+STEP_S = 0.02  # one step under STEP_DELAY
 
 
 def access_line(srv, req_id):
@@ -1261,7 +1262,7 @@ def case_model_truncated(ctx):
             pass
         time.sleep(0.1)
     rc = srv.wait(1)
-    check(rc is not None and rc != 0, "after truncating the served file: %s" % describe_exit(rc))
+    check(rc == 3, "after truncating the served file: %s, want exit status 3" % describe_exit(rc))
     check(names_file(srv, path), "%s, and no log line names %s (last lines: %s)"
           % (describe_exit(rc), path, srv.tail(2)))
 
@@ -1283,7 +1284,7 @@ def case_model_overwritten(ctx):
             pass
         time.sleep(0.1)
     rc = srv.wait(1)
-    check(rc is not None and rc != 0, "6 s after the served file was overwritten: %s (/ready 503 seen: %s)"
+    check(rc == 3, "6 s after the served file was overwritten: %s, want exit status 3 (/ready 503 seen: %s)"
           % (describe_exit(rc), saw_503))
     check(names_file(srv, path), "no log line names %s: %s" % (path, srv.tail(2)))
 
@@ -1788,8 +1789,253 @@ def case_request_id(ctx):
               "no access line with status=%d and request_id=%s: %s" % (st, rid, srv.tail(4)))
 
 
+# Finding 5 of issue 24: a model update never aborts. 16 streams run while
+# the file is replaced, rewritten or touched; the exit status is exactly 3
+# (never a signal: no SIGABRT, no core dump), or the server goes on.
+MODEL_STREAM = dict(LONG_STREAM, max_tokens=120, stream_options={"include_usage": True})
+
+
+def model_streams(srv, n=16):
+    streams = [Stream(srv.port, dict(MODEL_STREAM, prompt="Model %d" % i)) for i in range(n)]
+    srv.wait_metric("gpt2d_running_sequences", n, 10, "%d streams running" % n)
+    return streams
+
+
+def streams_whole(streams, why):
+    for i, st in enumerate(streams):
+        st.wait(15, "%s: stream %d" % (why, i))
+        ev = st.events()
+        check(ev[-1] == "[DONE]", "%s: stream %d ends %r" % (why, i, ev[-1:]))
+        usage = json.loads(ev[-2]).get("usage") or {}
+        check(usage.get("completion_tokens") == MODEL_STREAM["max_tokens"],
+              "%s: stream %d was not finished whole: %r" % (why, i, ev[-2][:200]))
+
+
+def write_in_place(path, data):
+    """Writes data over path's bytes: the same inode, never truncated."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def exits_3(srv, why, timeout=20):
+    rc = srv.wait(timeout)
+    check(rc == 3, "%s: %s, want exit status 3 (last lines: %s)" % (why, describe_exit(rc), srv.tail(3)))
+    check("Assertion" not in srv.log(), "%s: an assertion failed: %s" % (why, srv.tail(3)))
+
+
+def still_serving(srv, streams, path, why):
+    streams_whole(streams, why)
+    check(srv.proc.poll() is None, "%s: the server exited: %s" % (why, describe_exit(srv.proc.poll())))
+    check(request(srv.port, "GET", "/ready")[0] == 200, "%s: /ready is not 200" % why)
+    check(request(srv.port, "POST", "/v1/completions", {"model": "gpt2", "prompt": "Hi", "max_tokens": 5})[0]
+          == 200, "%s: a completion failed" % why)
+    check("draining" not in srv.log(), "%s: the server drained: %s" % (why, srv.tail(3)))
+    check(names_file(srv, path), "%s: no log line names %s" % (why, path))
+
+
+def case_model_rename_exit3(ctx):
+    """5: another file renamed over the served one under 16 streams: the
+    streams finish whole (the drain), then exit status exactly 3."""
+    d, path = model_file(ctx, "renamed")
+    srv = Server(ctx, d, "--shutdown-timeout", "20", env=STEP_DELAY)
+    streams = model_streams(srv)
+    tmp = path + ".new"
+    shutil.copyfile(os.path.join(ctx.models.get("long2"), "model.safetensors"), tmp)
+    os.rename(tmp, path)
+    exits_3(srv, "after a rename over the served file")
+    streams_whole(streams, "the drain after a rename")
+
+
+def case_model_inplace_exit3(ctx):
+    """5: other bytes written over the served file in place under 16
+    streams: each stream gets its clean ending, then exit status exactly 3."""
+    d, path = model_file(ctx, "inplace")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    streams = model_streams(srv)
+    with open(os.path.join(ctx.models.get("long2"), "model.safetensors"), "rb") as f:
+        write_in_place(path, f.read())
+    exits_3(srv, "after other bytes in place")
+    for i, st in enumerate(streams):
+        st.wait(5, "stream %d" % i)
+        check(st.events()[-1] == "[DONE]", "stream %d has no [DONE]" % i)
+
+
+def case_model_touch_ignored(ctx):
+    """5: `touch` of the served file under 16 streams: no drain, no exit,
+    the streams finish whole."""
+    d, path = model_file(ctx, "touched")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    time.sleep(1.5)  # the digest at load
+    streams = model_streams(srv)
+    os.utime(path)
+    time.sleep(2.5)
+    still_serving(srv, streams, path, "after a touch")
+
+
+def case_model_same_bytes_ignored(ctx):
+    """5: the same bytes written again, in place and then renamed over it,
+    under 16 streams: no drain, no exit, the streams finish whole."""
+    d, path = model_file(ctx, "samebytes")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    time.sleep(1.5)  # the digest at load
+    streams = model_streams(srv)
+    with open(path, "rb") as f:
+        data = f.read()
+    time.sleep(0.01)
+    write_in_place(path, data)
+    time.sleep(2.5)
+    tmp = path + ".new"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, path)
+    time.sleep(2.5)
+    still_serving(srv, streams, path, "after the same bytes")
+
+
+# Finding 3 of issue 24: abandoned work stops.
+CANCEL_CLIENT = 'gpt2d_requests_cancelled_total{reason="client_closed"}'
+
+
+def case_abandoned_nonstream_cancelled(ctx):
+    """3: a whole-answer request of 16 sequences (4 running, 12 queued)
+    whose client closes is cancelled within a second (running and queued
+    go to 0), and counted; a pipelined request behind a whole answer, and a
+    stream's disconnect, are told apart (the first is no close, the second
+    counts too)."""
+    srv = Server(ctx, ctx.models.get("long"), "--max-running", "4", env=STEP_DELAY)
+    body = {"model": "gpt2", "prompt": ["Gone %d" % i for i in range(4)], "n": 4, "max_tokens": 800,
+            "ignore_eos": True}
+    payload = json.dumps(body).encode()
+    s = connect(srv.port)
+    s.sendall(completion_head(len(payload)) + payload)
+    srv.wait_metric("gpt2d_running_sequences", 4, 10, "the abandoned request running")
+    check(srv.metric("gpt2d_queued_requests") == 12, "12 sequences should wait behind 4")
+    time.sleep(0.5)
+    s.close()
+    t0 = time.monotonic()
+    srv.wait_metric("gpt2d_running_sequences", 0, 3, "after the client closed")
+    srv.wait_metric("gpt2d_queued_requests", 0, 1, "after the client closed")
+    took = time.monotonic() - t0
+    check(took <= 1.5, "the abandoned request ran %.2f s after its client closed (want <= 1 s + a step)" % took)
+    check(srv.metric(CANCEL_CLIENT) == 1, "%s is %g, want 1" % (CANCEL_CLIENT, srv.metric(CANCEL_CLIENT)))
+    srv.wait_metric("gpt2d_kv_blocks_used", 0, 3, "after the cancel")
+    # Keep-alive: a second request pipelined behind a whole answer is data, not a close.
+    short = json.dumps({"model": "gpt2", "prompt": "Stay", "max_tokens": 80, "ignore_eos": True}).encode()
+    s = connect(srv.port, 30)
+    s.sendall((completion_head(len(short)) + short) * 2)
+    got = b""
+    s.settimeout(20)
+    deadline = time.monotonic() + 20
+    while got.count(b"HTTP/1.1 200") < 2 and time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    check(got.count(b"HTTP/1.1 200") == 2, "two pipelined requests: %r" % got[:300])
+    check(srv.metric(CANCEL_CLIENT) == 1, "a pipelined request was taken for a close")
+    # A stream's disconnect counts under the same reason.
+    st = Stream(srv.port, dict(LONG_STREAM, prompt="Leaving"))
+    srv.wait_metric("gpt2d_running_sequences", 1, 10, "the stream running")
+    st.sock.close()
+    srv.wait_metric("gpt2d_running_sequences", 0, 3, "after the stream's client closed")
+    check(srv.metric(CANCEL_CLIENT) == 2, "the stream's disconnect is not counted: %g" % srv.metric(CANCEL_CLIENT))
+
+
+def case_sequences_cap(ctx):
+    """3: prompts x max(n, best_of) over max_sequences_per_request (64 by
+    default) is a 400 naming the fields; at the cap it is served."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    over = {"model": "gpt2", "prompt": ["p%d" % i for i in range(16)], "best_of": 16, "max_tokens": 1}
+    st, _, b = request(srv.port, "POST", "/v1/completions", over, timeout=20)
+    check(st == 400, "16 prompts x best_of 16 got %d: %r" % (st, b[:200]))
+    e = error_envelope(b, "the sequence cap")
+    check(e.get("param") == "best_of" and "prompt" in e["message"] and "max_sequences_per_request" in e["message"]
+          and "256" in e["message"] and "64" in e["message"], "the 400 does not name the fields and limit: %r" % e)
+    st, _, b = request(srv.port, "POST", "/v1/completions", dict(over, prompt=over["prompt"][:4]), timeout=20)
+    check(st == 200 and len(json.loads(b)["choices"]) == 4, "4 prompts x best_of 16 (64) got %d: %r" % (st, b[:200]))
+    srv2 = Server(ctx, ctx.models.get("tiny"), "--max-sequences-per-request", "4", name="server2")
+    st, _, b = request(srv2.port, "POST", "/v1/completions", {"model": "gpt2", "prompt": "x", "n": 5, "max_tokens": 1})
+    check(st == 400 and error_envelope(b, "n 5 over 4").get("param") == "n", "n 5 over a cap of 4 got %d: %r" % (st, b[:200]))
+
+
+# Finding 4 of issue 24: answers are bounded.
+CANCEL_BYTES = 'gpt2d_requests_cancelled_total{reason="response_bytes"}'
+BIG_ANSWER = {"model": "gpt2", "prompt": [[(i * 7 + j) % 50000 + 10 for j in range(1000)] for i in range(16)],
+              "n": 16, "echo": True, "logprobs": 5, "max_tokens": 1}  # the issue's 82 KB request
+BIG_ANSWER_BYTES = json.dumps(BIG_ANSWER).encode()  # encoded once: the test's own CPU is not the server's
+
+
+def big_answers(srv, why):
+    """The 82 KB request once, then 8 at once beside a stream: each a 400;
+    RSS rises by 256 MiB at most, the stream's longest gap is 100 ms."""
+    st, _, b = request(srv.port, "POST", "/v1/completions", BIG_ANSWER, timeout=30)
+    check(st == 400, "%s: the 82 KB request got %d: %r" % (why, st, b[:200]))
+    # The same stream alone first: its longest gap is this machine's noise.
+    alone = Stream(srv.port, dict(LONG_STREAM, prompt="Beside", max_tokens=60, stream_options=None))
+    alone.wait(20, "%s: the stream alone" % why)
+    noise = max(alone.token_gaps() or [0])
+    rss0, peak, done = srv.rss_kib(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], srv.rss_kib())
+            except (Fail, OSError):
+                pass
+            time.sleep(0.05)
+    threading.Thread(target=sample, daemon=True).start()
+    stream = Stream(srv.port, dict(LONG_STREAM, prompt="Beside", max_tokens=60, stream_options=None))
+    statuses = []
+    ts = [threading.Thread(target=lambda: statuses.append(
+        request(srv.port, "POST", "/v1/completions", BIG_ANSWER_BYTES, timeout=30)[0])) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    stream.wait(20, "%s: the stream beside" % why)
+    done.set()
+    check(statuses == [400] * 8, "%s: 8 copies got %r" % (why, statuses))
+    rise = (peak[0] - rss0) // 1024
+    check(rise <= 256, "%s: RSS rose %d MiB" % (why, rise))
+    gap = max(stream.token_gaps() or [0])
+    check(gap <= max(0.1 + STEP_S, noise + 0.05), "%s: the stream beside stalled %.0f ms (alone: %.0f ms)"
+          % (why, gap * 1e3, noise * 1e3))
+    return b
+
+
+def case_response_bytes_cap(ctx):
+    """4: an answer's predictable size over max_response_bytes is a 400
+    naming the fields, before any work (8 copies of the issue's 82 KB
+    request: RSS and a stream beside unaffected); an answer that grows past
+    it ends with a clear error (a whole answer: 400; a stream: an error
+    event and [DONE]), counted."""
+    srv = Server(ctx, ctx.models.get("long"), env=STEP_DELAY)
+    big_answers(srv, "by default")  # over max_sequences_per_request as well
+    srv2 = Server(ctx, ctx.models.get("long"), "--max-sequences-per-request", "256",
+                  "--max-response-bytes", "65536", env=STEP_DELAY, name="server2")
+    b = big_answers(srv2, "256 sequences allowed")
+    e = error_envelope(b, "the 82 KB request")
+    check(e.get("code") == "response_too_large" and "max_response_bytes" in e["message"]
+          and all(f in e["message"] for f in ("`prompt`", "`n`", "`echo`", "`logprobs`")),
+          "the 400 does not name the fields and the limit: %r" % e)
+    grow = {"model": "gpt2", "prompt": "Grow", "n": 4, "logprobs": 5, "max_tokens": 600, "ignore_eos": True}
+    st, _, b = request(srv2.port, "POST", "/v1/completions", grow, timeout=30)
+    check(st == 400 and error_envelope(b, "grown").get("code") == "response_too_large",
+          "a whole answer grown past 64 KiB got %d: %r" % (st, b[:200]))
+    stream = Stream(srv2.port, dict(grow, stream=True))
+    stream.wait(30, "the stream grown past 64 KiB")
+    ev = stream.events()
+    check(ev[-1] == "[DONE]" and "max_response_bytes" in ev[-2], "the grown stream ends %r" % ev[-2:])
+    check(srv2.metric(CANCEL_BYTES) == 2, "%s is %g, want 2" % (CANCEL_BYTES, srv2.metric(CANCEL_BYTES)))
+
+
 # The checkpoints a case uses, made before its time limit starts.
-CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"]}
+CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
+               "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"]}
 
 def case_disconnects(ctx):
     """What held and must keep holding: 40 clients leaving mid-stream leave
@@ -1855,6 +2101,13 @@ CASES = [
     ("sighup_reload", case_sighup_reload),
     ("model_truncated", case_model_truncated),
     ("model_overwritten", case_model_overwritten),
+    ("model_rename_exit3", case_model_rename_exit3),
+    ("model_inplace_exit3", case_model_inplace_exit3),
+    ("model_touch_ignored", case_model_touch_ignored),
+    ("model_same_bytes_ignored", case_model_same_bytes_ignored),
+    ("abandoned_nonstream_cancelled", case_abandoned_nonstream_cancelled),
+    ("sequences_cap", case_sequences_cap),
+    ("response_bytes_cap", case_response_bytes_cap),
     ("empty_key", case_empty_key),
     ("auth", case_auth),
     ("log_injection", case_log_injection),

@@ -129,6 +129,8 @@ struct cmpl_job {
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
     srv_req *prev, *next;   /* the srv's list of requests with engine work */
+    int cancel_counted;     /* gpt2d_requests_cancelled_total counted it */
+    size_t answer_bytes;    /* what the answer holds so far (max_response_bytes) */
 };
 
 /* ---- cmpl_job.c ------------------------------------------------------------ */
@@ -141,8 +143,23 @@ size_t cmpl_prompt_tokens(const srv_req *r);
 size_t cmpl_completion_tokens(const srv_req *r);
 /* Cancels every live choice of r (their DONE events follow, some at once). */
 void cmpl_cancel_all(srv_req *r);
+/* cmpl_cancel_all, counted once in gpt2d_requests_cancelled_total under
+ * why when something was still live. */
+void cmpl_cancel_for(srv_req *r, met_cancel_reason why);
 /* Ends r with a 500 once (an error event for a stream): out of memory. */
 void cmpl_fail_oom(srv_req *r);
+/* The bytes one logprobs entry (a position: token, logprob, offset, and
+ * each of its top alternatives) takes in an answer at least: jansson
+ * writes a logprob in 9-20 bytes, a token in 3 or more. Answers measured
+ * at GPT-2 scale average about 30 + 28 a top entry. */
+#define CMPL_LP_POS_BYTES 24u
+#define CMPL_LP_TOP_BYTES 24u
+/* The answer's least bytes for a choice besides its text and logprobs. */
+#define CMPL_CHOICE_BYTES 96u
+/* Counts bytes more of r's answer; past max_response_bytes ends it once
+ * with a 400 naming the fields (an error event for a stream) and cancels
+ * what still generates. */
+void cmpl_grow(srv_req *r, size_t bytes);
 /* Puts r on, and takes it off, the srv's list of requests with engine
  * work (the tick's). */
 void cmpl_list_add(srv_req *r);
@@ -236,7 +253,7 @@ int tpool_new(uv_loop_t *loop, size_t nthreads, tpool_fn run, tpool_fn done, tok
 /* Queues r (FIFO); one thread runs it when free. */
 void tpool_submit(tokpool *p, srv_req *r);
 /* Stops taking work and closes the wake-up handle (before uv_run returns);
- * done is not called again. NULL: nothing. */
+ * done is not called again. NULL, or a pool already closed: nothing. */
 void tpool_close(tokpool *p);
 /* Joins the threads (a job running finishes first), calls drop(r) for
  * each request still queued or done but not delivered (the loop stopped

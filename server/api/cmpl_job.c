@@ -47,6 +47,31 @@ void cmpl_cancel_all(srv_req *r)
         if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
 }
 
+void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
+{
+    if (r->cmpl->nlive > 0 && !r->cmpl->cancel_counted) {
+        r->cmpl->cancel_counted = 1;
+        r->s->met.cancelled[why]++;
+    }
+    cmpl_cancel_all(r);
+}
+
+void cmpl_grow(srv_req *r, size_t bytes)
+{
+    cmpl_job *j = r->cmpl;
+    j->answer_bytes += bytes;
+    if (j->answer_bytes <= r->s->cfg.max_response_bytes || j->error_status != 0) return;
+    j->error_status = 400;
+    j->error_code = "response_too_large";
+    snprintf(j->error_msg, sizeof j->error_msg,
+             "The answer grew past %zu bytes (max_response_bytes) and was ended; ask for less: "
+             "fewer prompts, a smaller `n`, `best_of`, `max_tokens` or `logprobs`, or no `echo`",
+             r->s->cfg.max_response_bytes);
+    log_line("info", "%s: the answer passed max_response_bytes (%zu); ended", r->id,
+             r->s->cfg.max_response_bytes);
+    cmpl_cancel_for(r, MET_CANCEL_RESPONSE_BYTES);
+}
+
 void cmpl_fail_oom(srv_req *r)
 {
     if (r->cmpl->error_status != 0) return;
@@ -59,11 +84,12 @@ void cmpl_fail_oom(srv_req *r)
 /* ---- The hooks on the request (srv_req_ops) -------------------------------- */
 
 /* The connection ended: out of the tokenizer's wait list, and every live
- * sequence cancelled (each DONE releases that sequence's reference). */
+ * sequence cancelled (each DONE releases that sequence's reference). Work
+ * still live means its client left (a stream's disconnect is seen here). */
 static void job_closed(srv_req *r)
 {
     tok_closed(r);
-    cmpl_cancel_all(r);
+    cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
 }
 
 static void job_usage(const srv_req *r, size_t *prompt, size_t *completion)

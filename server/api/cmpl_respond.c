@@ -118,8 +118,9 @@ void cmpl_finish_stream(srv_req *r)
 {
     if (r->cmpl->error_status != 0) { /* after the headers: an error event, then [DONE] */
         oai_error e;
-        oai_error_set(&e, r->cmpl->error_status, "server_error", r->cmpl->error_code, NULL, "%s",
-                      r->cmpl->error_msg);
+        oai_error_set(&e, r->cmpl->error_status,
+                      r->cmpl->error_status == 400 ? "invalid_request_error" : "server_error",
+                      r->cmpl->error_code, NULL, "%s", r->cmpl->error_msg);
         char *js = oai_error_json(&e);
         if (js == NULL || sse_data_raw(&r->cmpl->sse, js) != 0) r->cmpl->sse.failed = 1;
         free(js);
@@ -185,8 +186,11 @@ enum MHD_Result cmpl_send(srv_req *r)
     assert(r->state == HTTP_REQ_QUEUED || r->state == HTTP_REQ_RUNNING);
     assert(r->cmpl->ndone == r->cmpl->nchoices);
     if (r->cmpl->error_status != 0)
-        return http_send_error(r, r->cmpl->error_status, "server_error", r->cmpl->error_code, NULL,
-                               r->cmpl->error_status == 503 ? "5" : NULL, "%s", r->cmpl->error_msg);
+        return http_send_error(r, r->cmpl->error_status,
+                               r->cmpl->error_status == 400 ? "invalid_request_error"
+                                                            : "server_error",
+                               r->cmpl->error_code, NULL, r->cmpl->error_status == 503 ? "5" : NULL,
+                               "%s", r->cmpl->error_msg);
     json_t *o = cmpl_base(r);
     json_t *choices = json_array();
     size_t n = r->cmpl->oreq.n, best_of = r->cmpl->oreq.best_of;
@@ -243,8 +247,7 @@ int cmpl_stall_check(srv_req *r, double now)
                  "(stream_backlog_bytes, stream_stall_timeout)",
                  r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
     }
-    for (size_t i = 0; i < r->cmpl->nchoices; i++) /* DONE events end the stream: error, [DONE] */
-        if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
+    cmpl_cancel_for(r, MET_CANCEL_STREAM_STALLED); /* DONE events end the stream: error, [DONE] */
     return 1;
 }
 

@@ -28,6 +28,7 @@ void cmpl_choice_text(srv_choice *c, const char *p, size_t n)
     }
     if (n == 0) return;
     c->trim = 0;
+    cmpl_grow(c->req, n);
     if (http_append(&c->text, &c->text_len, &c->text_cap, p, n) != 0) cmpl_fail_oom(c->req);
 }
 
@@ -192,6 +193,18 @@ static int parsed_ok(srv_req *r, enum MHD_Result *rc)
      * the wait queue together: more than it holds can never be admitted,
      * however idle the server (a 400, not a 429 a client would retry). The
      * scheduler reads max_queue 0 as 256. */
+    const char *cand = q->best_of > q->n ? "best_of" : "n";
+    if (q->nprompts * q->best_of > s->cfg.max_sequences_per_request) {
+        /* One request's share of the engine is bounded up front: past the
+         * cap it would fill the queue before anyone else's (issue 24). */
+        *rc = http_send_error(r, 400, "invalid_request_error", "too_many_sequences", cand, NULL,
+                              "This request needs %zu sequences (%zu prompts in `prompt` x `%s` "
+                              "%zu); the limit is %zu a request (max_sequences_per_request): "
+                              "send fewer prompts or a smaller `%s`",
+                              q->nprompts * q->best_of, q->nprompts, cand, q->best_of,
+                              s->cfg.max_sequences_per_request, cand);
+        return 0;
+    }
     size_t queue_cap = s->cfg.max_queue ? s->cfg.max_queue : 256;
     if (q->nprompts * q->best_of > queue_cap) {
         *rc = http_send_error(r, 400, "invalid_request_error", NULL,
@@ -309,6 +322,41 @@ static int prompts_fit(srv_req *r, enum MHD_Result *rc)
     return 1;
 }
 
+/* The answer's predictable size against max_response_bytes: a 400 naming
+ * the fields queued (*rc) and 0, or 1 when it fits. Predictable is what
+ * every answer to it holds at least: each choice's echoed prompt (its
+ * text, and with logprobs an entry per position with its top
+ * alternatives) and one generated token, at the least bytes each (a lower
+ * bound, so that nothing that fits is refused); what generation adds
+ * beyond is counted as it comes (cmpl_grow). Checked sums: the factors
+ * come from the client. */
+static int answer_fits(srv_req *r, enum MHD_Result *rc)
+{
+    const oai_request *q = &r->cmpl->oreq;
+    size_t per_pos = 1; /* a position's text: a byte at least */
+    if (q->logprobs >= 0) per_pos += CMPL_LP_POS_BYTES + (size_t)q->logprobs * CMPL_LP_TOP_BYTES;
+    size_t total = 0, limit = r->s->cfg.max_response_bytes;
+    int over = 0;
+    for (size_t i = 0; i < q->nprompts && !over; i++) {
+        size_t pos = (q->echo ? r->tok->prompt_len[i] : 0) + 1, one, all;
+        over = __builtin_mul_overflow(pos, per_pos, &one)
+               || __builtin_add_overflow(one, (size_t)CMPL_CHOICE_BYTES, &one)
+               || __builtin_mul_overflow(one, q->best_of, &all)
+               || __builtin_add_overflow(total, all, &total) || total > limit;
+    }
+    if (!over) return 1;
+    *rc = http_send_error(
+        r, 400, "invalid_request_error", "response_too_large", q->echo ? "echo" : "logprobs", NULL,
+        "The answer to this request would be over %zu bytes (max_response_bytes): %zu prompts "
+        "(`prompt`) x %zu choices (`%s`)%s%s; ask for less: fewer or shorter prompts, a smaller "
+        "`%s`, a smaller `logprobs`, or no `echo`",
+        limit, q->nprompts, q->best_of, q->best_of > q->n ? "best_of" : "n",
+        q->echo ? " x the echoed prompt's tokens (`echo`)" : "",
+        q->logprobs >= 0 ? " x logprobs entries (`logprobs`)" : "",
+        q->best_of > q->n ? "best_of" : "n");
+    return 0;
+}
+
 /* Sets up choice i and submits its engine request. ENG_OK, or the engine's
  * status with err (ENG_ENOMEM: memory here). */
 static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
@@ -393,6 +441,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
         return http_send_error(r, 503, "server_error", "server_shutting_down", NULL, "5",
                                "The server is shutting down; retry on another replica");
     if (!prompts_fit(r, &rc)) return rc;
+    if (!answer_fits(r, &rc)) return rc;
     /* One engine request per prompt and candidate (best_of >= n of them). */
     /* The count only once the array exists: the usage and close hooks walk
      * choices[0 .. nchoices). */
@@ -464,13 +513,28 @@ void cmpl_tick(srv *s, double now)
             r->cmpl->error_status = 503;
             snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
                      "The request waited %.0f s for a free slot (queue_timeout); retry later", age);
-            cmpl_cancel_all(r); /* the connection holds r through the DONE events */
+            /* the connection holds r through the DONE events */
+            cmpl_cancel_for(r, MET_CANCEL_QUEUE_TIMEOUT);
             continue;
         }
         if (cmpl_stall_check(r, now)) continue;
         if (r->cmpl->oreq.timeout_s > 0 && age > r->cmpl->oreq.timeout_s) {
             /* The request's own deadline ends generation like max_tokens. */
-            cmpl_cancel_all(r);
+            cmpl_cancel_for(r, MET_CANCEL_TIMEOUT);
+            continue;
+        }
+        if (!r->cmpl->oreq.stream && r->suspended && r->cmpl->error_status == 0
+            && http_peer_closed(r)) {
+            /* A whole answer waits suspended, and libmicrohttpd does not
+             * watch a suspended connection: its client's close is looked
+             * for here, once a tick, or it would generate for nobody. */
+            log_line("info", "%s: the client closed its connection while waiting; cancelled",
+                     r->id);
+            r->cmpl->error_status = 499; /* nginx's "client closed request": the log's */
+            r->cmpl->error_code = "client_closed";
+            snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
+                     "The client closed its connection; the request was cancelled");
+            cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
             continue;
         }
         if (r->cmpl->oreq.stream && cmpl_completion_tokens(r) == 0) {
@@ -507,7 +571,7 @@ size_t cmpl_cut_all(srv *s, const char *why)
                      "another replica",
                      why);
         }
-        cmpl_cancel_all(r);
+        cmpl_cancel_for(r, MET_CANCEL_SHUTDOWN);
         n++;
     }
     return n;

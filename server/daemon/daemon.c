@@ -317,7 +317,8 @@ int srv_main(int argc, char **argv)
     rc = s.exit_code;
     log_line("info", "stopped (exit status %d)", rc);
 done:
-    if (rc != 0) tpool_close(s.tokpool);
+    /* The loop's end (close_all) closed the pool; a start-up failure did not. */
+    if (!s.closed) tpool_close(s.tokpool);
     tok_pool_free(&s);
     oai_template_free(&s.chat);
     eng_sched_free(s.sched);

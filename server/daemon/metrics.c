@@ -163,6 +163,16 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
     sample_u(m, "gpt2d_requests_aborted_total", "counter",
              "Requests whose client went away before the answer was complete.",
              (unsigned long long)s->aborted);
+    {
+        static const char *const reasons[MET_CANCEL_REASONS] = {"client_closed", "queue_timeout",
+                                                                "timeout",       "stream_stalled",
+                                                                "shutdown",      "response_bytes"};
+        family(m, "gpt2d_requests_cancelled_total", "counter",
+               "Requests whose generation was cancelled before it finished, by reason.");
+        for (size_t i = 0; i < MET_CANCEL_REASONS; i++)
+            fprintf(m, "gpt2d_requests_cancelled_total{reason=\"%s\"} %llu\n", reasons[i],
+                    (unsigned long long)s->cancelled[i]);
+    }
     sample_u(m, "gpt2d_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
              (unsigned long long)s->prompt_tokens);
     sample_u(m, "gpt2d_completion_tokens_total", "counter", "Tokens generated.",

@@ -46,9 +46,22 @@ typedef enum {
     MET_REFUSED_N
 } met_refused;
 
+/* Why a request's generation was cancelled before it finished
+ * (gpt2d_requests_cancelled_total{reason}); each request counts once. */
+typedef enum {
+    MET_CANCEL_CLIENT_CLOSED,  /* its client closed the connection */
+    MET_CANCEL_QUEUE_TIMEOUT,  /* it waited longer than queue_timeout */
+    MET_CANCEL_TIMEOUT,        /* its own timeout passed */
+    MET_CANCEL_STREAM_STALLED, /* its stream stayed unread (stream_stall_timeout) */
+    MET_CANCEL_SHUTDOWN,       /* the drain's end */
+    MET_CANCEL_RESPONSE_BYTES, /* its answer outgrew max_response_bytes */
+    MET_CANCEL_REASONS
+} met_cancel_reason;
+
 typedef struct {
-    uint64_t requests[MET_ROUTES][MET_STATUSES];
-    uint64_t refused[MET_REFUSED_N]; /* the last column: others */
+    uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last column: others */
+    uint64_t refused[MET_REFUSED_N];
+    uint64_t cancelled[MET_CANCEL_REASONS];
     uint64_t prompt_tokens, completion_tokens, aborted;
     met_hist ttft, itl, duration, step_seconds, step_rows;
 } srv_metrics;

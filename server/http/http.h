@@ -305,6 +305,12 @@ int http_request_id_ok(const char *v);
 /* A new X-Request-Id ("req-" + hex) into buf, for a response without a
  * request (conn.c). */
 void http_request_id_new(srv *s, char *buf, size_t len);
+/* Whether r's client has closed its connection (or it failed): a
+ * non-blocking peek at its socket reads its end of stream or an error.
+ * Bytes waiting (a pipelined request) are no close; nor is a connection
+ * without a socket here. For a suspended request, which libmicrohttpd
+ * does not watch. */
+int http_peer_closed(const srv_req *r);
 /* Takes one more reference to r (a tokenizer thread, an engine sequence). */
 void http_req_hold(srv_req *r);
 /* Drops one reference; the last frees r (its ops' free, then the record):
@@ -411,6 +417,11 @@ struct srv {
     uv_timer_t model_timer;
     char model_path[CFG_STR_MAX + 32];
     srv_file_id model_id;
+    /* The digest of its bytes as loaded (model_digest_ok once known), and
+     * the digest job in flight on the work queue (NULL: none). */
+    uint64_t model_digest[5];
+    int model_digest_ok;
+    void *model_job;
 };
 /* ---- conn.c: connections ------------------------------------------------ */
 

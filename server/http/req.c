@@ -17,7 +17,9 @@
  */
 #include "http/http.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <time.h>
 
@@ -101,6 +103,16 @@ int http_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
     memcpy(*buf + *len, p, n);
     *len += n;
     (*buf)[*len] = '\0';
+    return 0;
+}
+
+int http_peer_closed(const srv_req *r)
+{
+    if (r->conn == NULL || r->conn_rec == NULL || r->conn_rec->fd < 0) return 0;
+    char b;
+    ssize_t n = recv(r->conn_rec->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return 1;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
     return 0;
 }
 
