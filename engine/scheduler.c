@@ -634,7 +634,10 @@ void eng_sched_complete(eng_sched *s)
             finish(s, q, ENG_FINISH_ERROR, s->step_err);
             continue;
         }
-        if (q->prefilled < q->req.nprompt) q->prefilled += q->step_n;
+        if (q->prefilled < q->req.nprompt) {
+            q->prefilled += q->step_n;
+            s->stats.prompt_computed += q->step_n;
+        }
         keep_prompt_lp(s, q);
         /* The full blocks this step completed become findable. */
         if (s->o.prefix_cache)
@@ -652,6 +655,7 @@ void eng_sched_complete(eng_sched *s)
             if (ev->kind == ENG_EV_TOKEN) {
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;
+                s->stats.tokens_generated++;
                 if (ev->token == BPE_EOT && !q->req.ignore_eos) {
                     done = 1;
                     why = ENG_FINISH_EOS;

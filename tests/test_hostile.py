@@ -2054,6 +2054,28 @@ def case_disconnects(ctx):
     check(request(srv.port, "GET", "/health")[0] == 200, "/health after the disconnects")
 
 
+def case_info_line_live(ctx):
+    """Issue 28: the periodic info line counts tokens as they are generated.
+    One long stream at 20 ms a step with --info-interval 1: the lines
+    written while it still runs report a generation rate above 0 (before,
+    every line said 0.0 until the request ended, then all its tokens)."""
+    srv = Server(ctx, ctx.models.get("long"), "--info-interval", "1", env=STEP_DELAY)
+    st = Stream(srv.port, dict(LONG_STREAM, prompt="Info", max_tokens=400))
+    deadline = time.monotonic() + 10
+    while b"data: {" not in st.raw:
+        check(time.monotonic() < deadline, "no token in 10 s")
+        time.sleep(0.05)
+    time.sleep(3.5)
+    check(not st.closed.is_set(), "the stream ended before the info lines could be read")
+    rates = [float(m) for m in re.findall(r"generation ([0-9.]+) tokens/s", srv.log())]
+    check(len(rates) >= 2, "fewer than two info lines in 3.5 s of generating: %r" % rates)
+    check(all(r > 0 for r in rates[-2:]),
+          "info lines during the stream say no generation: %r" % rates)
+    # Each rate is of its own interval: a 20 ms step gives at most ~50 tokens/s.
+    check(max(rates) < 100, "a rate over what one stream can make in an interval: %r" % rates)
+    st.sock.close()
+
+
 def case_drain_short_streams(ctx):
     """What held and must keep holding: SIGTERM with 16 streams shorter than
     shutdown_timeout lets each finish whole; exit 0."""
@@ -2120,6 +2142,7 @@ CASES = [
     ("protocol_errors", case_protocol_errors),
     ("request_id", case_request_id),
     ("disconnects", case_disconnects),
+    ("info_line_live", case_info_line_live),
     ("drain_short_streams", case_drain_short_streams),
     ("cache_cross_key", case_cache_cross_key),
 ]

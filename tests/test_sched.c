@@ -853,6 +853,37 @@ START_TEST(sched_prefix_cache_choices_of_one_prompt_compute_it_once)
     eng_sched_stats st;
     eng_sched_stats_get(s, &st);
     ck_assert_uint_eq(st.prefix_hit_tokens, 3 * 96);
+    /* Only the positions a step ran count as computed; every token counts. */
+    ck_assert_uint_eq(st.prompt_computed, 96 + 4 * 4);
+    ck_assert_uint_eq(st.tokens_generated, 4 * 10);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+/* The token counters move with the steps, not when requests end: after
+ * each step they equal what the callbacks have been given so far (the
+ * server's periodic info line takes its rates from them). */
+START_TEST(sched_stats_count_tokens_as_steps_deliver_them)
+{
+    eng_sched *s = make_sched_cache(64, 4, 16, 16, 0);
+    static rec r[2];
+    memset(r, 0, sizeof r);
+    submit(s, &r[0], 40, 30, 5, 0.8f);
+    submit(s, &r[1], 7, 30, 6, 0.8f);
+    size_t steps = 0;
+    eng_sched_stats st;
+    while (eng_sched_step(s)) {
+        steps++;
+        eng_sched_stats_get(s, &st);
+        ck_assert_uint_eq(st.tokens_generated, r[0].n + r[1].n);
+        /* 16 prompt positions a step (step_tokens) until both prompts are in */
+        ck_assert_uint_le(st.prompt_computed, 47);
+    }
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.prompt_computed, 47);
+    ck_assert_uint_eq(st.tokens_generated, 60);
+    ck_assert_uint_gt(steps, 30);
     assert_idle(s);
     eng_sched_free(s);
 }
@@ -1459,6 +1490,7 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_same_bits_cached_partly_cached_or_not);
     tcase_add_test(tc, sched_prefix_cache_same_bits_batched_with_shared_prefixes);
     tcase_add_test(tc, sched_prefix_cache_choices_of_one_prompt_compute_it_once);
+    tcase_add_test(tc, sched_stats_count_tokens_as_steps_deliver_them);
     tcase_add_test(tc, sched_prefix_cache_evicts_under_pressure_and_admits_everything);
     tcase_add_test(tc, sched_prefix_cache_hash_collisions_never_share_different_prefixes);
     tcase_add_test(tc, sched_prefix_cache_echo_takes_stored_prompt_logprobs);

@@ -280,6 +280,11 @@ typedef struct {
     double last_step_seconds; /* forward + sampling of the last step   */
     uint64_t steps;
     eng_times times; /* cumulative, all steps                 */
+    /* Tokens as the steps compute them, not when requests end: what a
+     * rate over an interval needs (the server's info line). */
+    uint64_t tokens_generated; /* sampled tokens delivered (ENG_EV_TOKEN)  */
+    uint64_t prompt_computed;  /* prompt positions run through a step (not
+                                * those taken from the prefix cache)      */
     /* The prefix cache (zero when it is off). */
     uint64_t prefix_lookups;    /* admissions that looked for a cached prefix */
     uint64_t prefix_hit_tokens; /* prompt tokens taken from the cache          */

@@ -54,11 +54,15 @@ void srv_on_info(uv_timer_t *t)
     double now = log_now(), dt = now - s->info_last;
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
-    uint64_t dp = s->met.prompt_tokens - s->info_prompt;
-    uint64_t dc = s->met.completion_tokens - s->info_completion;
+    /* The engine's counters move with every step (prompt positions
+     * computed, tokens sampled), so the rates are of this interval even
+     * while long requests run; the request counters (met) count only when
+     * a request ends. */
+    uint64_t dp = st.prompt_computed - s->info_prompt;
+    uint64_t dc = st.tokens_generated - s->info_completion;
     s->info_last = now;
-    s->info_prompt = s->met.prompt_tokens;
-    s->info_completion = s->met.completion_tokens;
+    s->info_prompt = st.prompt_computed;
+    s->info_completion = st.tokens_generated;
     if (dp == 0 && dc == 0 && st.running == 0 && st.queued == 0) return; /* idle: silent */
     log_line("info",
              "running %zu, queued %zu; prompt %.1f tokens/s, generation %.1f tokens/s; KV "
