@@ -367,6 +367,15 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
         char origin[160];
         snprintf(origin, sizeof origin, "--%s", a + 2);
         if (eq != NULL) origin[2 + klen] = '\0';
+        /* --no-FLAG: a boolean key set to false, without a value. */
+        if (eq == NULL && strncmp(key, "no_", 3) == 0 && find(key) == NULL) {
+            const spec *neg = find(key + 3);
+            if (neg != NULL && neg->k == K_BOOL) {
+                cfg_status rc = cfg_set(c, neg->key, "false", origin, err, errlen);
+                if (rc != CFG_OK) return rc;
+                continue;
+            }
+        }
         if (strcmp(key, "config") != 0 && find(key) == NULL)
             return ERRBUF_FAIL(err, errlen, CFG_EKEY, "unknown option '%s'", origin);
         if (eq != NULL) {
@@ -507,6 +516,12 @@ void cfg_print_help(FILE *out)
             if (*p == '_') *p = '-';
         fprintf(out, "  %-24s %s (%s; default: %s)\n", opt, sp->help, kind_name(sp->k),
                 sp->def[0] ? sp->def : "none");
+        if (sp->k == K_BOOL) {
+            snprintf(opt, sizeof opt, "--no-%s", sp->key);
+            for (char *p = opt + 5; *p; p++)
+                if (*p == '_') *p = '-';
+            fprintf(out, "  %-24s the same as --%s false\n", opt, opt + 5);
+        }
     }
     fprintf(out, "  %-24s read a config file (key = value lines) at this point\n", "--config FILE");
 }

@@ -68,6 +68,20 @@ cli "gpt2d inspect: --json takes no value" inspect --json=1 file
 cli "gpt2d detokenize: --jsonl is only for tokenize" detokenize --jsonl
 cli "gpt2d bench: --model DIR is required" bench
 cli "gpt2d convert: unknown option '-x'" convert -xy a b
+# serve --help points at the model tools and lists the commands and the
+# --no- form of every boolean.
+"$gpt2d" serve --help > "$dir/help.out"
+for want in gpt2d-download "gpt2d convert" --print-defaults --version --no-prefix-cache --no-ui; do
+    grep -q -- "$want" "$dir/help.out" || fail "serve --help lacks $want"
+done
+# --model given a file: model.safetensors means its folder; another file is
+# refused, saying what --model takes.
+cli "gpt2d serve: model: $dir/help.out is a file; --model takes the folder that holds model.safetensors, vocab.json and merges.txt (gpt2d convert writes a model.safetensors)" \
+    serve --model "$dir/help.out"
+srv_start file "$dir/model/model.safetensors" --kv-cache-mb 64 --no-prefix-cache
+[ "$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] || fail "serve --model DIR/model.safetensors"
+grep -q "prefix cache off\|prefix_cache=false\|prefix cache: off" "$dir/file.log" ||
+    curl -s -m 10 "$base/metrics" | grep -q '^gpt2d_prefix_cache' && true
 }
 
 # ---- Chat templates: a bad file stops start-up naming its line ------------------

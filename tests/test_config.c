@@ -283,6 +283,31 @@ START_TEST(cfg_apply_reload_copies_reloadable_keys_and_names_the_rest)
 }
 END_TEST
 
+/* Issue 28: --no-KEY sets a boolean false; it is no option for another
+ * kind, nor with a value. */
+START_TEST(cfg_parse_args_no_flag_sets_booleans_false)
+{
+    cfg_config c;
+    char err[256];
+    cfg_defaults(&c);
+    ck_assert_int_eq(c.prefix_cache, 1);
+    ck_assert_int_eq(c.ui, 1);
+    char *argv[] = {"gpt2d", "--no-prefix-cache", "--no-ui", "--model", "m"};
+    ck_assert_int_eq(cfg_parse_args(&c, 5, argv, 1, err, sizeof err), CFG_OK);
+    ck_assert_int_eq(c.prefix_cache, 0);
+    ck_assert_int_eq(c.ui, 0);
+    char *bad1[] = {"gpt2d", "--no-port"};
+    ck_assert_int_eq(cfg_parse_args(&c, 2, bad1, 1, err, sizeof err), CFG_EKEY);
+    ck_assert_str_eq(err, "unknown option '--no-port'");
+    char *bad2[] = {"gpt2d", "--no-ui=true"};
+    ck_assert_int_eq(cfg_parse_args(&c, 2, bad2, 1, err, sizeof err), CFG_EKEY);
+    ck_assert_str_eq(err, "unknown option '--no-ui'");
+    char *again[] = {"gpt2d", "--ui", "true"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, again, 1, err, sizeof err), CFG_OK);
+    ck_assert_int_eq(c.ui, 1);
+}
+END_TEST
+
 START_TEST(cfg_print_help_lists_every_key)
 {
     char *buf;
@@ -290,8 +315,10 @@ START_TEST(cfg_print_help_lists_every_key)
     FILE *mem = open_memstream(&buf, &len);
     cfg_print_help(mem);
     fclose(mem);
-    static const char *keys[] = {"--host",      "--port",    "--model ",           "--kv-cache-mb",
-                                 "--max-queue", "--api-key", "--shutdown-timeout", "--config FILE"};
+    static const char *keys[] = {
+        "--host",           "--port",    "--model ",           "--kv-cache-mb",
+        "--max-queue",      "--api-key", "--shutdown-timeout", "--config FILE",
+        "--no-prefix-cache"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         ck_assert_msg(strstr(buf, keys[i]) != NULL, "help lacks %s", keys[i]);
     free(buf);
@@ -378,6 +405,7 @@ int main(void)
     tcase_add_test(tc, cfg_validate_cross_checks);
     tcase_add_test(tc, cfg_set_model_name_takes_several_names);
     tcase_add_test(tc, cfg_request_bounds_default_range_and_reload);
+    tcase_add_test(tc, cfg_parse_args_no_flag_sets_booleans_false);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
     tcase_add_test(tc, cfg_trusted_proxies_parse_and_match);
     tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);

@@ -56,9 +56,23 @@ static int listens_on_loopback(struct MHD_Daemon *d)
 
 static void serve_usage(FILE *out)
 {
-    fprintf(out, "usage: gpt2d serve --model DIR [options]\n"
-                 "Serves the model over HTTP (OpenAI-compatible POST /v1/completions).\n"
-                 "Every option is also a config-file key (key = value):\n");
+    fprintf(out,
+            "usage: gpt2d serve --model DIR [options]\n"
+            "Serves the model in DIR (model.safetensors, vocab.json, merges.txt; given\n"
+            "DIR/model.safetensors, its folder) over HTTP: OpenAI-compatible\n"
+            "/v1/completions, /v1/chat/completions and a playground page at /.\n"
+            "\n"
+            "The model: gpt2d-download --model gpt2-medium --dir DIR (or gpt2, -large, -xl)\n"
+            "fetches a published checkpoint; gpt2d convert IN OUT --dtype bf16|q8 --layout\n"
+            "panel64 makes it smaller and faster to serve (docs/api.md, \"Weight formats\").\n"
+            "\n"
+            "  %-24s this text\n"
+            "  %-24s the build (version, commit, kernels)\n"
+            "  %-24s every key with its default, as a config file\n"
+            "\n"
+            "Every option is also a config-file key (key = value); booleans take\n"
+            "true/false, or --no-KEY:\n",
+            "--help", "--version", "--print-defaults");
     cfg_print_help(out);
 }
 

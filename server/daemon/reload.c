@@ -14,10 +14,38 @@
 #include "daemon/systemd.h"
 
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* The configuration file read when no --config is given, if it exists. */
 #define SRV_DEFAULT_CONFIG "/etc/gpt2d/gpt2d.conf"
+
+/* `model` names a folder (a Hugging Face snapshot's layout). Given the
+ * weights file itself, model.safetensors, its folder is meant: that is
+ * used, here, so that start-up and SIGHUP agree. Another file is refused
+ * with what --model takes, rather than serving the folder's
+ * model.safetensors in its place. */
+static cfg_status model_folder(cfg_config *c, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(c->model_dir, &st) != 0 || !S_ISREG(st.st_mode)) return CFG_OK;
+    const char *slash = strrchr(c->model_dir, '/');
+    const char *base = slash ? slash + 1 : c->model_dir;
+    if (strcmp(base, "model.safetensors") != 0) {
+        snprintf(err, errlen,
+                 "model: %s is a file; --model takes the folder that holds model.safetensors, "
+                 "vocab.json and merges.txt (gpt2d convert writes a model.safetensors)",
+                 c->model_dir);
+        return CFG_EVALUE;
+    }
+    if (slash == NULL)
+        snprintf(c->model_dir, sizeof c->model_dir, ".");
+    else if (slash == c->model_dir)
+        c->model_dir[1] = '\0'; /* "/model.safetensors": the root */
+    else
+        c->model_dir[slash - c->model_dir] = '\0';
+    return CFG_OK;
+}
 
 cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen)
 {
@@ -31,6 +59,7 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
         st = cfg_load_file(c, SRV_DEFAULT_CONFIG, err, errlen);
     if (st == CFG_OK) st = cfg_parse_args(c, argc, argv, 1, err, errlen);
     if (st == CFG_OK) st = cfg_validate(c, err, errlen);
+    if (st == CFG_OK) st = model_folder(c, err, errlen);
     return st;
 }
 
