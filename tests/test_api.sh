@@ -79,9 +79,14 @@ done
 cli "gpt2d serve: model: $dir/help.out is a file; --model takes the folder that holds model.safetensors, vocab.json and merges.txt (gpt2d convert writes a model.safetensors)" \
     serve --model "$dir/help.out"
 srv_start file "$dir/model/model.safetensors" --kv-cache-mb 64 --no-prefix-cache
+# A port in use is said before the model loads (no "loading" line), exit 1.
+set +e
+"$gpt2d" serve --model "$dir/model" --port "$port" > "$dir/inuse.out" 2> "$dir/inuse.err"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "serve on a port in use exited $rc"
+grep -q "port $port on 127.0.0.1 is in use" "$dir/inuse.err" || fail "port in use: $(cat "$dir/inuse.err")"
+! grep -q "loading" "$dir/inuse.err" || fail "the model loaded before the port was checked"
 [ "$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] || fail "serve --model DIR/model.safetensors"
-grep -q "prefix cache off\|prefix_cache=false\|prefix cache: off" "$dir/file.log" ||
-    curl -s -m 10 "$base/metrics" | grep -q '^gpt2d_prefix_cache' && true
 }
 
 # ---- Chat templates: a bad file stops start-up naming its line ------------------

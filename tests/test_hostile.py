@@ -14,10 +14,12 @@ import http.client
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -1190,6 +1192,50 @@ def double_signal(ctx, second):
     return time.monotonic() - t0
 
 
+def case_ctrl_c_terminal(ctx):
+    """Issue 28: Ctrl-C in a terminal (stderr a tty) is answered in a
+    terminal user's words, and the server stops cleanly (status 0); the
+    journal's and a pipe's lines stay as they were."""
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([ctx.gpt2d, "serve", "--model", ctx.models.get("tiny"), "--port", "0",
+                             "--kv-cache-mb", "64"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 20
+        while b"listening on" not in out and b"on http://" not in out:
+            check(time.monotonic() < deadline, "no start-up line on the terminal: %r" % out[-300:])
+            r, _, _ = select.select([master], [], [], 0.2)
+            if r:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+        proc.send_signal(signal.SIGINT)
+        check(proc.wait(timeout=20) == 0, "exit status %s after Ctrl-C" % proc.returncode)
+        while True:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if not r:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    text = out.decode("utf-8", "replace")
+    check("Ctrl-C: stopping" in text and "press Ctrl-C again to stop at once" in text,
+          "no terminal words for Ctrl-C: %r" % text[-400:])
+
+
 def case_double_signal(ctx):
     """4: a second SIGTERM, or a SIGINT, ends the drain at once with the same clean ending."""
     double_signal(ctx, signal.SIGTERM)
@@ -2143,6 +2189,7 @@ CASES = [
     ("request_id", case_request_id),
     ("disconnects", case_disconnects),
     ("info_line_live", case_info_line_live),
+    ("ctrl_c_terminal", case_ctrl_c_terminal),
     ("drain_short_streams", case_drain_short_streams),
     ("cache_cross_key", case_cache_cross_key),
 ]

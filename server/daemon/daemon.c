@@ -7,6 +7,7 @@
 #include "server.h"
 #include "daemon/systemd.h"
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -51,6 +52,34 @@ static int listens_on_loopback(struct MHD_Daemon *d)
         const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)&ss)->sin6_addr;
         return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
     }
+    return 0;
+}
+
+/* Whether host:port (ss) can be bound now: a trial bind, with the
+ * SO_REUSEADDR libmicrohttpd's listener uses, so that only a listener
+ * already there (not a closed one's TIME_WAIT) counts. Port 0 always can.
+ * 0 with err saying what to do, else 1. */
+static int address_free(const struct sockaddr_storage *ss, char *err, size_t errlen,
+                        const char *host, unsigned port)
+{
+    if (port == 0) return 1;
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 1; /* libmicrohttpd will say what fails */
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    socklen_t len = ss->ss_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6)
+                                              : (socklen_t)sizeof(struct sockaddr_in);
+    int ok = bind(fd, (const struct sockaddr *)ss, len) == 0;
+    int e = errno;
+    close(fd);
+    if (ok) return 1;
+    if (e == EADDRINUSE)
+        snprintf(err, errlen,
+                 "port %u on %s is in use (another gpt2d, or another server): stop it, or "
+                 "choose another with --port",
+                 port, host);
+    else
+        snprintf(err, errlen, "cannot listen on %s:%u: %s", host, port, strerror(e));
     return 0;
 }
 
@@ -164,6 +193,29 @@ int srv_main(int argc, char **argv)
                  s.step_delay_ms);
     }
     int rc = 1;
+    /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port.
+     * The address is checked before the model loads (seconds, for a large
+     * one): a port in use is said at once. */
+    int lfd = srv_sd_listen_fd(err, sizeof err);
+    if (lfd == -2) {
+        log_fatal(err);
+        goto done;
+    }
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+    if (lfd < 0 && uv_ip4_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in *)&ss) != 0) {
+        if (uv_ip6_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in6 *)&ss) != 0) {
+            snprintf(err, sizeof err, "host '%s' is not an IPv4 or IPv6 address", s.cfg.host);
+            log_fatal(err);
+            goto done;
+        }
+        flags |= MHD_USE_IPv6;
+    }
+    if (lfd < 0 && !address_free(&ss, err, sizeof err, s.cfg.host, s.cfg.port)) {
+        log_fatal(err);
+        goto done;
+    }
     log_line("info", "loading %s", s.cfg.model_dir);
     srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
     srv_model_watch_init(&s); /* the file's identity before it is read */
@@ -220,23 +272,6 @@ int srv_main(int argc, char **argv)
     if (tok_pool_start(&s, err, sizeof err) != 0) {
         log_fatal(err);
         goto done;
-    }
-    /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port. */
-    int lfd = srv_sd_listen_fd(err, sizeof err);
-    if (lfd == -2) {
-        log_fatal(err);
-        goto done;
-    }
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
-    if (lfd < 0 && uv_ip4_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in *)&ss) != 0) {
-        if (uv_ip6_addr(s.cfg.host, s.cfg.port, (struct sockaddr_in6 *)&ss) != 0) {
-            snprintf(err, sizeof err, "host '%s' is not an IPv4 or IPv6 address", s.cfg.host);
-            log_fatal(err);
-            goto done;
-        }
-        flags |= MHD_USE_IPv6;
     }
     /* Connections over max_connections, or over max_connections_per_ip
      * from one address, reach conn_on_notify, which closes an

@@ -34,6 +34,7 @@
 
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 static void close_handle(uv_handle_t *h)
 {
@@ -115,6 +116,15 @@ static void on_stop_signal(uv_signal_t *h, int signum)
 {
     srv *s = h->data;
     const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
+    /* Ctrl-C in a terminal: say it in a terminal user's words. */
+    if (signum == SIGINT && !s->draining && isatty(STDERR_FILENO)) {
+        eng_sched_stats st;
+        eng_sched_stats_get(s->sched, &st);
+        log_line("info",
+                 "Ctrl-C: stopping. %zu requests still running get up to %.0f s to finish; "
+                 "press Ctrl-C again to stop at once",
+                 st.running + st.queued, s->cfg.shutdown_timeout_s);
+    }
     if (!s->draining) {
         srv_drain_begin(s, 0, name);
     } else if (!s->cut) {
