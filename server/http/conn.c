@@ -179,14 +179,31 @@ void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
     conn_close(c);
 }
 
+/* After an answer written on c's socket: its sending side shut, then a
+ * linger (t_linger, CONN_LINGER_S) in which libmicrohttpd reads and drops
+ * what the client sent, so that the client reads the answer rather than a
+ * reset. A lingering connection holds one of libmicrohttpd's slots past
+ * max_connections (SRV_CONN_HEADROOM): with half of them lingering, c is
+ * closed at once instead, so that a flood of refusals cannot stop the
+ * server from accepting anyone. */
+static void conn_linger(srv_conn *c)
+{
+    srv *s = c->s;
+    if (s->nconns_closing >= SRV_CONN_HEADROOM / 2) {
+        conn_close(c);
+        return;
+    }
+    c->closing = 1;
+    s->nconns_closing++;
+    c->t_linger = log_now();
+    shutdown(c->fd, SHUT_WR);
+}
+
 void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg)
 {
     if (c->closing) return;
     write_error(c, status, reason, NULL, msg, NULL, 0);
-    c->closing = 1;
-    c->s->nconns_closing++;
-    c->t_linger = log_now();
-    shutdown(c->fd, SHUT_WR);
+    conn_linger(c);
 }
 
 void conn_close_unanswered(srv *s)
@@ -278,6 +295,16 @@ static size_t conns_from(const srv *s, const srv_conn *c)
     return n;
 }
 
+/* The line of e's refusals summed up since e->since, if any. */
+static void refuse_log_write(const conn_refuse_log *e, double now)
+{
+    if (e->count == 0) return;
+    char text[INET6_ADDRSTRLEN + 1];
+    conn_addr_text(e->family, e->addr, text, sizeof text);
+    log_line("warn", "refused %llu more connections from %s (%s) in the last %.0f s", e->count,
+             e->family != 0 ? text : "other addresses", met_refused_name(e->why), now - e->since);
+}
+
 void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refused why,
                        const char *what)
 {
@@ -304,7 +331,10 @@ void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refuse
             other->count++;
             return;
         }
-        free_slot = free_slot != NULL ? free_slot : &s->refuse_log[CONN_REFUSE_LOG_SLOTS - 1];
+        if (free_slot == NULL) { /* its pending count is written, not lost */
+            free_slot = &s->refuse_log[CONN_REFUSE_LOG_SLOTS - 1];
+            refuse_log_write(free_slot, log_now());
+        }
         family = 0;
     }
     memset(free_slot, 0, sizeof *free_slot);
@@ -327,20 +357,14 @@ void conn_refuse_log_flush(srv *s, double now)
             e->used = 0;
             continue;
         }
-        char text[INET6_ADDRSTRLEN + 1];
-        conn_addr_text(e->family, e->addr, text, sizeof text);
-        log_line("warn", "refused %llu more connections from %s (%s) in the last %.0f s", e->count,
-                 e->family != 0 ? text : "other addresses", met_refused_name(e->why),
-                 now - e->since);
+        refuse_log_write(e, now);
         e->count = 0;
         e->since = now;
     }
 }
 
 /* Refuses c at accept: the answer on its socket (no request yet, so the
- * socket carries nothing of ours), its sending side shut, then a linger
- * (t_linger) in which libmicrohttpd reads and drops what the client sent,
- * so that the client reads the answer instead of a reset. */
+ * socket carries nothing of ours), then conn_linger. */
 static void refuse_at_accept(srv_conn *c, int status, const char *reason, const char *code,
                              const char *msg, met_refused why, const char *what)
 {
@@ -351,10 +375,7 @@ static void refuse_at_accept(srv_conn *c, int status, const char *reason, const 
      * can cause thousands (conn_note_refused sums them up). */
     write_error(c, status, reason, code, msg, ra, why == MET_REFUSED_PER_IP);
     conn_note_refused(s, c->family, c->addr, why, what);
-    c->closing = 1;
-    s->nconns_closing++;
-    c->t_linger = log_now();
-    shutdown(c->fd, SHUT_WR);
+    conn_linger(c);
 }
 
 void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -462,7 +483,9 @@ void conn_on_sweep(uv_timer_t *t)
                         "The request body arrived slower than body_min_rate bytes a second", NULL,
                         0);
         }
-        met_count_refused(&s->met, MET_REFUSED_TIMEOUT);
+        /* An idle keep-alive connection closed after connection_timeout
+         * is ordinary, not a refusal: only the 408s count. */
+        if (d.kind != CONN_WAIT_IDLE) met_count_refused(&s->met, MET_REFUSED_TIMEOUT);
         conn_close(c);
         closed = 1;
     }

@@ -467,8 +467,9 @@ typedef struct {
 } conn_deadline;
 
 #define CONN_SWEEP_MS 200
-/* Connections libmicrohttpd accepts past max_connections, each closed at
- * once (conn_on_notify); LimitNOFILE must cover max_connections + this. */
+/* Connections libmicrohttpd accepts past max_connections, each answered
+ * and closed (conn_on_notify; lingering a second while fewer than half of
+ * these linger, conn.c); LimitNOFILE must cover max_connections + this. */
 #define SRV_CONN_HEADROOM 64u
 /* How long a connection refused at accept keeps reading (see t_linger). */
 #define CONN_LINGER_S 1.0
