@@ -546,6 +546,17 @@ def case_trusted_proxy_xff(ctx):
     check(" client=127.0.0.2" in line, "an untrusted peer's X-Forwarded-For was believed: %s" % line)
     line = access_line(srv, "xff-v6")
     check(" client=2001:db8::1" in line, "an IPv6 client: %s" % line)
+    # Two fields: the client's own first, the proxy's last; the last is the
+    # one a proxy wrote.
+    s = connect(srv.port)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: xff-two\r\n"
+              b"X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 198.51.100.4\r\n"
+              b"Connection: close\r\n\r\n")
+    read_response(s, 10)
+    s.close()
+    time.sleep(0.2)
+    line = access_line(srv, "xff-two")
+    check(" client=198.51.100.4" in line, "the client's own X-Forwarded-For field was believed: %s" % line)
 
 
 def case_refused_metric(ctx):

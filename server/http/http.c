@@ -27,10 +27,22 @@ static void set_request_id(srv_req *r)
              (unsigned long long)(r->s->next_id & 0xFFFFFF));
 }
 
+/* MHD_get_connection_values: keeps the last X-Forwarded-For field (a
+ * proxy that adds a field of its own, rather than appending to the
+ * client's, leaves the client's first). */
+static enum MHD_Result last_xff(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value)
+{
+    (void)kind;
+    if (value != NULL && strcasecmp(key, "X-Forwarded-For") == 0) *(const char **)cls = value;
+    return MHD_YES;
+}
+
 /* The client's address into r->client: the peer's, or, when the peer is a
  * trusted proxy, the rightmost X-Forwarded-For entry that is not itself a
  * trusted proxy (the entries left of it are the client's word, not the
- * proxy's). An entry that is not an address ends the walk. */
+ * proxy's), in the last X-Forwarded-For field. An entry that is not an
+ * address ends the walk. */
 static void set_client(srv_req *r)
 {
     srv_conn *c = r->conn_rec;
@@ -39,8 +51,9 @@ static void set_client(srv_req *r)
     int family = c->family;
     unsigned char addr[16];
     memcpy(addr, c->addr, sizeof addr);
-    const char *xff = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Forwarded-For");
-    if (c->trusted && xff != NULL) {
+    const char *xff = NULL;
+    if (c->trusted) MHD_get_connection_values(r->conn, MHD_HEADER_KIND, last_xff, &xff);
+    if (xff != NULL) {
         const cfg_config *cfg = &r->s->cfg;
         const char *end = xff + strlen(xff);
         while (end > xff) {
