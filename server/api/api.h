@@ -185,7 +185,7 @@ void cmpl_on_event(void *user, const eng_event *ev);
  * prompt_ids. 0, or -1 with cmpl->parse_err set. The tokenizer job's
  * parser (tok_prompts): thread: the loop thread, or a tokenizer thread. */
 int cmpl_parse(srv_req *r);
-/* The 1 s tick (srv.on_tick): each completion's wait limit (queue_timeout,
+/* The 1 s tick (daemon/timers.c): each completion's wait limit (queue_timeout,
  * 503), its own timeout, a stalled stream's cancel, a waiting stream's
  * ": waiting" comment; then the tokenizer's wait list. */
 void cmpl_tick(srv *s, double now);

@@ -319,9 +319,8 @@ int srv_main(int argc, char **argv)
     s.timer.data = &s;
     uv_timer_init(s.loop, &s.drain_timer);
     s.drain_timer.data = &s;
-    /* The hooks the completions register on the way down: their policy over
-     * time (each second) and their back-pressure (after each step). */
-    s.on_tick = cmpl_tick;
+    /* The hook the completions register on the way down: their
+     * back-pressure after each step (the 1 s tick calls cmpl_tick itself). */
     s.after_step = cmpl_after_step;
     uv_timer_init(s.loop, &s.tick);
     s.tick.data = &s;

@@ -83,8 +83,8 @@ const char *srv_buildtype(void);
 
 /* ---- timers.c: the daemon's clocks ----------------------------------------- */
 
-/* The 1 s tick: the srv's on_tick hook (the completions' policy), then the
- * systemd status line. */
+/* The 1 s tick: the completions' policy (cmpl_tick), then the systemd
+ * status line. */
 void srv_on_tick(uv_timer_t *t);
 /* systemd's watchdog: pings while steps progress. */
 void srv_on_watchdog(uv_timer_t *t);

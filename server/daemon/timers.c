@@ -43,7 +43,7 @@ void srv_on_watchdog(uv_timer_t *t)
 void srv_on_tick(uv_timer_t *t)
 {
     srv *s = t->data;
-    if (s->on_tick != NULL) s->on_tick(s, log_now()); /* cmpl_tick */
+    cmpl_tick(s, log_now()); /* the completions' policy over time */
     srv_sd_status(s);
     loop_mhd_run(s);
 }

@@ -369,10 +369,9 @@ struct srv {
     size_t active;      /* requests alive */
     srv_req *cmpl_list; /* requests with engine work, newest first (api/cmpl_job.c) */
     uv_timer_t tick;
-    /* The hooks the layer above registers on the way down (daemon.c):
-     * on_tick every second (timers.c), after_step after each engine step's
-     * events are delivered (api/step.c). */
-    void (*on_tick)(srv *s, double now);
+    /* The hook the completions register on the way down (daemon.c):
+     * after each engine step's events are delivered (api/step.c, which
+     * completions.c calls, so it cannot call back by name). */
     void (*after_step)(srv *s);
     /* The connections (conn.c): every accepted one, newest first. */
     srv_conn *conns;
