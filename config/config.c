@@ -219,12 +219,9 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
         if (strlen(value) >= sp->size)
             return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "%s: %s is longer than %zu bytes", origin,
                                sp->key, sp->size - 1);
-        cfg_status rc = cfg_nets_parse(value, nets, CFG_MAX_NETS, &n, err, errlen);
-        if (rc != CFG_OK) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", err);
-            return ERRBUF_FAIL(err, errlen, rc, "%s: %s: %s", origin, sp->key, why);
-        }
+        char why[256]; /* the entry's fault, then prefixed with where it came from */
+        cfg_status rc = cfg_nets_parse(value, nets, CFG_MAX_NETS, &n, why, sizeof why);
+        if (rc != CFG_OK) return ERRBUF_FAIL(err, errlen, rc, "%s: %s: %s", origin, sp->key, why);
         memcpy(c->trusted_nets, nets, sizeof nets);
         c->n_trusted_nets = n;
         memcpy(field, value, strlen(value) + 1);
@@ -238,6 +235,20 @@ static cfg_status set_spec(cfg_config *c, const spec *sp, const char *value, con
             if ((unsigned char)*p < ' ' || (unsigned char)*p > '~')
                 return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
                                    "%s: %s: host names are printable ASCII", origin, sp->key);
+        /* A name with a scheme or a port ("http://a", "a:8080") could never
+         * match a request's Host, which is compared without its port. */
+        for (const char *p = value; *p;) {
+            while (*p == ' ' || *p == ',') p++;
+            const char *e = p;
+            while (*e && *e != ',') e++;
+            int bracket = *p == '[';
+            for (const char *q = p; q < e; q++)
+                if (*q == '/' || (*q == ':' && !bracket))
+                    return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                                       "%s: %s: '%.*s': host names without a scheme or a port",
+                                       origin, sp->key, (int)(e - p), p);
+            p = e;
+        }
         memcpy(field, value, strlen(value) + 1);
         return CFG_OK;
     case K_BOOL:

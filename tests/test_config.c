@@ -388,6 +388,14 @@ START_TEST(cfg_trusted_proxies_parse_and_match)
     ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "a.example, localhost", "t", err, sizeof err),
                      CFG_OK);
     ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "a\x01b", "t", err, sizeof err), CFG_EVALUE);
+    ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "a.example:8080", "t", err, sizeof err),
+                     CFG_EVALUE);
+    ck_assert_msg(strstr(err, "'a.example:8080': host names without a scheme or a port") != NULL,
+                  "%s", err);
+    ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "localhost, http://a", "t", err, sizeof err),
+                     CFG_EVALUE);
+    ck_assert_int_eq(cfg_set(&c, "allowed_hosts", "[::1], *, b.example", "t", err, sizeof err),
+                     CFG_OK);
 }
 END_TEST
 

@@ -157,9 +157,9 @@ int tool_panel(tool_set *s, char *err, size_t errlen)
             return -1;
         }
         if (t->shape[1] % WF_PANEL != 0) {
-            snprintf(err, errlen,
-                     "%s: %lld columns are not a multiple of %d; the %s layout cannot store it",
-                     t->name, (long long)t->shape[1], WF_PANEL, WF_LAYOUT_PANEL);
+            errbuf_set(err, errlen,
+                       "%s: %lld columns are not a multiple of %d; the %s layout cannot store it",
+                       t->name, (long long)t->shape[1], WF_PANEL, WF_LAYOUT_PANEL);
             return -1;
         }
         if (relayout(s, t, (size_t)t->shape[0], (size_t)t->shape[1], 1, err, errlen) != 0)

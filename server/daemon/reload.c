@@ -12,6 +12,7 @@
  */
 #include "daemon/daemon.h"
 #include "daemon/systemd.h"
+#include "errbuf.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -32,11 +33,11 @@ static cfg_status model_folder(cfg_config *c, char *err, size_t errlen)
     const char *slash = strrchr(c->model_dir, '/');
     const char *base = slash ? slash + 1 : c->model_dir;
     if (strcmp(base, "model.safetensors") != 0) {
-        snprintf(err, errlen,
-                 "model: %s is a file; --model takes the folder that holds model.safetensors, "
-                 "vocab.json and merges.txt (gpt2d convert writes a model.safetensors)",
-                 c->model_dir);
-        return CFG_EVALUE;
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                           "model: %s is a file; --model takes the folder that holds "
+                           "model.safetensors, vocab.json and merges.txt (gpt2d convert writes "
+                           "a model.safetensors)",
+                           c->model_dir);
     }
     if (slash == NULL)
         snprintf(c->model_dir, sizeof c->model_dir, ".");
