@@ -360,7 +360,8 @@ static int answer_fits(srv_req *r, enum MHD_Result *rc)
 /* Sets up choice i and submits its engine request. ENG_OK, or the engine's
  * status with err (ENG_ENOMEM: memory here). */
 static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
-                                const char *const *stops, uint64_t seed, char *err, size_t errlen)
+                                const char *const *stops, uint64_t seed, uint64_t salt, char *err,
+                                size_t errlen)
 {
     oai_request *q = &r->cmpl->oreq;
     srv_choice *c = &r->cmpl->choices[i];
@@ -399,9 +400,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                     : q->best_of > q->n ? 0
                                         : -1,
         .echo = q->echo && q->logprobs >= 0,
-        /* the key's partition, and within it the request's cache_salt */
-        .cache_salt =
-            http_cache_salt(r->s->salt_secret, r->cache_tenant, q->cache_salt, q->cache_salt_len),
+        .cache_salt = salt,
         .on_event = cmpl_on_event,
         .user = c,
     };
@@ -461,9 +460,13 @@ enum MHD_Result cmpl_admit(srv_req *r)
     const char *stops[OAI_STOP_CAP];
     for (size_t i = 0; i < q->nstop; i++) stops[i] = q->stop[i];
     uint64_t base_seed = q->has_seed ? q->seed : (uint64_t)time(NULL) ^ (s->next_id * 7919);
+    /* The prefix cache partition of every choice: the key's, and within it
+     * the request's cache_salt (a keyed hash, once a request). */
+    uint64_t salt =
+        http_cache_salt(s->salt_secret, r->cache_tenant, q->cache_salt, q->cache_salt_len);
     for (size_t i = 0; i < r->cmpl->nchoices; i++) {
         char err[256];
-        eng_status st = choice_submit(r, i, bias, stops, base_seed + i, err, sizeof err);
+        eng_status st = choice_submit(r, i, bias, stops, base_seed + i, salt, err, sizeof err);
         if (st != ENG_OK) {
             free(bias);
             return refuse(r, i, st, err);

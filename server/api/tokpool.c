@@ -33,7 +33,6 @@ struct tokpool {
     srv_req *todo_head, *todo_tail; /* protected by mu */
     srv_req *done_head, *done_tail; /* protected by mu */
     int stop;                       /* protected by mu */
-    int closed;                     /* tpool_close ran (loop thread) */
     tpool_fn run, done;
     uv_async_t async;
     pthread_t *threads;
@@ -140,8 +139,8 @@ void tpool_close(tokpool *p)
 {
     /* Twice is harmless: libuv aborts on a second uv_close of one handle
      * (the drain closes the pool, and an exit path may ask again; #24). */
-    if (p == NULL || p->closed) return;
-    p->closed = 1;
+    /* Once is enough: libuv says whether the wake-up handle is closing. */
+    if (p == NULL || uv_is_closing((uv_handle_t *)&p->async)) return;
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);
