@@ -138,12 +138,10 @@ struct cmpl_job {
 /* Attaches a completion job and a tokenizer job to r, and the completion
  * hooks (NULL: no memory). */
 cmpl_job *cmpl_job_new(srv_req *r);
-/* Prompt and completion tokens so far (0 prompt tokens while tokenizing). */
-size_t cmpl_prompt_tokens(const srv_req *r);
+/* Completion tokens so far (the prompt's: tok_prompt_tokens). */
 size_t cmpl_completion_tokens(const srv_req *r);
-/* Cancels every live choice of r (their DONE events follow, some at once). */
-void cmpl_cancel_all(srv_req *r);
-/* cmpl_cancel_all, counted once in gpt2d_requests_cancelled_total under
+/* Cancels every live choice of r (their DONE events follow, some at once),
+ * counted once in gpt2d_requests_cancelled_total under
  * why when something was still live. */
 void cmpl_cancel_for(srv_req *r, met_cancel_reason why);
 /* Ends r with a 500 once (an error event for a stream): out of memory. */

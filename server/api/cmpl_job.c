@@ -36,12 +36,8 @@ size_t cmpl_completion_tokens(const srv_req *r)
     return n;
 }
 
-size_t cmpl_prompt_tokens(const srv_req *r)
-{
-    return tok_prompt_tokens(r);
-}
-
-void cmpl_cancel_all(srv_req *r)
+/* Cancels every live choice of r (their DONE events follow, some at once). */
+static void cmpl_cancel_all(srv_req *r)
 {
     for (size_t i = 0; i < r->cmpl->nchoices; i++)
         if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
@@ -94,7 +90,7 @@ static void job_closed(srv_req *r)
 
 static void job_usage(const srv_req *r, size_t *prompt, size_t *completion)
 {
-    *prompt = cmpl_prompt_tokens(r);
+    *prompt = tok_prompt_tokens(r);
     *completion = cmpl_completion_tokens(r);
 }
 

@@ -101,7 +101,7 @@ static size_t usage_cached(const srv_req *r)
  * in prompt_tokens_details (OpenAI's field). */
 static json_t *usage_json(const srv_req *r)
 {
-    size_t pt = cmpl_prompt_tokens(r), ct = cmpl_completion_tokens(r);
+    size_t pt = tok_prompt_tokens(r), ct = cmpl_completion_tokens(r);
     double total = log_now() - r->t_start;
     double ttft = r->t_first > 0 ? r->t_first - r->t_start : 0;
     /* Whole numbers: jansson writes a double with 17 digits (4.1 as

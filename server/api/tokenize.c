@@ -100,7 +100,7 @@ static const char *prompt_text(const srv_req *r, size_t i, size_t *len)
 
 /* /tokenize's body, parsed here: a large one on the work queue, since
  * parsing 1 MB of JSON holds the loop thread (every stream's next token)
- * for milliseconds. 0, or -1 with tok_http set. */
+ * for milliseconds. 0, or -1 with r->tok->body_status set. */
 static int tokenize_body_parse(srv_req *r)
 {
     json_error_t jerr;
@@ -127,9 +127,9 @@ static int tokenize_body_parse(srv_req *r)
     return 0;
 }
 
-/* POST /detokenize's work: the body's ids as text, its answer into tok_resp
- * (errors as for /tokenize). Thread: the loop thread, or a worker while
- * tok_running. */
+/* POST /detokenize's work: the body's ids as text, its answer into
+ * r->tok->answer (errors as for /tokenize). Thread: the loop thread, or a
+ * worker while r->tok->on_thread. */
 static void detokenize_run(srv_req *r)
 {
     json_error_t jerr;
@@ -190,7 +190,7 @@ done:
     json_decref(o);
 }
 
-/* /tokenize's answer, {"tokens":[...],"count":N}, into tok_resp (the same
+/* /tokenize's answer, {"tokens":[...],"count":N}, into r->tok->answer (the same
  * bytes jansson's compact form gives, without an object per token). */
 static void tokenize_body_answer(srv_req *r)
 {
