@@ -194,25 +194,24 @@ static int parsed_ok(srv_req *r, enum MHD_Result *rc)
      * however idle the server (a 400, not a 429 a client would retry). The
      * scheduler reads max_queue 0 as 256. */
     const char *cand = q->best_of > q->n ? "best_of" : "n";
-    if (q->nprompts * q->best_of > s->cfg.max_sequences_per_request) {
+    size_t need = q->nprompts * q->best_of;
+    if (need > s->cfg.max_sequences_per_request) {
         /* One request's share of the engine is bounded up front: past the
          * cap it would fill the queue before anyone else's (issue 24). */
         *rc = http_send_error(r, 400, "invalid_request_error", "too_many_sequences", cand, NULL,
                               "This request needs %zu sequences (%zu prompts in `prompt` x `%s` "
                               "%zu); the limit is %zu a request (max_sequences_per_request): "
                               "send fewer prompts or a smaller `%s`",
-                              q->nprompts * q->best_of, q->nprompts, cand, q->best_of,
-                              s->cfg.max_sequences_per_request, cand);
+                              need, q->nprompts, cand, q->best_of, s->cfg.max_sequences_per_request,
+                              cand);
         return 0;
     }
     size_t queue_cap = s->cfg.max_queue ? s->cfg.max_queue : 256;
-    if (q->nprompts * q->best_of > queue_cap) {
-        *rc = http_send_error(r, 400, "invalid_request_error", NULL,
-                              q->best_of > q->n ? "best_of" : "n", NULL,
+    if (need > queue_cap) {
+        *rc = http_send_error(r, 400, "invalid_request_error", NULL, cand, NULL,
                               "This request needs %zu sequences (%zu prompts x %s %zu); the "
                               "limit is %zu (max_queue), so it can never be admitted",
-                              q->nprompts * q->best_of, q->nprompts,
-                              q->best_of > q->n ? "best_of" : "n", q->best_of, queue_cap);
+                              need, q->nprompts, cand, q->best_of, queue_cap);
         return 0;
     }
     return 1;
