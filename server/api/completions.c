@@ -66,11 +66,16 @@ static void on_token(srv_choice *c, const eng_event *ev)
     c->tokens++;
     c->lp_sum += ev->logprob;
     c->lp_n++;
-    while (c->prompt_fed < r->tok->prompt_len[c->prompt])
-        lp_offset_feed(c, r->tok->prompt_ids[c->prompt][c->prompt_fed++]);
-    size_t off = lp_offset_feed(c, ev->token);
     int eot = ev->token == BPE_EOT && !r->cmpl->oreq.ignore_eos;
-    if (c->lp != NULL && !c->stopped) lp_add(c, ev->token, ev, off);
+    if (c->lp != NULL) {
+        /* text_offset counts characters from the prompt's start: only the
+         * logprobs object reads it, so only a request that asked pays for
+         * the prompt's and each token's decoding here. */
+        while (c->prompt_fed < r->tok->prompt_len[c->prompt])
+            lp_offset_feed(c, r->tok->prompt_ids[c->prompt][c->prompt_fed++]);
+        size_t off = lp_offset_feed(c, ev->token);
+        if (!c->stopped) lp_add(c, ev->token, ev, off);
+    }
     size_t len;
     const char *b = eot ? NULL : bpe_token_bytes(r->s->tok, ev->token, &len);
     if (b != NULL) {
