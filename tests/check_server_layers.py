@@ -23,7 +23,7 @@ systemd.c's protocol) is a library below every layer, wherever its folder
 puts it, and any file may use it.
 
 Prints every cycle and upward edge found (one per strongly connected component, as a path)
-and exits 1, or prints the file order and exits 0.
+and exits 1, or prints how many objects and files it read and exits 0.
 """
 import os
 import re

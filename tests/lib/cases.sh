@@ -63,7 +63,7 @@ run_cases() {
         [[ " ${known[*]} " == *" $name "* ]] || { echo "unknown case '$name' (try --list)" >&2; exit 2; }
     done
     for name in "${names[@]}"; do
-        t0=$(date +%s.%N)
+        t0=${EPOCHREALTIME/./}
         case_name=$name
         fx=${fixture[$name]:-}
         if [ -n "$fx" ] && [ -z "${fixture_state[$fx]:-}" ]; then
@@ -86,7 +86,8 @@ run_cases() {
             rc=$?
             set -e
         fi
-        t0=$(python3 -c 'import sys; print("%.1f" % (float(sys.argv[2]) - float(sys.argv[1])))' "$t0" "$(date +%s.%N)")
+        t0=$(((${EPOCHREALTIME/./} - t0) / 100000)) # tenths of a second
+        t0=$((t0 / 10)).$((t0 % 10))
         case $rc in
             0) passed=$((passed + 1)); echo "ok $name ($t0 s)" ;;
             77) skipped+=("$name"); echo "SKIP $name ($t0 s)" ;;

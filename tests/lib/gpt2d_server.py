@@ -25,8 +25,8 @@ known `port`, `ready=None` returns at once (the caller waits its own way).
 
 As a command (for the shell suites, through tests/lib/server.sh):
 
-    gpt2d_server.py model GPT2D DIR SHAPE|-- SYNTH_OPTIONS...
-        make a synth checkpoint with the real tokenizer in DIR (once)
+    gpt2d_server.py model GPT2D DIR SHAPE
+        make a synth checkpoint of SHAPE with the real tokenizer in DIR (once)
     gpt2d_server.py exec LOG GPT2D MODEL [SERVE_OPTIONS...]
         become `GPT2D serve --model MODEL --port 0 OPTIONS` with its output
         in LOG and the environment above (run it in the background: $! is
@@ -36,6 +36,9 @@ As a command (for the shell suites, through tests/lib/server.sh):
         log's tail when PID exits first or SECONDS (30) pass
     gpt2d_server.py free-port
         print a loopback port that was free a moment ago
+    gpt2d_server.py skip REASON
+        stand in for a test whose program is missing at configure time:
+        skip (exit 77) with the reason, or fail where nothing may skip
 """
 import os
 import re
@@ -216,11 +219,11 @@ def main(argv):
     if len(argv) < 2:
         sys.exit(usage)
     cmd, rest = argv[1], argv[2:]
-    if cmd == "model" and len(rest) >= 3:
-        gpt2d, directory = rest[0], rest[1]
-        synth = rest[3:] if rest[2] == "--" else SHAPES[rest[2]]
-        make_model(gpt2d, directory, synth)
+    if cmd == "model" and len(rest) == 3:
+        make_model(rest[0], rest[1], SHAPES[rest[2]])
         return 0
+    if cmd == "skip" and len(rest) == 1:
+        skip(rest[0])
     if cmd == "exec" and len(rest) >= 3:
         log, gpt2d, model = rest[:3]
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
