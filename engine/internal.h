@@ -10,6 +10,16 @@
 
 /* One transformer block's weights: views into the mapping, in the file's
  * format (kernels.h, op_w). */
+/* splitmix64's finaliser (Steele, Lea and Flood, 2014): every input bit
+ * moves every output bit. The sampler's generator and the prefix cache's
+ * block hashes end with it. */
+static inline uint64_t gpt2_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
 typedef struct {
     op_w ln1_g, ln1_b;   /* (C)                       */
     op_w attn_w, attn_b; /* (C, 3C), (3C): Conv1D      */

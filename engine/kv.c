@@ -165,25 +165,13 @@ uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens)
             h *= UINT64_C(0x100000001b3);
         }
     }
-    h ^= h >> 30;
-    h *= UINT64_C(0xbf58476d1ce4e5b9);
-    h ^= h >> 27;
-    h *= UINT64_C(0x94d049bb133111eb);
-    h ^= h >> 31;
-    return h & kv->hash_mask;
+    return gpt2_mix64(h) & kv->hash_mask;
 }
 
 uint64_t kv_hash_root(uint64_t salt)
 {
     if (salt == 0) return KV_HASH_ROOT;
-    /* splitmix64 of the salt: nearby salts give unrelated seeds. */
-    uint64_t h = salt + KV_HASH_ROOT;
-    h ^= h >> 30;
-    h *= UINT64_C(0xbf58476d1ce4e5b9);
-    h ^= h >> 27;
-    h *= UINT64_C(0x94d049bb133111eb);
-    h ^= h >> 31;
-    return h;
+    return gpt2_mix64(salt + KV_HASH_ROOT); /* nearby salts, unrelated seeds */
 }
 
 /* The registered block of partition salt with this hash, parent and

@@ -52,8 +52,6 @@ static inline float mm_w_at(const mm_ctx *c, size_t k, size_t n)
 }
 
 #if HAVE_X86
-#define OP_MM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-
 /* Eight columns of W at row k from column n, widened; sc: the eight Q8
  * scales of the k-block (unused otherwise). */
 OP_AVX2 __attribute__((always_inline)) static inline __m256
@@ -88,7 +86,7 @@ OP_AVX512 __attribute__((always_inline)) static inline __m512 mm_sc16(const mm_c
  * floats of the thread's scratch; tail: 6 x 64 floats for the rows past the
  * last full AVX-512 tile (their inputs repeat a real row; outputs dropped). */
 OP_AVX2 void op_mm_block_avx2(const mm_ctx *c, size_t n0, float *strip);
-OP_MM_AVX512 void op_mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail);
+OP_AVX512 void op_mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail);
 #endif
 
 #endif

@@ -80,8 +80,8 @@ OP_AVX2 void op_mm_block_avx2(const mm_ctx *c, size_t n0, float *strip)
  * rows of the packed strip, starting from init[r] (the bias, or the partial
  * sums from the previous k-block) and written to o[0..5]. Fully unrolled so
  * that the 24 accumulators stay in registers. */
-OP_MM_AVX512 static void mm_tile6_avx512(float *const o[6], const float *const x[6],
-                                         const float *strip, const float *const init[6], size_t K)
+OP_AVX512 static void mm_tile6_avx512(float *const o[6], const float *const x[6],
+                                      const float *strip, const float *const init[6], size_t K)
 {
 #define ACC(r)                                                                                     \
     __m512 a##r##0 = _mm512_loadu_ps(init[r]), a##r##1 = _mm512_loadu_ps(init[r] + 16),            \
@@ -131,7 +131,7 @@ OP_MM_AVX512 static void mm_tile6_avx512(float *const o[6], const float *const x
 
 /* tail: per-thread scratch of 6 x 64 floats for the rows past the last full
  * tile (their inputs repeat a real row; their outputs are dropped). */
-OP_MM_AVX512 void op_mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
+OP_AVX512 void op_mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail)
 {
     mm_pack(c, n0, MM512_COLS, strip);
     /* k-blocks of MM512_KC rows (64 KB of strip, in L1/L2 while every row
