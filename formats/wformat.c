@@ -4,14 +4,10 @@
  */
 #include "wformat.h"
 
-#include "errbuf.h"
+#include "internal.h"
 
 #include <stdio.h>
 #include <string.h>
-
-/* A format error: the message, one line (names and values are file data). */
-#define WF_FAIL(err, errlen, ...)                                                                  \
-    (errbuf_set((err), (errlen), __VA_ARGS__), errbuf_oneline((err), (errlen)), SFT_EFORMAT)
 
 static int ends_with(const char *name, const char *suffix)
 {
@@ -52,9 +48,9 @@ sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen)
     const char *v = sft_metadata_get(f, WF_META_LAYOUT);
     if (v == NULL) return SFT_OK;
     if (strcmp(v, WF_LAYOUT_PANEL) != 0)
-        return WF_FAIL(err, errlen,
-                       "%s: metadata %s is \"%s\"; expected \"%s\" (or no key: the hf layout)",
-                       sft_path(f), WF_META_LAYOUT, v, WF_LAYOUT_PANEL);
+        return sft__fail(err, errlen, SFT_EFORMAT, sft_path(f),
+                         "metadata %s is \"%s\"; expected \"%s\" (or no key: the hf layout)",
+                         WF_META_LAYOUT, v, WF_LAYOUT_PANEL);
     *panel = 1;
     return SFT_OK;
 }
@@ -107,22 +103,23 @@ static sft_status check_layout(const sft_file *f, int panel, char *err, size_t e
         int proj = wf_is_projection(t->name) || is_projection_scale(t->name);
         if (!panel) {
             if (proj && t->ndim == 3)
-                return WF_FAIL(err, errlen,
-                               "%s: 3-D projection '%s' in a file without %s \"%s\" metadata", path,
-                               t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
+                return sft__fail(err, errlen, SFT_EFORMAT, path,
+                                 "3-D projection '%s' in a file without %s \"%s\" metadata",
+                                 t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
             continue;
         }
         if (proj && t->ndim != 3)
-            return WF_FAIL(err, errlen,
-                           "%s: %s file: projection '%s' is %zu-D, expected 3-D [N/%d, K, %d]",
-                           path, WF_LAYOUT_PANEL, t->name, t->ndim, WF_PANEL, WF_PANEL);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "%s file: projection '%s' is %zu-D, expected 3-D [N/%d, K, %d]",
+                             WF_LAYOUT_PANEL, t->name, t->ndim, WF_PANEL, WF_PANEL);
         if (proj && t->shape[2] != WF_PANEL)
-            return WF_FAIL(err, errlen,
-                           "%s: %s file: projection '%s' has last dimension %lld, expected %d",
-                           path, WF_LAYOUT_PANEL, t->name, (long long)t->shape[2], WF_PANEL);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "%s file: projection '%s' has last dimension %lld, expected %d",
+                             WF_LAYOUT_PANEL, t->name, (long long)t->shape[2], WF_PANEL);
         if (!proj && t->ndim == 3)
-            return WF_FAIL(err, errlen, "%s: %s file: 3-D tensor '%s' is not a projection", path,
-                           WF_LAYOUT_PANEL, t->name);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "%s file: 3-D tensor '%s' is not a projection", WF_LAYOUT_PANEL,
+                             t->name);
     }
     return SFT_OK;
 }
@@ -140,9 +137,10 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
     char want_block[16];
     snprintf(want_block, sizeof want_block, "%d", WF_Q8_BLOCK);
     if (block == NULL || strcmp(block, want_block) != 0)
-        return WF_FAIL(err, errlen, "%s: q8 file: metadata %s is %s%s%s; expected \"%d\"", path,
-                       WF_META_Q8_BLOCK, block ? "\"" : "missing", block ? block : "",
-                       block ? "\"" : "", WF_Q8_BLOCK);
+        return sft__fail(err, errlen, SFT_EFORMAT, path,
+                         "q8 file: metadata %s is %s%s%s; expected \"%d\"", WF_META_Q8_BLOCK,
+                         block ? "\"" : "missing", block ? block : "", block ? "\"" : "",
+                         WF_Q8_BLOCK);
     size_t nq = 0;
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);
@@ -150,29 +148,32 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
             char base[512];
             size_t len = strlen(t->name) - strlen(WF_Q8_SCALE_SUFFIX);
             if (len >= sizeof base)
-                return WF_FAIL(err, errlen, "%s: q8 scale '%s': name too long", path, t->name);
+                return sft__fail(err, errlen, SFT_EFORMAT, path, "q8 scale '%s': name too long",
+                                 t->name);
             memcpy(base, t->name, len);
             base[len] = '\0';
             const sft_tensor *q = sft_find(f, base);
             if (q == NULL || q->dtype != SFT_I8)
-                return WF_FAIL(err, errlen, "%s: q8 scale '%s' has no I8 tensor '%s'", path,
-                               t->name, base);
+                return sft__fail(err, errlen, SFT_EFORMAT, path,
+                                 "q8 scale '%s' has no I8 tensor '%s'", t->name, base);
             continue;
         }
         if (!is_matrix(t)) {
             if (t->dtype == SFT_I8)
-                return WF_FAIL(err, errlen, "%s: q8 file: I8 tensor '%s' is not a matrix", path,
-                               t->name);
+                return sft__fail(err, errlen, SFT_EFORMAT, path,
+                                 "q8 file: I8 tensor '%s' is not a matrix", t->name);
             continue;
         }
         if (is_float(t->dtype) && strstr(t->name, "wpe.weight") == NULL)
-            return WF_FAIL(err, errlen, "%s: q8 file: matrix '%s' is %s, expected I8", path,
-                           t->name, sft_dtype_name(t->dtype));
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "q8 file: matrix '%s' is %s, expected I8", t->name,
+                             sft_dtype_name(t->dtype));
         if (t->dtype != SFT_I8) continue;
         char sname[512];
         if ((size_t)snprintf(sname, sizeof sname, "%s%s", t->name, WF_Q8_SCALE_SUFFIX)
             >= sizeof sname)
-            return WF_FAIL(err, errlen, "%s: q8 tensor '%s': name too long", path, t->name);
+            return sft__fail(err, errlen, SFT_EFORMAT, path, "q8 tensor '%s': name too long",
+                             t->name);
         /* The scales' shape: [rows, cols] of the logical matrix, or, for a
          * panel [N/64, K, 64], [N/64, ceil(K/32), 64]. */
         int64_t shape[3];
@@ -182,24 +183,26 @@ static sft_status check_q8(const sft_file *f, char *err, size_t errlen)
             shape[1] = wf_blocks(t->shape[1]);
             shape[2] = t->shape[2];
         } else if (wf_q8_scale_shape(t->name, t->shape[0], t->shape[1], shape) != 0)
-            return WF_FAIL(err, errlen,
-                           "%s: q8 tensor '%s': %lld columns are not a multiple of the block %d",
-                           path, t->name, (long long)t->shape[1], WF_Q8_BLOCK);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "q8 tensor '%s': %lld columns are not a multiple of the block %d",
+                             t->name, (long long)t->shape[1], WF_Q8_BLOCK);
         const sft_tensor *s = sft_find(f, sname);
         if (s == NULL)
-            return WF_FAIL(err, errlen, "%s: q8 tensor '%s' has no scale tensor '%s'", path,
-                           t->name, sname);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "q8 tensor '%s' has no scale tensor '%s'", t->name, sname);
         int ok = s->dtype == SFT_F32 && s->ndim == nd;
         for (size_t d = 0; ok && d < nd; d++) ok = s->shape[d] == shape[d];
         if (!ok && nd == 3)
-            return WF_FAIL(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld, %lld]", path,
-                           sname, (long long)shape[0], (long long)shape[1], (long long)shape[2]);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "q8 scale '%s' must be F32 [%lld, %lld, %lld]", sname,
+                             (long long)shape[0], (long long)shape[1], (long long)shape[2]);
         if (!ok)
-            return WF_FAIL(err, errlen, "%s: q8 scale '%s' must be F32 [%lld, %lld]", path, sname,
-                           (long long)shape[0], (long long)shape[1]);
+            return sft__fail(err, errlen, SFT_EFORMAT, path,
+                             "q8 scale '%s' must be F32 [%lld, %lld]", sname, (long long)shape[0],
+                             (long long)shape[1]);
         nq++;
     }
-    if (nq == 0) return WF_FAIL(err, errlen, "%s: q8 file without I8 matrices", path);
+    if (nq == 0) return sft__fail(err, errlen, SFT_EFORMAT, path, "q8 file without I8 matrices");
     return SFT_OK;
 }
 
@@ -218,14 +221,16 @@ sft_status wf_detect(const sft_file *f, const char **name, char *err, size_t err
     }
     if (meta != NULL && strcmp(meta, "f32") != 0 && strcmp(meta, "f16") != 0
         && strcmp(meta, "bf16") != 0)
-        return WF_FAIL(err, errlen, "%s: metadata %s is \"%s\"; expected f32, f16, bf16 or q8",
-                       sft_path(f), WF_META_FORMAT, meta);
+        return sft__fail(err, errlen, SFT_EFORMAT, sft_path(f),
+                         "metadata %s is \"%s\"; expected f32, f16, bf16 or q8", WF_META_FORMAT,
+                         meta);
     int seen = -1, mixed = 0;
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);
         if (t->dtype == SFT_I8 && (is_matrix(t) || is_scale_name(t->name)))
-            return WF_FAIL(err, errlen, "%s: I8 matrix '%s' in a file without %s \"q8\" metadata",
-                           sft_path(f), t->name, WF_META_FORMAT);
+            return sft__fail(err, errlen, SFT_EFORMAT, sft_path(f),
+                             "I8 matrix '%s' in a file without %s \"q8\" metadata", t->name,
+                             WF_META_FORMAT);
         if (!is_matrix(t) || !is_float(t->dtype)) continue;
         if (seen < 0)
             seen = (int)t->dtype;
