@@ -125,7 +125,8 @@ struct cmpl_job {
     sse_queue sse;
     int paused;
     double t_over;
-    int error_status; /* a failure after submission */
+    /* A failure after submission (cmpl_set_error: the first one stays). */
+    int error_status;
     char error_msg[256];
     const char *error_code; /* its OpenAI error code, or NULL */
     srv_req *prev, *next;   /* the srv's list of requests with engine work */
@@ -144,6 +145,17 @@ size_t cmpl_completion_tokens(const srv_req *r);
  * counted once in gpt2d_requests_cancelled_total under
  * why when something was still live. */
 void cmpl_cancel_for(srv_req *r, met_cancel_reason why);
+/* Records r's failure after submission, once: the first failure's status,
+ * OpenAI code (or NULL) and words stay, a later one is dropped (0); 1 when
+ * this one was recorded. The answer (cmpl_send, or a stream's error event)
+ * carries it; cancelling is the caller's. */
+int cmpl_set_error(srv_req *r, int status, const char *code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+/* The OpenAI error type of a failure's status: 400 is the client's. */
+const char *cmpl_error_type(int status);
 /* Ends r with a 500 once (an error event for a stream): out of memory. */
 void cmpl_fail_oom(srv_req *r);
 /* The bytes one logprobs entry (a position: token, logprob, offset, and

@@ -7,6 +7,8 @@
  */
 #include "api/api.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 static void list_remove(srv_req *r)
@@ -52,17 +54,34 @@ void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
     cmpl_cancel_all(r);
 }
 
+int cmpl_set_error(srv_req *r, int status, const char *code, const char *fmt, ...)
+{
+    cmpl_job *j = r->cmpl;
+    if (j->error_status != 0) return 0;
+    j->error_status = status;
+    j->error_code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->error_msg, sizeof j->error_msg, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+const char *cmpl_error_type(int status)
+{
+    return status == 400 ? "invalid_request_error" : "server_error";
+}
+
 void cmpl_grow(srv_req *r, size_t bytes)
 {
     cmpl_job *j = r->cmpl;
     j->answer_bytes += bytes;
     if (j->answer_bytes <= r->s->cfg.max_response_bytes || j->error_status != 0) return;
-    j->error_status = 400;
-    j->error_code = "response_too_large";
-    snprintf(j->error_msg, sizeof j->error_msg,
-             "The answer grew past %zu bytes (max_response_bytes) and was ended; ask for less: "
-             "fewer prompts, a smaller `n`, `best_of`, `max_tokens` or `logprobs`, or no `echo`",
-             r->s->cfg.max_response_bytes);
+    cmpl_set_error(r, 400, "response_too_large",
+                   "The answer grew past %zu bytes (max_response_bytes) and was ended; ask for "
+                   "less: fewer prompts, a smaller `n`, `best_of`, `max_tokens` or `logprobs`, "
+                   "or no `echo`",
+                   r->s->cfg.max_response_bytes);
     log_line("info", "%s: the answer passed max_response_bytes (%zu); ended", r->id,
              r->s->cfg.max_response_bytes);
     cmpl_cancel_for(r, MET_CANCEL_RESPONSE_BYTES);
@@ -70,11 +89,8 @@ void cmpl_grow(srv_req *r, size_t bytes)
 
 void cmpl_fail_oom(srv_req *r)
 {
-    if (r->cmpl->error_status != 0) return;
-    r->cmpl->error_status = 500;
-    snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
-             "out of memory while building the response");
-    cmpl_cancel_all(r);
+    if (cmpl_set_error(r, 500, NULL, "out of memory while building the response"))
+        cmpl_cancel_all(r);
 }
 
 /* ---- The hooks on the request (srv_req_ops) -------------------------------- */

@@ -118,8 +118,7 @@ void cmpl_finish_stream(srv_req *r)
 {
     if (r->cmpl->error_status != 0) { /* after the headers: an error event, then [DONE] */
         oai_error e;
-        oai_error_set(&e, r->cmpl->error_status,
-                      r->cmpl->error_status == 400 ? "invalid_request_error" : "server_error",
+        oai_error_set(&e, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
                       r->cmpl->error_code, NULL, "%s", r->cmpl->error_msg);
         char *js = oai_error_json(&e);
         if (js == NULL || sse_data_raw(&r->cmpl->sse, js) != 0) r->cmpl->sse.failed = 1;
@@ -186,9 +185,7 @@ enum MHD_Result cmpl_send(srv_req *r)
     assert(r->state == HTTP_REQ_QUEUED || r->state == HTTP_REQ_RUNNING);
     assert(r->cmpl->ndone == r->cmpl->nchoices);
     if (r->cmpl->error_status != 0)
-        return http_send_error(r, r->cmpl->error_status,
-                               r->cmpl->error_status == 400 ? "invalid_request_error"
-                                                            : "server_error",
+        return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
                                r->cmpl->error_code, NULL, r->cmpl->error_status == 503 ? "5" : NULL,
                                "%s", r->cmpl->error_msg);
     json_t *o = cmpl_base(r);
@@ -240,13 +237,10 @@ int cmpl_stall_check(srv_req *r, double now)
              "%s: the client left %zu bytes of its stream unread for %.0f s "
              "(stream_stall_timeout); cancelled",
              r->id, sse_pending(&r->cmpl->sse), now - r->cmpl->t_over);
-    if (r->cmpl->error_status == 0) {
-        r->cmpl->error_status = 408;
-        snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
-                 "The stream was cancelled: the client left over %zu bytes unread for %.0f s "
-                 "(stream_backlog_bytes, stream_stall_timeout)",
-                 r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
-    }
+    cmpl_set_error(r, 408, NULL,
+                   "The stream was cancelled: the client left over %zu bytes unread for %.0f s "
+                   "(stream_backlog_bytes, stream_stall_timeout)",
+                   r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
     cmpl_cancel_for(r, MET_CANCEL_STREAM_STALLED); /* DONE events end the stream: error, [DONE] */
     return 1;
 }

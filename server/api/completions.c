@@ -101,11 +101,9 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
             cmpl_choice_text(c, out, stop_flush(c->stop, out));
         }
     }
-    if (ev->finish == ENG_FINISH_ERROR && r->cmpl->error_status == 0) {
-        r->cmpl->error_status = 500;
-        snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg, "generation failed: %s",
-                 ev->message ? ev->message : "unknown error");
-    }
+    if (ev->finish == ENG_FINISH_ERROR)
+        cmpl_set_error(r, 500, NULL, "generation failed: %s",
+                       ev->message ? ev->message : "unknown error");
     c->finish = c->stopped || ev->finish == ENG_FINISH_EOS ? "stop" : "length";
     c->done = 1;
     r->cmpl->ndone++;
@@ -517,9 +515,9 @@ void cmpl_tick(srv *s, double now)
                 waiting = 1;
         if (waiting && age > s->cfg.queue_timeout_s) {
             /* Waited too long for admission: 503, which clients retry. */
-            r->cmpl->error_status = 503;
-            snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
-                     "The request waited %.0f s for a free slot (queue_timeout); retry later", age);
+            cmpl_set_error(r, 503, NULL,
+                           "The request waited %.0f s for a free slot (queue_timeout); retry later",
+                           age);
             /* the connection holds r through the DONE events */
             cmpl_cancel_for(r, MET_CANCEL_QUEUE_TIMEOUT);
             continue;
@@ -537,10 +535,9 @@ void cmpl_tick(srv *s, double now)
              * for here, once a tick, or it would generate for nobody. */
             log_line("info", "%s: the client closed its connection while waiting; cancelled",
                      r->id);
-            r->cmpl->error_status = 499; /* nginx's "client closed request": the log's */
-            r->cmpl->error_code = "client_closed";
-            snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
-                     "The client closed its connection; the request was cancelled");
+            /* 499: nginx's "client closed request", for the access log */
+            cmpl_set_error(r, 499, "client_closed",
+                           "The client closed its connection; the request was cancelled");
             cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
             continue;
         }
@@ -570,14 +567,10 @@ size_t cmpl_cut_all(srv *s, const char *why)
          * answer: a stream's final events, or the continuation's 503. The
          * connection holds r through them. */
         r->cut = 1;
-        if (r->cmpl->error_status == 0) {
-            r->cmpl->error_status = 503;
-            r->cmpl->error_code = "server_shutting_down";
-            snprintf(r->cmpl->error_msg, sizeof r->cmpl->error_msg,
-                     "The server is shutting down (%s); the request was cut short; retry on "
-                     "another replica",
-                     why);
-        }
+        cmpl_set_error(r, 503, "server_shutting_down",
+                       "The server is shutting down (%s); the request was cut short; retry on "
+                       "another replica",
+                       why);
         cmpl_cancel_for(r, MET_CANCEL_SHUTDOWN);
         n++;
     }
