@@ -164,6 +164,12 @@ void cmpl_fail_oom(srv_req *r);
  * at GPT-2 scale average about 30 + 28 a top entry. */
 #define CMPL_LP_POS_BYTES 24u
 #define CMPL_LP_TOP_BYTES 24u
+/* One position's least bytes with ntop alternatives: the up-front estimate
+ * of max_response_bytes and the running count use the same figure. */
+static inline size_t cmpl_lp_bytes(size_t ntop)
+{
+    return CMPL_LP_POS_BYTES + ntop * CMPL_LP_TOP_BYTES;
+}
 /* The answer's least bytes for a choice besides its text and logprobs. */
 #define CMPL_CHOICE_BYTES 96u
 /* Counts bytes more of r's answer; past max_response_bytes ends it once

@@ -336,7 +336,7 @@ static int answer_fits(srv_req *r, enum MHD_Result *rc)
 {
     const oai_request *q = &r->cmpl->oreq;
     size_t per_pos = 1; /* a position's text: a byte at least */
-    if (q->logprobs >= 0) per_pos += CMPL_LP_POS_BYTES + (size_t)q->logprobs * CMPL_LP_TOP_BYTES;
+    if (q->logprobs >= 0) per_pos += cmpl_lp_bytes((size_t)q->logprobs);
     size_t total = 0, limit = r->s->cfg.max_response_bytes;
     int over = 0;
     for (size_t i = 0; i < q->nprompts && !over; i++) {

@@ -76,7 +76,7 @@ static void chat_add(srv_choice *c, int32_t id, const eng_event *ev)
 void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset)
 {
     srv *s = c->req->s;
-    cmpl_grow(c->req, CMPL_LP_POS_BYTES + (ev != NULL ? ev->ntop : 0) * CMPL_LP_TOP_BYTES);
+    cmpl_grow(c->req, cmpl_lp_bytes(ev != NULL ? ev->ntop : 0));
     if (c->req->cmpl->oreq.chat) {
         if (ev != NULL) chat_add(c, id, ev); /* chat has no echo: every token has one */
         return;
