@@ -49,7 +49,7 @@ void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
 {
     if (r->cmpl->nlive > 0 && !r->cmpl->cancel_counted) {
         r->cmpl->cancel_counted = 1;
-        r->s->met.cancelled[why]++;
+        met_count_cancelled(&r->s->met, why);
     }
     cmpl_cancel_all(r);
 }

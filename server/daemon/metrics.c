@@ -30,8 +30,23 @@ static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
 static const unsigned met_statuses[MET_STATUSES] = {200, 204, 400, 401, 403, 404, 405, 408, 413,
                                                     414, 421, 429, 431, 500, 501, 503, 0};
 
+/* The label of each reason, by its enum (metrics.h). */
 static const char *const met_refused_names[MET_REFUSED_N] = {
-    "per_ip", "max_connections", "draining", "shutdown", "timeout", "host"};
+    [MET_REFUSED_PER_IP] = "per_ip",     [MET_REFUSED_MAX_CONNECTIONS] = "max_connections",
+    [MET_REFUSED_DRAINING] = "draining", [MET_REFUSED_SHUTDOWN] = "shutdown",
+    [MET_REFUSED_TIMEOUT] = "timeout",   [MET_REFUSED_HOST] = "host"};
+static const char *const met_cancel_names[MET_CANCEL_REASONS] = {
+    [MET_CANCEL_CLIENT_CLOSED] = "client_closed",
+    [MET_CANCEL_QUEUE_TIMEOUT] = "queue_timeout",
+    [MET_CANCEL_TIMEOUT] = "timeout",
+    [MET_CANCEL_STREAM_STALLED] = "stream_stalled",
+    [MET_CANCEL_SHUTDOWN] = "shutdown",
+    [MET_CANCEL_RESPONSE_BYTES] = "response_bytes"};
+
+void met_count_cancelled(srv_metrics *m, met_cancel_reason why)
+{
+    if ((unsigned)why < MET_CANCEL_REASONS) m->cancelled[why]++;
+}
 
 void met_count_refused(srv_metrics *m, met_refused why)
 {
@@ -163,16 +178,11 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
     sample_u(m, "gpt2d_requests_aborted_total", "counter",
              "Requests whose client went away before the answer was complete.",
              (unsigned long long)s->aborted);
-    {
-        static const char *const reasons[MET_CANCEL_REASONS] = {"client_closed", "queue_timeout",
-                                                                "timeout",       "stream_stalled",
-                                                                "shutdown",      "response_bytes"};
-        family(m, "gpt2d_requests_cancelled_total", "counter",
-               "Requests whose generation was cancelled before it finished, by reason.");
-        for (size_t i = 0; i < MET_CANCEL_REASONS; i++)
-            fprintf(m, "gpt2d_requests_cancelled_total{reason=\"%s\"} %llu\n", reasons[i],
-                    (unsigned long long)s->cancelled[i]);
-    }
+    family(m, "gpt2d_requests_cancelled_total", "counter",
+           "Requests whose generation was cancelled before it finished, by reason.");
+    for (size_t i = 0; i < MET_CANCEL_REASONS; i++)
+        fprintf(m, "gpt2d_requests_cancelled_total{reason=\"%s\"} %llu\n", met_cancel_names[i],
+                (unsigned long long)s->cancelled[i]);
     sample_u(m, "gpt2d_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
              (unsigned long long)s->prompt_tokens);
     sample_u(m, "gpt2d_completion_tokens_total", "counter", "Tokens generated.",

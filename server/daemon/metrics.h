@@ -71,6 +71,8 @@ void met_init(srv_metrics *m);
 void met_observe(met_hist *h, double v);
 /* Counts one finished request by route (its URL) and HTTP status. */
 void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted);
+/* Counts one cancelled request. */
+void met_count_cancelled(srv_metrics *m, met_cancel_reason why);
 /* Counts one refusal. */
 void met_count_refused(srv_metrics *m, met_refused why);
 /* The label value of why ("per_ip", ...). */

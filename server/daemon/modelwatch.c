@@ -47,21 +47,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Words of a digest: four lanes and the length. */
-#define MW_DIGEST_WORDS 5
 /* Bytes read at a time (a multiple of 32: whole rounds of the four lanes). */
 #define MW_READ_BYTES (1u << 20)
 
 /* One digest of the file, on the work queue. expect: the identity the
  * file had when the job was asked for; before/after: what stat said on
  * either side of the read (the digest counts only when both equal). */
-typedef struct {
+typedef struct mw_job {
     uv_work_t work;
     srv *s;
     int at_load; /* the digest of the file as loaded (else: a changed identity) */
     srv_file_id expect, before, after;
     int ok; /* read whole */
-    uint64_t digest[MW_DIGEST_WORDS];
+    uint64_t digest[SRV_DIGEST_WORDS];
     char path[CFG_STR_MAX + 32];
 } mw_job;
 
@@ -110,7 +108,7 @@ static uint64_t mw_round(uint64_t lane, uint64_t w)
 
 /* The digest of the file at path into d; 0, or -1 when it cannot be read
  * whole. Thread: a work-queue thread. */
-static int mw_digest(const char *path, uint64_t d[MW_DIGEST_WORDS])
+static int mw_digest(const char *path, uint64_t d[SRV_DIGEST_WORDS])
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;

@@ -340,6 +340,9 @@ typedef struct {
     uint64_t dev, ino, size;
     int64_t mtime_s, mtime_ns;
 } srv_file_id;
+/* Words of the model file's digest (daemon/modelwatch.c): four lanes and
+ * the length. */
+#define SRV_DIGEST_WORDS 5
 
 struct srv {
     cfg_config cfg;
@@ -418,9 +421,9 @@ struct srv {
     srv_file_id model_id;
     /* The digest of its bytes as loaded (model_digest_ok once known), and
      * the digest job in flight on the work queue (NULL: none). */
-    uint64_t model_digest[5];
+    uint64_t model_digest[SRV_DIGEST_WORDS];
     int model_digest_ok;
-    void *model_job;
+    struct mw_job *model_job; /* the digest on the work queue (modelwatch.c) */
 };
 /* ---- conn.c: connections ------------------------------------------------ */
 
