@@ -47,47 +47,7 @@ fi
 "$gpt2d" inspect "$model/model.safetensors" | tail -1
 [ "$random" = 1 ] &&
     echo "run: WARNING: serving RANDOM weights ($model); the answers are nonsense but the server is real." >&2
-# Where the server will listen and what it wants, from the options given
-# here (the last of each wins, as in gpt2d), for the lines printed below.
-host=127.0.0.1 port=8080 key= mname=gpt2 ui=true
-args=("$@")
-for ((i = 0; i < ${#args[@]}; i++)); do
-    a=${args[i]}
-    if [[ $a == --*=* ]]; then
-        v=${a#*=} a=${a%%=*}
-    else
-        v=${args[i + 1]:-}
-    fi
-    case $a in
-    --host | --port | --api-key | --model-name | --ui) ;;
-    *) continue ;;
-    esac
-    [ "$a" = "${args[i]}" ] && i=$((i + 1)) # the value was the next argument
-    case $a in
-    --host) host=$v ;;
-    --port) port=$v ;;
-    --api-key) key=$v ;;
-    --model-name) mname=${v%%,*} ;; # the first of several names
-    --ui) ui=$v ;;
-    esac
-done
-case $host in
-0.0.0.0 | "") chost=127.0.0.1 ;;  # every address: this machine's is one
-:: | "[::]") chost='[::1]' ;;
-*:*) chost="[$host]" ;;           # an IPv6 address
-*) chost=$host ;;
-esac
-url="http://$chost:$port"
-if [ "$port" = 0 ]; then
-    echo "run: --port 0: the server picks a free port; its 'listening on' line below names it" >&2
-    url="http://$chost:PORT"
-fi
-auth=
-[ -n "$key" ] && auth=" -H 'Authorization: Bearer $key'"
-[ "$ui" = false ] || echo "run: the playground: $url/ (open it in a browser)" >&2
-cat >&2 <<TXT
-run: try, in another terminal:
-  curl -s $url/v1/completions -H 'Content-Type: application/json'$auth \\
-       -d '{"model": "$mname", "prompt": "Hello, my name is", "max_tokens": 16}'
-TXT
+# The server's own start-up lines name the playground's URL and a curl line
+# to try, from its effective configuration (these options, a --config file)
+# and the port it bound.
 exec "$gpt2d" serve --model "$model" --host 127.0.0.1 --port 8080 "$@"

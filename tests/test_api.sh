@@ -78,7 +78,13 @@ done
 # refused, saying what --model takes.
 cli "gpt2d serve: model: $dir/help.out is a file; --model takes the folder that holds model.safetensors, vocab.json and merges.txt (gpt2d convert writes a model.safetensors)" \
     serve --model "$dir/help.out"
-srv_start file "$dir/model/model.safetensors" --kv-cache-mb 64 --no-prefix-cache
+srv_start file "$dir/model/model.safetensors" --kv-cache-mb 64 --no-prefix-cache --api-key sk-file-789
+# The start-up lines a person tries first: the playground and a curl line
+# with the port bound, the key named but never written.
+grep -q "the playground: http://127.0.0.1:$port/ " "$dir/file.log" || fail "no playground line"
+grep -q "try: curl -s http://127.0.0.1:$port/v1/completions .*Bearer \$GPT2D_API_KEY" "$dir/file.log" ||
+    fail "no curl line: $(grep try: "$dir/file.log")"
+! grep -q "sk-file-789" "$dir/file.log" || fail "the API key is in the log"
 # A port in use is said before the model loads (no "loading" line), exit 1.
 set +e
 "$gpt2d" serve --model "$dir/model" --port "$port" > "$dir/inuse.out" 2> "$dir/inuse.err"; rc=$?

@@ -83,6 +83,30 @@ static int address_free(const struct sockaddr_storage *ss, char *err, size_t err
     return 0;
 }
 
+/* Where a person on this machine reaches the server, as the effective
+ * configuration and the bound port say: the playground's URL and a curl
+ * line to try (an API key is named, never written). */
+static void try_lines(const cfg_config *cfg, unsigned port)
+{
+    const char *h = cfg->host;
+    char host[CFG_STR_MAX + 2];
+    if (h[0] == '\0' || strcmp(h, "0.0.0.0") == 0)
+        snprintf(host, sizeof host, "127.0.0.1"); /* every address: this machine's is one */
+    else if (strcmp(h, "::") == 0)
+        snprintf(host, sizeof host, "[::1]");
+    else if (strchr(h, ':') != NULL)
+        snprintf(host, sizeof host, "[%s]", h); /* an IPv6 address */
+    else
+        snprintf(host, sizeof host, "%s", h);
+    if (cfg->ui)
+        log_line("info", "the playground: http://%s:%u/ (open it in a browser)", host, port);
+    log_line("info",
+             "try: curl -s http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
+             "'{\"model\": \"%s\", \"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'",
+             host, port, cfg->n_api_keys > 0 ? " -H \"Authorization: Bearer $GPT2D_API_KEY\"" : "",
+             cfg->model_name);
+}
+
 static void serve_usage(FILE *out)
 {
     fprintf(out,
@@ -338,6 +362,7 @@ int srv_main(int argc, char **argv)
     else
         log_line("info", "serving %s (%zu layers, width %zu) on http://%s:%u", s.cfg.model_name,
                  mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
+    try_lines(&s.cfg, pi ? pi->port : s.cfg.port);
     uv_timer_init(s.loop, &s.watchdog);
     s.watchdog.data = &s;
     uv_timer_init(s.loop, &s.info_timer);
