@@ -1,6 +1,6 @@
 /*
- * bench/bench_ops.c [THREADS [anon|file [f32|f16|bf16|q8]]]: the engine's matmul and
- * LM head kernels on
+ * bench/bench_ops.c [THREADS [anon|file [f32|f16|bf16|q8 [hf|panel64]]]]: the engine's
+ * matmul and LM head kernels on
  * GPT-2 small's shapes, outside the model: per batch size T (1, 4, 16 and 64
  * as in decode, 256 as in a prefill), the time of one step's worth of
  * projections (12 layers of qkv 768x2304, proj 768x768, fc 768x3072,
@@ -21,7 +21,8 @@
  * a format is named: F16 and BF16 are the F32 values rounded, q8 random
  * int8 with random scales (the kernels' time does not depend on the
  * values); "GB/s" is the bytes of weights (with q8's scales) read per
- * second.
+ * second. The projections are in the Hugging Face layout unless panel64
+ * is named (kernels.h, op_w; the LM head is the same either way).
  */
 #include "internal.h"
 
@@ -108,6 +109,21 @@ static void *as_format(float *p, size_t n, op_dtype dt, size_t *bytes)
     return q;
 }
 
+/* Array p of a K x N row-major matrix (es bytes an element) rewritten in
+ * the panel64 layout (kernels.h, op_w; N a multiple of 64), p freed. The
+ * Q8 scales move the same way, their ceil(K / 32) rows as K. */
+static void *to_panel(void *p, size_t K, size_t N, size_t es)
+{
+    unsigned char *q = aligned_alloc(64, (K * N * es + 63) / 64 * 64);
+    if (q == NULL) exit(1);
+    for (size_t k = 0; k < K; k++)
+        for (size_t n = 0; n < N; n++)
+            memcpy(q + (((n / 64) * K + k) * 64 + n % 64) * es,
+                   (const unsigned char *)p + (k * N + n) * es, es);
+    free(p);
+    return q;
+}
+
 static int parse_dtype(const char *s, op_dtype *dt)
 {
     static const char *const names[] = {"f32", "f16", "bf16", "q8"};
@@ -124,9 +140,11 @@ int main(int argc, char **argv)
     size_t threads = argc > 1 ? (size_t)atoi(argv[1]) : 0;
     int anon = argc > 2 && strcmp(argv[2], "anon") == 0;
     op_dtype dt = OP_F32;
+    int panel = argc > 4 && strcmp(argv[4], "panel64") == 0;
     if ((argc > 2 && !anon && strcmp(argv[2], "file") != 0)
-        || (argc > 3 && parse_dtype(argv[3], &dt) != 0) || argc > 4) {
-        fprintf(stderr, "usage: bench_ops [THREADS [anon|file [f32|f16|bf16|q8]]]\n");
+        || (argc > 3 && parse_dtype(argv[3], &dt) != 0)
+        || (argc > 4 && !panel && strcmp(argv[4], "hf") != 0) || argc > 5) {
+        fprintf(stderr, "usage: bench_ops [THREADS [anon|file [f32|f16|bf16|q8 [hf|panel64]]]]\n");
         return 2;
     }
     op_pool *pool = op_pool_new(threads);
@@ -143,11 +161,13 @@ int main(int argc, char **argv)
         size_t K = shapes[i][0], N = shapes[i][1];
         for (int l = 0; l < L; l++) {
             W[l][i] = as_format(randn(K * N, 11u + (unsigned)(i + 4 * l)), K * N, dt, &lens[n]);
+            if (panel) W[l][i] = to_panel(W[l][i], K, N, lens[n] / (K * N));
             arrays[n] = &W[l][i];
             mm_bytes += lens[n++];
             S[l][i] = NULL;
             if (dt == OP_Q8) {
                 S[l][i] = randn((K + 31) / 32 * N, 71u + (unsigned)(i + 4 * l));
+                if (panel) S[l][i] = to_panel(S[l][i], (K + 31) / 32, N, sizeof(float));
                 lens[n] = (K + 31) / 32 * N * sizeof(float);
                 arrays[n] = &S[l][i];
                 mm_bytes += lens[n++];
@@ -174,9 +194,24 @@ int main(int argc, char **argv)
     float *pack = aligned_alloc(64, op_matmul_scratch_floats(op_pool_size(pool), 4 * C, 4 * C)
                                         * sizeof(float));
     if (pack == NULL) return 1;
+    /* As the model binds them: BF16 at the "avx512-bf16" level reads the
+     * pair copy built here (op_matmul_bf16.c), Q8 at "avx512-vnni" the quad
+     * copy (op_matmul_q8.c), not the mapped file. */
+    op_w Wl[L][4];
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < 4; i++) {
+            Wl[l][i] = (op_w){W[l][i], S[l][i], dt, panel, NULL, NULL};
+            if (op_w_pairs_build(&Wl[l][i], shapes[i][0], shapes[i][1]) != 0
+                || op_w_quads_build(&Wl[l][i], shapes[i][0], shapes[i][1]) != 0)
+                return 1;
+        }
+    op_w wte_w = {wte, wte_s, dt, 0, NULL, NULL};
+    if (op_w_pairs_build_rows(&wte_w, V, C) != 0) return 1;
     static const char *const names[] = {"f32", "f16", "bf16", "q8"};
-    printf("{\"threads\": %zu, \"weights\": \"%s\", \"format\": \"%s\", \"runs\": [",
-           op_pool_size(pool), anon ? "anonymous memory" : "a mapped file", names[dt]);
+    printf("{\"threads\": %zu, \"weights\": \"%s\", \"format\": \"%s\", \"layout\": \"%s\", "
+           "\"runs\": [",
+           op_pool_size(pool), anon ? "anonymous memory" : "a mapped file", names[dt],
+           panel ? "panel64" : "hf");
     static const size_t Ts[] = {1, 4, 8, 16, 32, 48, 64, 256};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         size_t T = Ts[ti];
@@ -185,10 +220,11 @@ int main(int argc, char **argv)
             double t0 = now();
             for (int l = 0; l < L; l++)
                 for (int i = 0; i < 4; i++)
-                    op_matmul(pool, pack, out, in, &(op_w){W[l][i], S[l][i], dt, 0},
-                              &(op_w){b[i], NULL, OP_F32, 0}, T, shapes[i][0], shapes[i][1]);
+                    op_matmul(pool, pack, out, in, &Wl[l][i],
+                              &(op_w){b[i], NULL, OP_F32, 0, NULL, NULL}, T, shapes[i][0],
+                              shapes[i][1]);
             double t1 = now();
-            op_lm_head(pool, logits, in, &(op_w){wte, wte_s, dt, 0}, T, C, V);
+            op_lm_head(pool, pack, logits, in, &wte_w, T, C, V);
             double t2 = now();
             if (t1 - t0 < best_mm) best_mm = t1 - t0;
             if (t2 - t1 < best_lm) best_lm = t2 - t1;

@@ -20,7 +20,8 @@ bench_model() {
 
 # bench_serve BUILD DIR [OPTION...]: starts `gpt2d serve` on the model in DIR
 # on a free loopback port (log: DIR/serve.log); sets srv (its pid) and base
-# (its URL). Fails if it does not come up within 10 s.
+# (its URL: https:// when OPTIONs give it a certificate). Fails if it does
+# not come up within 10 s.
 bench_serve() {
     local build=$1 dir=$2 port=
     shift 2
@@ -29,12 +30,14 @@ bench_serve() {
         > "$dir/serve.log" 2>&1 &
     srv=$!
     for _ in $(seq 100); do
-        port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/serve.log")
+        port=$(sed -n 's|.* on https\{0,1\}://127.0.0.1:\([0-9]*\)$|\1|p' "$dir/serve.log")
         [ -n "$port" ] && break
         sleep 0.1
     done
     [ -n "$port" ] || { echo "$build: gpt2d serve did not start: $(tail -n 3 "$dir/serve.log")" >&2; return 1; }
     base="http://127.0.0.1:$port"
+    grep -q " on https://127.0.0.1:$port\$" "$dir/serve.log" && base="https://127.0.0.1:$port"
+    return 0
 }
 
 # bench_stop: stops the server bench_serve started.

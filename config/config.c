@@ -60,6 +60,11 @@ static const spec specs[] = {
     {"allowed_hosts", K_HOSTS, F(allowed_hosts), 0, 0, "",
      "Host names (comma-separated, any port; \"*\": any) requests may carry, others get 421; "
      "empty: localhost, 127.0.0.1 and [::1] on a loopback bind, any elsewhere"},
+    {"tls_cert_file", K_STR, F(tls_cert_file), 0, 0, "",
+     "PEM certificate chain (the server's first) to serve HTTPS with, read again on SIGHUP "
+     "(empty: plain HTTP); needs tls_key_file"},
+    {"tls_key_file", K_STR, F(tls_key_file), 0, 0, "",
+     "PEM private key of tls_cert_file, read again on SIGHUP"},
     {"stream_backlog_bytes", K_SIZE, F(stream_backlog_bytes), 4096, 1073741824, "1048576",
      "SSE bytes a streaming client may leave unread; over it, its sequences pause"},
     {"stream_stall_timeout", K_SECONDS, F(stream_stall_timeout_s), 1, 86400, "30",
@@ -69,7 +74,8 @@ static const spec specs[] = {
     {"model", K_STR, F(model_dir), 0, 0, "",
      "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
     {"model_name", K_NAMES, F(model_name), 0, 0, "gpt2",
-     "the model id clients send (several: comma-separated, the first is reported)"},
+     "the model id clients send (several: comma-separated, the first is reported); unset: the "
+     "checkpoint's own name (gpt2d.model_name), gpt2 still accepted"},
     {"chat_template", K_STR, F(chat_template), 0, 0, "default",
      "how /v1/chat/completions writes messages as a prompt: default, none (no chat route) or a "
      "template file (docs/api.md)"},
@@ -104,6 +110,12 @@ static const spec specs[] = {
     {"max_response_bytes", K_SIZE, F(max_response_bytes), 65536, 68719476736, "4194304",
      "largest answer one request may ask for (its predictable size up front, and as it grows; "
      "a larger one gets 400, or its answer is ended with an error)"},
+    {"responses_store_max", K_SIZE, F(responses_store_max), 0, 1000000, "1000",
+     "stored responses (store, previous_response_id) kept in memory at most; the least "
+     "recently used go first; 0: none kept"},
+    {"responses_store_bytes", K_SIZE, F(responses_store_bytes), 0, 68719476736, "67108864",
+     "bytes the stored responses may take in memory at most; the least recently used go "
+     "first"},
     {"api_key", K_APIKEY, F(api_keys), 0, 0, "",
      "a Bearer key clients must send (repeat for several; none: no authentication)"},
     {"auth_open_health", K_BOOL, F(auth_open_health), 0, 1, "true",
@@ -306,7 +318,9 @@ cfg_status cfg_set(cfg_config *c, const char *key, const char *value, const char
 {
     const spec *sp = find(key);
     if (sp == NULL) return ERRBUF_FAIL(err, errlen, CFG_EKEY, "%s: unknown key '%s'", origin, key);
-    return set_spec(c, sp, value, origin, err, errlen);
+    cfg_status st = set_spec(c, sp, value, origin, err, errlen);
+    if (st == CFG_OK && sp->k == K_NAMES) c->model_name_set = 1;
+    return st;
 }
 
 static char *trim(char *s)
@@ -422,6 +436,11 @@ cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
             c->info_interval_s);
     if (c->model_dir[0] == '\0')
         return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
+    if ((c->tls_cert_file[0] == '\0') != (c->tls_key_file[0] == '\0'))
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                           "%s is set without %s: HTTPS needs both a certificate and its key",
+                           c->tls_cert_file[0] != '\0' ? "tls_cert_file" : "tls_key_file",
+                           c->tls_cert_file[0] != '\0' ? "tls_key_file" : "tls_cert_file");
     return CFG_OK;
 }
 
@@ -438,6 +457,8 @@ static const char *const reloadable[] = {
     "max_n",
     "max_sequences_per_request",
     "max_response_bytes",
+    "responses_store_max",
+    "responses_store_bytes",
     "max_queue",
     "queue_timeout",
     "cors_origins",
@@ -447,6 +468,10 @@ static const char *const reloadable[] = {
     "stream_backlog_bytes",
     "stream_stall_timeout",
     "prefix_cache_shared_across_keys",
+    /* The files are read again on every SIGHUP (certificate rotation);
+     * turning HTTPS on or off still needs a restart (daemon/reload.c). */
+    "tls_cert_file",
+    "tls_key_file",
 };
 
 int cfg_key_reloadable(const char *key)
@@ -543,7 +568,10 @@ void cfg_print_defaults(FILE *out)
                  "# Command-line options (--key value) override this file.\n");
     for (size_t i = 0; i < NSPECS; i++) {
         const spec *sp = &specs[i];
-        fprintf(out, "\n# %s (%s)\n%s%s = %s\n", sp->help, kind_name(sp->k), sp->def[0] ? "" : "# ",
+        /* model_name's default is commented out: set, even to gpt2, it
+         * would hide the checkpoint's own name (config.h, model_name_set). */
+        int unset = sp->def[0] == '\0' || sp->k == K_NAMES;
+        fprintf(out, "\n# %s (%s)\n%s%s = %s\n", sp->help, kind_name(sp->k), unset ? "# " : "",
                 sp->key, sp->def[0] ? sp->def : "...");
     }
 }

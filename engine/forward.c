@@ -144,7 +144,7 @@ static void lm_head(eng_workspace *w, const eng_model *m, float *const *dest, si
 {
     const eng_config *c = &m->cfg;
     op_layernorm(w->pool, w->lrows, w->lrows, &m->lnf_g, &m->lnf_b, k, c->n_embd, c->ln_eps);
-    op_lm_head(w->pool, w->logits, w->lrows, &m->wte, k, c->n_embd, c->n_vocab);
+    op_lm_head(w->pool, w->pack, w->logits, w->lrows, &m->wte, k, c->n_embd, c->n_vocab);
     for (size_t q = 0; q < k; q++)
         memcpy(dest[q], w->logits + q * c->n_vocab, c->n_vocab * sizeof(float));
 }

@@ -37,10 +37,12 @@ struct eng_model {
     op_w lnf_g, lnf_b;
     sft_data *data; /* keeps the mapping (and copies) alive */
     size_t copied;
+    size_t pair_bytes; /* the weights' pair or quad copies (op_w_*_build) */
     size_t params;
     size_t weight_bytes; /* as stored, read once per step          */
     const char *dtype;   /* wf_detect's name: "f32", "bf16", ...    */
     const char *layout;  /* "hf" or "panel64" (wformat.h)          */
+    eng_about about;     /* the file's own words (engine.h)        */
 };
 
 /* The logprob of the prompt token at one position and the top alternatives
@@ -180,6 +182,10 @@ typedef struct {
     const int32_t *generated; /* the tokens generated so far */
     size_t ngenerated;
     int logprobs; /* -1: none; 0..ENG_MAX_TOP: the chosen token's plus top N */
+    /* Structured outputs: the allowed tokens (a bitset of V bits), or NULL
+     * for none; applied last, after bias and penalties, so a masked token
+     * stays masked. The logprobs stay the model's (before the mask). */
+    const uint64_t *allow;
 } samp_seq;
 
 /*

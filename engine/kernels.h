@@ -30,8 +30,10 @@
 #include "safetensors.h"
 #include "step.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -47,6 +49,8 @@
 /* AVX-512 with its byte and word instructions (the BF16 decode tiles): one
  * target list, as clang keeps only one target attribute of a function. */
 #define OP_AVX512BW __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+/* The same with AVX512_VNNI (VPDPBUSD: the Q8 level). */
+#define OP_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")))
 
 /* ---- Dispatch (op_dispatch.c) ---- */
 
@@ -57,6 +61,19 @@ int op_use_avx512(void);
 int op_use_avx2(void);
 /* 1 when op_use_avx512 and the CPU has AVX512BW (the BF16 decode tiles). */
 int op_use_avx512bw(void);
+/* 1 when op_use_avx512bw and the CPU has AVX512_BF16 and GPT2D_KERNELS
+ * does not cap it (=avx512): BF16 weights then take the level
+ * "avx512-bf16" (op_matmul_bf16.c), whose contract is op_bf16_dot2's. */
+int op_use_avx512bf16(void);
+/* 1 when op_use_avx512bw and the CPU has AVX512_VNNI and GPT2D_KERNELS
+ * does not cap it (=avx512): Q8 projections then take the level
+ * "avx512-vnni" (op_matmul_q8.c), whose contract is op_q8_quantize's and
+ * op_q8_block's. */
+int op_use_avx512vnni(void);
+/* The levels of the matrix units that are not built, each with why, for
+ * the tests and `gpt2d bench` to name as not run (AMX: no machine here to
+ * verify a kernel on). NULL-terminated. */
+extern const char *const op_unbuilt_levels[];
 
 /* ---- Worker threads (pool.c) ---- */
 
@@ -106,8 +123,36 @@ typedef struct {
     const float *scale; /* OP_Q8 only                                  */
     op_dtype dt;
     int panel; /* 1: the panel64 layout (projections only), see above */
+    /* OP_BF16 at the "avx512-bf16" level: W's pair copy, k-pairs in 32-bit
+     * lanes (op_matmul_bf16.c), built by op_w_pairs_build; NULL otherwise,
+     * and then op_matmul takes the widening kernels. */
+    const uint32_t *pairs;
+    /* OP_Q8 at the "avx512-vnni" level: W's quad copy, four k in the four
+     * bytes of a 32-bit lane, with each block's scales and column sums
+     * (op_matmul_q8.c), built by op_w_quads_build; NULL otherwise, and
+     * then op_matmul takes the widening kernels. */
+    const uint8_t *quads;
 } op_w;
 #define OP_PANEL 64
+
+/* The pair copy of a projection W (K, N) (op_matmul_bf16.c): built when W
+ * is BF16 and the "avx512-bf16" level runs (else pairs stays NULL), 0 or
+ * -1 when out of memory; op_w_pairs_bytes is its size, op_w_pairs_free
+ * (with the same K and N; C and V for op_w_pairs_build_rows) unmaps it. */
+int op_w_pairs_build(op_w *w, size_t K, size_t N);
+/* The same for the token embeddings wte (V, C) read as the LM head's
+ * (C, V): pair j of column v is wte[v][2j], wte[v][2j + 1]. */
+int op_w_pairs_build_rows(op_w *w, size_t V, size_t C);
+size_t op_w_pairs_bytes(size_t K, size_t N);
+void op_w_pairs_free(op_w *w, size_t K, size_t N);
+
+/* The quad copy of a projection W (K, N) (op_matmul_q8.c): built when W
+ * is Q8 and the "avx512-vnni" level runs (else quads stays NULL), 0 or -1
+ * when out of memory; op_w_quads_bytes is its size, op_w_quads_free frees
+ * it. */
+int op_w_quads_build(op_w *w, size_t K, size_t N);
+size_t op_w_quads_bytes(size_t K, size_t N);
+void op_w_quads_free(op_w *w);
 
 /* Element i of w, widened; si is its scale's index (OP_Q8). The reference
  * widening of every kernel. */
@@ -120,6 +165,79 @@ static inline float op_widen1(const op_w *w, size_t i, size_t si)
     case OP_F32: break;
     }
     return ((const float *)w->p)[i];
+}
+
+/* The arithmetic of the "avx512-bf16" level (op_matmul_bf16.c), written
+ * in C from Intel's definitions of VCVTNEPS2BF16 and VDPBF16PS (and checked
+ * against them on AMD Zen 5: every F32 input of the one, 32 million random
+ * lanes of the other). op_f32_to_bf16_dp: to nearest, ties to even, a
+ * subnormal to a zero of its sign, a NaN kept quiet. */
+static inline uint16_t op_f32_to_bf16_dp(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu) != 0)
+        return (uint16_t)((u >> 16) | 0x40u);
+    if ((u & 0x7F800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* F32 with a subnormal read or written as a zero of its sign. */
+static inline float op_ftz(float f)
+{
+    return fpclassify(f) == FP_SUBNORMAL ? copysignf(0.0f, f) : f;
+}
+
+/* One lane of VDPBF16PS: acc + x1 w1 (one FMA), then + x0 w0 (another),
+ * BF16 operands widened, subnormals in and out as zero. */
+static inline float op_bf16_dot2(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1)
+{
+    acc = op_ftz(acc);
+    acc = op_ftz(fmaf(op_ftz(sft_bf16_to_f32(x1)), op_ftz(sft_bf16_to_f32(w1)), acc));
+    return op_ftz(fmaf(op_ftz(sft_bf16_to_f32(x0)), op_ftz(sft_bf16_to_f32(w0)), acc));
+}
+
+/*
+ * The arithmetic of the "avx512-vnni" level (op_matmul_q8.c) for Q8
+ * projections, written in C. Each input row is quantized per block of
+ * OP_Q8_BLOCK along K by op_q8_quantize (n: the block's inputs, fewer in
+ * a last partial block, whose missing ones are zeros): amax = the largest
+ * |x_i| (a NaN never taken), d = amax / 127 (one F32 division), and, when
+ * d != 0, xq_i = rintf(x_i / d) (one F32 division per element, rounded to
+ * nearest even: the default rounding mode, which the engine never
+ * changes) clamped to [-127, 127] (a NaN to -127); all zeros when d == 0.
+ * Then out[t][n] = b[n] and, for each block B in increasing order,
+ * out[t][n] = op_q8_block(out[t][n], isum, d_B, s_B[n]), where isum =
+ * sum over k in B of xq[k] * q[k][n] is exact in int32 (|isum| <= 32 x 127
+ * x 128 < 2^24, so its float is exact too, and the order of its terms
+ * does not matter). Nothing depends on T, the tile, the thread or the
+ * layout: batch-invariant by construction.
+ */
+static inline float op_q8_quantize(const float *x, size_t n, int8_t xq[OP_Q8_BLOCK])
+{
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    float d = amax / 127.0f;
+    for (size_t i = 0; i < OP_Q8_BLOCK; i++) {
+        float v = 0.0f;
+        if (i < n && d != 0.0f) {
+            v = rintf(x[i] / d);
+            v = v > -127.0f ? v : -127.0f;
+            v = v < 127.0f ? v : 127.0f;
+        }
+        xq[i] = (int8_t)v;
+    }
+    return d;
+}
+
+/* One block's step: one F32 product d * s (the input's scale times the
+ * weight's), then one FMA of the exact integer sum. */
+static inline float op_q8_block(float acc, int32_t isum, float d, float s)
+{
+    return fmaf((float)isum, d * s, acc);
 }
 
 /* dst[j] = element off + j of w, widened, j < n; Q8 scales by the flat
@@ -136,9 +254,17 @@ size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N);
  * floats (or more) for at least these K and N, 64-byte aligned. */
 void op_matmul(op_pool *pool, float *scratch, float *out, const float *in, const op_w *W,
                const op_w *b, size_t T, size_t K, size_t N);
-/* logits (T,V) = h (T,C) @ wte^T, wte (V, C) in any op_dtype. */
-void op_lm_head(op_pool *pool, float *out, const float *h, const op_w *wte, size_t T, size_t C,
-                size_t V);
+/* logits (T,V) = h (T,C) @ wte^T, wte (V, C) in any op_dtype. scratch:
+ * op_lm_head_scratch_floats(C) floats or more (op_matmul's for a K >= C
+ * is enough), 64-byte aligned; a BF16 wte with its pair copy at the
+ * "avx512-bf16" level takes op_matmul_bf16.c's kernels (no bias). */
+void op_lm_head(op_pool *pool, float *scratch, float *out, const float *h, const op_w *wte,
+                size_t T, size_t C, size_t V);
+size_t op_lm_head_scratch_floats(size_t C);
+#if HAVE_X86
+void op_lm_head_bf16dp(op_pool *pool, float *scratch, float *out, const float *h, const op_w *wte,
+                       size_t T, size_t C, size_t V);
+#endif
 void op_layernorm(op_pool *pool, float *out, const float *in, const op_w *g, const op_w *b,
                   size_t T, size_t C, float eps);
 void op_gelu(op_pool *pool, float *x, size_t n);

@@ -87,6 +87,18 @@ OP_AVX512 __attribute__((always_inline)) static inline __m512 mm_sc16(const mm_c
  * last full AVX-512 tile (their inputs repeat a real row; outputs dropped). */
 OP_AVX2 void op_mm_block_avx2(const mm_ctx *c, size_t n0, float *strip);
 OP_AVX512 void op_mm_block_avx512(const mm_ctx *c, size_t n0, float *strip, float *tail);
+/* The "avx512-bf16" level (op_matmul_bf16.c): all of c (BF16 W with its
+ * pair copy), in chunks of rows; thread_floats: each thread's part of
+ * c->pack (the widened bias after a strip's room), after which
+ * op_matmul_bf16_scratch_floats(K) floats hold a chunk's inputs as BF16
+ * pairs. */
+void op_matmul_bf16dp(op_pool *pool, const mm_ctx *c, size_t thread_floats);
+/* The "avx512-vnni" level (op_matmul_q8.c): all of c (Q8 W with its quad
+ * copy), in chunks of rows, the same way; after the threads' parts,
+ * op_matmul_q8_scratch_floats(K) floats hold a chunk's quantized inputs. */
+void op_matmul_q8vnni(op_pool *pool, const mm_ctx *c, size_t thread_floats);
 #endif
+size_t op_matmul_bf16_scratch_floats(size_t K);
+size_t op_matmul_q8_scratch_floats(size_t K);
 
 #endif

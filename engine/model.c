@@ -17,6 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(sizeof(((eng_about *)0)->name) == WF_NAME_MAX
+                   && sizeof(((eng_about *)0)->owned_by) == WF_NAME_MAX
+                   && sizeof(((eng_about *)0)->description) == WF_DESCRIPTION_MAX,
+               "eng_about holds what wformat.h allows");
+
 const char *eng_strerror(eng_status s)
 {
     switch (s) {
@@ -31,9 +36,31 @@ const char *eng_strerror(eng_status s)
     return "unknown status";
 }
 
+/* The four projections of a layer, with their K and N. */
+#define LAYER_PROJECTIONS(L, C)                                                                    \
+    {                                                                                              \
+        {&(L)->attn_w, (C), 3 * (C)}, {&(L)->proj_w, (C), (C)}, {&(L)->fc_w, (C), 4 * (C)},        \
+        {                                                                                          \
+            &(L)->fc2_w, 4 * (C), (C)                                                              \
+        }                                                                                          \
+    }
+
+typedef struct {
+    op_w *w;
+    size_t K, N;
+} projection;
+
 void eng_model_free(eng_model *m)
 {
     if (m == NULL) return;
+    for (size_t i = 0; m->layers != NULL && i < m->cfg.n_layer; i++) {
+        projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
+        for (size_t j = 0; j < 4; j++) {
+            op_w_pairs_free(p[j].w, p[j].K, p[j].N);
+            op_w_quads_free(p[j].w);
+        }
+    }
+    op_w_pairs_free(&m->wte, m->cfg.n_embd, m->cfg.n_vocab);
     free(m->layers);
     sft_data_unref(m->data);
     free(m);
@@ -47,6 +74,10 @@ size_t eng_model_copied_bytes(const eng_model *m)
 {
     return m->copied;
 }
+size_t eng_model_pair_bytes(const eng_model *m)
+{
+    return m->pair_bytes;
+}
 size_t eng_model_params(const eng_model *m)
 {
     return m->params;
@@ -58,6 +89,15 @@ const char *eng_model_dtype(const eng_model *m)
 const char *eng_model_layout(const eng_model *m)
 {
     return m->layout;
+}
+const eng_about *eng_model_about(const eng_model *m)
+{
+    return &m->about;
+}
+
+const char *eng_model_kernels(const eng_model *m)
+{
+    return eng_kernels_for(m->dtype);
 }
 size_t eng_model_weight_bytes(const eng_model *m)
 {
@@ -103,7 +143,7 @@ static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t, size_t 
         return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT, "%s: q8 tensor '%s' lacks valid scales",
                            b->path, t->name);
     b->bytes += s->nbytes;
-    *dst = (op_w){t->data, s->data, OP_Q8, panel};
+    *dst = (op_w){t->data, s->data, OP_Q8, panel, NULL, NULL};
     return ENG_OK;
 }
 
@@ -159,7 +199,7 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
                            sft_dtype_name(t->dtype), q8 ? " (or I8 in a q8 file)" : "");
     b->params += sft_tensor_numel(t);
     b->bytes += t->nbytes;
-    *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype), panel};
+    *dst = (op_w){t->data, NULL, op_dtype_of(t->dtype), panel, NULL, NULL};
     return ENG_OK;
 }
 
@@ -317,8 +357,57 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         goto done;
     }
     m->layout = b.panel ? WF_LAYOUT_PANEL : "hf";
+    /* The file's words are copied: the names die with f below. */
+    wf_about about;
+    if (wf_about_get(f, &about, e, sizeof e) != SFT_OK) {
+        rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s", e);
+        goto done;
+    }
+    snprintf(m->about.name, sizeof m->about.name, "%s", about.name ? about.name : "");
+    snprintf(m->about.owned_by, sizeof m->about.owned_by, "%s",
+             about.owned_by ? about.owned_by : "");
+    snprintf(m->about.description, sizeof m->about.description, "%s",
+             about.description ? about.description : "");
+    m->about.weights = about.weights;
     rc = bind_all(&b, m);
     if (rc != ENG_OK) goto done;
+    /* BF16 projections (and the LM head, below) at the "avx512-bf16"
+     * level read a pair copy, Q8 ones at "avx512-vnni" a quad copy, built
+     * here once (op_matmul_bf16.c and op_matmul_q8.c say why; each build
+     * does nothing for the other formats); other formats and levels read
+     * the file's pages. */
+    for (size_t i = 0; i < m->cfg.n_layer; i++) {
+        projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
+        for (size_t j = 0; j < 4; j++) {
+            if (op_w_pairs_build(p[j].w, p[j].K, p[j].N) != 0) {
+                rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                                 "%s: out of memory for the BF16 pair copy of layer %zu's "
+                                 "projections (%zu bytes; GPT2D_KERNELS=avx512 serves from the "
+                                 "file's pages)",
+                                 path, i, op_w_pairs_bytes(p[j].K, p[j].N));
+                goto done;
+            }
+            if (p[j].w->pairs != NULL) m->pair_bytes += op_w_pairs_bytes(p[j].K, p[j].N);
+            if (op_w_quads_build(p[j].w, p[j].K, p[j].N) != 0) {
+                rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                                 "%s: out of memory for the Q8 quad copy of layer %zu's "
+                                 "projections (%zu bytes; GPT2D_KERNELS=avx512 serves from the "
+                                 "file's pages)",
+                                 path, i, op_w_quads_bytes(p[j].K, p[j].N));
+                goto done;
+            }
+            if (p[j].w->quads != NULL) m->pair_bytes += op_w_quads_bytes(p[j].K, p[j].N);
+        }
+    }
+    /* And wte for the LM head, read as its transpose (C, V). */
+    if (op_w_pairs_build_rows(&m->wte, m->cfg.n_vocab, m->cfg.n_embd) != 0) {
+        rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                         "%s: out of memory for the BF16 pair copy of wte (%zu bytes; "
+                         "GPT2D_KERNELS=avx512 serves from the file's pages)",
+                         path, op_w_pairs_bytes(m->cfg.n_embd, m->cfg.n_vocab));
+        goto done;
+    }
+    if (m->wte.pairs != NULL) m->pair_bytes += op_w_pairs_bytes(m->cfg.n_embd, m->cfg.n_vocab);
     m->params = b.params;
     m->weight_bytes = b.bytes;
     m->copied = sft_copied_bytes(f);

@@ -18,12 +18,33 @@
 #if HAVE_X86
 #include <cpuid.h>
 
+/* The levels from lowest to highest; GPT2D_KERNELS names the highest that
+ * may run (an unknown name caps nothing). The two matrix-unit levels are
+ * for one format each (Q8 on VNNI, BF16 on VDPBF16PS); as a cap,
+ * "avx512" turns both off and "avx512-vnni" keeps Q8 on VNNI with BF16
+ * widened. */
+static const char *const levels[] = {"portable", "avx2", "avx512", "avx512-vnni", "avx512-bf16"};
+
+static int level_rank(const char *v)
+{
+    for (int i = 0; i < (int)(sizeof levels / sizeof levels[0]); i++)
+        if (strcmp(v, levels[i]) == 0) return i;
+    return (int)(sizeof levels / sizeof levels[0]);
+}
+
+/* Without GPT2D_KERNELS every level the CPU has may run, "avx512-vnni"
+ * and "avx512-bf16" included: Q8 and BF16 projections read their quad and
+ * pair copies (op_matmul_q8.c, op_matmul_bf16.c) and are faster than the
+ * widening kernels at every row count measured, one row included
+ * (docs/benchmarks.md, "The matrix units"). GPT2D_KERNELS=avx512 gives
+ * the widening kernels (and the file's pages) back. */
+#define DEFAULT_LEVEL "avx512-bf16"
+
 static int kernels_allow(const char *level)
 {
     const char *v = getenv("GPT2D_KERNELS");
-    if (v == NULL || *v == '\0') return 1;
-    if (strcmp(v, "portable") == 0) return 0;
-    return strcmp(v, "avx2") != 0 || strcmp(level, "avx2") == 0;
+    if (v == NULL || *v == '\0') v = DEFAULT_LEVEL;
+    return level_rank(level) <= level_rank(v);
 }
 
 /* F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
@@ -61,7 +82,44 @@ static int probe_avx512bw(void)
     return probe_avx512() && __builtin_cpu_supports("avx512bw");
 }
 
-static atomic_int have_avx512 = -1, have_avx2 = -1, have_avx512bw = -1;
+/* AVX512_BF16 from CPUID (leaf 7, subleaf 1, EAX bit 5): gcc 12's
+ * __builtin_cpu_supports knows "avx512bf16", clang 14's does not. */
+static int have_avx512bf16(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)) != 0;
+}
+
+static int probe_avx512bf16(void)
+{
+    return kernels_allow("avx512-bf16") && probe_avx512bw() && have_avx512bf16();
+}
+
+/* AVX512_VNNI from CPUID (leaf 7, subleaf 0, ECX bit 11), as the BF16
+ * flag: the same probe under gcc and clang. */
+static int have_avx512vnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) != 0;
+}
+
+static int probe_avx512vnni(void)
+{
+    return kernels_allow("avx512-vnni") && probe_avx512bw() && have_avx512vnni();
+}
+
+static atomic_int have_avx512 = -1, have_avx2 = -1, have_avx512bw = -1, have_bf16 = -1,
+                  have_vnni = -1;
+
+int op_use_avx512vnni(void)
+{
+    return cached(&have_vnni, probe_avx512vnni);
+}
+
+int op_use_avx512bf16(void)
+{
+    return cached(&have_bf16, probe_avx512bf16);
+}
 
 int op_use_avx512bw(void)
 {
@@ -92,9 +150,39 @@ int op_use_avx2(void)
 {
     return 0;
 }
+
+int op_use_avx512bf16(void)
+{
+    return 0;
+}
+
+int op_use_avx512vnni(void)
+{
+    return 0;
+}
 #endif
 
-const char *eng_kernels(void)
+const char *const op_unbuilt_levels[] = {"amx-bf16: not built (no AMX machine to verify it on)",
+                                         "amx-int8: not built (no AMX machine to verify it on)",
+                                         NULL};
+
+static const char *widening_level(void)
 {
     return op_use_avx512() ? "avx512" : op_use_avx2() ? "avx2" : "portable";
+}
+
+/* The highest level that runs. */
+const char *eng_kernels(void)
+{
+    return op_use_avx512bf16()   ? "avx512-bf16"
+           : op_use_avx512vnni() ? "avx512-vnni"
+                                 : widening_level();
+}
+
+/* The level a format's projections take: BF16 and Q8 have their own. */
+const char *eng_kernels_for(const char *dtype)
+{
+    if (strcmp(dtype, "bf16") == 0 && op_use_avx512bf16()) return "avx512-bf16";
+    if (strcmp(dtype, "q8") == 0 && op_use_avx512vnni()) return "avx512-vnni";
+    return widening_level();
 }

@@ -310,7 +310,7 @@ static float dot16(const float *a, const op_w *w, size_t off, size_t n)
 
 float op_dot(const float *a, const float *b, size_t n)
 {
-    op_w w = {b, NULL, OP_F32, 0};
+    op_w w = {b, NULL, OP_F32, 0, NULL, NULL};
     return dot16(a, &w, 0, n);
 }
 
@@ -512,9 +512,19 @@ static void lm_task(void *arg, size_t begin, size_t end, size_t tid)
     }
 }
 
-void op_lm_head(op_pool *pool, float *out, const float *h, const op_w *wte, size_t T, size_t C,
-                size_t V)
+void op_lm_head(op_pool *pool, float *scratch, float *out, const float *h, const op_w *wte,
+                size_t T, size_t C, size_t V)
 {
+#if HAVE_X86
+    /* The "avx512-bf16" level: the pair copy of wte (op_matmul_bf16.c,
+     * the projections' kernels with no bias). */
+    if (wte->dt == OP_BF16 && wte->pairs != NULL && op_use_avx512bf16()) {
+        op_lm_head_bf16dp(pool, scratch, out, h, wte, T, C, V);
+        return;
+    }
+#else
+    (void)scratch;
+#endif
     lm_ctx c = {out, h, wte, T, C, V};
     op_pool_run(pool, (V + LM_VROWS - 1) / LM_VROWS, lm_task, &c);
 }

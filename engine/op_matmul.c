@@ -614,7 +614,8 @@ static void mm_task(void *arg, size_t begin, size_t end, size_t tid)
 
 size_t op_matmul_scratch_floats(size_t threads, size_t K, size_t N)
 {
-    return threads * mm_thread_floats(K, N);
+    size_t bf16 = op_matmul_bf16_scratch_floats(K), q8 = op_matmul_q8_scratch_floats(K);
+    return threads * mm_thread_floats(K, N) + (bf16 > q8 ? bf16 : q8);
 }
 
 /* A panel W needs N % OP_PANEL == 0 (kernels.h): the loader binds no other
@@ -623,6 +624,16 @@ void op_matmul(op_pool *pool, float *pack, float *out, const float *in, const op
                const op_w *b, size_t T, size_t K, size_t N)
 {
     mm_ctx c = {out, in, *W, *b, b->dt == OP_F32 ? b->p : NULL, T, K, N, pack};
+#if HAVE_X86
+    if (W->dt == OP_BF16 && W->pairs != NULL && op_use_avx512bf16()) {
+        op_matmul_bf16dp(pool, &c, mm_thread_floats(K, N));
+        return;
+    }
+    if (W->dt == OP_Q8 && W->quads != NULL && op_use_avx512vnni()) {
+        op_matmul_q8vnni(pool, &c, mm_thread_floats(K, N));
+        return;
+    }
+#endif
     size_t unit = W->panel ? OP_PANEL : MM_COLS;
     op_pool_run(pool, (N + unit - 1) / unit, mm_task, &c);
 }

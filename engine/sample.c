@@ -13,8 +13,10 @@
  * a row). With top-k, a heap keeps the k strongest and only they are sorted.
  *
  * Before the draw, samp_row shapes a sequence's row (logit bias, presence
- * and frequency penalties; internal.h, samp_seq) and takes the logprobs of
- * the row as the model gave it; the scheduler only hands rows over.
+ * and frequency penalties, then a structured output's token mask;
+ * internal.h, samp_seq) and takes the logprobs of the row as the model gave
+ * it (before the mask); the scheduler only hands rows over. Temperature,
+ * top-k and top-p then apply to the masked row.
  */
 #include "internal.h"
 
@@ -324,9 +326,10 @@ void samp_logprobs(eng_event *ev, const float *x, size_t V, int32_t chosen, int 
     for (size_t k = 0; k < have; k++) ev->top_logprobs[k] = (float)(x[ev->top_ids[k]] - lz);
 }
 
-/* The distribution q samples from: the bias, then the penalties, in place.
- * (A token mask goes last, here.) */
-static void shape_row(float *row, const samp_seq *q, samp_thread *th)
+/* The distribution q samples from: the bias, then the penalties, then the
+ * structured outputs' mask (a disallowed token's logit becomes -inf), in
+ * place. */
+static void shape_row(float *row, size_t V, const samp_seq *q, samp_thread *th)
 {
     const eng_sampling *sp = q->sp;
     for (size_t b = 0; b < sp->nbias; b++) row[sp->bias[b].token] += sp->bias[b].bias;
@@ -341,12 +344,36 @@ static void shape_row(float *row, const samp_seq *q, samp_thread *th)
             }
         }
     }
+    if (q->allow != NULL)
+        for (size_t i = 0; i < V; i++)
+            if (!(q->allow[i >> 6] >> (i & 63) & 1)) row[i] = -INFINITY;
+}
+
+/* The strongest allowed token of row (masked draws only: see samp_row). */
+static int32_t best_allowed(const float *row, size_t V, const uint64_t *allow)
+{
+    int32_t best = -1;
+    for (size_t i = 0; i < V; i++)
+        if ((allow[i >> 6] >> (i & 63) & 1) && (best < 0 || row[i] > row[best])) best = (int32_t)i;
+    return best < 0 ? 0 : best;
 }
 
 void samp_row(eng_event *ev, samp_thread *th, float *row, size_t V, const samp_seq *q, eng_rng *rng)
 {
     if (q->logprobs >= 0) memcpy(th->raw, row, V * sizeof *row);
-    shape_row(row, q, th);
+    shape_row(row, V, q, th);
+    if (q->allow != NULL && q->logprobs < 0) memcpy(th->raw, row, V * sizeof *row);
     ev->token = eng_sample(row, V, q->sp, rng, th->scratch);
+    /* The vector exp floors a weight at exp(-87), so a masked token keeps a
+     * weight of about 1e-38 and a draw could land on it once in 1e33: then
+     * the strongest allowed token is taken instead, the same every time. */
+    if (q->allow != NULL && !(q->allow[ev->token >> 6] >> (ev->token & 63) & 1)) {
+        if (q->logprobs >= 0) { /* th->raw holds the unshaped row: shape it again */
+            memcpy(row, th->raw, V * sizeof *row);
+            shape_row(row, V, q, th);
+        } else
+            memcpy(row, th->raw, V * sizeof *row);
+        ev->token = best_allowed(row, V, q->allow);
+    }
     if (q->logprobs >= 0) samp_logprobs(ev, th->raw, V, ev->token, q->logprobs);
 }

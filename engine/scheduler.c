@@ -1,8 +1,9 @@
 /*
  * engine/scheduler.c: continuous batching over the paged KV cache.
  *
- * Life of a request: submit -> waiting (bounded FIFO) -> admitted when the
- * blocks for prompt + max_tokens are reserved (all or nothing) -> running:
+ * Life of a request: submit -> waiting (bounded, fair order) -> admitted
+ * when the blocks for prompt + max_tokens are reserved (all or nothing) ->
+ * running:
  * prefill chunks, then one decode row per step -> finished (length, end of
  * text, cancelled) -> blocks released, DONE delivered.
  *
@@ -13,6 +14,7 @@
  * the step's sequences and writes the KV blocks and the step's results.
  */
 #include "internal.h"
+#include "sched_int.h"
 #include "tokenizer.h" /* BPE_EOT only: a header edge, no link (docs/architecture.md) */
 
 #include <math.h>
@@ -24,76 +26,7 @@
 /* Rows of prompt logits (echo) per step: bounds the logits buffer. */
 #define ECHO_ROWS 64
 
-typedef struct {
-    uint64_t id;
-    eng_request req; /* prompt and bias point into the owned copies */
-    int32_t *tokens; /* prompt then generated; capacity nprompt + max_tokens */
-    size_t ntokens;
-    size_t generated;
-    size_t prefilled; /* prompt tokens in the cache */
-    eng_seq kv;
-    /* The prefix cache (prefix_cache on). */
-    uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
-    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's */
-    size_t nhashed;  /* leading blocks registered, so read-only */
-    uint64_t chain;  /* chain hash of block nhashed - 1 */
-    size_t cached;   /* prompt tokens taken from the cache */
-    kv_lp *plp;      /* echo: prompt logprobs by position ([0] unused), or NULL */
-    size_t nplp;     /* echo: positions [0, nplp) are known */
-    size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
-    eng_rng rng;
-    int cancelled;
-    int paused; /* eng_sched_pause: no rows until resumed */
-    int in_step;
-    /* This step. */
-    size_t step_first, step_n; /* rows [first, first + n) of the prompt or the last token */
-    int step_samples;
-    size_t step_result, step_nresults; /* into s->results */
-} sch_seq;
-
-/* One row to sample from, or one echoed prompt position's logprobs: the
- * step's item, the row of its logits (SAMPLE_ROW: the sampled last row)
- * and the result it fills. */
-#define SAMPLE_ROW SIZE_MAX
-typedef struct {
-    size_t item, row, result;
-} samp_unit;
-
-struct eng_sched {
-    const eng_model *m;
-    eng_sched_opts o;
-    eng_kv *kv;
-    eng_workspace *ws;
-    uint64_t next_id;
-    sch_seq **running;
-    size_t nrunning;
-    sch_seq **queue; /* ring of o.max_queue entries */
-    size_t qhead, qlen;
-    size_t qlimit; /* waiting requests before ENG_EFULL (<= o.max_queue) */
-    /* The planned step. */
-    int planned, executed;
-    eng_item *items;
-    sch_seq **step_seqs;
-    size_t nitems, rows;
-    float *logits; /* logit_rows x V */
-    size_t logit_rows;
-    eng_event *results; /* logit_rows */
-    size_t nresults;
-    eng_status step_rc;
-    char step_err[256];
-    /* Sampling (execute), on the step's worker threads: the units of this
-     * step, and each thread's scratch. */
-    samp_unit *units; /* logit_rows */
-    size_t nthreads;
-    samp_thread *thr; /* nthreads */
-    /* What execute measured (its thread's), folded into stats by complete:
-     * stats is the loop thread's, read by eng_sched_stats_get at any time,
-     * also while a step runs. */
-    double exec_seconds, exec_sample;
-    eng_sched_stats stats;
-};
-
-static double now_s(void)
+double sch_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -107,6 +40,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     eng_sched_opts o = *opts;
     if (o.block_len == 0) o.block_len = 16;
     if (o.max_running == 0) o.max_running = 64;
+    if (o.tenant_spare == 0) o.tenant_spare = o.max_running / 8 > 0 ? o.max_running / 8 : 1;
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
     eng_sched *s = calloc(1, sizeof *s);
@@ -114,22 +48,23 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     s->m = m;
     s->o = o;
     s->next_id = 1;
+    s->slots = o.max_running + o.tenant_spare;
     size_t V = m->cfg.n_vocab;
     eng_status rc = eng_kv_new(m, o.kv_bytes, o.block_len, &s->kv, err, errlen);
     if (rc != ENG_OK) goto fail;
     /* Prompt rows within the budget plus one decode row per running
      * sequence on top. */
-    rc = eng_workspace_new(m, o.step_tokens + o.max_running, o.threads, &s->ws);
+    rc = eng_workspace_new(m, o.step_tokens + s->slots, o.threads, &s->ws);
     if (rc != ENG_OK) {
         errbuf_set(err, errlen, "cannot allocate the step workspace");
         goto fail;
     }
-    s->logit_rows = o.max_running + ECHO_ROWS;
-    s->running = calloc(o.max_running, sizeof *s->running);
+    s->logit_rows = s->slots + ECHO_ROWS;
+    s->running = calloc(s->slots, sizeof *s->running);
     s->queue = calloc(o.max_queue, sizeof *s->queue);
     s->qlimit = o.max_queue;
-    s->items = calloc(o.max_running, sizeof *s->items);
-    s->step_seqs = calloc(o.max_running, sizeof *s->step_seqs);
+    s->items = calloc(s->slots, sizeof *s->items);
+    s->step_seqs = calloc(s->slots, sizeof *s->step_seqs);
     s->logits = malloc(s->logit_rows * V * sizeof *s->logits);
     s->results = calloc(s->logit_rows, sizeof *s->results);
     s->units = calloc(s->logit_rows, sizeof *s->units);
@@ -195,6 +130,7 @@ static void seq_free(eng_sched *s, sch_seq *q)
     free(q->plp);
     free(q->tokens);
     free((void *)q->req.sampling.bias);
+    gram_matcher_free(q->gm);
     free(q);
 }
 
@@ -217,6 +153,38 @@ void eng_sched_free(eng_sched *s)
     free(s);
 }
 
+/* 1 if a and b are of one group (eng_request.group; 0: each alone). */
+static int same_group(const sch_seq *a, const sch_seq *b)
+{
+    return a == b
+           || (a->req.group != 0 && a->req.tenant == b->req.tenant && a->req.group == b->req.group);
+}
+
+/* A new waiting sequence's stamps: those its tenant's (group's) waiting
+ * sequences carry, or the latest admission among its running ones, or 0
+ * (a tenant with nothing in the scheduler was served longest ago). */
+static void inherit_stamps(const eng_sched *s, sch_seq *q)
+{
+    int tenant_known = 0, group_known = 0;
+    for (size_t i = 0; i < s->qlen; i++) {
+        const sch_seq *w = s->queue[(s->qhead + i) % s->o.max_queue];
+        if (w->req.tenant != q->req.tenant) continue;
+        q->tenant_stamp = w->tenant_stamp;
+        tenant_known = 1;
+        if (same_group(w, q)) {
+            q->group_stamp = w->group_stamp;
+            group_known = 1;
+        }
+    }
+    for (size_t i = 0; i < s->nrunning; i++) {
+        const sch_seq *a = s->running[i];
+        if (a->req.tenant != q->req.tenant) continue;
+        if (!tenant_known && a->admitted > q->tenant_stamp) q->tenant_stamp = a->admitted;
+        if (!group_known && same_group(a, q) && a->admitted > q->group_stamp)
+            q->group_stamp = a->admitted;
+    }
+}
+
 eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, char *err,
                             size_t errlen)
 {
@@ -235,6 +203,9 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     if (r->logprobs > ENG_MAX_TOP)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
                            ENG_MAX_TOP);
+    if (r->grammar != NULL && (r->vocab == NULL || gram_vocab_size(r->vocab) != c->n_vocab))
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                           "a grammar needs the model's vocabulary (%zu tokens)", c->n_vocab);
     size_t total = r->nprompt + r->max_tokens;
     if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
         return ERRBUF_FAIL(
@@ -256,8 +227,10 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     uint64_t *phash = nphash ? malloc(nphash * sizeof *phash) : NULL;
     int keep_lp = s->o.prefix_cache && r->echo;
     kv_lp *plp = keep_lp ? calloc(r->nprompt, sizeof *plp) : NULL;
+    gram_matcher *gm = r->grammar ? gram_matcher_new(r->grammar, r->vocab) : NULL;
     if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
-        || (nphash && phash == NULL) || (keep_lp && plp == NULL)) {
+        || (nphash && phash == NULL) || (keep_lp && plp == NULL) || (r->grammar && gm == NULL)) {
+        gram_matcher_free(gm);
         free(q);
         free(tokens);
         free(bias);
@@ -279,9 +252,12 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     q->req = *r;
     q->req.prompt = tokens;
     q->req.sampling.bias = bias;
+    q->req.grammar = NULL; /* the matcher holds the reference */
+    q->gm = gm;
     q->tokens = tokens;
     q->ntokens = r->nprompt;
     eng_rng_seed(&q->rng, r->seed);
+    inherit_stamps(s, q);
     s->queue[(s->qhead + s->qlen) % s->o.max_queue] = q;
     s->qlen++;
     *id = q->id;
@@ -289,7 +265,7 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
 }
 
 /* Removes q from the running set (order kept: admission order). */
-static void running_remove(eng_sched *s, sch_seq *q)
+void sch_running_remove(eng_sched *s, sch_seq *q)
 {
     for (size_t i = 0; i < s->nrunning; i++)
         if (s->running[i] == q) {
@@ -299,7 +275,7 @@ static void running_remove(eng_sched *s, sch_seq *q)
         }
 }
 
-static void finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
+void sch_finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
 {
     eng_event ev = {.kind = ENG_EV_DONE,
                     .id = q->id,
@@ -313,17 +289,27 @@ static void finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message
     cb(user, &ev);
 }
 
+/* The i-th waiting sequence (0: the earliest). */
+static sch_seq **queue_at(const eng_sched *s, size_t i)
+{
+    return &s->queue[(s->qhead + i) % s->o.max_queue];
+}
+
+/* Takes the i-th waiting sequence out of the queue, the order of the
+ * others kept. */
+static void queue_remove(eng_sched *s, size_t i)
+{
+    for (size_t k = i; k + 1 < s->qlen; k++) *queue_at(s, k) = *queue_at(s, k + 1);
+    s->qlen--;
+}
+
 void eng_sched_cancel(eng_sched *s, uint64_t id)
 {
     for (size_t i = 0; i < s->qlen; i++) {
-        size_t at = (s->qhead + i) % s->o.max_queue;
-        sch_seq *q = s->queue[at];
+        sch_seq *q = *queue_at(s, i);
         if (q->id != id) continue;
-        for (size_t k = i; k + 1 < s->qlen; k++)
-            s->queue[(s->qhead + k) % s->o.max_queue] =
-                s->queue[(s->qhead + k + 1) % s->o.max_queue];
-        s->qlen--;
-        finish(s, q, ENG_FINISH_CANCELLED, NULL);
+        queue_remove(s, i);
+        sch_finish(s, q, ENG_FINISH_CANCELLED, NULL);
         return;
     }
     for (size_t i = 0; i < s->nrunning; i++) {
@@ -333,8 +319,8 @@ void eng_sched_cancel(eng_sched *s, uint64_t id)
             q->cancelled = 1; /* retired by eng_sched_complete */
             return;
         }
-        running_remove(s, q);
-        finish(s, q, ENG_FINISH_CANCELLED, NULL);
+        sch_running_remove(s, q);
+        sch_finish(s, q, ENG_FINISH_CANCELLED, NULL);
         return;
     }
 }
@@ -414,15 +400,72 @@ static int waits_for_earlier(const eng_sched *s, size_t i)
     return 0;
 }
 
+/* Counts, for every waiting sequence, the running sequences of its tenant
+ * and of its group: O(waiting x running), once a plan that has a free
+ * slot; admissions then update the counts in O(waiting). */
+static void count_held(eng_sched *s)
+{
+    for (size_t i = 0; i < s->qlen; i++) {
+        sch_seq *q = *queue_at(s, i);
+        q->held_tenant = q->held_group = 0;
+        for (size_t j = 0; j < s->nrunning; j++) {
+            const sch_seq *a = s->running[j];
+            if (a->req.tenant != q->req.tenant) continue;
+            q->held_tenant++;
+            if (same_group(a, q)) q->held_group++;
+        }
+    }
+}
+
+/* 1 if a tenant (group) holding `held` running sequences, last served at
+ * admission `stamp`, goes before one holding held2, last served at stamp2:
+ * fewer running first, then the one served longer ago (round robin). */
+static int goes_before(size_t held, uint64_t stamp, size_t held2, uint64_t stamp2)
+{
+    return held != held2 ? held < held2 : stamp < stamp2;
+}
+
+/* The waiting sequence (its queue index) that the next free slot goes to,
+ * or SIZE_MAX when no one may take one: the tenant that holds the fewest
+ * running sequences (below max_running), then the one served longest ago,
+ * then the earliest; within it the group by the same rules; within the
+ * group the earliest. Every waiting sequence of a tenant (group) carries
+ * the same counts and stamps, so a strict comparison in queue order keeps
+ * the earliest on a tie, and the last rule needs no code. */
+static size_t fair_next(const eng_sched *s)
+{
+    if (s->nrunning >= s->slots) return SIZE_MAX;
+    size_t pick = SIZE_MAX;
+    for (size_t i = 0; i < s->qlen; i++) {
+        const sch_seq *q = *queue_at(s, i), *p = pick == SIZE_MAX ? NULL : *queue_at(s, pick);
+        if (q->held_tenant >= s->o.max_running) continue;
+        if (p == NULL
+            || goes_before(q->held_tenant, q->tenant_stamp, p->held_tenant, p->tenant_stamp))
+            pick = i;
+    }
+    if (pick == SIZE_MAX) return SIZE_MAX;
+    uint64_t tenant = (*queue_at(s, pick))->req.tenant;
+    for (size_t i = pick + 1; i < s->qlen; i++) {
+        const sch_seq *q = *queue_at(s, i), *p = *queue_at(s, pick);
+        if (q->req.tenant == tenant
+            && goes_before(q->held_group, q->group_stamp, p->held_group, p->group_stamp))
+            pick = i;
+    }
+    return pick;
+}
+
 int eng_sched_plan(eng_sched *s)
 {
     if (s->planned) return 1;
-    /* Admission, FIFO: the head waits until its blocks fit (no overtaking,
-     * so a large request is never starved by small ones). With the prefix
-     * cache only the blocks past its cached prefix are new, and cached
-     * blocks nobody holds count as free. */
-    while (s->qlen > 0 && s->nrunning < s->o.max_running) {
-        sch_seq *q = s->queue[s->qhead];
+    /* Admission in the fair order (fair_next): the one chosen waits until
+     * its blocks fit (no overtaking, so a large request is never starved by
+     * small ones). With the prefix cache only the blocks past its cached
+     * prefix are new, and cached blocks nobody holds count as free. */
+    if (s->qlen > 0 && s->nrunning < s->slots) count_held(s);
+    while (s->qlen > 0) {
+        size_t at = fair_next(s);
+        if (at == SIZE_MAX) break;
+        sch_seq *q = *queue_at(s, at);
         size_t positions = q->req.nprompt + q->req.max_tokens, hit = 0;
         eng_status rc = s->o.prefix_cache ? kv_admit(s->kv, &q->kv, q->tokens, q->phash, q->maxhit,
                                                      positions, q->plp, &hit)
@@ -431,9 +474,18 @@ int eng_sched_plan(eng_sched *s)
         if (q->maxhit > 0) s->stats.prefix_lookups++;
         took_cached(s, q, hit);
         if (q->plp != NULL && hit > 0) q->nplp = q->kv.len + 1; /* and one more */
-        s->qhead = (s->qhead + 1) % s->o.max_queue;
-        s->qlen--;
+        queue_remove(s, at);
+        q->admitted = ++s->admissions;
         s->running[s->nrunning++] = q;
+        for (size_t i = 0; i < s->qlen; i++) {
+            sch_seq *w = *queue_at(s, i);
+            if (w->req.tenant != q->req.tenant) continue;
+            w->held_tenant++;
+            w->tenant_stamp = q->admitted;
+            if (!same_group(w, q)) continue;
+            w->held_group++;
+            w->group_stamp = q->admitted;
+        }
     }
     /* The batch: a decode row for every running sequence, then prompt
      * chunks within the budget. Decode rows do not take from the budget:
@@ -490,193 +542,6 @@ int eng_sched_plan(eng_sched *s)
     }
     s->planned = s->nitems > 0;
     return s->planned;
-}
-
-/* One unit of a step's sampling, on worker thread tid. */
-static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
-{
-    size_t V = s->m->cfg.n_vocab;
-    sch_seq *q = s->step_seqs[u->item];
-    const eng_item *it = &s->items[u->item];
-    eng_event *ev = &s->results[u->result];
-    if (u->row != SAMPLE_ROW) { /* echo: row j predicts prompt token step_first + j + 1 */
-        /* All ENG_MAX_TOP for the cache; the request gets its first ones. */
-        samp_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
-        return;
-    }
-    float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
-    samp_seq sq = {.sp = &q->req.sampling,
-                   .generated = q->tokens + q->req.nprompt,
-                   .ngenerated = q->ntokens > q->req.nprompt ? q->ntokens - q->req.nprompt : 0,
-                   .logprobs = q->req.logprobs};
-    samp_row(ev, &s->thr[tid], last, V, &sq, &q->rng);
-}
-
-static void sample_task(void *arg, size_t begin, size_t end, size_t tid)
-{
-    eng_sched *s = arg;
-    for (size_t i = begin; i < end; i++) sample_unit(s, &s->units[i], tid);
-}
-
-void eng_sched_execute(eng_sched *s)
-{
-    if (!s->planned) return;
-    double t0 = now_s();
-    s->nresults = 0;
-    s->step_rc =
-        eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err, sizeof s->step_err);
-    double t_sample = now_s();
-    if (s->step_rc == ENG_OK) {
-        /* Every event's slot and header first, in item order; then the
-         * sampling and logprobs of all rows at once on the workers. Each
-         * unit touches only its own logits row, its own event and its own
-         * sequence's random stream, so the split changes no result. */
-        size_t nunits = 0;
-        for (size_t i = 0; i < s->nitems; i++) {
-            sch_seq *q = s->step_seqs[i];
-            const eng_item *it = &s->items[i];
-            q->step_result = s->nresults;
-            for (size_t j = 0; it->want == ENG_LOGITS_ALL && j < it->n; j++) {
-                size_t pos = q->step_first + j + 1;
-                if (pos >= q->req.nprompt) break;
-                s->results[s->nresults] = (eng_event){.kind = ENG_EV_PROMPT_LOGPROB,
-                                                      .id = q->id,
-                                                      .token = q->tokens[pos],
-                                                      .index = pos};
-                s->units[nunits++] = (samp_unit){i, j, s->nresults++};
-            }
-            if (q->step_samples) {
-                s->results[s->nresults] =
-                    (eng_event){.kind = ENG_EV_TOKEN, .id = q->id, .index = q->generated};
-                s->units[nunits++] = (samp_unit){i, SAMPLE_ROW, s->nresults++};
-            }
-            q->step_nresults = s->nresults - q->step_result;
-        }
-        op_pool_run(gpt2_workspace_pool(s->ws), nunits, sample_task, s);
-    }
-    double t1 = now_s();
-    s->exec_sample = t1 - t_sample;
-    s->exec_seconds = t1 - t0;
-    s->executed = 1;
-}
-
-/* A prompt logprob event's alternatives, cut to what the request asked. */
-static void cut_top(const sch_seq *q, eng_event *ev)
-{
-    size_t want = q->req.logprobs > 0 ? (size_t)q->req.logprobs : 0;
-    if (ev->ntop > want) ev->ntop = want;
-}
-
-/* echo: the prompt logprobs this step computed, kept by position for the
- * blocks they belong to. */
-static void keep_prompt_lp(eng_sched *s, sch_seq *q)
-{
-    for (size_t k = 0; q->plp != NULL && k < q->step_nresults; k++) {
-        const eng_event *ev = &s->results[q->step_result + k];
-        if (ev->kind != ENG_EV_PROMPT_LOGPROB) continue;
-        kv_lp *d = &q->plp[ev->index];
-        d->logprob = ev->logprob;
-        d->ntop = (uint32_t)ev->ntop;
-        memcpy(d->top_ids, ev->top_ids, sizeof d->top_ids);
-        memcpy(d->top_logprobs, ev->top_logprobs, sizeof d->top_logprobs);
-        q->nplp = ev->index + 1;
-    }
-}
-
-/* echo: the prompt logprobs that came with cached blocks (positions up to
- * the step's first row), delivered before those the step computed, in
- * position order. */
-static void deliver_cached_lp(sch_seq *q)
-{
-    if (q->plp == NULL) return;
-    size_t last = q->step_first < q->req.nprompt ? q->step_first : q->req.nprompt - 1;
-    for (size_t p = q->lp_sent + 1; p <= last && !q->cancelled; p++) {
-        const kv_lp *d = &q->plp[p];
-        eng_event ev = {.kind = ENG_EV_PROMPT_LOGPROB,
-                        .id = q->id,
-                        .token = q->tokens[p],
-                        .index = p,
-                        .logprob = d->logprob,
-                        .ntop = d->ntop};
-        memcpy(ev.top_ids, d->top_ids, sizeof ev.top_ids);
-        memcpy(ev.top_logprobs, d->top_logprobs, sizeof ev.top_logprobs);
-        cut_top(q, &ev);
-        q->lp_sent = p;
-        q->req.on_event(q->req.user, &ev);
-    }
-}
-
-void eng_sched_complete(eng_sched *s)
-{
-    if (!s->planned) return;
-    s->planned = 0;
-    if (s->executed) {
-        double sample = s->stats.times.sample + s->exec_sample;
-        eng_workspace_times(s->ws, &s->stats.times); /* the step's thread is done with it */
-        s->stats.times.sample = sample;
-        s->stats.last_step_seconds = s->exec_seconds;
-    }
-    s->executed = 0;
-    s->stats.steps++;
-    s->stats.last_step_rows = s->rows;
-    s->stats.last_step_seqs = s->nitems;
-    for (size_t i = 0; i < s->nitems; i++) {
-        sch_seq *q = s->step_seqs[i];
-        /* in_step stays set while its events are delivered, so a cancel from
-         * inside a callback only marks it. */
-        if (q->cancelled) {
-            running_remove(s, q);
-            finish(s, q, ENG_FINISH_CANCELLED, NULL);
-            continue;
-        }
-        if (s->step_rc != ENG_OK) {
-            running_remove(s, q);
-            finish(s, q, ENG_FINISH_ERROR, s->step_err);
-            continue;
-        }
-        if (q->prefilled < q->req.nprompt) {
-            q->prefilled += q->step_n;
-            s->stats.prompt_computed += q->step_n;
-        }
-        keep_prompt_lp(s, q);
-        /* The full blocks this step completed become findable. */
-        if (s->o.prefix_cache)
-            kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain, q->plp, q->nplp);
-        deliver_cached_lp(q);
-        eng_finish why = ENG_FINISH_LENGTH;
-        /* max_tokens 0: done once the prompt (and its echo) is through */
-        int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
-        for (size_t k = 0; k < q->step_nresults && !q->cancelled; k++) {
-            eng_event *ev = &s->results[q->step_result + k];
-            if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
-                cut_top(q, ev);
-                q->lp_sent = ev->index;
-            }
-            if (ev->kind == ENG_EV_TOKEN) {
-                q->tokens[q->ntokens++] = ev->token;
-                q->generated++;
-                s->stats.tokens_generated++;
-                if (ev->token == BPE_EOT && !q->req.ignore_eos) {
-                    done = 1;
-                    why = ENG_FINISH_EOS;
-                } else if (q->generated == q->req.max_tokens) {
-                    done = 1;
-                }
-            }
-            q->req.on_event(q->req.user, ev);
-            if (q->cancelled) break; /* cancelled from inside the callback */
-        }
-        if (q->cancelled) {
-            running_remove(s, q);
-            finish(s, q, ENG_FINISH_CANCELLED, NULL);
-        } else if (done) {
-            running_remove(s, q);
-            finish(s, q, why, NULL);
-        } else {
-            q->in_step = 0;
-        }
-    }
-    s->nitems = 0;
 }
 
 int eng_sched_step(eng_sched *s)

@@ -55,6 +55,72 @@ sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen)
     return SFT_OK;
 }
 
+/* A name's rule (gpt2d.model_name, gpt2d.owned_by): 1 to WF_NAME_MAX - 1
+ * printable ASCII characters without spaces. */
+static int name_ok(const char *v)
+{
+    size_t n = strlen(v);
+    if (n == 0 || n >= WF_NAME_MAX) return 0;
+    for (const char *p = v; *p; p++)
+        if (*p <= ' ' || *p > '~') return 0;
+    return 1;
+}
+
+/* A description's rule: 1 to WF_DESCRIPTION_MAX - 1 bytes of UTF-8 without
+ * control characters (one line, safe in a log line and a page). */
+static int description_ok(const char *v)
+{
+    size_t n = strlen(v);
+    if (n == 0 || n >= WF_DESCRIPTION_MAX || !sft__utf8_ok(v)) return 0;
+    for (const char *p = v; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) return 0;
+    return 1;
+}
+
+int wf_meta_ok(const char *key, const char *value, char *err, size_t errlen)
+{
+    const char *rule = NULL;
+    if (strcmp(key, WF_META_NAME) == 0 || strcmp(key, WF_META_OWNED_BY) == 0) {
+        if (!name_ok(value)) rule = "1 to 127 printable ASCII characters without spaces";
+    } else if (strcmp(key, WF_META_DESCRIPTION) == 0) {
+        if (!description_ok(value))
+            rule = "one line of 1 to 1023 bytes of UTF-8 without control characters";
+    } else if (strcmp(key, WF_META_WEIGHTS) == 0) {
+        if (strcmp(value, "random") != 0 && strcmp(value, "trained") != 0)
+            rule = "\"random\" or \"trained\"";
+    } else if (strncmp(key, "gpt2d.", 6) == 0) {
+        rule = strcmp(key, WF_META_FORMAT) == 0 || strcmp(key, WF_META_Q8_BLOCK) == 0
+                       || strcmp(key, WF_META_LAYOUT) == 0
+                   ? "written by gpt2d convert itself (--dtype, --layout)"
+                   : "not a key gpt2d knows (" WF_META_NAME ", " WF_META_OWNED_BY
+                     ", " WF_META_DESCRIPTION ", " WF_META_WEIGHTS ")";
+    }
+    if (rule == NULL) return 1;
+    if (err != NULL && errlen > 0) snprintf(err, errlen, "%s: %s", key, rule);
+    return 0;
+}
+
+sft_status wf_about_get(const sft_file *f, wf_about *out, char *err, size_t errlen)
+{
+    static const char *const keys[] = {WF_META_NAME, WF_META_OWNED_BY, WF_META_DESCRIPTION,
+                                       WF_META_WEIGHTS};
+    const char *v[4];
+    for (size_t i = 0; i < 4; i++) {
+        v[i] = sft_metadata_get(f, keys[i]);
+        char why[256];
+        if (v[i] != NULL && !wf_meta_ok(keys[i], v[i], why, sizeof why))
+            return sft__fail(err, errlen, SFT_EFORMAT, sft_path(f), "metadata %s must be %s",
+                             keys[i], why + strlen(keys[i]) + 2);
+    }
+    *out = (wf_about){.name = v[0],
+                      .owned_by = v[1],
+                      .description = v[2],
+                      .weights = v[3] == NULL                  ? "unknown"
+                                 : strcmp(v[3], "random") == 0 ? "random"
+                                                               : "trained"};
+    return SFT_OK;
+}
+
 int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[2])
 {
     if (wf_q8_along_columns(name)) {

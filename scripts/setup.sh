@@ -1,29 +1,52 @@
 #!/usr/bin/env bash
-# scripts/setup.sh: installs the Debian 12 packages gpt2d needs to build, test
-# and benchmark, when they are missing. Idempotent; uses sudo when not root.
+# scripts/setup.sh [--test]: installs the Debian 12 packages gpt2d needs,
+# when they are missing. Idempotent; uses sudo when not root.
+#   scripts/setup.sh          what building and serving need (scripts/run.sh)
+#   scripts/setup.sh --test   that and the test and benchmark tools:
+#                             chromium, promtool, valgrind, nginx, clang,
+#                             wrk, numpy, Node.js, oneDNN (libdnnl-dev, for
+#                             bench/bench_dnnl only)... (scripts/test.sh)
 set -euo pipefail
 
 packages=(
-    build-essential meson ninja-build pkg-config clang   # toolchain, libFuzzer
+    gcc libc6-dev meson ninja-build pkg-config           # toolchain (C only)
+    libjansson-dev libmicrohttpd-dev libuv1-dev          # JSON, HTTP, event loop
+    libopenblas-dev libsystemd-dev                       # BLAS, sd_notify
+    python3                                              # the build's page embedding
+    curl ca-certificates                                 # scripts/download.sh
+)
+test_packages=(
+    build-essential clang                                # libFuzzer
     clang-format git                                     # the format check
-    libjansson-dev check                                 # JSON, unit tests
-    libmicrohttpd-dev libuv1-dev libopenblas-dev         # server, loop, BLAS
-    libsystemd-dev systemd                               # sd_notify, systemd tools
-    python3 python3-numpy                                # numeric reference
-    curl ca-certificates valgrind wrk
+    check                                                # unit tests
+    libgnutls28-dev openssl                              # HTTPS (-Dtls=auto); test certificates
+    systemd                                              # systemd tools
+    python3-numpy                                        # numeric reference
+    valgrind wrk
     nginx-light python3-yaml                             # scale-out tests
     chromium prometheus                                  # playground test, promtool
+    libdnnl-dev                                          # bench_dnnl only (oneDNN): benchmark-only
 )
+case "${1:-}" in
+"") ;;
+--test) packages+=("${test_packages[@]}") ;;
+*)
+    echo "usage: scripts/setup.sh [--test]" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# Node.js (tiktoken, the OpenAI client): Debian's nodejs and npm, unless a
-# node and npm are already there (NodeSource's nodejs bundles npm and
-# conflicts with Debian's npm package).
-command -v node >/dev/null || missing+=(nodejs)
-command -v npm >/dev/null || missing+=(npm)
+# Node.js (tiktoken, the OpenAI client), for the tests: Debian's nodejs and
+# npm, unless a node and npm are already there (NodeSource's nodejs bundles
+# npm and conflicts with Debian's npm package).
+if [ "${1:-}" = --test ]; then
+    command -v node >/dev/null || missing+=(nodejs)
+    command -v npm >/dev/null || missing+=(npm)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

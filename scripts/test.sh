@@ -30,7 +30,7 @@ if skipped:
 PY
 }
 
-scripts/setup.sh
+scripts/setup.sh --test
 # The references the differential tests compare against (npm, pinned by
 # package-lock.json). A failure here fails the run: those tests must not be
 # skipped in CI.

@@ -4,7 +4,8 @@ against a live server at BASE (in place of http://127.0.0.1:8080).
 
 An example is an indented block whose first line starts with "curl" (lines
 ending in a backslash continue it). Each must exit 0 and print JSON, or, for
-a stream, SSE events ending with "data: [DONE]". The lines of the block after
+a stream, SSE events ending with "data: [DONE]" (a Responses stream: named
+events numbered from 0, ending with its final response). The lines of the block after
 the command, if any, are the documented answer: the output must be exactly
 that JSON, byte for byte (the compact JSON the server writes).
 
@@ -76,7 +77,18 @@ for b in blocks:
     if r.returncode != 0:
         sys.exit(f"FAIL: `{shell}` exited {r.returncode}: {r.stderr}")
     out = r.stdout
-    if out.startswith("data: "):
+    if out.startswith("event: "):
+        # The Responses API's named events: "event: TYPE" and its data, each
+        # data's type the event's, sequence_number 0, 1, ..., ending with the
+        # final response (no [DONE]).
+        events = [e.split("\n") for e in out.split("\n\n") if e.strip() and not e.startswith(":")]
+        for n, e in enumerate(events):
+            data = json.loads(e[1][len("data: "):]) if len(e) == 2 and e[1].startswith("data: ") else None
+            if data is None or data.get("type") != e[0][len("event: "):] or data.get("sequence_number") != n:
+                sys.exit(f"FAIL: `{shell}`: event {n} is {e!r}")
+        if events[-1][0] not in ("event: response.completed", "event: response.incomplete"):
+            sys.exit(f"FAIL: `{shell}`: the stream ends with {events[-1][0]!r}")
+    elif out.startswith("data: "):
         events = [e for e in out.split("\n\n") if e.strip()]
         if events[-1] != "data: [DONE]":
             sys.exit(f"FAIL: `{shell}`: the stream does not end with [DONE]: {out[-200:]!r}")
@@ -88,7 +100,7 @@ for b in blocks:
             got = last = json.loads(out)
         except ValueError:
             sys.exit(f"FAIL: `{shell}` did not print JSON: {out[:200]!r}")
-        if "error" in got and not expected:
+        if isinstance(got.get("error"), dict) and not expected:  # (a response object has "error": null)
             sys.exit(f"FAIL: `{shell}` answered an error: {out}")
         # The documented answer is what the server writes, byte for byte
         # (compact JSON, keys in the server's order); an answer that holds a

@@ -20,7 +20,9 @@ layers read top-down (daemon -> api -> http) with no edge upward, even one
 that closes no cycle. A leaf (a file that calls and includes no other
 server/ file: the pure parsers oai.c and sse.c, metrics.c's counters,
 systemd.c's protocol) is a library below every layer, wherever its folder
-puts it, and any file may use it.
+puts it, and any file may use it. A module split over files counts as one:
+X.c, X.h and X_*.c / X_*.h beside them (oai.c, oai_chat.c, oai_resp.c and
+their private oai_int.h call and include only each other: one leaf).
 
 Prints every cycle and upward edge found (one per strongly connected component, as a path)
 and exits 1, or prints how many objects and files it read and exits 0.
@@ -193,23 +195,37 @@ def layer_of(rel):
     return LAYERS.get(top) if '/' in rel else None
 
 
+def module_of(rel, stems):
+    """A file's module: its path without the extension (a .c and its .h are
+    one), or X where it is X_something beside an X.c or X.h (a module split
+    over files, with its private header)."""
+    stem = os.path.splitext(rel)[0]
+    folder, base = os.path.split(stem)
+    head = base.split('_', 1)[0]
+    if head != base and os.path.join(folder, head) in stems:
+        return os.path.join(folder, head)
+    return stem
+
+
 def leaves_of(calls, includes):
-    """Files with no edge out in either graph (a .c and its .h count as one:
-    a header's include of its own leaf's types is no edge out)."""
+    """Modules (module_of) with no edge out in either graph: a header's
+    include of its own leaf's types, or a call between the files of one
+    module, is no edge out."""
+    stems = {os.path.splitext(f)[0] for g in (calls, includes) for f in g}
     out = {}
     for g in (calls, includes):
         for a, bs in g.items():
-            stem = os.path.splitext(a)[0]
-            out.setdefault(stem, set()).update(os.path.splitext(b)[0] for b in bs)
-    return {stem for stem, bs in out.items() if not (bs - {stem})}
+            mod = module_of(a, stems)
+            out.setdefault(mod, set()).update(module_of(b, stems) for b in bs)
+    return {mod for mod, bs in out.items() if not (bs - {mod})}, stems
 
 
-def report_upward(kind, graph, why=None, leaves=frozenset()):
+def report_upward(kind, graph, why=None, leaves=frozenset(), stems=frozenset()):
     bad = 0
     for a in sorted(graph):
         for b in sorted(graph[a]):
             la, lb = layer_of(a), layer_of(b)
-            if os.path.splitext(b)[0] in leaves:
+            if module_of(b, stems) in leaves:
                 continue
             if la is not None and lb is not None and lb < la:
                 what = f': {", ".join(sorted(why.get((a, b), ())))}' if why else ''
@@ -229,8 +245,9 @@ def main(argv):
     calls, why = call_graph(libs)
     includes = include_graph(root)
     n = report('call', calls, why) + report('include', includes)
-    leaves = leaves_of(calls, includes)
-    n += report_upward('call', calls, why, leaves) + report_upward('include', includes, None, leaves)
+    leaves, stems = leaves_of(calls, includes)
+    n += (report_upward('call', calls, why, leaves, stems)
+          + report_upward('include', includes, None, leaves, stems))
     if n:
         print(f'FAIL: {n} cycle(s) or upward edge(s); a file that calls into a file that called it shows a concern in '
               'the wrong file (STYLE.md Part 3)')

@@ -1,12 +1,19 @@
 #!/usr/bin/python3
-"""tests/q8_accuracy.py GPT2D ENGINE_LOGITS MODEL [POSITIONS] [--check]: the q8
-format against the F32 file it was converted from, on the same weights.
+"""tests/q8_accuracy.py GPT2D ENGINE_LOGITS MODEL [POSITIONS] [--check] [--dtype q8|bf16]:
+a changed weight format (q8 by default, or bf16) against the F32 file it was
+converted from, on the same weights, through the kernels this CPU takes for
+it (bf16: avx512-bf16, inputs rounded to BF16, where the CPU has
+AVX512_BF16; q8: avx512-vnni, inputs quantized per block of 32, where it
+has AVX512_VNNI; the widening kernels elsewhere, GPT2D_KERNELS caps them).
 
 MODEL is one of
   tiny-random        `gpt2d synth`, 2 layers, width 64 (CI)
   tiny-structured    the structured construction below, 2 layers, width 128 (CI)
   small-random       `gpt2d synth` at GPT-2 small's shape
   small-structured   the structured construction at GPT-2 small's shape
+  DIR                a model folder (model.safetensors and config.json in any
+                     format gpt2d reads, e.g. a trained checkpoint such as
+                     models/gpt2d-tiny): converted to F32 and to the format
 
 Structured weights (not random i.i.d.): real checkpoints have heavy tails,
 low-rank structure and a few outlier channels (GPT-2 small's residual stream
@@ -21,8 +28,12 @@ with GPT-2's tokenizer, in windows of the context length less one.
 
 Measures, over every position: max and mean |logit difference|, the KL
 divergence KL(p_f32 || p_q8) of the next-token distributions (mean and max),
-and greedy agreement (the argmax is the same). --check asserts the bounds
-of the CI models (a regression in the format or its kernels fails)."""
+greedy agreement (the argmax is the same) and the perplexity of the text
+under each (its ratio). --check asserts the bounds of the CI models (a
+regression in the format or its kernels fails) and, for every model, the
+issue's bounds on the perplexity ratio and top-1 agreement: bf16 x1.005 and
+>= 97 %, q8 x1.01 and >= 95 % (meaningful on a trained checkpoint; the
+constructed models are held to them too)."""
 import json
 import os
 import shutil
@@ -34,14 +45,23 @@ import tempfile
 try:
     import numpy as np
 except ImportError:  # a missing package skips (exit 77), except in CI (GPT2D_REQUIRE_ALL=1)
-    print("SKIP: python3-numpy is not installed (scripts/setup.sh installs it)", file=sys.stderr)
+    print("SKIP: python3-numpy is not installed (scripts/setup.sh --test installs it)", file=sys.stderr)
     sys.exit(1 if os.environ.get("GPT2D_REQUIRE_ALL") == "1" or os.environ.get("CI") else 77)
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.join(here, "..")
-gpt2d, engine_logits, model = sys.argv[1], sys.argv[2], sys.argv[3]
-positions = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] != "--check" else 1000
-check = "--check" in sys.argv
+args = sys.argv[1:]
+dtype = "q8"
+if "--dtype" in args:
+    i = args.index("--dtype")
+    dtype = args[i + 1]
+    del args[i:i + 2]
+    if dtype not in ("q8", "bf16"):
+        sys.exit(f"--dtype {dtype}: q8 or bf16")
+check = "--check" in args
+args = [a for a in args if a != "--check"]
+gpt2d, engine_logits, model = args[0], args[1], args[2]
+positions = int(args[3]) if len(args) > 3 else 1000
 
 SHAPES = {"tiny": dict(L=2, C=64, H=4, N=128), "tiny-structured": dict(L=2, C=128, H=2, N=128),
           "small": dict(L=12, C=768, H=12, N=1024)}
@@ -51,6 +71,8 @@ SHAPES = {"tiny": dict(L=2, C=64, H=4, N=128), "tiny-structured": dict(L=2, C=12
 # versions of the construction, no more.
 BOUNDS = {"tiny-random": dict(max=0.5, mean=0.05, kl=2e-3, agree=0.93),
           "tiny-structured": dict(max=1.5, mean=0.04, kl=1e-3, agree=0.94)}
+# The issue's bounds (25), every model: perplexity ratio and top-1 agreement.
+ISSUE_BOUNDS = {"bf16": dict(ppl_ratio=1.005, agree=0.97), "q8": dict(ppl_ratio=1.01, agree=0.95)}
 
 
 def save(path, tensors):
@@ -114,12 +136,23 @@ def log_softmax(x):
 
 
 with tempfile.TemporaryDirectory(prefix="gpt2d-q8acc-") as tmp:
-    f32, q8 = os.path.join(tmp, "f32"), os.path.join(tmp, "q8")
+    f32, q8 = os.path.join(tmp, "f32"), os.path.join(tmp, dtype)
     os.mkdir(f32)
     os.mkdir(q8)
-    size, kind = model.split("-")
-    shape = SHAPES["tiny-structured" if model == "tiny-structured" else size]
-    if kind == "random":
+    if os.path.isdir(model):
+        size, kind = None, "folder"
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        shape = dict(N=cfg.get("n_positions", cfg.get("n_ctx", 1024)))
+    else:
+        size, kind = model.split("-")
+        shape = SHAPES["tiny-structured" if model == "tiny-structured" else size]
+    if kind == "folder":
+        subprocess.run([gpt2d, "convert", os.path.join(model, "model.safetensors"),
+                        os.path.join(f32, "model.safetensors"), "--dtype", "f32", "--layout", "hf"],
+                       check=True, capture_output=True)
+        shutil.copy(os.path.join(model, "config.json"), f32)
+    elif kind == "random":
         args = ["--seed", "11"] if size == "small" else [
             "--layers", str(shape["L"]), "--embd", str(shape["C"]), "--heads", str(shape["H"]),
             "--ctx", str(shape["N"]), "--seed", "3"]
@@ -128,7 +161,7 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-q8acc-") as tmp:
     else:
         structured(f32, **shape)
     subprocess.run([gpt2d, "convert", os.path.join(f32, "model.safetensors"),
-                    os.path.join(q8, "model.safetensors"), "--dtype", "q8"],
+                    os.path.join(q8, "model.safetensors"), "--dtype", dtype],
                    check=True, capture_output=True)
     shutil.copy(os.path.join(f32, "config.json"), q8)
     text = ""
@@ -143,6 +176,7 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-q8acc-") as tmp:
     ids = ids[:positions]
     win = shape["N"] - 1
     maxd, sumd, n, kls, agree, spread = 0.0, 0.0, 0, [], 0, []
+    nll_a, nll_b, npred = 0.0, 0.0, 0
     for s in range(0, len(ids), win):
         w = ids[s:s + win]
         a, b = logits(f32, w), logits(q8, w)
@@ -152,17 +186,30 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-q8acc-") as tmp:
         for r in range(0, len(w), 128):
             la, lb = log_softmax(a[r:r + 128]), log_softmax(b[r:r + 128])
             kls.extend((np.exp(la) * (la - lb)).sum(axis=1))
+            nxt = np.array(w[r + 1:r + 129])  # the next token of each row but the last
+            k = len(nxt)
+            nll_a -= float(la[np.arange(k), nxt].sum())
+            nll_b -= float(lb[np.arange(k), nxt].sum())
+            npred += k
         agree += int((a.argmax(axis=1) == b.argmax(axis=1)).sum())
     kls = np.array(kls)
-    res = dict(model=model, positions=len(ids), max_abs_diff=maxd, mean_abs_diff=sumd / n,
+    ppl_a, ppl_b = float(np.exp(nll_a / npred)), float(np.exp(nll_b / npred))
+    res = dict(model=model, dtype=dtype, positions=len(ids), ppl_f32=ppl_a, ppl=ppl_b,
+               ppl_ratio=ppl_b / ppl_a, max_abs_diff=maxd, mean_abs_diff=sumd / n,
                logit_std=float(np.mean(spread)), kl_mean=float(kls.mean()), kl_max=float(kls.max()), greedy_agreement=agree / len(ids),
                f32_bytes=os.path.getsize(os.path.join(f32, "model.safetensors")),
-               q8_bytes=os.path.getsize(os.path.join(q8, "model.safetensors")))
+               format_bytes=os.path.getsize(os.path.join(q8, "model.safetensors")))
     print(json.dumps(res))
     if check:
-        bnd = BOUNDS[model]
-        ok = (res["max_abs_diff"] < bnd["max"] and res["mean_abs_diff"] < bnd["mean"]
-              and res["kl_mean"] < bnd["kl"] and res["greedy_agreement"] > bnd["agree"])
-        if not ok:
+        ok = True
+        bnd = BOUNDS.get(model) if dtype == "q8" else None
+        if bnd is not None and not (
+                res["max_abs_diff"] < bnd["max"] and res["mean_abs_diff"] < bnd["mean"]
+                and res["kl_mean"] < bnd["kl"] and res["greedy_agreement"] > bnd["agree"]):
             print(f"FAIL: outside the bounds {bnd}")
+            ok = False
+        ib = ISSUE_BOUNDS[dtype]
+        if not (res["ppl_ratio"] <= ib["ppl_ratio"] and res["greedy_agreement"] >= ib["agree"]):
+            print(f"FAIL: outside the {dtype} bounds {ib}")
+            ok = False
         sys.exit(0 if ok else 1)

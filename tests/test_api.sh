@@ -5,7 +5,10 @@
 # model names, /v1/models/{id} with odd ids, /version, the playground page in
 # headless chromium (keys on, CORS preflights, a copy on another origin),
 # /metrics after traffic of every kind through promtool, the naming rules
-# and docs/operations.md's table, the info line (and its silence when idle)
+# and docs/operations.md's table, what the server says it serves (a random
+# and a trained-labelled checkpoint: the log, /v1/models through the OpenAI
+# Node client, /version, the playground's header), the info line (and its
+# silence when idle)
 # and the access line, and the command line's --version and option mistakes
 # on every subcommand. Each case is a function case_NAME; name cases to run
 # only those, `--list` lists them (tests/lib/cases.sh). A missing promtool,
@@ -112,7 +115,9 @@ curl -s "${auth[@]}" -o "$dir/m2.json" -w '%{http_code}' "$base/v1/models/gpt-4"
 python3 - "$dir/m1.json" "$dir/m2.json" "$(cat "$dir/m2.code")" <<'PY' || fail "/v1/models/{id}"
 import json, sys
 m1, m2 = (json.load(open(p)) for p in sys.argv[1:3])
-assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d", "dtype": "f32", "layout": "hf"}, m1
+assert m1.pop("kernels") in ("avx512", "avx2", "portable"), m1  # an F32 model: the widening kernels
+assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d", "dtype": "f32", "layout": "hf",
+              "weights": "random", "description": "random weights: the text is nonsense"}, m1
 assert sys.argv[3] == "404" and m2["error"]["code"] == "model_not_found", (sys.argv[3], m2)
 PY
 # Odd ids: an id with a slash, sent as it is or percent-encoded (newer
@@ -232,7 +237,9 @@ for i in (0, 1):
 assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6, chunks[-1]
 assert set(chunks[-1]["usage"]["timings"]) == {"ttft_ms", "total_ms", "completion_tokens_per_second"}, chunks[-1]
 # Refused with a 400 naming the field.
-refused("response_format", response_format={"type": "json_object"})
+refused("response_format", response_format={"type": "xml"})
+refused("response_format.json_schema.schema",
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string", "format": "hostname"}}})
 refused("tools", tools=[{"type": "function", "function": {"name": "f"}}])
 refused("tool_choice", tool_choice="auto")
 refused("function_call", function_call="auto")
@@ -255,6 +262,25 @@ need_node_module @langchain/openai
 node "$here/differential/openai_chat.mjs" "$base/v1" test-key-123 || fail "chat clients"
 }
 
+# POST /v1/responses through the clients that send it by default: the
+# OpenAI client, the AI SDK's openai(model), LangChain with useResponsesApi
+# (tests/differential/openai_responses.mjs); then its access line and its
+# route label in /metrics.
+case_responses_clients() {
+need_node_module openai
+need_node_module ai
+need_node_module @ai-sdk/openai
+need_node_module @langchain/openai
+node "$here/differential/openai_responses.mjs" "$base/v1" test-key-123 || fail "responses clients"
+grep -q 'access POST /v1/responses status=200' "$dir/main.log" || fail "no access line for POST /v1/responses"
+grep -q 'access GET /v1/responses/resp_[0-9a-f]*/input_items status=200' "$dir/main.log" ||
+    fail "no access line for GET /v1/responses/{id}/input_items"
+curl -s "${auth[@]}" "$base/metrics" > "$dir/resp.metrics"
+grep -q '^gpt2d_requests_total{route="/v1/responses",status="200"} [1-9]' "$dir/resp.metrics" &&
+    grep -q '^gpt2d_requests_total{route="/v1/responses/{id}",status="404"} [1-9]' "$dir/resp.metrics" ||
+    fail "the /v1/responses route labels: $(grep responses "$dir/resp.metrics")"
+}
+
 # /version, and the info line while busy.
 case_version() {
 # Alone, this case makes the chat traffic the chat cases would have made.
@@ -264,10 +290,13 @@ curl -s "$base/version" > "$dir/version.json"
 python3 - "$dir/version.json" "$v" <<'PY' || fail "/version"
 import json, sys
 v = json.load(open(sys.argv[1]))
-assert list(v) == ["version", "commit", "buildtype", "sanitize", "kernels", "model", "dtype", "layout"], v
+assert list(v) == ["version", "commit", "buildtype", "sanitize", "kernels", "model", "dtype", "layout", "tls", "scheme",
+                   "owned_by", "weights", "description"], v
+assert v["tls"] in ("gnutls", "none") and v["scheme"] == "http", v
+assert v["owned_by"] == "gpt2d" and v["weights"] == "random" and v["description"] == "random weights: the text is nonsense", v
 assert v["sanitize"] in ("none", "address", "thread", "undefined", "address,undefined", "memory"), v
 assert v["kernels"] in ("avx512", "avx2", "portable") and v["model"] == "gpt2" and v["dtype"] == "f32" and v["layout"] == "hf", v
-assert all(isinstance(x, str) and x for x in v.values()), v
+assert all(isinstance(x, str) and x for x in v.values()), v  # a description too, for a random checkpoint
 assert sys.argv[2] == "gpt2d %s (%s, %s)" % (v["version"], v["commit"], v["buildtype"]), (sys.argv[2], v)
 PY
 grep -q 'info running [0-9]*, queued [0-9]*; prompt [0-9.]* tokens/s, generation [0-9.]* tokens/s; KV cache' "$dir/main.log" ||
@@ -301,7 +330,7 @@ if command -v promtool > /dev/null; then
     promtool check metrics < "$dir/metrics.txt" > "$dir/promtool.out" 2>&1 || fail "promtool: $(cat "$dir/promtool.out")"
 else
     # GPT2D_REQUIRE_ALL=1 (scripts/test.sh) or CI: the lint must run.
-    skip_part "promtool is missing (scripts/setup.sh installs prometheus): the metrics lint was not run"
+    skip_part "promtool is missing (scripts/setup.sh --test installs prometheus): the metrics lint was not run"
 fi
 # The conventions promtool does not check, the traffic's series, and
 # docs/operations.md against the live families (both ways): a new metric
@@ -361,6 +390,9 @@ case_nochat() {
 start nochat --chat-template none --ui false
 code=$(curl -s -o "$dir/nochat.json" -w '%{http_code}' "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}]}')
 [ "$code" = 400 ] && grep -q '/v1/completions' "$dir/nochat.json" || fail "chat_template none: $code $(cat "$dir/nochat.json")"
+code=$(curl -s -o "$dir/noresp.json" -w '%{http_code}' "$base/v1/responses" -d '{"input":"x"}')
+[ "$code" = 400 ] && grep -q '"code":"chat_not_supported"' "$dir/noresp.json" ||
+    fail "chat_template none, /v1/responses: $code $(cat "$dir/noresp.json")"
 code=$(curl -s -o /dev/null -w '%{http_code}' "$base/")
 [ "$code" = 404 ] || fail "--ui false still serves / ($code)"
 }
@@ -391,7 +423,7 @@ PY
 # for the cross-origin calls, listed in cors_origins.
 case_playground() {
 [ -x /usr/bin/chromium ] || [ -x /usr/bin/chromium-browser ] ||
-    skip "no chromium (scripts/setup.sh installs Debian's)"
+    skip "no chromium (scripts/setup.sh --test installs Debian's)"
 need_node_module puppeteer-core
 mkdir -p "$dir/www" && echo '<!doctype html><title>elsewhere</title>' > "$dir/www/index.html"
 python3 -u -m http.server 0 --bind 127.0.0.1 --directory "$dir/www" > "$dir/www.log" 2>&1 &
@@ -417,6 +449,75 @@ curl -s "$base/" > "$dir/www/playground.html"   # the page, served elsewhere too
 shot=${shots:-$dir}/playground.png
 node "$here/differential/playground.mjs" "$base" "$shot" ui-key-456 "$origin" || fail "playground"
 }
+# ---- What the server says it serves -----------------------------------------------
+# A checkpoint's own words (wformat.h: gpt2d.model_name, owned_by,
+# description, weights) in the start-up log, /v1/models (as the OpenAI Node
+# client reads it), /version and the playground's header: for a `gpt2d
+# synth` checkpoint (random weights: said everywhere) and one carrying a
+# trained model's metadata, set by synth --meta and kept by convert to the
+# served bf16 panel64 layout, as the embedded gpt2d-tiny is.
+case_model_labels() {
+desc="gpt2d-tiny: a small model trained by the gpt2d project on test text; not OpenAI's GPT-2"
+mkdir -p "$dir/trained/raw"
+"$gpt2d" synth "$dir/trained/raw/model.safetensors" --layers 2 --embd 64 --heads 2 --ctx 128 \
+    --meta gpt2d.model_name=gpt2d-tiny --meta gpt2d.owned_by=gpt2d --meta "gpt2d.description=$desc" \
+    --meta gpt2d.weights=trained
+"$gpt2d" convert "$dir/trained/raw/model.safetensors" "$dir/trained/model.safetensors" --dtype bf16 --layout panel64 2> /dev/null
+cp "$dir/model/vocab.json" "$dir/model/merges.txt" "$dir/trained/"
+labels() { # name model want_id want_owner want_weights want_description [serve options]
+    local name=$1 model=$2 id=$3 owner=$4 weights=$5 description=$6
+    srv_start "$name" "$model" --kv-cache-mb 64 "${@:7}"
+    curl -s "$base/v1/models" > "$dir/$name.models"
+    curl -s "$base/version" > "$dir/$name.version"
+    curl -s "$base/v1/completions" -d '{"model":"gpt2","prompt":"Hi","max_tokens":2}' > "$dir/$name.gpt2"
+    curl -s "$base/v1/completions" -d "{\"model\":\"$id\",\"prompt\":\"Hi\",\"max_tokens\":2}" > "$dir/$name.own"
+    if command -v node > /dev/null && [ -d "$here/differential/node_modules/openai" ]; then
+        node "$here/differential/models_list.mjs" "$base/v1" > "$dir/$name.node" || fail "$name: models.list"
+    else
+        skip_part "node or the npm package openai is missing: models.list was not checked"
+        echo '{}' > "$dir/$name.node"
+    fi
+    python3 - "$dir/$name" "$id" "$owner" "$weights" "$description" <<'PY' || fail "$name: the labels"
+import json, sys
+p, want_id, owner, weights, description = sys.argv[1:]
+models, version = json.load(open(p + ".models")), json.load(open(p + ".version"))
+m = models["data"][0]
+want = {"id": want_id, "object": "model", "created": 0, "owned_by": owner, "weights": weights, "description": description}
+assert {k: m[k] for k in want} == want, m
+assert (version["model"], version["owned_by"], version["weights"], version["description"]) == (want_id, owner, weights, description), version
+# "gpt2", the default name, is still accepted; answers report the served name.
+for f in (".gpt2", ".own"):
+    a = json.load(open(p + f))
+    assert a.get("model") == want_id, (f, a)
+node = json.load(open(p + ".node"))
+if node:  # what the OpenAI client for Node makes of it: the same fields, unchanged
+    assert node["list"] == [m] and node["retrieved"] == m, (node, m)
+PY
+    local log=$dir/$name.log
+    grep -qF "info model: $id, owned by $owner: $description" "$log" || fail "$name: the log's model line: $(grep 'model:' "$log")"
+    if [ "$weights" = random ]; then
+        grep -q 'warn random weights: the text is nonsense' "$log" && grep -q 'serving .*; random weights: the text is nonsense) on' "$log" ||
+            fail "$name: no random-weights warning: $(head -8 "$log")"
+    else
+        ! grep -q 'random weights' "$log" || fail "$name: a trained model called random: $(grep 'random' "$log")"
+    fi
+    if [ "$name" = named ]; then
+        : # the page reads the same /v1/models: two browsers are enough
+    elif [ -x /usr/bin/chromium ] || [ -x /usr/bin/chromium-browser ]; then
+        [ -d "$here/differential/node_modules/puppeteer-core" ] || skip "npm package puppeteer-core is missing (cd tests/differential && npm ci)"
+        node "$here/differential/playground_label.mjs" "$base" "$id" "$owner" "$weights" "$description" \
+            "${shots:-$dir}/playground-$name.png" || fail "$name: the playground's header"
+    else
+        skip_part "no chromium (scripts/setup.sh --test installs Debian's): the playground's header was not checked"
+    fi
+}
+labels random "$dir/model" gpt2 gpt2d random "random weights: the text is nonsense"
+labels trained "$dir/trained" gpt2d-tiny gpt2d trained "$desc"
+# A name given on the command line wins over the checkpoint's.
+labels named "$dir/trained" my-model gpt2d trained "$desc" --model-name my-model,gpt2
+}
+
 CASES=(command_line bad_template model_ids:main model_names:main chat_transcript:main
-       chat_fields:main chat_clients:main version:main metrics:main nochat template playground)
+       chat_fields:main chat_clients:main responses_clients:main version:main metrics:main nochat template playground
+       model_labels)
 run_cases "$@"

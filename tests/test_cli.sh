@@ -12,7 +12,7 @@ dir=$(mktemp -d /tmp/gpt2d-cli-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 . "$here/lib/cases.sh"
 
-need_numpy() { /usr/bin/python3 -c 'import numpy' 2> /dev/null || skip "python3-numpy is not installed (scripts/setup.sh installs it)"; }
+need_numpy() { /usr/bin/python3 -c 'import numpy' 2> /dev/null || skip "python3-numpy is not installed (scripts/setup.sh --test installs it)"; }
 need_a() { # synth's a.safetensors
     [ -f "$dir/a.safetensors" ] ||
         "$gpt2d" synth "$dir/a.safetensors" --layers 2 --embd 64 --heads 2 --ctx 32 --vocab 300 --seed 3 > /dev/null
@@ -74,7 +74,7 @@ d = json.load(open(sys.argv[1]))
 assert d["tensor_count"] == 160, d["tensor_count"]
 assert d["aligned_count"] == 0
 assert d["data_start"] % 4 == 3, d["data_start"]
-assert d["metadata"] == {"format": "pt"}
+assert d["metadata"] == {"format": "pt", "gpt2d.weights": "random"}, d["metadata"]
 t = {x["name"]: x for x in d["tensors"]}
 assert t["h.0.attn.c_attn.weight"]["shape"] == [768, 2304]
 assert t["h.0.mlp.c_proj.weight"]["shape"] == [3072, 768]
@@ -104,6 +104,33 @@ cmp -s "$dir/a.safetensors" "$dir/c.safetensors" && fail "the seed changes nothi
 "$gpt2d" inspect "$dir/p.safetensors" | grep -Eq '^transformer.h.0.mlp.c_fc.weight +F32 +\[64, 256\]' \
     || fail "prefix"
 "$gpt2d" inspect "$dir/p.safetensors" | grep -Eq '^lm_head.weight +F32 +\[10, 64\]' || fail "lm_head"
+# --meta: what a checkpoint says about itself (wformat.h), set by synth,
+# kept by convert through every format and layout, set again by convert;
+# a value gpt2d would refuse to load is refused at once.
+"$gpt2d" synth "$dir/m.safetensors" --layers 1 --embd 64 --heads 1 --ctx 8 --vocab 10 \
+    --meta gpt2d.model_name=tiny-one --meta 'gpt2d.description=A test; not GPT-2' --meta gpt2d.weights=trained
+"$gpt2d" convert "$dir/m.safetensors" "$dir/m8.safetensors" --dtype q8 --layout panel64 2> /dev/null
+"$gpt2d" convert "$dir/m8.safetensors" "$dir/m16.safetensors" --dtype bf16 --layout hf --meta gpt2d.owned_by=tests 2> /dev/null
+"$gpt2d" inspect --json "$dir/m16.safetensors" > "$dir/m16.json"
+python3 - "$dir/m16.json" <<'PY' || fail "--meta through convert"
+import json, sys
+m = json.load(open(sys.argv[1]))["metadata"]
+assert m == {"format": "pt", "gpt2d.model_name": "tiny-one", "gpt2d.description": "A test; not GPT-2",
+             "gpt2d.weights": "trained", "gpt2d.owned_by": "tests"}, m
+PY
+for bad in 'gpt2d.weights=rnd|--meta gpt2d.weights: "random" or "trained"' \
+           'gpt2d.model_name=a b|--meta gpt2d.model_name: 1 to 127 printable ASCII characters without spaces' \
+           'gpt2d.layout=panel64|--meta gpt2d.layout: written by gpt2d convert itself (--dtype, --layout)' \
+           'gpt2d.nmae=x|--meta gpt2d.nmae: not a key gpt2d knows' 'noequals|--meta takes KEY=VALUE'; do
+    for cmd in "synth $dir/bad.safetensors" "convert $dir/m.safetensors $dir/bad.safetensors"; do
+        set +e
+        # shellcheck disable=SC2086 # the command's words
+        "$gpt2d" $cmd --meta "${bad%%|*}" 2> "$dir/meta.err" > /dev/null; rc=$?
+        set -e
+        [ "$rc" = 2 ] && head -1 "$dir/meta.err" | grep -qF -- "${bad#*|}" || fail "--meta ${bad%%|*}: $rc $(head -1 "$dir/meta.err")"
+    done
+done
+[ ! -e "$dir/bad.safetensors" ] || fail "a refused --meta wrote a file"
 }
 
 # An invalid file: exit 1, one line on stderr.
@@ -383,6 +410,15 @@ import json, sys
 f32, bf16 = (json.load(open(p)) for p in sys.argv[1:3])
 assert f32["model"]["format"] == "f32" and bf16["model"]["format"] == "bf16", (f32, bf16)
 assert bf16["model"]["weight_bytes"] * 2 == f32["model"]["weight_bytes"], (f32, bf16)
+# The pair copy (engine/op_matmul_bf16.c): none for F32; for BF16 at the
+# avx512-bf16 level, panels of 64 columns of k-pairs of 4 bytes, of the
+# four projections of each layer and of wte read as (C, V).
+assert f32["model"]["pair_copy_bytes"] == 0, f32
+pairs = lambda K, N: -(-N // 64) * -(-K // 2) * 64 * 4
+L, C, V = 2, 64, 300
+want = L * (pairs(C, 3 * C) + pairs(C, C) + pairs(C, 4 * C) + pairs(4 * C, C)) + pairs(C, V)
+got = bf16["model"]["pair_copy_bytes"]
+assert got == (want if bf16["model"]["kernels"] == "avx512-bf16" else 0), (got, want, bf16["model"])
 PY
 }
 CASES=(usage inspect_small synth invalid_file tokenize bench convert_dtype q8_values q8_malformed

@@ -199,6 +199,30 @@ START_TEST(cfg_request_bounds_default_range_and_reload)
 }
 END_TEST
 
+/* Issue 26's store bounds: documented defaults (1000 responses, 64 MiB),
+ * 0 allowed (nothing kept), ranges named, reloadable. */
+START_TEST(cfg_responses_store_bounds)
+{
+    cfg_config c;
+    cfg_defaults(&c);
+    ck_assert_uint_eq(c.responses_store_max, 1000);
+    ck_assert_uint_eq(c.responses_store_bytes, (size_t)64 << 20);
+    char err[256];
+    char *ok[] = {"serve", "--responses-store-max", "0", "--responses-store-bytes=4096"};
+    ck_assert_int_eq(cfg_parse_args(&c, 4, ok, 1, err, sizeof err), CFG_OK);
+    ck_assert_uint_eq(c.responses_store_max, 0);
+    ck_assert_uint_eq(c.responses_store_bytes, 4096);
+    char *big[] = {"serve", "--responses-store-max", "1000001"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, big, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "responses_store_max"));
+    char *neg[] = {"serve", "--responses-store-bytes", "-1"};
+    ck_assert_int_eq(cfg_parse_args(&c, 3, neg, 1, err, sizeof err), CFG_EVALUE);
+    ck_assert_ptr_nonnull(strstr(err, "responses_store_bytes"));
+    ck_assert_int_eq(cfg_key_reloadable("responses_store_max"), 1);
+    ck_assert_int_eq(cfg_key_reloadable("responses_store_bytes"), 1);
+}
+END_TEST
+
 START_TEST(cfg_set_model_name_takes_several_names)
 {
     cfg_config c;
@@ -206,10 +230,12 @@ START_TEST(cfg_set_model_name_takes_several_names)
     char err[256];
     ck_assert_uint_eq(c.n_model_names, 1);
     ck_assert(cfg_model_name_ok(&c, "gpt2"));
+    ck_assert_int_eq(c.model_name_set, 0); /* the checkpoint's own name may take its place */
     ck_assert_int_eq(cfg_set(&c, "model_name", "gpt2-small,gpt-3.5-turbo-instruct,x",
                              "--model-name", err, sizeof err),
                      CFG_OK);
     ck_assert_str_eq(c.model_name, "gpt2-small"); /* the first is reported */
+    ck_assert_int_eq(c.model_name_set, 1);
     ck_assert_uint_eq(c.n_model_names, 3);
     ck_assert(cfg_model_name_ok(&c, "gpt-3.5-turbo-instruct"));
     ck_assert(cfg_model_name_ok(&c, "x"));
@@ -413,6 +439,7 @@ int main(void)
     tcase_add_test(tc, cfg_validate_cross_checks);
     tcase_add_test(tc, cfg_set_model_name_takes_several_names);
     tcase_add_test(tc, cfg_request_bounds_default_range_and_reload);
+    tcase_add_test(tc, cfg_responses_store_bounds);
     tcase_add_test(tc, cfg_parse_args_no_flag_sets_booleans_false);
     tcase_add_test(tc, cfg_print_help_lists_every_key);
     tcase_add_test(tc, cfg_trusted_proxies_parse_and_match);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,18 +25,27 @@
 
 static char dir[256];
 
-static void synth(const char *sub, const char *extra1, const char *extra2)
+/* DIR/sub/model.safetensors = `gpt2d synth` of this shape (vocabulary 500),
+ * with up to two more arguments. */
+static void synth_shape(const char *sub, const char *layers, const char *embd, const char *heads,
+                        const char *ctx, const char *seed, const char *extra1, const char *extra2)
 {
     char out[320];
     snprintf(out, sizeof out, "%s/%s", dir, sub);
     mkdir(out, 0755);
     snprintf(out, sizeof out, "%s/%s/model.safetensors", dir, sub);
-    char *argv[16] = {"synth", out,     "--layers", "2",       "--embd", "64",     "--heads",
-                      "4",     "--ctx", "64",       "--vocab", "500",    "--seed", "5"};
+    char *argv[16] = {"synth",      out,       "--layers",    (char *)layers, "--embd",
+                      (char *)embd, "--heads", (char *)heads, "--ctx",        (char *)ctx,
+                      "--vocab",    "500",     "--seed",      (char *)seed};
     int argc = 14;
     if (extra1) argv[argc++] = (char *)extra1;
     if (extra2) argv[argc++] = (char *)extra2;
     ck_assert_int_eq(tool_synth(argc, argv), 0);
+}
+
+static void synth(const char *sub, const char *extra1, const char *extra2)
+{
+    synth_shape(sub, "2", "64", "4", "64", "5", extra1, extra2);
 }
 
 /* GPT-2's head size, 64, which has its own attention kernel (rows of a
@@ -44,13 +54,7 @@ static void synth(const char *sub, const char *extra1, const char *extra2)
  * shorter last group occur. */
 static void synth_hs64(void)
 {
-    char out[320];
-    snprintf(out, sizeof out, "%s/hs64", dir);
-    mkdir(out, 0755);
-    snprintf(out, sizeof out, "%s/hs64/model.safetensors", dir);
-    char *argv[] = {"synth", out,     "--layers", "2",       "--embd", "448",    "--heads",
-                    "7",     "--ctx", "64",       "--vocab", "500",    "--seed", "6"};
-    ck_assert_int_eq(tool_synth((int)(sizeof argv / sizeof *argv), argv), 0);
+    synth_shape("hs64", "2", "448", "7", "64", "6", NULL, NULL);
 }
 
 /* DIR/to/model.safetensors = `gpt2d convert DIR/from/... --dtype dtype`,
@@ -249,6 +253,53 @@ START_TEST(eng_forward_incremental_equals_full_prefill)
 }
 END_TEST
 
+/* A BF16 model's prefill past the "avx512-bf16" kernels' chunk of 256
+ * rows (op_matmul_bf16.c, MMB_CHUNK): 300 tokens in one step, in steps of
+ * 257 + 43 and of 1 + 256 + 43, give the same bits for every position
+ * (one layer of width 64, n_ctx 320). */
+START_TEST(eng_forward_bf16_prefill_past_the_chunk_is_invariant)
+{
+    enum { NT = 300 };
+    synth_shape("long", "1", "64", "2", "320", "8", NULL, NULL);
+    convert("long", "long_bf16", "bf16");
+    eng_model *m = load("long_bf16");
+    size_t V = eng_model_config(m)->n_vocab;
+    int32_t toks[NT];
+    for (size_t i = 0; i < NT; i++) toks[i] = (int32_t)((i * 37 + 11) % V);
+    static const size_t splits[3][4] = {{NT, 0}, {257, 43, 0}, {1, 256, 43, 0}};
+    float *want = malloc(NT * V * sizeof *want), *got = malloc(NT * V * sizeof *got);
+    ck_assert(want && got);
+    for (size_t s = 0; s < 3; s++) {
+        eng_kv *kv;
+        eng_workspace *w;
+        eng_seq q = {0};
+        char err[256];
+        ck_assert_int_eq(eng_kv_new(m, 1 << 22, 4, &kv, err, sizeof err), ENG_OK);
+        ck_assert_int_eq(eng_workspace_new(m, NT, 2, &w), ENG_OK);
+        ck_assert_int_eq(eng_kv_reserve(kv, &q, NT), ENG_OK);
+        float *dst = s == 0 ? want : got;
+        for (size_t i = 0, at = 0; splits[s][i] != 0; at += splits[s][i++]) {
+            eng_item it = {.seq = &q,
+                           .tokens = toks + at,
+                           .n = splits[s][i],
+                           .want = ENG_LOGITS_ALL,
+                           .logits = dst + at * V};
+            ck_assert_int_eq(eng_forward(m, kv, w, &it, 1, err, sizeof err), ENG_OK);
+        }
+        if (s > 0)
+            for (size_t p = 0; p < NT; p++)
+                ck_assert_msg(memcmp(want + p * V, got + p * V, V * sizeof(float)) == 0,
+                              "split %zu: position %zu differs from the one-step prefill", s, p);
+        eng_kv_release(kv, &q);
+        eng_workspace_free(w);
+        eng_kv_free(kv);
+    }
+    eng_model_free(m);
+    free(want);
+    free(got);
+}
+END_TEST
+
 START_TEST(eng_model_layouts_give_identical_logits)
 {
     synth("misaligned", "--misaligned", "--mask-buffers");
@@ -334,8 +385,24 @@ START_TEST(eng_model_half_precision_loads_exactly)
         ck_assert_uint_eq(eng_model_copied_bytes(m), 0); /* served from the mapping */
         run_alone(m, got);
         eng_model_free(m);
-        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s logits differ",
-                      sft_dtype_name(kinds[k]));
+        if (kinds[k] == SFT_BF16 && op_use_avx512bf16()) {
+            /* The "avx512-bf16" level rounds the projections' inputs to
+             * BF16 (kernels.h, op_bf16_dot2): the logits of the widening,
+             * within a bound of the BF16 rounding (2^-8 of each input) over
+             * the model's depth, relative to the logits' spread. */
+            double spread = 0, worst = 0;
+            for (size_t i = 0; i < 4 * V; i++) spread = fmax(spread, fabs((double)want[i]));
+            for (size_t i = 0; i < 4 * V; i++)
+                worst = fmax(worst, fabs((double)got[i] - (double)want[i]));
+            printf("BF16 at avx512-bf16: logits within %.3g of the widening's (largest %.3g)\n",
+                   worst, spread);
+            ck_assert_msg(worst > 0 && worst <= 0.02 * spread,
+                          "BF16 at avx512-bf16: logits %g from the widening's (largest %g)", worst,
+                          spread);
+        } else {
+            ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s logits differ",
+                          sft_dtype_name(kinds[k]));
+        }
     }
     free(want);
     free(got);
@@ -343,7 +410,9 @@ START_TEST(eng_model_half_precision_loads_exactly)
 END_TEST
 
 /* A q8 file is served as stored (0 bytes copied) and gives exactly the
- * logits of `convert --dtype f32` of it, which writes q * scale. */
+ * logits of `convert --dtype f32` of it, which writes q * scale, at the
+ * widening levels; at "avx512-vnni" (the inputs quantized per block of
+ * 32 too) within a bound of them. */
 START_TEST(eng_model_q8_gives_the_logits_of_its_dequantization)
 {
     size_t V = 500;
@@ -361,7 +430,21 @@ START_TEST(eng_model_q8_gives_the_logits_of_its_dequantization)
     ck_assert_uint_lt(eng_model_weight_bytes(m), eng_model_params(m) * 2);
     run_alone(m, got);
     eng_model_free(m);
-    ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "q8 logits differ");
+    if (op_use_avx512vnni()) {
+        /* Each input rounded to 1/254 of its block's largest |x| at most,
+         * over the model's depth, relative to the logits' spread. */
+        double spread = 0, worst = 0;
+        for (size_t i = 0; i < 4 * V; i++) spread = fmax(spread, fabs((double)want[i]));
+        for (size_t i = 0; i < 4 * V; i++)
+            worst = fmax(worst, fabs((double)got[i] - (double)want[i]));
+        printf("Q8 at avx512-vnni: logits within %.3g of the widening's (largest %.3g)\n", worst,
+               spread);
+        ck_assert_msg(worst > 0 && worst <= 0.02 * spread,
+                      "Q8 at avx512-vnni: logits %g from the widening's (largest %g)", worst,
+                      spread);
+    } else {
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "q8 logits differ");
+    }
     free(want);
     free(got);
 }
@@ -501,6 +584,59 @@ START_TEST(eng_model_missing_or_misshapen_tensor_is_named)
     ck_assert_int_eq(eng_model_load("/nonexistent", &m, err, sizeof err), ENG_EIO);
     free(t);
     sft_close(f);
+}
+END_TEST
+
+/* 1 when every 4 KB page of [p, p + len) is mapped (msync fails with
+ * ENOMEM on an unmapped page). */
+static int pages_mapped(const void *p, size_t len)
+{
+    for (size_t o = 0; o < len; o += 4096)
+        if (msync((char *)(uintptr_t)p + o, 4096, MS_ASYNC) != 0) return 0;
+    return 1;
+}
+
+/* A BF16 model's pair copies (op_matmul_bf16.c; none at GPT2D_KERNELS=avx512)
+ * are mapped over their whole length while the model lives, counted in
+ * eng_model_pair_bytes, and unmapped, every page, by eng_model_free. */
+START_TEST(eng_model_free_unmaps_the_pair_copies)
+{
+    static const char *const subs[] = {"hs64_bf16", "hs64_bf16_panel"};
+    for (size_t s = 0; s < 2; s++) {
+        eng_model *m = load(subs[s]);
+        const size_t C = m->cfg.n_embd, V = m->cfg.n_vocab, L = m->cfg.n_layer;
+        const void *at[64];
+        size_t len[64], n = 0, total = 0;
+        for (size_t i = 0; i < L; i++) {
+            const op_w *w[4] = {&m->layers[i].attn_w, &m->layers[i].proj_w, &m->layers[i].fc_w,
+                                &m->layers[i].fc2_w};
+            const size_t K[4] = {C, C, C, 4 * C}, N[4] = {3 * C, C, 4 * C, C};
+            for (size_t j = 0; j < 4; j++) {
+                ck_assert_int_eq(w[j]->pairs != NULL, op_use_avx512bf16());
+                if (w[j]->pairs == NULL) continue;
+                at[n] = w[j]->pairs;
+                len[n++] = op_w_pairs_bytes(K[j], N[j]);
+                total += op_w_pairs_bytes(K[j], N[j]);
+            }
+        }
+        ck_assert_int_eq(m->wte.pairs != NULL, op_use_avx512bf16());
+        if (m->wte.pairs != NULL) {
+            at[n] = m->wte.pairs;
+            len[n++] = op_w_pairs_bytes(C, V);
+            total += op_w_pairs_bytes(C, V);
+        }
+        ck_assert_uint_eq(eng_model_pair_bytes(m), total);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_msg(pages_mapped(at[i], len[i]), "%s: copy %zu not mapped", subs[s], i);
+            ck_assert_uint_eq((uintptr_t)at[i] % 64, 0);
+        }
+        eng_model_free(m);
+        for (size_t i = 0; i < n; i++)
+            for (size_t o = 0; o < len[i]; o += 4096)
+                ck_assert_msg(msync((char *)(uintptr_t)at[i] + o, 4096, MS_ASYNC) != 0,
+                              "%s: page %zu of copy %zu still mapped after eng_model_free", subs[s],
+                              o / 4096, i);
+    }
 }
 END_TEST
 
@@ -835,7 +971,7 @@ static void test_w_make(test_w *t, op_dtype dt, size_t R, size_t Cc, int rows, u
         }
         }
     }
-    t->w = (op_w){t->p, t->scale, dt, 0};
+    t->w = (op_w){t->p, t->scale, dt, 0, NULL, NULL};
 }
 
 static void test_w_free(test_w *t)
@@ -867,7 +1003,7 @@ static void test_w_panel(test_w *t, size_t K, size_t N)
     free(t->scale);
     t->p = p;
     t->scale = sc;
-    t->w = (op_w){p, sc, t->w.dt, 1};
+    t->w = (op_w){p, sc, t->w.dt, 1, NULL, NULL};
 }
 
 /* Every row count from 1 to 70 takes one of the matmul's tile shapes (up to
@@ -883,7 +1019,15 @@ static void test_w_panel(test_w *t, size_t K, size_t N)
  * (GPT2D_KERNELS) by tests/meson.build. */
 static void matmul_rows_check(op_dtype dt, int panel, size_t K)
 {
-    enum { TMAX = 70 };
+    /* Rows 1..70, then 261: past the BF16 level's chunk of 256 rows. */
+    enum { TMAX = 261, TALL = 70 };
+    /* BF16 weights at the "avx512-bf16" level: the inputs rounded to BF16
+     * and VDPBF16PS's pairs (kernels.h, op_bf16_dot2; op_matmul_bf16.c). */
+    int dp = dt == OP_BF16 && op_use_avx512bf16();
+    /* Q8 weights at the "avx512-vnni" level: the inputs quantized per
+     * block, exact integer sums, one FMA a block (kernels.h,
+     * op_q8_quantize and op_q8_block; op_matmul_q8.c). */
+    int vnni = dt == OP_Q8 && op_use_avx512vnni();
     size_t N = panel ? 320 : 112;
     op_pool *pool = op_pool_new(2);
     ck_assert_ptr_nonnull(pool);
@@ -894,25 +1038,67 @@ static void matmul_rows_check(op_dtype dt, int panel, size_t K)
     ck_assert(pack && in && out && want);
     unsigned seed = 7;
     for (size_t i = 0; i < TMAX * K; i++) in[i] = unit(&seed);
+    /* Rows 2 and 5 start with a block of zeros (the Q8 level's d = 0). */
+    for (size_t k = 0; k < OP_Q8_BLOCK && k < K; k++) in[2 * K + k] = in[5 * K + k] = 0.0f;
     test_w W, b;
     test_w_make(&W, dt, K, N, 1, &seed);
     test_w_make(&b, dt == OP_Q8 ? OP_F32 : dt, 1, N, 0, &seed);
-    if (panel) test_w_panel(&W, K, N);
+    size_t KB = (K + OP_Q8_BLOCK - 1) / OP_Q8_BLOCK;
+    int8_t *xq = vnni ? malloc(TMAX * KB * OP_Q8_BLOCK) : NULL;
+    float *xd = vnni ? malloc(TMAX * KB * sizeof *xd) : NULL;
+    ck_assert(!vnni || (xq && xd));
+    for (size_t t = 0; vnni && t < TMAX; t++)
+        for (size_t j = 0; j < KB; j++) {
+            size_t k = j * OP_Q8_BLOCK, n = K - k < OP_Q8_BLOCK ? K - k : OP_Q8_BLOCK;
+            xd[t * KB + j] = op_q8_quantize(in + t * K + k, n, xq + (t * KB + j) * OP_Q8_BLOCK);
+        }
     for (size_t t = 0; t < TMAX; t++)
         for (size_t n = 0; n < N; n++) {
             float acc = b.wide[n];
-            for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W.wide[k * N + n], acc);
+            if (vnni) {
+                const int8_t *q = W.p;
+                for (size_t j = 0; j < KB; j++) {
+                    int32_t isum = 0;
+                    for (size_t k = j * OP_Q8_BLOCK; k < K && k < (j + 1) * OP_Q8_BLOCK; k++)
+                        isum += xq[t * KB * OP_Q8_BLOCK + k] * q[k * N + n];
+                    acc = op_q8_block(acc, isum, xd[t * KB + j], W.scale[j * N + n]);
+                }
+            } else if (dp) {
+                const uint16_t *w = W.p;
+                for (size_t k = 0; k < K; k += 2) {
+                    int two = k + 1 < K;
+                    acc = op_bf16_dot2(acc, op_f32_to_bf16_dp(in[t * K + k]),
+                                       two ? op_f32_to_bf16_dp(in[t * K + k + 1]) : 0, w[k * N + n],
+                                       two ? w[(k + 1) * N + n] : 0);
+                }
+            } else {
+                for (size_t k = 0; k < K; k++) acc = fmaf(in[t * K + k], W.wide[k * N + n], acc);
+            }
             want[t * N + n] = acc;
         }
-    for (size_t T = 1; T <= TMAX; T++) {
+    if (panel) test_w_panel(&W, K, N);
+    /* The pair copy the level reads (built from either layout, as the
+     * model's loader does); op_matmul takes the widening kernels without. */
+    ck_assert_int_eq(op_w_pairs_build(&W.w, K, N), 0);
+    ck_assert(dp == (W.w.pairs != NULL));
+    ck_assert_int_eq(op_w_quads_build(&W.w, K, N), 0);
+    ck_assert(vnni == (W.w.quads != NULL));
+    for (size_t T = 1; T <= TMAX; T = T == TALL ? TMAX : T + 1) {
         memset(out, 0xff, TMAX * N * sizeof *out);
         op_matmul(pool, pack, out, in, &W.w, &b.w, T, K, N);
         for (size_t i = 0; i < T * N; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "%s%s, K = %zu, T = %zu: row %zu column %zu is %a, want %a", dt_names[dt],
-                          panel ? " panel64" : "", K, T, i / N, i % N, (double)out[i],
-                          (double)want[i]);
+                          "%s%s%s, K = %zu, T = %zu: row %zu column %zu is %a, want %a",
+                          dt_names[dt], panel ? " panel64" : "",
+                          dp     ? " avx512-bf16"
+                          : vnni ? " avx512-vnni"
+                                 : "",
+                          K, T, i / N, i % N, (double)out[i], (double)want[i]);
     }
+    op_w_pairs_free(&W.w, K, N);
+    op_w_quads_free(&W.w);
+    free(xq);
+    free(xd);
     test_w_free(&W);
     test_w_free(&b);
     free(pack);
@@ -931,6 +1117,10 @@ START_TEST(op_matmul_every_row_count_is_the_fixed_order)
      * tile after the first prefetching the next) and a tail of 8, as
      * GPT-2's K of 768 and 3072 take whole ones. */
     matmul_rows_check(dt, panel, 200);
+    /* K = 301: the BF16 level's whole k-block of 128 pairs, a partial one
+     * and an odd K's half pair; the Q8 level's whole k-range of 8 blocks,
+     * a partial one and a partial block of 13. */
+    if (dt == OP_BF16 || dt == OP_Q8) matmul_rows_check(dt, panel, 301);
 }
 END_TEST
 
@@ -1132,7 +1322,8 @@ END_TEST
  * FMA. C = 96 (whole 32-element steps: the 4 x 4 tiles' sums are reduced
  * sixteen at once, op_hsum16x16) and, for the float formats, C = 86
  * (32-element steps, a 16-element step and a tail of 6); Q8 needs
- * C % 32 == 0. V = 133: two threads' shares of 128 and 5 vocabulary rows. */
+ * C % 32 == 0. V = 133: two threads' shares of 128 and 5 vocabulary rows.
+ * BF16 at the "avx512-bf16" level has its own order (below). */
 static void lm_head_rows_check(op_dtype dt, size_t C, size_t V)
 {
     const size_t TMAX = 70;
@@ -1145,9 +1336,30 @@ static void lm_head_rows_check(op_dtype dt, size_t C, size_t V)
     for (size_t i = 0; i < TMAX * C; i++) h[i] = unit(&seed);
     test_w wte;
     test_w_make(&wte, dt, V, C, 0, &seed);
+    /* BF16 at the "avx512-bf16" level: wte's pair copy and the projections'
+     * contract with no bias: from +0, op_bf16_dot2 over the pairs of h
+     * (rounded to BF16) in increasing order, an odd C's last pair with a
+     * zero half (op_matmul_bf16.c). */
+    int dp = dt == OP_BF16 && op_use_avx512bf16();
+    ck_assert_int_eq(op_w_pairs_build_rows(&wte.w, V, C), 0);
+    ck_assert(dp == (wte.w.pairs != NULL));
+    float *scratch = aligned_alloc(64, op_lm_head_scratch_floats(C) * sizeof(float));
+    ck_assert_ptr_nonnull(scratch);
     for (size_t t = 0; t < TMAX; t++)
         for (size_t v = 0; v < V; v++) {
             const float *a = h + t * C, *b = wte.wide + v * C;
+            if (dp) {
+                const uint16_t *wb = (const uint16_t *)wte.p + v * C;
+                float acc = 0;
+                for (size_t k = 0; k < C; k += 2) {
+                    int two = k + 1 < C;
+                    acc = op_bf16_dot2(acc, op_f32_to_bf16_dp(a[k]),
+                                       two ? op_f32_to_bf16_dp(a[k + 1]) : 0, wb[k],
+                                       two ? wb[k + 1] : 0);
+                }
+                want[t * V + v] = acc;
+                continue;
+            }
             float l[16] = {0}, m[8];
             size_t i = 0;
             for (; i + 16 <= C; i += 16)
@@ -1159,12 +1371,15 @@ static void lm_head_rows_check(op_dtype dt, size_t C, size_t V)
         }
     for (size_t T = 1; T <= TMAX; T++) {
         memset(out, 0xff, TMAX * V * sizeof *out);
-        op_lm_head(pool, out, h, &wte.w, T, C, V);
+        op_lm_head(pool, scratch, out, h, &wte.w, T, C, V);
         for (size_t i = 0; i < T * V; i++)
             ck_assert_msg(memcmp(&out[i], &want[i], sizeof(float)) == 0,
-                          "%s, C = %zu, V = %zu, T = %zu: row %zu token %zu is %a, want %a",
-                          dt_names[dt], C, V, T, i / V, i % V, (double)out[i], (double)want[i]);
+                          "%s%s, C = %zu, V = %zu, T = %zu: row %zu token %zu is %a, want %a",
+                          dt_names[dt], dp ? " avx512-bf16" : "", C, V, T, i / V, i % V,
+                          (double)out[i], (double)want[i]);
     }
+    op_w_pairs_free(&wte.w, C, V);
+    free(scratch);
     test_w_free(&wte);
     free(h);
     free(out);
@@ -1177,11 +1392,182 @@ START_TEST(op_lm_head_every_row_count_is_the_fixed_order)
     op_dtype dt = (op_dtype)_i;
     lm_head_rows_check(dt, 96, 133);
     if (dt != OP_Q8) lm_head_rows_check(dt, 86, 133);
+    /* An odd C: the pair copy's last pair has a zero half (BF16). */
+    if (dt == OP_BF16) lm_head_rows_check(dt, 85, 133);
     /* Two threads' shares of 64 and 1 (V = 65) or 2 (V = 130) vocabulary
      * rows: one row's two runs of a 16-bit wte empty (the odd row alone)
      * or of one row each. */
     lm_head_rows_check(dt, 96, 65);
     lm_head_rows_check(dt, 96, 130);
+}
+END_TEST
+
+/* ---- BF16 edge shapes (the pair copy's contract, or the widening's) ---- */
+
+/* A BF16 bit pattern: any finite value, zero and subnormals included, at
+ * exponents from 2^-40 to 2^13 (so that sums stay finite). */
+static uint16_t edge_bf16(unsigned *seed)
+{
+    unsigned r = lcg(seed) >> 8;
+    uint16_t sign = (uint16_t)(r & 0x8000u), man = (uint16_t)((r >> 1) & 0x7Fu);
+    unsigned e = (r >> 9) % 16 == 0 ? 0u : 87u + (r >> 13) % 54u;
+    return (uint16_t)(sign | (uint16_t)(e << 7) | man);
+}
+
+/* An input: mostly unit(), sometimes a subnormal, a zero of either sign, a
+ * value whose BF16 rounding is a tie, or one small enough that products
+ * and sums fall to subnormals (flushed at the "avx512-bf16" level). */
+static float edge_input(unsigned *seed)
+{
+    unsigned r = lcg(seed) % 16;
+    uint32_t u;
+    float f = unit(seed);
+    switch (r) {
+    case 0: u = (lcg(seed) >> 9) | (lcg(seed) & 0x80000000u); break; /* subnormal or zero */
+    case 1: u = 0x80000000u; break;
+    case 2: u = 0x3F808000u | (lcg(seed) & 0x80010000u); break; /* a tie, either parity */
+    case 3: return f * 1e-32f;
+    default: return f;
+    }
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The value out[t][n] (or logits[t][n] of the LM head: bias NULL, W read
+ * as wt's rows, wt (N, K)) must have: at the "avx512-bf16" level with a
+ * pair copy the pairs' contract (kernels.h op_bf16_dot2), else the
+ * widening's fmaf chain (op_matmul.c) or, for the LM head, NAN: the caller
+ * then skips (lm_head_rows_check has the widening's order). */
+static float edge_want(int dp, int lm, const float *x, const uint16_t *W, const float *bias,
+                       size_t K, size_t N, size_t n)
+{
+    float acc = bias != NULL ? bias[n] : 0.0f;
+    if (!dp && lm) return NAN;
+    for (size_t k = 0; k < K; k += dp ? 2 : 1) {
+        size_t i0 = lm ? n * K + k : k * N + n, i1 = lm ? i0 + 1 : i0 + N;
+        if (!dp) {
+            acc = fmaf(x[k], sft_bf16_to_f32(W[i0]), acc);
+            continue;
+        }
+        int two = k + 1 < K;
+        acc = op_bf16_dot2(acc, op_f32_to_bf16_dp(x[k]), two ? op_f32_to_bf16_dp(x[k + 1]) : 0,
+                           W[i0], two ? W[i1] : 0);
+    }
+    return acc;
+}
+
+/* BF16 projections (K, N) and LM heads (wte (N, K)) of the shapes at the
+ * edges of op_matmul_bf16.c's tiles: K of 1, 2, odd and past two k-blocks
+ * of 128 pairs; N below, at and one past a panel of 64 (N % 64 == 1: a
+ * panel of one column), the panel64 layout where N allows; rows 1..7 (one
+ * row's paired panels, the direct tiles, the first k-blocked ones), 63, 64
+ * and about the chunks of 256 (255, 256, 257, 512, 513); pools of 1, 2 and
+ * 3 threads; an F32 and a BF16 bias (widened per task). in, out and the
+ * scratch are allocated at exactly their sizes (ASan) and out's rows past
+ * T must stay untouched. */
+static const struct {
+    size_t K, N;
+    int panel, lm;
+} bf16_edges[] = {
+    {1, 1, 0, 0},    {2, 5, 0, 0},     {3, 63, 0, 0},   {17, 64, 1, 0},
+    {64, 65, 0, 0},  {129, 129, 0, 0}, {33, 193, 0, 0}, {5, 128, 1, 0},
+    {513, 65, 0, 0}, {1, 1, 0, 1},     {2, 2, 0, 1},    {3, 63, 0, 1},
+    {85, 64, 0, 1},  {64, 65, 0, 1},   {33, 129, 0, 1}, {513, 3, 0, 1},
+};
+
+START_TEST(op_bf16_edge_shapes_keep_the_contract)
+{
+    static const size_t Ts[] = {1, 2, 3, 4, 5, 6, 7, 63, 64, 255, 256, 257, 512, 513};
+    const size_t TMAX = 513, K = bf16_edges[_i].K, N = bf16_edges[_i].N;
+    const int panel = bf16_edges[_i].panel, lm = bf16_edges[_i].lm;
+    unsigned seed = 29u + (unsigned)_i;
+    uint16_t *W = malloc(K * N * sizeof *W), *bb = malloc(N * sizeof *bb);
+    float *bf = malloc(N * sizeof *bf), *bw = malloc(N * sizeof *bw);
+    float *x = malloc(TMAX * K * sizeof *x), *want = malloc(2 * TMAX * N * sizeof *want);
+    ck_assert(W && bb && bf && bw && x && want);
+    for (size_t i = 0; i < K * N; i++) W[i] = edge_bf16(&seed);
+    for (size_t n = 0; n < N; n++) {
+        bb[n] = edge_bf16(&seed);
+        bw[n] = sft_bf16_to_f32(bb[n]);
+        bf[n] = edge_input(&seed);
+    }
+    for (size_t i = 0; i < TMAX * K; i++) x[i] = edge_input(&seed);
+    /* W as the kernels get it: (N, K) rows for the LM head, (K, N) in
+     * either layout for a projection. */
+    uint16_t *Wl = malloc(K * N * sizeof *Wl);
+    ck_assert_ptr_nonnull(Wl);
+    for (size_t k = 0; k < K; k++)
+        for (size_t n = 0; n < N; n++) {
+            size_t at = lm ? n * K + k : k * N + n;
+            Wl[panel ? ((n / 64) * K + k) * 64 + n % 64 : at] = W[at];
+        }
+    op_w w = {Wl, NULL, OP_BF16, panel, NULL, NULL};
+    ck_assert_int_eq(lm ? op_w_pairs_build_rows(&w, N, K) : op_w_pairs_build(&w, K, N), 0);
+    int dp = w.pairs != NULL;
+    ck_assert_int_eq(dp, op_use_avx512bf16());
+    if (!dp && lm) goto done; /* the widening LM head: lm_head_rows_check */
+    for (size_t bk = 0; bk < (lm ? 1u : 2u); bk++)
+        for (size_t t = 0; t < TMAX; t++)
+            for (size_t n = 0; n < N; n++)
+                want[(bk * TMAX + t) * N + n] = edge_want(dp, lm, x + t * K, W,
+                                                          lm   ? NULL
+                                                          : bk ? bw
+                                                               : bf,
+                                                          K, N, n);
+    for (size_t threads = 1; threads <= 3; threads++) {
+        op_pool *pool = op_pool_new(threads);
+        ck_assert_ptr_nonnull(pool);
+        size_t sf = lm ? op_lm_head_scratch_floats(K) : op_matmul_scratch_floats(threads, K, N);
+        void *scratch = NULL;
+        ck_assert_int_eq(posix_memalign(&scratch, 64, sf * sizeof(float)), 0);
+        for (size_t bk = 0; bk < (lm ? 1u : 2u); bk++) {
+            op_w b = bk ? (op_w){bb, NULL, OP_BF16, 0, NULL, NULL}
+                        : (op_w){bf, NULL, OP_F32, 0, NULL, NULL};
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                size_t T = Ts[ti];
+                float *in = malloc(T * K * sizeof *in), *out = malloc((T + 1) * N * sizeof *out);
+                ck_assert(in && out);
+                memcpy(in, x, T * K * sizeof *in);
+                memset(out, 0xA5, (T + 1) * N * sizeof *out);
+                if (lm)
+                    op_lm_head(pool, scratch, out, in, &w, T, K, N);
+                else
+                    op_matmul(pool, scratch, out, in, &w, &b, T, K, N);
+                /* The first difference only: a check per element costs a
+                 * message to check's parent each. */
+                size_t i = 0;
+                for (; i < T * N; i++) {
+                    float g = out[i], e = want[bk * TMAX * N + i];
+                    if (memcmp(&g, &e, sizeof g) != 0 && !(isnan(g) && isnan(e))) break;
+                }
+                if (i < T * N)
+                    ck_abort_msg("%s K = %zu N = %zu%s, %s bias, %zu threads, T = %zu: row %zu "
+                                 "column %zu is %a, want %a",
+                                 lm ? "LM head" : "matmul", K, N, panel ? " panel64" : "",
+                                 bk ? "BF16" : "F32", threads, T, i / N, i % N, (double)out[i],
+                                 (double)want[bk * TMAX * N + i]);
+                for (i = T * N; i < (T + 1) * N; i++) {
+                    uint32_t u;
+                    memcpy(&u, &out[i], sizeof u);
+                    if (u != 0xA5A5A5A5u)
+                        ck_abort_msg("K = %zu N = %zu T = %zu: wrote past out", K, N, T);
+                }
+                free(in);
+                free(out);
+            }
+        }
+        free(scratch);
+        op_pool_free(pool);
+    }
+done:
+    op_w_pairs_free(&w, K, N);
+    free(Wl);
+    free(W);
+    free(bb);
+    free(bf);
+    free(bw);
+    free(x);
+    free(want);
 }
 END_TEST
 
@@ -1195,7 +1581,7 @@ START_TEST(op_widen_every_16_bit_value_is_exact)
     ck_assert(bits && got);
     for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
     for (int k = 0; k < 2; k++) {
-        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16, 0};
+        op_w w = {bits, NULL, k == 0 ? OP_F16 : OP_BF16, 0, NULL, NULL};
         op_widen(got, &w, 0, 65536);
         for (size_t i = 0; i < 65536; i++) {
             float want = k == 0 ? sft_f16_to_f32(bits[i]) : sft_bf16_to_f32(bits[i]);
@@ -1244,8 +1630,31 @@ START_TEST(tool_f32_to_bf16_rounds_to_nearest_even)
 }
 END_TEST
 
+/* The levels of the matrix units this run does not test, by name (a path
+ * the CPU cannot run is reported, never skipped silently). */
+static void report_levels(void)
+{
+    const char *cap = getenv("GPT2D_KERNELS");
+    if (op_use_avx512bf16())
+        printf("avx512-bf16: run (BF16 weights, VDPBF16PS)\n");
+    else if (cap != NULL && *cap != '\0' && strcmp(cap, "avx512-bf16") != 0)
+        printf("avx512-bf16: not run, GPT2D_KERNELS=%s caps the level\n", cap);
+    else
+        printf("avx512-bf16: not run, CPU lacks avx512_bf16 (or avx512bw)\n");
+    if (op_use_avx512vnni())
+        printf("avx512-vnni: run (q8 weights, VPDPBUSD)\n");
+    else if (cap != NULL && *cap != '\0' && strcmp(cap, "avx512-vnni") != 0
+             && strcmp(cap, "avx512-bf16") != 0)
+        printf("avx512-vnni: not run, GPT2D_KERNELS=%s caps the level\n", cap);
+    else
+        printf("avx512-vnni: not run, CPU lacks avx512_vnni (or avx512bw)\n");
+    for (size_t i = 0; op_unbuilt_levels[i] != NULL; i++) printf("%s\n", op_unbuilt_levels[i]);
+    fflush(stdout);
+}
+
 int main(void)
 {
+    report_levels();
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("eng_forward");
     tcase_set_timeout(tc, 120);
@@ -1258,6 +1667,8 @@ int main(void)
     tcase_add_test(tc, eng_model_panel_gives_the_logits_of_its_hf_file);
     tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
+    tcase_add_test(tc, eng_model_free_unmaps_the_pair_copies);
+    tcase_add_test(tc, eng_forward_bf16_prefill_past_the_chunk_is_invariant);
     tcase_add_test(tc, eng_kv_reserve_is_all_or_nothing);
     tcase_add_test(tc, eng_kv_prefix_refcounts_lru_and_leaves_first);
     tcase_add_test(tc, eng_kv_prefix_hit_compares_tokens_and_parent_not_only_the_hash);
@@ -1275,6 +1686,8 @@ int main(void)
     tcase_add_loop_test(tc, op_matmul_every_row_count_is_the_fixed_order, 0, 8);
     tcase_add_loop_test(tc, op_lm_head_every_row_count_is_the_fixed_order, OP_F32, OP_Q8 + 1);
     tcase_add_test(tc, op_widen_every_16_bit_value_is_exact);
+    tcase_add_loop_test(tc, op_bf16_edge_shapes_keep_the_contract, 0,
+                        (int)(sizeof bf16_edges / sizeof *bf16_edges));
     suite_add_tcase(s, tc);
     tc = tcase_create("tool_convert");
     tcase_add_test(tc, tool_f32_to_bf16_rounds_to_nearest_even);

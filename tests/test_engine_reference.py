@@ -16,7 +16,7 @@ import tempfile
 try:
     import numpy as np
 except ImportError:  # a missing package skips (exit 77), except in CI (GPT2D_REQUIRE_ALL=1)
-    print("SKIP: python3-numpy is not installed (scripts/setup.sh installs it)", file=sys.stderr)
+    print("SKIP: python3-numpy is not installed (scripts/setup.sh --test installs it)", file=sys.stderr)
     sys.exit(1 if os.environ.get("GPT2D_REQUIRE_ALL") == "1" or os.environ.get("CI") else 77)
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -75,8 +75,28 @@ with tempfile.TemporaryDirectory(prefix="gpt2d-ref-") as d:
                        check=True, capture_output=True)
         probes += [(dd, probes[2][1], "all"), (dd, probes[2][1][:19], "incremental")]
     for model_dir, probe, mode in probes:
+        # BF16 on a CPU with AVX512_BF16 takes the level avx512-bf16, and
+        # q8 on one with AVX512_VNNI the level avx512-vnni, each with its
+        # own contract (inputs rounded to BF16, or quantized per block of
+        # 32; engine/kernels.h): the widening levels are compared with
+        # GPT2D_KERNELS=avx512, and the default path is held within a bound
+        # of them.
+        own = model_dir.endswith("_bf16") or model_dir.endswith("_q8")
         base = subprocess.run([engine_logits, mode, model_dir] + probe, capture_output=True,
-                              check=True).stdout
+                              check=True,
+                              env=dict(os.environ, GPT2D_KERNELS="avx512") if own else None).stdout
+        if own:
+            dflt = subprocess.run([engine_logits, mode, model_dir] + probe, capture_output=True,
+                                  check=True).stdout
+            a, b = np.frombuffer(base, dtype="<f4"), np.frombuffer(dflt, dtype="<f4")
+            dev = float(np.abs(a.astype(np.float64) - b).max())
+            print(f"{os.path.basename(model_dir)} {len(probe)} tokens ({mode}), default kernels "
+                  f"against GPT2D_KERNELS=avx512: max abs difference {dev:.2e} "
+                  f"(logit spread {a.std():.2f})")
+            if not dev <= 0.02 * float(np.abs(a).max()):
+                print(f"FAIL: the default {model_dir.rsplit('_', 1)[1]} path is too far from "
+                      "the widening kernels")
+                ok = False
         for level in ("avx2", "portable"):
             other = subprocess.run([engine_logits, mode, model_dir] + probe,
                                    capture_output=True, check=True,

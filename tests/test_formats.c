@@ -1101,6 +1101,80 @@ START_TEST(wf_layout_reads_the_metadata_key)
 }
 END_TEST
 
+/* wf_about_get of a one-vector file with meta[0..n). */
+static sft_status about_of(const sft_meta *meta, size_t n, wf_about *a, char *err, size_t errlen)
+{
+    const char *p = tpath("about.safetensors");
+    sft_tensor t = {
+        .name = "ln_f.bias", .dtype = SFT_F32, .ndim = 1, .shape = shape_4, .data = wf_f32};
+    ck_assert_int_eq(sft_save(p, &t, 1, meta, n, NULL, err, errlen), SFT_OK);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, errlen), SFT_OK);
+    sft_status s = wf_about_get(f, a, err, errlen);
+    /* The strings are the file's: compare them before it closes. */
+    static char name[WF_NAME_MAX], owner[WF_NAME_MAX], desc[WF_DESCRIPTION_MAX];
+    if (s == SFT_OK) {
+        snprintf(name, sizeof name, "%s", a->name ? a->name : "(null)");
+        snprintf(owner, sizeof owner, "%s", a->owned_by ? a->owned_by : "(null)");
+        snprintf(desc, sizeof desc, "%s", a->description ? a->description : "(null)");
+        a->name = name;
+        a->owned_by = owner;
+        a->description = desc;
+    }
+    sft_close(f);
+    return s;
+}
+
+START_TEST(wf_about_reads_and_checks_the_checkpoints_words)
+{
+    char err[256];
+    wf_about a;
+    ck_assert_int_eq(about_of(NULL, 0, &a, err, sizeof err), SFT_OK);
+    ck_assert_str_eq(a.name, "(null)");
+    ck_assert_str_eq(a.weights, "unknown");
+    const sft_meta good[] = {
+        {"gpt2d.model_name", "gpt2d-tiny"},
+        {"gpt2d.owned_by", "gpt2d"},
+        {"gpt2d.description", "gpt2d-tiny: small; not OpenAI\xe2\x80\x99s GPT-2"},
+        {"gpt2d.weights", "trained"},
+        {"format", "pt"}};
+    ck_assert_int_eq(about_of(good, 5, &a, err, sizeof err), SFT_OK);
+    ck_assert_str_eq(a.name, "gpt2d-tiny");
+    ck_assert_str_eq(a.owned_by, "gpt2d");
+    ck_assert_str_eq(a.description, "gpt2d-tiny: small; not OpenAI\xe2\x80\x99s GPT-2");
+    ck_assert_str_eq(a.weights, "trained");
+    const sft_meta random[] = {{"gpt2d.weights", "random"}};
+    ck_assert_int_eq(about_of(random, 1, &a, err, sizeof err), SFT_OK);
+    ck_assert_str_eq(a.weights, "random");
+    /* Each rule refused, naming the key: a typo must not pass for a label. */
+    static char long_name[200], long_desc[1100];
+    memset(long_name, 'a', sizeof long_name - 1);
+    memset(long_desc, 'a', sizeof long_desc - 1);
+    const struct {
+        sft_meta m;
+        const char *want;
+    } bad[] = {
+        {{"gpt2d.weights", "rnd"}, "metadata gpt2d.weights must be \"random\" or \"trained\""},
+        {{"gpt2d.model_name", "has space"}, "metadata gpt2d.model_name must be 1 to 127"},
+        {{"gpt2d.model_name", long_name}, "metadata gpt2d.model_name must be 1 to 127"},
+        {{"gpt2d.owned_by", ""}, "metadata gpt2d.owned_by must be 1 to 127"},
+        {{"gpt2d.description", "two\nlines"}, "metadata gpt2d.description must be one line"},
+        {{"gpt2d.description", long_desc}, "metadata gpt2d.description must be one line"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(about_of(&bad[i].m, 1, &a, err, sizeof err), SFT_EFORMAT);
+        ck_assert_msg(strstr(err, bad[i].want) != NULL, "%zu: %s", i, err);
+        ck_assert_ptr_null(strchr(err, '\n'));
+    }
+    /* The tools' check: the same rules, and the format keys are convert's. */
+    ck_assert_int_eq(wf_meta_ok("gpt2d.weights", "random", err, sizeof err), 1);
+    ck_assert_int_eq(wf_meta_ok("format", "anything", err, sizeof err), 1);
+    ck_assert_int_eq(wf_meta_ok("gpt2d.layout", "panel64", err, sizeof err), 0);
+    ck_assert_int_eq(wf_meta_ok("gpt2d.nmae", "x", err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "not a key gpt2d knows") != NULL, "%s", err);
+}
+END_TEST
+
 /* Panel shapes: c_fc [K=40, N=128] stored [2, 40, 64], its q8 scales
  * [ceil(40/32)=2, 128] stored [2, 2, 64]; c_proj [128, 64] as [1, 128, 64]. */
 static const int64_t pshape_fc[] = {2, 40, 64}, pshape_fc_scale[] = {2, 2, 64};
@@ -1332,6 +1406,7 @@ static Suite *sft_suite(void)
     tcase_add_test(tc, wf_detect_names_every_format);
     tcase_add_test(tc, wf_is_projection_names_the_four_matrices);
     tcase_add_test(tc, wf_layout_reads_the_metadata_key);
+    tcase_add_test(tc, wf_about_reads_and_checks_the_checkpoints_words);
     tcase_add_test(tc, wf_detect_accepts_panel64_files);
     tcase_add_test(tc, wf_detect_huge_panel_dimension_is_refused_without_overflow);
     tcase_add_test(tc, wf_detect_refuses_each_broken_layout_rule);

@@ -18,6 +18,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,9 @@ import time
 # stream's output is not all held, not the exact figure.
 SANITIZE = os.environ.get("GPT2D_SANITIZE", "none")
 RSS_MARGIN_KIB = 1024 if SANITIZE in ("", "none") else 65536
+# How much longer a sanitizer build (-O0, every access checked) may take
+# where a case bounds a latency beside heavy load.
+SLOW = 1 if SANITIZE in ("", "none") else 4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "lib"))
@@ -39,7 +43,7 @@ import gpt2d_server  # noqa: E402 (tests/lib: the harness every server test uses
 CASE_LIMIT_S = 30
 # Cases that measure in several rounds get longer (tokenize_flood: six
 # windows, and six more when the first comparison fails).
-CASE_LIMITS = {"tokenize_flood": 75, "completion_flood": 150}
+CASE_LIMITS = {"tokenize_flood": 75, "completion_flood": 150, "big_answers_allowed": 240}
 
 
 class Fail(Exception):
@@ -2019,6 +2023,61 @@ def case_sequences_cap(ctx):
     check(st == 400 and error_envelope(b, "n 5 over 4").get("param") == "n", "n 5 over a cap of 4 got %d: %r" % (st, b[:200]))
 
 
+def fair_ttft(srv, why, a_headers=b"", b_headers=None, b_src=None):
+    """Key (or client) A's 16 prompts x n 16 long generations hold every
+    slot and 192 more wait; B's one short request then gets its first token
+    within 2x its unloaded time plus a few of the loaded steps (and a
+    margin for a noisy machine). FIFO (main) serves B after A's first 64
+    sequences, 200 steps (over 4 s)."""
+    short = {"model": "gpt2", "prompt": "Brief", "max_tokens": 1}
+
+    def ttft(timeout):
+        try:
+            st, _, b = request(srv.port, "POST", "/v1/completions", short, headers=b_headers,
+                               timeout=timeout, src=b_src)
+        except socket.timeout:
+            raise Fail("%s: B's one-token request got no answer within %.0f s" % (why, timeout))
+        check(st == 200, "%s: B's request got %d: %r" % (why, st, b[:200]))
+        return json.loads(b)["usage"]["timings"]["ttft_ms"] / 1e3
+    alone = statistics.median(ttft(10) for _ in range(3))
+    big = {"model": "gpt2", "prompt": ["Hold %d" % i for i in range(16)], "n": 16, "max_tokens": 200,
+           "ignore_eos": True}
+    payload = json.dumps(big).encode()
+    a = connect(srv.port, 30)
+    a.sendall(completion_head(len(payload), a_headers) + payload)
+    srv.wait_metric("gpt2d_running_sequences", 64, 10, "%s: A's sequences running" % why)
+    check(srv.metric("gpt2d_queued_requests") == 192, "%s: 192 of A's sequences should wait" % why)
+    # One loaded step, as this machine runs it now.
+    s0, t0 = srv.metric("gpt2d_steps_total"), time.monotonic()
+    time.sleep(0.5)
+    step = (time.monotonic() - t0) / max(1, srv.metric("gpt2d_steps_total") - s0)
+    loaded = statistics.median(ttft(3 * SLOW) for _ in range(3))
+    a.close()  # A's whole answer is cancelled within a second
+    srv.wait_metric("gpt2d_running_sequences", 0, 5, "%s: after A's client closed" % why)
+    bound = 2 * alone + (3 * step + 0.25) * SLOW
+    print("note: %s: B's time to first token %.0f ms alone, %.0f ms beside A's 256 sequences "
+          "(a loaded step %.0f ms; bound %.0f ms)" % (why, alone * 1e3, loaded * 1e3, step * 1e3, bound * 1e3),
+          flush=True)
+    check(loaded <= bound, "%s: B's time to first token was %.0f ms beside A's 256 sequences, "
+          "%.0f ms alone, a loaded step %.0f ms (want <= %.0f ms)"
+          % (why, loaded * 1e3, alone * 1e3, step * 1e3, bound * 1e3))
+
+
+def case_fair_admission(ctx):
+    """24.3: admission is fair across API keys: key A's 256 sequences (64
+    running, 192 waiting) do not hold key B's one-sequence request; without
+    keys, another client address is another tenant the same way."""
+    ka, kb = "tenant-a-key-1111", "tenant-b-key-2222"
+    srv = Server(ctx, ctx.models.get("long"), "--api-key", ka, "--api-key", kb,
+                 "--max-sequences-per-request", "256", env=STEP_DELAY)
+    fair_ttft(srv, "two keys", a_headers=b"Authorization: Bearer %s\r\n" % ka.encode(),
+              b_headers={"Authorization": "Bearer " + kb})
+    srv.stop()
+    srv = Server(ctx, ctx.models.get("long"), "--max-sequences-per-request", "256", env=STEP_DELAY,
+                 name="nokeys")
+    fair_ttft(srv, "two addresses", b_src="127.0.0.2")
+
+
 # Finding 4 of issue 24: answers are bounded.
 CANCEL_BYTES = 'gpt2d_requests_cancelled_total{reason="response_bytes"}'
 BIG_ANSWER = {"model": "gpt2", "prompt": [[(i * 7 + j) % 50000 + 10 for j in range(1000)] for i in range(16)],
@@ -2089,6 +2148,320 @@ def case_response_bytes_cap(ctx):
     check(ev[-1] == "[DONE]" and "max_response_bytes" in ev[-2], "the grown stream ends %r" % ev[-2:])
     check(srv2.metric(CANCEL_BYTES) == 2, "%s is %g, want 2" % (CANCEL_BYTES, srv2.metric(CANCEL_BYTES)))
 
+# ---------------------------------------------------------------- HTTPS
+
+class Skip(Exception):
+    """A case that cannot run here (a tool or a build feature missing): a
+    skip with its reason outside CI, a failure under CI=1 /
+    GPT2D_REQUIRE_ALL=1."""
+
+
+def tls_certificate(ctx, name="tls"):
+    """A self-signed certificate for localhost and 127.0.0.1, made now with
+    openssl (never a committed key): (certificate, key) paths in ctx.dir."""
+    if shutil.which("openssl") is None:
+        raise Skip("openssl is not installed (scripts/setup.sh --test installs it)")
+    crt, key = os.path.join(ctx.dir, name + ".crt"), os.path.join(ctx.dir, name + ".key")
+    p = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "2", "-subj", "/CN=gpt2d-hostile",
+                        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", key, "-out", crt],
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode == 0, "openssl: %s" % p.stderr[-300:])
+    return crt, key
+
+
+def tls_server(ctx, *args, name="server", model="tiny", env=None):
+    """A server on HTTPS with a fresh certificate: (server, certificate)."""
+    probe = subprocess.run([ctx.gpt2d, "serve", "--model", ctx.dir, "--port", "0", "--tls-cert-file",
+                            "/nonexistent", "--tls-key-file", "/nonexistent"], capture_output=True, text=True,
+                           timeout=10)
+    if "built without GnuTLS" in probe.stderr:
+        raise Skip("this gpt2d was built without GnuTLS (meson -Dtls=enabled)")
+    crt, key = tls_certificate(ctx)
+    return Server(ctx, ctx.models.get(model), "--tls-cert-file", crt, "--tls-key-file", key, *args,
+                  name=name, env=env), crt
+
+
+def tls_health(port, crt, timeout=10):
+    """GET /health over HTTPS, the certificate verified against crt: the status."""
+    c = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
+                                    context=ssl.create_default_context(cafile=crt))
+    try:
+        c.request("GET", "/health")
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def client_hello():
+    """The bytes of a TLS ClientHello, as Python's ssl writes it first."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    out, inc = ssl.MemoryBIO(), ssl.MemoryBIO()
+    t = ctx.wrap_bio(inc, out, server_hostname="localhost")
+    try:
+        t.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    hello = out.read()
+    check(len(hello) > 100 and hello[0] == 0x16, "no ClientHello: %r" % hello[:20])
+    return hello
+
+
+def case_tls_plain_http(ctx):
+    """TLS: plain HTTP sent to the HTTPS port (a client that forgot https://)
+    is closed promptly, with no plaintext answer and no crash, twenty times
+    in a row; HTTPS is served on throughout."""
+    srv, crt = tls_server(ctx)
+    for i in range(20):
+        s = connect(srv.port, 10)
+        try:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            t0 = time.monotonic()
+            got = read_until_close(s, 5)
+            check(time.monotonic() - t0 < 5, "plain HTTP held open")
+            check(not got.startswith(b"HTTP/"), "a plaintext answer on the TLS port: %r" % got[:80])
+        finally:
+            s.close()
+        if i % 5 == 0:
+            check(tls_health(srv.port, crt) == 200, "HTTPS after plain HTTP #%d" % i)
+    check(srv.proc.poll() is None, "the server exited")
+    check(tls_health(srv.port, crt) == 200, "HTTPS after twenty plain requests")
+
+
+def case_plain_tls_hello(ctx):
+    """TLS: a TLS ClientHello sent to a plain HTTP port (a client that used
+    https:// by mistake) gets a 400 or a close, promptly, not a hang; the
+    server answers on."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    hello = client_hello()
+    for _ in range(10):
+        s = connect(srv.port, 10)
+        try:
+            s.sendall(hello)
+            t0 = time.monotonic()
+            got = read_until_close(s, 5)
+            check(time.monotonic() - t0 < 5, "a ClientHello held the connection open")
+            check(got == b"" or got.startswith(b"HTTP/1.1 400") or got.startswith(b"HTTP/1.0 400"),
+                  "a ClientHello got %r" % got[:80])
+        finally:
+            s.close()
+    st, _, _ = request(srv.port, "GET", "/health")
+    check(st == 200, "/health after ClientHellos got %d" % st)
+    check(srv.proc.poll() is None, "the server exited")
+
+
+def case_tls_handshake_stall(ctx):
+    """TLS: handshakes that stall (a connection that sends nothing, or half a
+    ClientHello, then waits) hold no slot for ever: each is closed within
+    request_header_timeout (2 s here) plus a sweep, while other clients are
+    served over HTTPS, a completion included (libmicrohttpd's timer once
+    spun on a half ClientHello and starved the loop: server/http/loop.c)."""
+    srv, crt = tls_server(ctx, "--request-header-timeout", "2")
+    hello = client_hello()
+    socks = []
+    t0 = time.monotonic()
+    for i in range(16):
+        s = connect(srv.port, 10)
+        if i % 2:
+            s.sendall(hello[:len(hello) // 2])
+        socks.append(s)
+    check(tls_health(srv.port, crt) == 200, "HTTPS beside stalled handshakes")
+    # A completion needs the loop's other phases (the engine step's
+    # completion): a loop spinning on the stalled handshakes starves it.
+    c = http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=10,
+                                    context=ssl.create_default_context(cafile=crt))
+    t1 = time.monotonic()
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hello", "max_tokens": 8}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    check(r.status == 200 and json.loads(body)["usage"]["completion_tokens"] == 8,
+          "a completion beside stalled handshakes: %d %r" % (r.status, body[:200]))
+    check(time.monotonic() - t1 < 1.5, "a completion beside stalled handshakes took %.1f s"
+          % (time.monotonic() - t1))
+    try:
+        for s in socks:
+            left = t0 + 2 + 2.5 - time.monotonic()
+            read_until_close(s, max(left, 0.1))
+        took = time.monotonic() - t0
+        check(took >= 1.8, "stalled handshakes closed after %.1f s, before request_header_timeout" % took)
+    finally:
+        for s in socks:
+            s.close()
+    check(tls_health(srv.port, crt) == 200, "HTTPS after the stalls")
+    check(srv.proc.poll() is None, "the server exited")
+
+
+def tls_metric(port, crt, name):
+    """One unlabelled (or exactly labelled) series of /metrics over HTTPS."""
+    c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ssl.create_default_context(cafile=crt))
+    try:
+        c.request("GET", "/metrics")
+        body = c.getresponse().read().decode()
+    finally:
+        c.close()
+    m = re.search(r"^%s (\S+)$" % re.escape(name), body, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def case_tls_abandoned_cancelled(ctx):
+    """TLS: a whole-answer request whose client leaves the way a TLS client
+    does (close_notify, then its FIN) is cancelled within a second or two,
+    as over plain HTTP (a peek at the socket saw the close_notify's bytes
+    and took the client for present: server/http/req.c)."""
+    srv, crt = tls_server(ctx, model="long", env=STEP_DELAY)
+    c = http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=10,
+                                    context=ssl.create_default_context(cafile=crt))
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hello", "max_tokens": 800, "n": 2,
+                                                          "ignore_eos": True}),
+              headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + 10
+    while tls_metric(srv.port, crt, "gpt2d_running_sequences") < 2:
+        check(time.monotonic() < deadline, "the request's two sequences never ran")
+        time.sleep(0.05)
+    s = c.sock
+    s.settimeout(0)
+    try:
+        s.unwrap()  # sends close_notify; the server's own never comes
+    except (ssl.SSLWantReadError, ssl.SSLError, OSError):
+        pass
+    s.close()
+    t0 = time.monotonic()
+    while tls_metric(srv.port, crt, "gpt2d_running_sequences") > 0:
+        check(time.monotonic() - t0 < 3, "an abandoned whole answer over TLS still runs after 3 s")
+        time.sleep(0.1)
+    check(tls_metric(srv.port, crt, 'gpt2d_requests_cancelled_total{reason="client_closed"}') == 1,
+          "the cancel is not counted as client_closed")
+
+
+
+# A large whole answer that max_response_bytes (4 MiB) allows: a prompt of
+# 1,000 ids x n 16, echo, logprobs 5, max_tokens 1 (16,016 logprobs
+# entries, a 2.9 MB answer; the issue's 82 KB request is 16 of these
+# prompts, 16 times over the bound). Once the first answer has computed the
+# prompt's echo, the prefix cache holds the logprobs of all its blocks but
+# the last, and an answer is a few steps of work: the case's time goes to
+# the answers, not to the engine.
+ALLOWED_LEN = 1000
+ALLOWED_N = 16
+ALLOWED = {"model": "gpt2", "prompt": [[(j * 7) % 50000 + 10 for j in range(ALLOWED_LEN)]],
+           "n": ALLOWED_N, "echo": True, "logprobs": 5, "max_tokens": 1}
+ALLOWED_BYTES = json.dumps(ALLOWED).encode()
+
+
+def allowed_answer_whole(st, body):
+    """'' when body is a whole answer to ALLOWED, else why not."""
+    if st != 200:
+        return "status %d: %r" % (st, body[:200])
+    try:
+        d = json.loads(body)
+    except ValueError as e:
+        return "not JSON (%s), %d bytes, ending %r" % (e, len(body), body[-80:])
+    ch = d.get("choices", [])
+    if [c["index"] for c in ch] != list(range(ALLOWED_N)) or d["usage"]["prompt_tokens"] != ALLOWED_LEN:
+        return "%d choices, usage %r" % (len(ch), d.get("usage"))
+    for c in ch:
+        lp = c["logprobs"]
+        n = ALLOWED_LEN + 1
+        if not (len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+                and lp["token_logprobs"][0] is None and all(len(t) == 5 for t in lp["top_logprobs"][1:])
+                and c["finish_reason"] == "length" and c["text"].startswith("".join(lp["tokens"][:10]))):
+            return "choice %d: %d logprobs entries, %r" % (c["index"], len(lp["tokens"]), c["text"][:40])
+    return ""
+
+
+def case_big_answers_allowed(ctx):
+    """24.4: whole answers are written a piece at a time as the connection
+    takes them, from logprobs kept as numbers: 8 large answers that
+    max_response_bytes allows (2.9 MB each) at once raise RSS by 256 MiB at
+    most, the loop thread answers /health and a stream beside them keeps
+    its pace throughout (within bounds generous for a busy 2-core
+    machine); every answer is whole, valid JSON; a client that leaves in
+    the middle of one frees it (the server then exits cleanly: no
+    sanitizer report)."""
+    srv = Server(ctx, ctx.models.get("long"), "--max-queue", "512")
+
+    def health_s():
+        t0 = time.monotonic()
+        st, _, _ = request(srv.port, "GET", "/health", timeout=30)
+        check(st == 200, "/health got %d" % st)
+        return time.monotonic() - t0
+    health_alone = max(health_s() for _ in range(20))
+    alone = Stream(srv.port, dict(LONG_STREAM, prompt="Beside", max_tokens=60))
+    alone.wait(20, "the stream alone")
+    noise = max(alone.token_gaps() or [0])
+    # The answer once, so that its prompt's echo blocks are cached.
+    st, _, b = request(srv.port, "POST", "/v1/completions", ALLOWED_BYTES, timeout=240)
+    why = allowed_answer_whole(st, b)
+    check(not why, "the largest allowed answer alone: %s" % why)
+    rss0, peak, health, done = srv.rss_kib(), [0], [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], srv.rss_kib())
+                health[0] = max(health[0], health_s())
+            except (Fail, OSError):
+                pass
+            time.sleep(0.01)
+    threading.Thread(target=sample, daemon=True).start()
+    stream = Stream(srv.port, dict(LONG_STREAM, prompt="Beside", max_tokens=1000))
+    # A sanitizer build checks the path with two (it is slower, and its
+    # quarantine keeps up to 256 MiB of what was freed).
+    copies = 8 if SLOW == 1 else 2
+    results = []
+    ts = [threading.Thread(target=lambda: results.append(
+        request(srv.port, "POST", "/v1/completions", ALLOWED_BYTES, timeout=240))) for _ in range(copies)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    t_end = time.monotonic()
+    done.set()
+    stream.sock.close()
+    gaps = [b - a for (a, _), (b, _) in zip(stream.arrivals, stream.arrivals[1:]) if b <= t_end]
+    # Checked after the stream: this process's CPU is the stream reader's too.
+    for st, _, b in results:
+        why = allowed_answer_whole(st, b)
+        check(not why, "one of 8 answers at once: %s" % why)
+    rise = (peak[0] - rss0) // 1024
+    print("note: %d answers of %d bytes: RSS +%d MiB, /health at most %.0f ms (alone %.0f ms), the stream's "
+          "longest gap %.0f ms (alone %.0f ms)" % (copies, len(results[0][2]), rise, health[0] * 1e3, health_alone * 1e3,
+                                                   max(gaps or [0]) * 1e3, noise * 1e3), flush=True)
+    check(rise <= 256 + (256 if SLOW > 1 else 0), "%d allowed answers at once: RSS rose %d MiB" % (copies, rise))
+    # Generous bounds: on a 2-core machine the step threads take both cores
+    # while the answers' prompts are computed, and the loop thread waits
+    # for a core as well (the issue's aim, 100 ms, is docs/benchmarks.md's
+    # measure). A whole answer built at once held the loop for about 1 s
+    # per 5 MB on such a machine.
+    check(health[0] <= max(0.5 * SLOW, 4 * health_alone),
+          "the loop thread stalled: /health took %.0f ms beside the answers (alone: %.0f ms)"
+          % (health[0] * 1e3, health_alone * 1e3))
+    check(max(gaps or [0]) <= max(1.0 * SLOW, 4 * noise), "the stream beside the answers stalled %.0f ms "
+          "(alone: %.0f ms)" % (max(gaps) * 1e3, noise * 1e3))
+    # A client that leaves after the first piece of its answer.
+    s = connect(srv.port, 60, rcvbuf=4096)
+    s.sendall(completion_head(len(ALLOWED_BYTES)) + ALLOWED_BYTES)
+    got = b""
+    while b"\r\n\r\n" not in got or len(got) < 70000:
+        chunk = s.recv(65536)
+        check(chunk, "the answer ended after %d bytes" % len(got))
+        got += chunk
+    check(got.startswith(b"HTTP/1.1 200"), "the answer the client leaves: %r" % got[:100])
+    s.close()
+    srv.wait_metric("gpt2d_running_sequences", 0, 10, "after the client left mid-answer")
+    st, _, b = request(srv.port, "POST", "/v1/completions", {"model": "gpt2", "prompt": "After", "max_tokens": 2})
+    check(st == 200, "after a client left mid-answer: %d %r" % (st, b[:200]))
+    rc = srv.terminate(20)
+    log = srv.log()
+    check(rc == 0 and "Sanitizer" not in log and "runtime error" not in log,
+          "the server's exit: %s; log: %r" % (describe_exit(rc), log[-2000:]))
+
 
 # The checkpoints a case uses, made before its time limit starts.
 CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
@@ -2151,6 +2524,406 @@ def case_drain_short_streams(ctx):
         check(usage.get("completion_tokens") == 40, "stream %d was not finished in the drain: %r" % (i, usage))
 
 
+# ---------------------------------------------------------------- /v1/responses
+
+def resp_events(raw):
+    """A Responses stream's events [(name, data)] from its raw bytes: a
+    complete chunked 200 of "event: NAME\ndata: JSON" blocks."""
+    status, headers, rest = parse_head(raw)
+    check(status == 200, "stream status %d: %r" % (status, raw[:300]))
+    check(rest.endswith(b"0\r\n\r\n"), "the stream has no chunked end; it ends %r" % rest[-80:])
+    out = []
+    for block in dechunk(rest).decode("utf-8").split("\n\n"):
+        if not block or block.startswith(":"):
+            continue
+        lines = block.split("\n")
+        check(len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "),
+              "not an event block: %r" % block[:200])
+        data = json.loads(lines[1][6:])
+        check(data.get("type") == lines[0][7:], "event %r carries type %r" % (lines[0], data.get("type")))
+        out.append((lines[0][7:], data))
+    return out
+
+
+def case_responses_bodies(ctx):
+    """26: /v1/responses refuses every malformed or unsupported body with a
+    400 in the API's error shape naming the field (tools, reasoning, images,
+    files and audio by name; json_schema until structured outputs), never a
+    crash; a body over max_body_bytes is 413; an input past the context is
+    400 context_length_exceeded naming input, or with truncation auto
+    drops the oldest messages (3000 of them, quickly); the store's routes
+    answer 404 for odd paths and 400 for odd queries."""
+    app = "http://app.example"
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-body-bytes", "262144", "--cors-origins", app)
+    post = lambda body, **kw: request(srv.port, "POST", "/v1/responses", body, **kw)
+    # CORS as on the other routes: a preflight per path, the header on answers.
+    for path, methods in (("/v1/responses", ("POST",)), ("/v1/responses/resp_x", ("GET", "DELETE"))):
+        st, h, _ = request(srv.port, "OPTIONS", path, headers={"Origin": app, "Access-Control-Request-Method": methods[0]})
+        check(st == 204 and h.get("access-control-allow-origin") == app
+              and all(m in h.get("access-control-allow-methods", "") for m in methods),
+              "preflight %s: %d %r" % (path, st, h))
+    st, h, _ = post({"input": "x", "max_output_tokens": 1}, headers={"Origin": app})
+    check(st == 200 and h.get("access-control-allow-origin") == app, "POST with Origin: %d %r" % (st, h))
+    st, _, _ = post({"input": "x"}, headers={"Origin": "http://evil.example"})
+    check(st == 403, "POST from a refused origin: %d" % st)
+    msg = lambda *parts: [{"role": "user", "content": list(parts)}]
+    bad = [
+        ("", b"{"), ("", b"[1]"), ("", b"\"x\""), ("input", {}), ("input", {"input": 5}),
+        ("input", {"input": []}), ("input", {"input": [7]}), ("input", {"input": {"role": "user"}}),
+        ("input", {"input": [{"role": "wizard", "content": "x"}]}),
+        ("input", {"input": [{"role": "us\u0000er", "content": "x"}]}),
+        ("input", {"input": [{"role": "user"}]}), ("input", {"input": [{"role": "user", "content": 3}]}),
+        ("input", {"input": msg({"type": "input_image", "image_url": "http://x/y.png"})}),
+        ("input", {"input": msg({"type": "input_file", "file_id": "f"})}),
+        ("input", {"input": msg({"type": "input_audio", "data": "x"})}),
+        ("input", {"input": msg({"type": "input_text"})}), ("input", {"input": msg("text")}),
+        ("input", {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}),
+        ("input", {"input": [{"type": "item_reference", "id": 1}]}),
+        ("tools", {"input": "x", "tools": [{"type": "web_search"}]}),
+        ("tool_choice", {"input": "x", "tool_choice": "required"}),
+        ("reasoning", {"input": "x", "reasoning": {"effort": "high"}}),
+        ("include", {"input": "x", "include": ["file_search_call.results"]}),
+        ("include", {"input": "x", "include": "message.output_text.logprobs"}),
+        ("top_logprobs", {"input": "x", "top_logprobs": 6}),
+        ("background", {"input": "x", "background": True}),
+        ("conversation", {"input": "x", "conversation": "conv_1"}),
+        ("messages", {"input": "x", "messages": [{"role": "user", "content": "x"}]}),
+        ("text.format", {"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}),
+        ("text.format.schema", {"input": "x", "text": {"format": {"type": "json_schema", "name": "n",
+                                                                   "schema": {"type": "object", "if": {}}}}}),
+        ("stop", {"input": "x", "text": {"format": {"type": "json_object"}}, "stop": ["}"]}),
+        ("text.format", {"input": "x", "text": {"format": {"type": "yaml"}}}),
+        ("text.format", {"input": "x", "text": {"format": "text"}}), ("text", {"input": "x", "text": "plain"}),
+        ("truncation", {"input": "x", "truncation": "sometimes"}), ("store", {"input": "x", "store": "yes"}),
+        ("stream", {"input": "x", "stream": "true"}), ("n", {"input": "x", "n": 2}),
+        ("instructions", {"input": "x", "instructions": ["be nice"]}),
+        ("metadata", {"input": "x", "metadata": {"k%d" % i: "v" for i in range(17)}}),
+        ("metadata", {"input": "x", "metadata": {"k": 1}}), ("metadata", {"input": "x", "metadata": {"k" * 65: "v"}}),
+        ("metadata", {"input": "x", "metadata": ["k"]}),
+        ("previous_response_id", {"input": "x", "previous_response_id": 5}),
+        ("previous_response_id", {"input": "x", "previous_response_id": ""}),
+        ("previous_response_id", {"input": "x", "previous_response_id": "resp_" + "a" * 80}),
+        ("max_output_tokens", {"input": "x", "max_output_tokens": -1}),
+        ("max_output_tokens", {"input": "x", "max_output_tokens": 10 ** 9}),
+        ("max_output_tokens", {"input": "x", "max_output_tokens": "8"}),
+        ("temperature", {"input": "x", "temperature": 3}), ("top_p", {"input": "x", "top_p": 0}),
+        ("stop", {"input": "x", "stop": ["a"] * 5}), ("logit_bias", {"input": "x", "logit_bias": {"-1": 5}}),
+        ("seed", {"input": "x", "seed": "1"}), ("user", {"input": "x", "user": 5}),
+        ("model", {"input": "x", "model": 5}),
+    ]
+    for param, body in bad:
+        st, _, b = post(body)
+        e = error_envelope(b, "body %r" % (body,))
+        check(st == 400 and e["param"] == (param or None) and e["type"] == "invalid_request_error",
+              "body %r: %d, param %r (want %r): %s" % (str(body)[:120], st, e["param"], param, e["message"]))
+    st, _, b = post({"input": "x", "model": "gpt-4o"})
+    check(st == 404 and error_envelope(b, "model")["code"] == "model_not_found", "another model: %d" % st)
+    for ref in ("msg_1", "msg_", "msg_1_in", "msg_1_inx", "resp_1", "m" * 64):
+        st, _, b = post({"input": [{"type": "item_reference", "id": ref}]})
+        e = error_envelope(b, "item_reference %r" % ref)
+        check(st == 404 and e["param"] == "input" and e["code"] == "item_not_found",
+              "an unknown item_reference %r: %d %r" % (ref, st, e))
+    st, _, b = post({"input": "x", "previous_response_id": "resp_nothing"})
+    e = error_envelope(b, "unknown previous_response_id")
+    check(st == 404 and e["param"] == "previous_response_id" and e["code"] == "previous_response_not_found",
+          "an unknown previous_response_id: %d %r" % (st, e))
+    st, _, b = post(b'{"input": "' + b"x" * 300000 + b'"}')
+    check(st == 413, "a body over max_body_bytes: %d" % st)
+    # The context: 128 tokens. Disabled (the default): 400 naming input.
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "turn %d says hello there" % i} for i in range(40)]
+    st, _, b = post({"input": turns, "max_output_tokens": 8})
+    e = error_envelope(b, "past the context")
+    check(st == 400 and e["param"] == "input" and e["code"] == "context_length_exceeded", "past the context: %d %r" % (st, e))
+    st, _, b = post({"input": turns, "max_output_tokens": 8, "truncation": "auto", "temperature": 0})
+    check(st == 200, "truncation auto: %d %r" % (st, b[:300]))
+    d = json.loads(b)
+    check(d["truncation"] == "auto" and d["usage"]["input_tokens"] + 8 <= 128, "truncation auto: %r" % d["usage"])
+    # The newest message alone is what the dropping keeps: the same answer
+    # as the last few turns sent alone.
+    for k in range(len(turns), 0, -1):
+        st, _, b2 = post({"input": turns[-k:], "max_output_tokens": 8, "temperature": 0})
+        if st == 200:
+            break
+    check(json.loads(b2)["output_text"] == d["output_text"] and json.loads(b2)["usage"]["input_tokens"] == d["usage"]["input_tokens"],
+          "truncation auto answered %r, the kept turns alone %r" % (d["output_text"], json.loads(b2)["output_text"]))
+    many = [{"role": "user", "content": "m%d" % i} for i in range(3000)]
+    t0 = time.monotonic()
+    st, _, b = post({"input": many, "max_output_tokens": 4, "truncation": "auto"}, timeout=20)
+    check(st == 200 and time.monotonic() - t0 < 5, "3000 messages with truncation auto: %d in %.1f s"
+          % (st, time.monotonic() - t0))
+    st, _, b = post({"input": [{"role": "user", "content": "w " * 400}], "truncation": "auto"})
+    check(st == 400 and error_envelope(b, "one long message")["param"] == "input",
+          "one message longer than the context, truncation auto: %d" % st)
+    # The store's routes.
+    for path, want in (("/v1/responses/", 404), ("/v1/responses/a/b", 404), ("/v1/responses/resp_x", 404),
+                       ("/v1/responses/resp_x/input_items", 404), ("/v1/responses/%00", 404)):
+        st, _, b = request(srv.port, "GET", path)
+        check(st == want, "GET %s: %d" % (path, st))
+        error_envelope(b, "GET " + path)
+    st, _, b = post({"input": "Hi", "max_output_tokens": 2})
+    rid = json.loads(b)["id"]
+    for q, param in (("limit=0", "limit"), ("limit=101", "limit"), ("limit=x", "limit"), ("order=sideways", "order")):
+        st, _, b = request(srv.port, "GET", "/v1/responses/%s/input_items?%s" % (rid, q))
+        check(st == 400 and error_envelope(b, q)["param"] == param, "input_items?%s: %d" % (q, st))
+    st, h, _ = request(srv.port, "PUT", "/v1/responses", {})
+    check(st == 405 and "POST" in h.get("allow", ""), "PUT /v1/responses: %d %r" % (st, h.get("allow")))
+    st, _, _ = request(srv.port, "DELETE", "/v1/responses/%s/input_items" % rid)
+    check(st == 404, "DELETE .../input_items: %d" % st)
+    check(srv.metric('gpt2d_requests_total{route="/v1/responses",status="400"}') >= len(bad),
+          "the refusals are not counted under route /v1/responses")
+    check(srv.metric('gpt2d_requests_total{route="/v1/responses/{id}",status="404"}') >= 4,
+          "GET /v1/responses/{id} is not one route label")
+    check(request(srv.port, "GET", "/health")[0] == 200, "/health after the bodies")
+
+
+def case_responses_store(ctx):
+    """26: stored responses are bounded by count (LRU: a read counts as a
+    use) and by bytes (one larger than the bound is not kept), are visible
+    only to the API key that made them (GET, input_items, DELETE and
+    previous_response_id answer another key 404), store false keeps
+    nothing, and a stream's disconnect cancels its sequence."""
+    ka, kb = "resp-key-aaaa", "resp-key-bbbb"
+    srv = Server(ctx, ctx.models.get("long"), "--api-key", ka, "--api-key", kb,
+                 "--responses-store-max", "3", "--responses-store-bytes", "20000", env=STEP_DELAY)
+    auth = lambda k: {"Authorization": "Bearer " + k}
+
+    def make(key, text="Hi", **kw):
+        body = dict({"input": text, "max_output_tokens": 2}, **kw)
+        st, _, b = request(srv.port, "POST", "/v1/responses", body, headers=auth(key), timeout=20)
+        check(st == 200, "POST with key %s: %d %r" % (key[-4:], st, b[:200]))
+        return json.loads(b)["id"]
+
+    def status(key, path, method="GET"):
+        return request(srv.port, method, path, headers=auth(key))[0]
+
+    a1 = make(ka)
+    check(status(ka, "/v1/responses/" + a1) == 200, "key A cannot read its own response")
+    check(request(srv.port, "GET", "/v1/responses/" + a1)[0] == 401, "no key read a stored response")
+    for path, method in (("/v1/responses/" + a1, "GET"), ("/v1/responses/%s/input_items" % a1, "GET"),
+                         ("/v1/responses/" + a1, "DELETE")):
+        check(status(kb, path, method) == 404, "key B: %s %s is not 404" % (method, path))
+    st, _, b = request(srv.port, "POST", "/v1/responses", {"input": "x", "previous_response_id": a1},
+                       headers=auth(kb))
+    check(st == 404, "key B continued key A's response: %d" % st)
+    check(status(ka, "/v1/responses/" + a1) == 200, "key B's DELETE removed key A's response")
+    # Count: 3 kept; a read makes a1 the most recent, so a2 goes first.
+    a2, a3 = make(ka), make(ka)
+    check(status(ka, "/v1/responses/" + a1) == 200, "a1 before the fourth")
+    a4 = make(ka)
+    got = {r: status(ka, "/v1/responses/" + r) for r in (a1, a2, a3, a4)}
+    check(got == {a1: 200, a2: 404, a3: 200, a4: 200}, "LRU by count: %r" % got)
+    # store false: nothing kept, nothing evicted.
+    n = make(ka, store=False)
+    check(status(ka, "/v1/responses/" + n) == 404 and status(ka, "/v1/responses/" + a1) == 200,
+          "store false was kept, or evicted another")
+    # Bytes: one response over 20000 bytes is not kept and evicts nothing.
+    turns = lambda n, words: [{"role": "user", "content": "word " * words} for _ in range(n)]
+    big = make(ka, text=turns(60, 50), truncation="auto")
+    check(status(ka, "/v1/responses/" + big) == 404, "a response over responses_store_bytes was kept")
+    check(status(ka, "/v1/responses/" + a1) == 200, "an oversized response evicted others")
+    # Several mid-sized ones: the bytes bound evicts before the count would.
+    mids = [make(ka, text=turns(20, 60), truncation="auto") for _ in range(3)]
+    kept = [status(ka, "/v1/responses/" + r) for r in mids]
+    check(kept[-1] == 200 and kept.count(200) < 3, "the bytes bound kept %r of three ~7 KB responses" % kept)
+    # A stream's disconnect cancels it, counted.
+    body = json.dumps({"input": "Leaving", "max_output_tokens": 800, "ignore_eos": True, "stream": True}).encode()
+    s = connect(srv.port, 30)
+    s.sendall(completion_head(len(body), b"Authorization: Bearer " + ka.encode() + b"\r\n", b"/v1/responses") + body)
+    srv.wait_metric("gpt2d_running_sequences", 1, 10, "the response stream running")
+    time.sleep(0.3)
+    s.close()
+    srv.wait_metric("gpt2d_running_sequences", 0, 3, "after the response stream's client closed")
+    check(srv.metric(CANCEL_CLIENT) == 1, "the disconnect is not counted: %g" % srv.metric(CANCEL_CLIENT))
+    # A stream that ends: its events in order, numbered, and it is stored.
+    body = json.dumps({"input": "Stay", "max_output_tokens": 5, "ignore_eos": True, "stream": True}).encode()
+    s = connect(srv.port, 30)
+    s.sendall(completion_head(len(body), b"Connection: close\r\nAuthorization: Bearer " + ka.encode() + b"\r\n",
+                              b"/v1/responses") + body)
+    ev = resp_events(read_until_close(s, 20))
+    check([d["sequence_number"] for _, d in ev] == list(range(len(ev))), "sequence numbers %r" % [d["sequence_number"] for _, d in ev])
+    check([n for n, _ in ev].count("response.output_text.delta") >= 1 and ev[-1][0] == "response.incomplete",
+          "the events: %r" % [n for n, _ in ev])
+    check(status(ka, "/v1/responses/" + ev[-1][1]["response"]["id"]) == 200, "a streamed response was not stored")
+
+
+def case_responses_store_reload(ctx):
+    """26: bounds lowered by SIGHUP apply at once: the least recently used
+    stored responses go (logged), and responses_store_max = 0 empties the
+    store, with no new response needed to trigger it."""
+    conf = os.path.join(ctx.dir, "gpt2d-store.conf")
+    with open(conf, "w") as f:
+        f.write("responses_store_max = 5\n")
+    srv = Server(ctx, ctx.models.get("tiny"), "--config", conf)
+
+    def make():
+        st, _, b = request(srv.port, "POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 2}, timeout=20)
+        check(st == 200, "POST /v1/responses: %d %r" % (st, b[:200]))
+        return json.loads(b)["id"]
+
+    def kept(ids):
+        return [request(srv.port, "GET", "/v1/responses/" + r)[0] for r in ids]
+
+    ids = [make() for _ in range(3)]
+    check(kept(ids) == [200, 200, 200], "three stored under responses_store_max 5: %r" % kept(ids))
+    for want, line in (([404, 404, 200], "responses_store_max = 1\n"), ([404, 404, 404], "responses_store_max = 0\n")):
+        with open(conf, "w") as f:
+            f.write(line)
+        srv.signal(signal.SIGHUP)
+        deadline = time.time() + 5
+        while kept(ids) != want and time.time() < deadline:
+            time.sleep(0.1)
+        check(kept(ids) == want, "after SIGHUP with %s: %r, want %r" % (line.strip(), kept(ids), want))
+    check(re.search(r"SIGHUP: 2 stored responses dropped", srv.log()), "no log line for the dropped responses: " + srv.tail(3))
+
+
+def case_responses_cut(ctx):
+    """26: a Responses stream cut by the end of a drain (SIGTERM,
+    --shutdown-timeout 2) ends with response.failed (status failed, its
+    error naming the shutdown) and an error event, numbered on, then the
+    chunked end; a whole response gets the 503 JSON; exit 0."""
+    srv = Server(ctx, ctx.models.get("long"), "--shutdown-timeout", "2", env=STEP_DELAY)
+    body = {"input": "Drain", "max_output_tokens": 800, "ignore_eos": True}
+    payload = json.dumps(dict(body, stream=True)).encode()
+    s = connect(srv.port, 30)
+    s.sendall(completion_head(len(payload), b"Connection: close\r\n", b"/v1/responses") + payload)
+    plain = {}
+    t = threading.Thread(target=lambda: plain.update(r=request(srv.port, "POST", "/v1/responses", body, timeout=20)),
+                         daemon=True)
+    t.start()
+    srv.wait_metric("gpt2d_running_sequences", 2, 10, "both responses running")
+    srv.signal(signal.SIGTERM)
+    rc = srv.wait(4)
+    check(rc == 0, "after SIGTERM: %s" % describe_exit(rc))
+    ev = resp_events(read_until_close(s, 5))
+    names = [n for n, _ in ev]
+    check([d["sequence_number"] for _, d in ev] == list(range(len(ev))), "sequence numbers of the cut stream")
+    check(names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                        "response.content_part.added"] and names[-2:] == ["response.failed", "error"],
+          "the cut stream's events: %r" % (names[:5] + names[-3:]))
+    failed, err = ev[-2][1]["response"], ev[-1][1]
+    check(failed["status"] == "failed" and failed["error"]["code"] == "server_shutting_down",
+          "response.failed: %r" % failed.get("error"))
+    check(err["code"] == "server_shutting_down" and "shutting down" in err["message"], "error event: %r" % err)
+    t.join(2)
+    check(plain.get("r", (0,))[0] == 503, "the whole response cut by the shutdown: %r" % (plain.get("r"),))
+    error_envelope(plain["r"][2], "the 503 at shutdown")
+def case_structured_schemas(ctx):
+    """issue 27: hostile structured outputs: huge, deep, self-referential
+    and pathological schemas and regexes are a 400 naming the keyword (or
+    the body's field), quickly; a regex that backtracks elsewhere runs in
+    linear time; while they compile (tokenizer threads), the loop thread
+    answers /health at once."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+
+    def fmt(schema):
+        return {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}
+
+    deep = {}
+    for _ in range(400):  # 800 levels of JSON (Python's encoder stops near 1000)
+        deep = {"type": "array", "items": deep}
+    huge = {"type": "object", "properties": {"p%d" % i: {"type": "string", "maxLength": 999} for i in range(400)},
+            "required": ["p%d" % i for i in range(400)]}
+    refused = [
+        ({"response_format": fmt(huge)}, "response_format.json_schema.schema"),
+        ({"response_format": fmt(deep)}, "response_format.json_schema.schema"),
+        ({"response_format": fmt({"$ref": "#"})}, "response_format.json_schema.schema"),
+        ({"response_format": fmt({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]})},
+         "response_format.json_schema.schema"),
+        ({"response_format": fmt({"enum": list(range(5000))})}, "response_format.json_schema.schema"),
+        ({"response_format": fmt({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}] * 10 + [{"type": "null"}]}},
+                                  "oneOf": [{"$ref": "#/$defs/a"}] * 2000})},
+         "response_format.json_schema.schema"),  # oneOf's proof of disjoint branches is bounded
+        ({"response_format": fmt({"type": "string", "pattern": "((a{1,999}){1,999}){1,999}"})},
+         "response_format.json_schema.schema"),
+        ({"guided_regex": "(x|y){1000}(x|y){1000}(x|y){1000}(z{1000}){1000}"}, "guided_regex"),
+        ({"guided_regex": "(a)\\1"}, "guided_regex"),
+        ({"guided_choice": []}, "guided_choice"),
+    ]
+    for extra, param in refused:
+        t0 = time.monotonic()
+        st, _, body = request(srv.port, "POST", "/v1/completions",
+                              dict({"model": "gpt2", "prompt": "Hi", "max_tokens": 4}, **extra), timeout=30)
+        dt = time.monotonic() - t0
+        check(st == 400 and dt < 5, "%s: %d after %.1f s: %r" % (list(extra)[0], st, dt, body[:200]))
+        e = error_envelope(body, list(extra)[0])
+        if param is not None:
+            check(e["param"] == param, "%s: param %r" % (list(extra)[0], e["param"]))
+    # Accepted, bounded: a backtracking regex and a recursive schema.
+    for extra in ({"guided_regex": "(a+)+(b+)+$"},
+                  {"response_format": fmt({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                                           "$ref": "#/$defs/n"})}):
+        t0 = time.monotonic()
+        st, _, body = request(srv.port, "POST", "/v1/completions",
+                              dict({"model": "gpt2", "prompt": "Hi", "max_tokens": 60}, **extra), timeout=30)
+        check(st == 200 and time.monotonic() - t0 < 10, "%s: %d: %r" % (list(extra)[0], st, body[:200]))
+    # Compiles in flight (distinct sources: no cache hits) and /health at once.
+    done = []
+
+    def flood(k):
+        for i in range(3):
+            schema = {"type": "object", "properties": {"p%d" % j: {"type": "string", "pattern": "[a-z]{1,300}"}
+                                                       for j in range(40 + k * 10 + i)}}
+            request(srv.port, "POST", "/v1/completions",
+                    {"model": "gpt2", "prompt": "Hi", "max_tokens": 1, "response_format": fmt(schema)}, timeout=60)
+        done.append(k)
+    threads = [threading.Thread(target=flood, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    worst = 0.0
+    while len(done) < 3:
+        t0 = time.monotonic()
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        worst = max(worst, time.monotonic() - t0)
+        check(st == 200, "/health: %d" % st)
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    check(worst < 0.5, "/health took %.2f s while schemas compiled" % worst)
+
+
+def case_structured_wide_state(ctx):
+    """A guided_regex whose states hold thousands of positions, accepted
+    (under the 4,096 the compile checks for) but costlier to mask than the
+    per-token budget: its sequence ends with a 500 naming the bound, counted
+    in /metrics, and a plain completion beside it in the same batch finishes
+    promptly. Before the budget, (.?){1000} cost seconds a token and stalled
+    every request in the batch (found by review); (.?){1000} itself is now a
+    400 at compile."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    st, _, body = request(srv.port, "POST", "/v1/completions",
+                          {"model": "gpt2", "prompt": "Hi", "max_tokens": 4, "guided_regex": "(.?){1000}"},
+                          timeout=30)
+    check(st == 400 and b"simultaneous positions" in body, "(.?){1000}: %d %r" % (st, body[:200]))
+    check(error_envelope(body, "(.?){1000}")["param"] == "guided_regex", "(.?){1000}: param")
+    wide = {}
+
+    def guided(stream):
+        t0 = time.monotonic()
+        wide[stream] = request(srv.port, "POST", "/v1/completions",
+                               {"model": "gpt2", "prompt": "Hi", "max_tokens": 40, "stream": stream,
+                                "guided_regex": "(.?){400}"}, timeout=60) + (time.monotonic() - t0,)
+    threads = [threading.Thread(target=guided, args=(k,)) for k in (False, True)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    st, _, body = request(srv.port, "POST", "/v1/completions",
+                          {"model": "gpt2", "prompt": "Hello there", "max_tokens": 16, "ignore_eos": True},
+                          timeout=60)
+    plain_s = time.monotonic() - t0
+    for t in threads:
+        t.join(60)
+    check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 16, "plain: %d %r" % (st, body[:200]))
+    check(plain_s < 15, "the plain completion beside the wide regex took %.1f s" % plain_s)
+    st, _, body, dt = wide[False]
+    check(st == 500 and b"structured outputs" in body and dt < 15,
+          "the wide regex: %d after %.1f s: %r" % (st, dt, body[:300]))
+    error_envelope(body, "the wide regex")
+    st, _, body, dt = wide[True]
+    check(b"structured outputs" in body and b"[DONE]" in body and dt < 15,
+          "the wide regex, streamed: %d after %.1f s: %r" % (st, dt, body[-300:]))
+    check(srv.metric("gpt2d_grammar_bound_errors_total") == 2, "gpt2d_grammar_bound_errors_total")
+
+
 CASES = [
     ("slow_headers", case_slow_headers),
     ("idle_connections", case_idle_connections),
@@ -2186,7 +2959,13 @@ CASES = [
     ("model_same_bytes_ignored", case_model_same_bytes_ignored),
     ("abandoned_nonstream_cancelled", case_abandoned_nonstream_cancelled),
     ("sequences_cap", case_sequences_cap),
+    ("fair_admission", case_fair_admission),
     ("response_bytes_cap", case_response_bytes_cap),
+    ("responses_bodies", case_responses_bodies),
+    ("responses_store", case_responses_store),
+    ("responses_store_reload", case_responses_store_reload),
+    ("responses_cut", case_responses_cut),
+    ("big_answers_allowed", case_big_answers_allowed),
     ("empty_key", case_empty_key),
     ("auth", case_auth),
     ("log_injection", case_log_injection),
@@ -2203,6 +2982,12 @@ CASES = [
     ("ctrl_c_terminal", case_ctrl_c_terminal),
     ("drain_short_streams", case_drain_short_streams),
     ("cache_cross_key", case_cache_cross_key),
+    ("structured_schemas", case_structured_schemas),
+    ("structured_wide_state", case_structured_wide_state),
+    ("tls_plain_http", case_tls_plain_http),
+    ("plain_tls_hello", case_plain_tls_hello),
+    ("tls_handshake_stall", case_tls_handshake_stall),
+    ("tls_abandoned_cancelled", case_tls_abandoned_cancelled),
 ]
 
 
@@ -2238,7 +3023,7 @@ def main(argv):
               % (SANITIZE, RSS_MARGIN_KIB), flush=True)
     models = Models(gpt2d, root)
     signal.signal(signal.SIGALRM, on_alarm)
-    passed = failed = 0
+    passed = failed = skipped = 0
     try:
         for name in names:
             ctx = Context(gpt2d, root, models, name)
@@ -2251,6 +3036,14 @@ def main(argv):
                 signal.alarm(0)
                 passed += 1
                 print("ok %s (%.1f s)" % (name, time.monotonic() - t0), flush=True)
+            except Skip as e:
+                signal.alarm(0)
+                if gpt2d_server.require_all():
+                    failed += 1
+                    print("FAIL %s: %s (CI: nothing may skip)" % (name, e), flush=True)
+                else:
+                    skipped += 1
+                    print("SKIP %s: %s" % (name, e), flush=True)
             except Exception as e:  # a case's error of any kind is its failure, reported by name
                 signal.alarm(0)
                 failed += 1
@@ -2264,7 +3057,7 @@ def main(argv):
             print("kept %s" % root)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
+    print("%d passed, %d failed" % (passed, failed) + (", %d skipped" % skipped if skipped else ""))
     return 1 if failed else 0
 
 

@@ -20,19 +20,21 @@ case "$prefix" in /usr|/usr/local) conf=/etc/gpt2d ;; *) conf=$prefix/etc/gpt2d 
 [ -f "$dest$conf/gpt2d.conf" ] || fail "$conf/gpt2d.conf not installed"
 grep -q "^ExecStart=$prefix/bin/gpt2d serve --config $conf/gpt2d.conf$" \
     "$dest$prefix/lib/systemd/system/gpt2d.service" || fail "ExecStart does not name the installed paths"
-# Every key of `gpt2d serve --help` is in the file, with its default.
+# Every key of `gpt2d serve --help` is in the file, with its default (a key
+# whose unset value means more than its default, model_name: the
+# checkpoint's own name, is there commented out).
 "$build/server/gpt2d" serve --help | sed -n 's/^  --\([a-z-]*\) .*default: \(.*\))$/\1 \2/p' |
     while read -r opt def; do
         key=${opt//-/_}
         [ "$def" = none ] && continue
-        grep -q "^$key = $def\$" "$dest$conf/gpt2d.conf" || fail "$key = $def missing from gpt2d.conf"
+        grep -Eq "^(# )?$key = $def\$" "$dest$conf/gpt2d.conf" || fail "$key = $def missing from gpt2d.conf"
     done
 grep -q '^model = /var/lib/gpt2d/models/gpt2$' "$dest$conf/gpt2d.conf" || fail "no model line"
 # The file parses: serve reads it and fails only on the missing model.
 set +e
 out=$("$build/server/gpt2d" serve --config "$dest$conf/gpt2d.conf" --model /nonexistent 2>&1)
 set -e
-echo "$out" | grep -q 'nonexistent' || fail "the installed config does not parse: $out"
+grep -q 'nonexistent' <<< "$out" || fail "the installed config does not parse: $out"
 # An edited gpt2d.conf survives the next install.
 echo "port = 9999" >> "$dest$conf/gpt2d.conf"
 meson install -C "$build" --destdir "$dest" --no-rebuild --quiet > /dev/null

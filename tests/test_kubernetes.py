@@ -22,7 +22,7 @@ import sys
 try:
     import yaml
 except ImportError:  # a missing package skips (exit 77), except in CI (GPT2D_REQUIRE_ALL=1)
-    print("SKIP: python3-yaml is not installed (scripts/setup.sh installs it)", file=sys.stderr)
+    print("SKIP: python3-yaml is not installed (scripts/setup.sh --test installs it)", file=sys.stderr)
     sys.exit(1 if os.environ.get("GPT2D_REQUIRE_ALL") == "1" or os.environ.get("CI") else 77)
 
 d, gpt2d = sys.argv[1], sys.argv[2]

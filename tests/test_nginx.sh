@@ -3,7 +3,10 @@
 # nginx in front of two gpt2d replicas on loopback. Streaming and
 # non-streaming completions (curl and the OpenAI Node client) through the
 # proxy, traffic reaching both replicas, then one replica killed (SIGKILL)
-# mid-test while requests keep succeeding on the other. Each case is a
+# mid-test while requests keep succeeding on the other; the same over
+# HTTPS (nginx terminating TLS with a self-signed certificate this test
+# makes with openssl, trusted through --cacert and NODE_EXTRA_CA_CERTS).
+# Each case is a
 # function case_NAME; name cases to run only those, `--list` lists them
 # (tests/lib/cases.sh). Without nginx (or the openai npm package) it skips
 # with the reason; with GPT2D_REQUIRE_ALL=1 (scripts/test.sh) it fails.
@@ -21,7 +24,8 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-[ "${1:-}" = --list ] || command -v nginx >/dev/null || skip "nginx is not installed (scripts/setup.sh installs nginx-light)"
+[ "${1:-}" = --list ] || command -v nginx >/dev/null || skip "nginx is not installed (scripts/setup.sh --test installs nginx-light)"
+[ "${1:-}" = --list ] || command -v openssl >/dev/null || skip "openssl is not installed (it makes the HTTPS server's certificate)"
 
 srv_model "$dir/model" tiny
 
@@ -32,13 +36,25 @@ pid_a=$last_pid port_a=$port
 srv_start b "$dir/model" || return 1
 pid_b=$last_pid port_b=$port
 port=$(python3 "$srv_lib/gpt2d_server.py" free-port)
+tls_port=$(python3 "$srv_lib/gpt2d_server.py" free-port)
+# The HTTPS server's certificate: self-signed for localhost and 127.0.0.1.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj "/CN=gpt2d-nginx-test" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$dir/tls.key" -out "$dir/tls.crt" 2> "$dir/openssl.log" ||
+    { echo "FAIL: openssl: $(cat "$dir/openssl.log")" >&2; return 1; }
 
-# The deployed file with this test's ports; everything else as shipped.
+# The deployed file with this test's ports and certificate; everything
+# else as shipped.
 sed -e "s|server 127.0.0.1:8081 |server 127.0.0.1:$port_a |" \
     -e "s|server 127.0.0.1:8082 |server 127.0.0.1:$port_b |" \
-    -e "s|listen 8080;|listen 127.0.0.1:$port;|" "$here/../deploy/nginx/gpt2d.conf" > "$dir/gpt2d.conf"
+    -e "s|listen 8080;|listen 127.0.0.1:$port;|" \
+    -e "s|listen 8443 ssl;|listen 127.0.0.1:$tls_port ssl;|" \
+    -e "s|/etc/nginx/tls/gpt2d.crt;|$dir/tls.crt;|" \
+    -e "s|/etc/nginx/tls/gpt2d.key;|$dir/tls.key;|" "$here/../deploy/nginx/gpt2d.conf" > "$dir/gpt2d.conf"
 grep -q "127.0.0.1:$port_a " "$dir/gpt2d.conf" && grep -q "127.0.0.1:$port_b " "$dir/gpt2d.conf" &&
-    grep -q "listen 127.0.0.1:$port;" "$dir/gpt2d.conf" || { echo "FAIL: could not set the ports" >&2; return 1; }
+    grep -q "listen 127.0.0.1:$port;" "$dir/gpt2d.conf" && grep -q "listen 127.0.0.1:$tls_port ssl;" "$dir/gpt2d.conf" &&
+    grep -q "ssl_certificate $dir/tls.crt;" "$dir/gpt2d.conf" && grep -q "ssl_certificate_key $dir/tls.key;" "$dir/gpt2d.conf" ||
+    { echo "FAIL: could not set the ports and the certificate" >&2; return 1; }
 user=
 [ "$(id -u)" = 0 ] && user="user root;"
 cat > "$dir/nginx.conf" <<CONF
@@ -61,6 +77,7 @@ nginx -t -p "$dir" -c "$dir/nginx.conf" > "$dir/nginx-t.log" 2>&1 || { echo "FAI
 nginx -p "$dir" -c "$dir/nginx.conf" || return 1
 for _ in $(seq 50); do [ -f "$dir/nginx.pid" ] && break; sleep 0.1; done
 base="http://127.0.0.1:$port"
+tls_base="https://127.0.0.1:$tls_port"
 for _ in $(seq 50); do curl -s -o /dev/null "$base/health" && break; sleep 0.1; done
 }
 
@@ -102,6 +119,29 @@ case_openai_client() {
 need_node_module openai
 node "$here/differential/openai_client.mjs" "$base/v1" > "$dir/openai.log" 2>&1 ||
     fail "the OpenAI Node client through nginx: $(cat "$dir/openai.log")"
+}
+
+# 1b. HTTPS: nginx terminates TLS in front of the plain replicas. curl
+#    trusting the test's certificate (--cacert): a completion, a stream,
+#    /metrics not exposed; without it curl refuses the certificate; plain
+#    HTTP on the TLS port is nginx's 400; the OpenAI Node client with
+#    NODE_EXTRA_CA_CERTS.
+case_tls_proxy() {
+curl -s -m 30 --cacert "$dir/tls.crt" -w '\n%{http_code}' "$tls_base/v1/completions" \
+    -H 'Content-Type: application/json' -d "$req" | check_json || fail "a completion through nginx over HTTPS"
+curl -s -N -m 30 --cacert "$dir/tls.crt" -D "$dir/tls-headers" "https://localhost:$tls_port/v1/completions" \
+    -H 'Content-Type: application/json' -d "$sreq" | check_stream || fail "a stream through nginx over HTTPS"
+grep -qi '^content-type: text/event-stream' "$dir/tls-headers" || fail "stream content type over HTTPS: $(cat "$dir/tls-headers")"
+[ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$dir/tls.crt" "$tls_base/metrics")" = 404 ] ||
+    fail "/metrics is exposed through the HTTPS proxy"
+rc=0
+curl -s -m 10 -o /dev/null "$tls_base/health" || rc=$?
+[ "$rc" = 60 ] || fail "curl without --cacert: exit $rc, want 60 (certificate not trusted)"
+[ "$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$tls_port/health")" = 400 ] ||
+    fail "plain HTTP on the HTTPS port is not nginx's 400"
+need_node_module openai
+NODE_EXTRA_CA_CERTS="$dir/tls.crt" node "$here/differential/openai_client.mjs" "$tls_base/v1" > "$dir/openai-tls.log" 2>&1 ||
+    fail "the OpenAI Node client through nginx over HTTPS: $(cat "$dir/openai-tls.log")"
 }
 
 # 2. Traffic reaches both replicas (least_conn with concurrent clients).
@@ -193,5 +233,5 @@ if errors:
 PY
 }
 
-CASES=(proxy:proxy openai_client:proxy both_replicas:proxy many_clients:proxy failover:proxy)
+CASES=(proxy:proxy openai_client:proxy tls_proxy:proxy both_replicas:proxy many_clients:proxy failover:proxy)
 run_cases "$@"

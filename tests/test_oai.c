@@ -1,4 +1,5 @@
-/* tests/test_oai.c: the completions request parser (server/api/oai.c). */
+/* tests/test_oai.c: the completions, chat and Responses request parsers
+ * (server/api/oai.c). */
 #include "oai.h"
 #include "testutil.h"
 
@@ -323,8 +324,22 @@ static const struct {
     {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"function_call\": {}}]}",
      "messages", "'messages[0].function_call': tools are not supported"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
-     "\"json_object\"}}",
-     "response_format", "'json_object' is not supported"},
+     "\"xml\"}}",
+     "response_format", "type 'xml' is not supported"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+     "\"json_schema\", \"json_schema\": {\"name\": \"a\"}}}",
+     "response_format.json_schema", "'response_format.json_schema.schema' must be"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+     "\"json_object\"}, \"guided_regex\": \"a\"}",
+     "guided_regex", "cannot be combined with 'response_format'"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"guided_choice\": [\"a\", 1]}",
+     "guided_choice", "entry 1 is not a string"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"guided_regex\": \"a\", "
+     "\"stop\": \"x\"}",
+     "stop", "cannot be combined with 'guided_regex'"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"guided_regex\": \"a\", "
+     "\"ignore_eos\": true}",
+     "ignore_eos", "cannot be combined"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 7, "
      "\"logprobs\": true}",
      "top_logprobs", "at most 5"},
@@ -444,6 +459,57 @@ static void write_template(const char *text)
     write_template_n(text, strlen(text));
 }
 
+/* Structured outputs: response_format on both routes (an extension on
+ * completions), guided_choice and guided_regex; the chat template's stop
+ * strings left out; the Responses API's flat text.format read by the same
+ * function. */
+START_TEST(oai_parse_formats_on_both_routes)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_request r = chat_ok(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                                "{\"name\": \"p\", \"strict\": true, \"schema\": {\"type\": "
+                                "\"object\", \"properties\": {\"b\": {}, \"a\": {}}}}}}");
+    ck_assert_int_eq(r.format, OAI_FORMAT_SCHEMA);
+    /* compact, properties in the order written */
+    ck_assert_str_eq(r.format_src, "{\"type\":\"object\",\"properties\":{\"b\":{},\"a\":{}}}");
+    ck_assert_uint_eq(r.format_len, strlen(r.format_src));
+    ck_assert_uint_eq(r.nstop, 0); /* the template's turn separator is not a stop here */
+    oai_request_free(&r);
+    oai_template_free(&t);
+    oai_error e;
+    const char *b1 = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}";
+    ck_assert_int_eq(oai_parse_completion(b1, strlen(b1), &lim, &r, &e), 0);
+    ck_assert_int_eq(r.format, OAI_FORMAT_JSON_OBJECT);
+    oai_request_free(&r);
+    const char *b2 = "{\"prompt\": \"x\", \"guided_choice\": [\"yes\", \"n\\u00f6\"]}";
+    ck_assert_int_eq(oai_parse_completion(b2, strlen(b2), &lim, &r, &e), 0);
+    ck_assert_int_eq(r.format, OAI_FORMAT_CHOICE);
+    ck_assert_str_eq(r.format_src, "[\"yes\",\"n\xc3\xb6\"]");
+    oai_request_free(&r);
+    const char *b3 = "{\"prompt\": \"x\", \"guided_regex\": \"[0-9]+\"}";
+    ck_assert_int_eq(oai_parse_completion(b3, strlen(b3), &lim, &r, &e), 0);
+    ck_assert_int_eq(r.format, OAI_FORMAT_REGEX);
+    ck_assert_str_eq(r.format_src, "[0-9]+");
+    ck_assert_str_eq(r.format_param, "guided_regex");
+    oai_request_free(&r);
+    /* The Responses API's text.format: the fields beside "type". */
+    json_t *f = json_loads("{\"type\": \"json_schema\", \"name\": \"n\", \"schema\": {\"type\": "
+                           "\"integer\"}}",
+                           0, NULL);
+    oai_request q;
+    memset(&q, 0, sizeof q);
+    q.format = OAI_FORMAT_NONE;
+    ck_assert_int_eq(oai_parse_format(f, "text.format", &q, &e), 0);
+    ck_assert_int_eq(q.format, OAI_FORMAT_SCHEMA);
+    ck_assert_str_eq(q.format_src, "{\"type\":\"integer\"}");
+    ck_assert_str_eq(q.format_param, "text.format.schema");
+    oai_request_free(&q);
+    json_decref(f);
+}
+END_TEST
+
 START_TEST(oai_template_load_reads_a_file)
 {
     write_template("# ChatML-like, for a fine-tuned checkpoint\n"
@@ -506,6 +572,152 @@ START_TEST(oai_template_load_errors_name_the_line)
 }
 END_TEST
 
+/* ---- POST /v1/responses ---------------------------------------------------- */
+
+static oai_resp_request resp_ok(const oai_template *t, const char *body)
+{
+    oai_resp_request rq;
+    oai_error e;
+    ck_assert_msg(oai_parse_responses(body, strlen(body), &lim, t, &rq, &e) == 0, "%s: %s", body,
+                  e.message);
+    return rq;
+}
+
+/* The input as messages, the instructions first, rendered through the
+ * template: the very text a chat request with the same messages gets. */
+START_TEST(oai_parse_responses_renders_as_chat)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_resp_request rq = resp_ok(
+        &t, "{\"model\": \"gpt2\", \"instructions\": \"Be brief.\", \"input\": ["
+            "{\"role\": \"user\", \"content\": \"Hi\"},"
+            "{\"type\": \"message\", \"role\": \"assistant\", \"content\": [{\"type\": "
+            "\"output_text\", \"text\": \"Hello.\"}]},"
+            "{\"role\": \"developer\", \"content\": \"Note.\"},"
+            "{\"role\": \"user\", \"content\": [{\"type\": \"input_text\", \"text\": \"How are \"},"
+            " {\"type\": \"input_text\", \"text\": \"you?\"}]}],"
+            " \"max_output_tokens\": 9, \"store\": false, \"truncation\": \"auto\","
+            " \"previous_response_id\": \"resp_1\", \"metadata\": {\"k\": \"v\"}, \"user\": \"u\","
+            " \"text\": {\"format\": {\"type\": \"text\"}, \"verbosity\": \"low\"},"
+            " \"tool_choice\": \"auto\", \"tools\": [], \"reasoning\": null, \"seed\": 5,"
+            " \"include\": [\"message.output_text.logprobs\"], \"top_logprobs\": 3}");
+    ck_assert_uint_eq(rq.nmsgs, 4);
+    ck_assert_int_eq(rq.msgs[1].role, OAI_ROLE_ASSISTANT);
+    ck_assert_int_eq(rq.msgs[2].role, OAI_ROLE_SYSTEM);
+    ck_assert_str_eq(rq.msgs[3].text, "How are you?");
+    ck_assert_str_eq(rq.instructions, "Be brief.");
+    ck_assert_str_eq(rq.previous_id, "resp_1");
+    ck_assert_int_eq(rq.store, 0);
+    ck_assert_int_eq(rq.truncation_auto, 1);
+    ck_assert_str_eq(json_string_value(json_object_get(rq.metadata, "k")), "v");
+    ck_assert_str_eq(json_string_value(rq.user), "u");
+    ck_assert_uint_eq(rq.req.max_tokens, 9);
+    ck_assert_int_eq(rq.req.max_tokens_auto, 0);
+    ck_assert_int_eq(rq.req.has_seed, 1);
+    ck_assert_int_eq(rq.req.chat, 1);
+    ck_assert_uint_eq(rq.req.n, 1);
+    ck_assert_uint_eq(rq.req.nstop, 2); /* the template's */
+    ck_assert_int_eq(rq.req.logprobs, 3);
+    oai_msg all[5] = {{OAI_ROLE_SYSTEM, rq.instructions, rq.instructions_len, NULL}};
+    for (size_t i = 0; i < 4; i++) all[i + 1] = rq.msgs[i];
+    char *text;
+    size_t len;
+    ck_assert_int_eq(oai_render(&t, all, 5, &text, &len), 0);
+    const char *want = "Be brief.\n\nUser: Hi\n\nAssistant: Hello.\n\nNote.\n\n"
+                       "User: How are you?\n\nAssistant:";
+    ck_assert_str_eq(text, want);
+    ck_assert_uint_eq(len, strlen(want));
+    /* The same conversation on chat: the same prompt. */
+    oai_request c =
+        chat_ok(&t, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                    "{\"role\": \"user\", \"content\": \"Hi\"},"
+                    "{\"role\": \"assistant\", \"content\": \"Hello.\"},"
+                    "{\"role\": \"system\", \"content\": \"Note.\"},"
+                    "{\"role\": \"user\", \"content\": \"How are you?\"}]}");
+    ck_assert_str_eq(c.prompts[0].text, text);
+    ck_assert_uint_eq(oai_render_len(&t, &rq.msgs[0]), strlen("User: Hi\n\n"));
+    free(text);
+    oai_request_free(&c);
+    oai_resp_request_free(&rq);
+    /* A string is one user message; defaults. */
+    rq = resp_ok(&t, "{\"input\": \"Hello\"}");
+    ck_assert_uint_eq(rq.nmsgs, 1);
+    ck_assert_int_eq(rq.msgs[0].role, OAI_ROLE_USER);
+    ck_assert_int_eq(rq.store, 1);
+    ck_assert_int_eq(rq.truncation_auto, 0);
+    ck_assert_int_eq(rq.req.max_tokens_auto, 1);
+    ck_assert_uint_eq(rq.req.max_tokens, lim.chat_max_tokens);
+    ck_assert_ptr_null(rq.previous_id);
+    ck_assert_ptr_null(rq.instructions);
+    ck_assert_int_eq(rq.req.logprobs, -1); /* not asked */
+    oai_resp_request_free(&rq);
+    oai_resp_request_free(NULL);
+    oai_template_free(&t);
+}
+END_TEST
+
+static const struct {
+    const char *body, *param, *message;
+} resp_bad[] = {
+    {"{}", "input", "'input' is required"},
+    {"{\"input\": 3}", "input", "must be a string or a list"},
+    {"{\"input\": []}", "input", "empty list"},
+    {"{\"input\": [\"x\"]}", "input", "'input[0]' must be a message object"},
+    {"{\"input\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "input", "'input[0].role'"},
+    {"{\"input\": [{\"type\": \"function_call\", \"name\": \"f\"}]}", "input",
+     "'function_call' item"},
+    {"{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_image\"}]}]}", "input",
+     "input_image part: GPT-2 reads only text"},
+    {"{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_file\"}]}]}", "input",
+     "input_file"},
+    {"{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"refusal\", \"refusal\": "
+     "\"no\"}]}]}",
+     "input", "'refusal' part"},
+    {"{\"input\": \"x\", \"tools\": [{\"type\": \"function\"}]}", "tools", "cannot call tools"},
+    {"{\"input\": \"x\", \"tool_choice\": \"required\"}", "tool_choice", "cannot call tools"},
+    {"{\"input\": \"x\", \"reasoning\": {\"effort\": \"low\"}}", "reasoning",
+     "not a reasoning model"},
+    {"{\"input\": \"x\", \"include\": [\"reasoning.encrypted_content\"]}", "include",
+     "can include only"},
+    {"{\"input\": \"x\", \"include\": \"message.output_text.logprobs\"}", "include", "a list"},
+    {"{\"input\": \"x\", \"top_logprobs\": 6}", "top_logprobs", "at most 5"},
+    {"{\"input\": \"x\", \"background\": true}", "background", "foreground"},
+    {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_schema\"}}}", "text.format",
+     "must be a JSON Schema"},
+    {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"yaml\"}}}", "text.format",
+     "is not supported"},
+    {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_object\"}}, \"stop\": [\"}\"]}",
+     "stop", "cannot be combined"},
+    {"{\"input\": \"x\", \"text\": 1}", "text", "must be an object"},
+    {"{\"input\": \"x\", \"truncation\": \"half\"}", "truncation", "\"auto\" or \"disabled\""},
+    {"{\"input\": \"x\", \"store\": 1}", "store", "must be a boolean"},
+    {"{\"input\": \"x\", \"max_output_tokens\": 2000}", "max_output_tokens", "from 0 to 1024"},
+    {"{\"input\": \"x\", \"n\": 2}", "n", "one output"},
+    {"{\"input\": \"x\", \"instructions\": 1}", "instructions", "must be a string"},
+    {"{\"input\": \"x\", \"previous_response_id\": \"\"}", "previous_response_id", "resp_"},
+    {"{\"input\": \"x\", \"metadata\": {\"a\": 1}}", "metadata", "strings"},
+    {"{\"input\": \"x\", \"messages\": [1]}", "messages", "'input'"},
+    {"{\"input\": \"x\", \"temperature\": -1}", "temperature", "from 0 to 2"},
+};
+
+START_TEST(oai_parse_responses_bad_requests_name_the_field)
+{
+    oai_template t;
+    ck_assert_int_eq(oai_template_default(&t), 0);
+    oai_resp_request rq;
+    oai_error e;
+    const char *body = resp_bad[_i].body;
+    ck_assert_int_eq(oai_parse_responses(body, strlen(body), &lim, &t, &rq, &e), -1);
+    ck_assert_int_eq(e.status, 400);
+    ck_assert_str_eq(e.param, resp_bad[_i].param);
+    ck_assert_msg(strstr(e.message, resp_bad[_i].message) != NULL, "%s: %s", body, e.message);
+    ck_assert_ptr_null(rq.msgs); /* nothing left allocated */
+    ck_assert_ptr_null(rq.metadata);
+    oai_template_free(&t);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("oai");
@@ -525,7 +737,13 @@ int main(void)
     tcase_add_loop_test(tc, oai_parse_chat_bad_requests_name_the_parameter, 0,
                         (int)(sizeof chat_bad / sizeof chat_bad[0]));
     suite_add_tcase(s, tc);
+    tc = tcase_create("oai_parse_responses");
+    tcase_add_test(tc, oai_parse_responses_renders_as_chat);
+    tcase_add_loop_test(tc, oai_parse_responses_bad_requests_name_the_field, 0,
+                        (int)(sizeof resp_bad / sizeof resp_bad[0]));
+    suite_add_tcase(s, tc);
     tc = tcase_create("oai_template_load");
+    tcase_add_test(tc, oai_parse_formats_on_both_routes);
     tcase_add_test(tc, oai_template_load_reads_a_file);
     tcase_add_loop_test(tc, oai_template_load_errors_name_the_line, 0,
                         (int)(sizeof tmpl_bad / sizeof tmpl_bad[0]));

@@ -1470,6 +1470,137 @@ START_TEST(sched_prefix_cache_salts_partition_the_cache)
 }
 END_TEST
 
+/* ---- Fair admission (issue 24, finding 3) ------------------------------------ */
+
+static void submit_fair(eng_sched *s, rec *r, const int32_t *p, size_t n, size_t max_tokens,
+                        uint64_t seed, uint64_t tenant, uint64_t group)
+{
+    eng_request q = {.prompt = p,
+                     .nprompt = n,
+                     .max_tokens = max_tokens,
+                     .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f},
+                     .seed = seed,
+                     .ignore_eos = 1,
+                     .logprobs = 2,
+                     .tenant = tenant,
+                     .group = group,
+                     .on_event = on_event,
+                     .user = r};
+    char err[256];
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
+}
+
+/* A pool of one block, no prefix cache: one 8-token, 1-token request runs
+ * at a time, so the order of the DONE events is the order of admission. */
+static eng_sched *make_one_at_a_time(void)
+{
+    return make_sched_cache(1, 4, 32, 64, 0);
+}
+
+/* Checks that recs[order[0]], recs[order[1]], ... ended in that order. */
+static void assert_done_order(rec *const *recs, const size_t *order, size_t n)
+{
+    for (size_t k = 0; k < n; k++) ck_assert_uint_eq(recs[order[k]]->done_count, 1);
+    for (size_t k = 1; k < n; k++)
+        ck_assert_msg(recs[order[k - 1]]->done_order < recs[order[k]]->done_order,
+                      "position %zu: request %zu ended before request %zu", k, order[k],
+                      order[k - 1]);
+}
+
+/* Two tenants, then three: a slot goes to the tenant served longest ago
+ * (round robin), whatever the order of arrival; one tenant's requests stay
+ * in their order. FIFO would give A1 A2 A3 B1 B2. */
+START_TEST(sched_fair_admission_round_robin_over_two_and_three_tenants)
+{
+    int32_t p[8];
+    prompt_of(p, 8, 3);
+    static rec a1, a2, a3, b1, b2, c1, c2;
+    eng_sched *s = make_one_at_a_time();
+    submit_fair(s, &a1, p, 8, 1, 1, 10, 0);
+    submit_fair(s, &a2, p, 8, 1, 2, 10, 0);
+    submit_fair(s, &a3, p, 8, 1, 3, 10, 0);
+    submit_fair(s, &b1, p, 8, 1, 4, 20, 0);
+    submit_fair(s, &b2, p, 8, 1, 5, 20, 0);
+    run_all(s);
+    rec *two[] = {&a1, &a2, &a3, &b1, &b2};
+    assert_done_order(two, (const size_t[]){0, 3, 1, 4, 2}, 5); /* A1 B1 A2 B2 A3 */
+    assert_idle(s);
+    /* Three tenants: A1 (A served), B1 and C1 (never served: B came first),
+     * then A2 (served before C), C2, A3. */
+    submit_fair(s, &a1, p, 8, 1, 1, 10, 0);
+    submit_fair(s, &a2, p, 8, 1, 2, 10, 0);
+    submit_fair(s, &a3, p, 8, 1, 3, 10, 0);
+    submit_fair(s, &b1, p, 8, 1, 4, 20, 0);
+    submit_fair(s, &c1, p, 8, 1, 6, 30, 0);
+    submit_fair(s, &c2, p, 8, 1, 7, 30, 0);
+    run_all(s);
+    rec *three[] = {&a1, &a2, &a3, &b1, &c1, &c2};
+    assert_done_order(three, (const size_t[]){0, 3, 4, 1, 5, 2}, 6);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+/* One tenant's three requests (groups) of two sequences each, then another
+ * tenant's one request of one: the newcomer is admitted second, and the
+ * first tenant's requests take turns (FIFO would serve the newcomer last,
+ * after six sequences). */
+START_TEST(sched_fair_admission_one_request_beside_a_tenant_with_many)
+{
+    int32_t p[8];
+    prompt_of(p, 8, 4);
+    static rec a[6], b;
+    eng_sched *s = make_one_at_a_time();
+    for (size_t i = 0; i < 6; i++) submit_fair(s, &a[i], p, 8, 1, i, 10, 100 + i / 2);
+    submit_fair(s, &b, p, 8, 1, 9, 20, 200);
+    run_all(s);
+    rec *all[] = {&a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &b};
+    /* A's request 1, B, A's requests 2 and 3, then each's second */
+    assert_done_order(all, (const size_t[]){0, 6, 2, 4, 1, 3, 5}, 7);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
+/* A tenant that fills max_running with long generations leaves the spare
+ * slot to another: the newcomer's first token comes from the first step
+ * after it arrives, while the first tenant never holds more than
+ * max_running; every sequence's bits are those it has alone. */
+START_TEST(sched_fair_admission_spare_slot_for_a_newcomer_same_bits)
+{
+    int32_t p[8], pb[8];
+    prompt_of(p, 8, 5);
+    prompt_of(pb, 8, 6);
+    static rec a[4], b, ref_a[4], ref_b;
+    for (size_t i = 0; i < 4; i++) reference(&ref_a[i], p, 8, 40, 50 + i, 0.8f, 0);
+    reference(&ref_b, pb, 8, 3, 60, 0.8f, 0);
+    eng_sched *s = make_sched_cache(64, 2, 32, 64, 0); /* 2 per tenant, 1 spare */
+    for (size_t i = 0; i < 4; i++) submit_fair(s, &a[i], p, 8, 40, 50 + i, 10, 1);
+    ck_assert(eng_sched_step(s));
+    ck_assert(eng_sched_step(s));
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.running, 2); /* max_running: the spare stays free */
+    ck_assert_uint_eq(st.queued, 2);
+    submit_fair(s, &b, pb, 8, 3, 60, 20, 2);
+    ck_assert(eng_sched_step(s));
+    ck_assert_uint_eq(b.n, 1); /* admitted and prefilled in the next step */
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.running, 3);
+    while (b.done_count == 0) ck_assert(eng_sched_step(s));
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.running, 2); /* A still capped at max_running */
+    ck_assert_uint_eq(st.queued, 2);
+    run_all(s);
+    for (size_t i = 0; i < 4; i++) assert_same(&a[i], &ref_a[i]);
+    assert_same(&b, &ref_b);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("scheduler");
@@ -1505,6 +1636,9 @@ int main(void)
     tcase_add_test(tc, sched_prefix_cache_sharers_never_write_into_shared_blocks);
     tcase_add_test(tc, sched_prefix_cache_admission_reserves_only_the_blocks_past_the_hit);
     tcase_add_test(tc, sched_prefix_cache_salts_partition_the_cache);
+    tcase_add_test(tc, sched_fair_admission_round_robin_over_two_and_three_tenants);
+    tcase_add_test(tc, sched_fair_admission_one_request_beside_a_tenant_with_many);
+    tcase_add_test(tc, sched_fair_admission_spare_slot_for_a_newcomer_same_bits);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -1,7 +1,8 @@
 /* tests/test_server_unit.c: the pieces of `gpt2d serve` that decide without
  * a connection (the headers of server/http, api, daemon): the route table lookup, the API key
  * check, the status table, the request state machine, best_of ranking, the
- * SSE queue's backlog bound and the /metrics page. The expectations are
+ * SSE queue's backlog bound, the stored responses' bounds and the /metrics
+ * page. The expectations are
  * written from docs/api.md, OpenAI's error shapes and the Prometheus text
  * format, not from the code. */
 #include "daemon/daemon.h"
@@ -655,6 +656,10 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     met_count_request(&m, "/v1/models/other", 503, 0);
     met_count_request(&m, "/v1/completions", 403, 0);
     met_count_request(&m, "/v1/chat/completions", 204, 0);
+    met_count_request(&m, "/v1/responses", 200, 0);
+    met_count_request(&m, "/v1/responses/resp_1", 404, 0);
+    met_count_request(&m, "/v1/responses/resp_2/input_items", 404, 0);
+    met_count_request(&m, "/v1/responses/", 404, 0); /* no id: another route */
     met_observe(&m.ttft, 0.003);
     met_observe(&m.ttft, 0.2);
     met_observe(&m.ttft, 1000); /* past the last bucket: only +Inf */
@@ -669,6 +674,7 @@ START_TEST(met_render_counters_and_histograms_prometheus)
                      .commit = "abc\"d",
                      .buildtype = "release",
                      .kernels = "avx2",
+                     .tls = "gnutls",
                      .dtype = "bf16",
                      .layout = "panel64",
                      .model = "gpt2",
@@ -687,8 +693,12 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     ck_assert(
         has_line(page, "gpt2d_requests_total{route=\"/v1/chat/completions\",status=\"204\"} 1"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/models/{id}\",status=\"200\"} 1"));
+    ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/responses\",status=\"200\"} 1"));
+    ck_assert(
+        has_line(page, "gpt2d_requests_total{route=\"/v1/responses/{id}\",status=\"404\"} 2"));
+    ck_assert(has_line(page, "gpt2d_requests_total{route=\"other\",status=\"404\"} 1"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/models/{id}\",status=\"503\"} 1"));
-    ck_assert(!strstr(page, "status=\"404\"")); /* zero counts are not printed */
+    ck_assert(!strstr(page, "status=\"405\"")); /* zero counts are not printed */
     ck_assert(has_line(page, "# TYPE gpt2d_time_to_first_token_seconds histogram"));
     /* Buckets are cumulative. */
     ck_assert(has_line(page, "gpt2d_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
@@ -708,7 +718,7 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     ck_assert(has_line(page, "# HELP gpt2d_queued_requests Requests waiting for admission."));
     ck_assert(has_line(page, "gpt2d_build_info{version=\"1.2.3\",commit=\"abc\\\"d\","
                              "buildtype=\"release\",kernels=\"avx2\",dtype=\"bf16\","
-                             "layout=\"panel64\",model=\"gpt2\"} 1"));
+                             "layout=\"panel64\",model=\"gpt2\",tls=\"gnutls\"} 1"));
     ck_assert(has_line(page, "process_cpu_seconds_total 2.500000"));
     ck_assert(has_line(page, "# TYPE process_cpu_seconds_total counter"));
     ck_assert(has_line(page, "process_resident_memory_bytes 4096.000000"));
@@ -805,6 +815,113 @@ START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
 }
 END_TEST
 
+/* ---- Stored responses (api/resp_store.c) ------------------------------------ */
+
+/* An entry of about `bytes` bytes (its conversation's text), owned by owner. */
+static rs_entry *entry(const char *id, uint64_t owner, size_t bytes)
+{
+    rs_entry *e = calloc(1, sizeof *e);
+    ck_assert_ptr_nonnull(e);
+    snprintf(e->id, sizeof e->id, "%s", id);
+    e->owner = owner;
+    e->response = json_pack("{s:s}", "id", id);
+    e->input_items = json_array();
+    e->conv = calloc(1, sizeof *e->conv);
+    e->conv[0].text = calloc(bytes + 1, 1);
+    e->conv[0].len = bytes;
+    e->nconv = 1;
+    return e;
+}
+
+/* The count bound: the least recently used (put or got) goes first. */
+START_TEST(rs_count_bound_evicts_least_recently_used)
+{
+    resp_store *st = rs_new();
+    ck_assert_ptr_nonnull(st);
+    char id[16];
+    for (int i = 0; i < 3; i++) {
+        snprintf(id, sizeof id, "resp_%d", i);
+        ck_assert_int_eq(rs_put(st, entry(id, 0, 10), 3, 1u << 20), 1);
+    }
+    ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0)); /* now the most recent */
+    ck_assert_int_eq(rs_put(st, entry("resp_3", 0, 10), 3, 1u << 20), 1);
+    ck_assert_uint_eq(rs_count(st), 3);
+    ck_assert_ptr_null(rs_get(st, "resp_1", 0));
+    ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0));
+    ck_assert_ptr_nonnull(rs_get(st, "resp_2", 0));
+    ck_assert_ptr_nonnull(rs_get(st, "resp_3", 0));
+    /* A lower bound (a reload) applies at the next put. */
+    ck_assert_int_eq(rs_put(st, entry("resp_4", 0, 10), 1, 1u << 20), 1);
+    ck_assert_uint_eq(rs_count(st), 1);
+    ck_assert_ptr_nonnull(rs_get(st, "resp_4", 0));
+    /* 0: nothing kept, the new one nor those before (the store turned off
+     * by a reload). */
+    ck_assert_int_eq(rs_put(st, entry("resp_5", 0, 10), 0, 1u << 20), 0);
+    ck_assert_ptr_null(rs_get(st, "resp_4", 0));
+    ck_assert_uint_eq(rs_count(st), 0);
+    ck_assert_uint_eq(rs_bytes(st), 0);
+    /* rs_trim: lowered bounds without a put, least recently used first. */
+    for (int i = 0; i < 3; i++) {
+        snprintf(id, sizeof id, "resp_%d", i);
+        ck_assert_int_eq(rs_put(st, entry(id, 0, 10), 3, 1u << 20), 1);
+    }
+    ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0));
+    ck_assert_uint_eq(rs_trim(st, 3, 1u << 20), 0);
+    ck_assert_uint_eq(rs_trim(st, 1, 1u << 20), 2);
+    ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0));
+    ck_assert_uint_eq(rs_trim(NULL, 0, 0), 0);
+    rs_free(st);
+    rs_free(NULL);
+}
+END_TEST
+
+/* The bytes bound: entries go until the new one fits; one larger than the
+ * bound alone is refused and evicts nothing. */
+START_TEST(rs_bytes_bound)
+{
+    resp_store *st = rs_new();
+    ck_assert_int_eq(rs_put(st, entry("a", 0, 3000), 100, 10000), 1);
+    ck_assert_int_eq(rs_put(st, entry("b", 0, 3000), 100, 10000), 1);
+    size_t two = rs_bytes(st);
+    ck_assert_uint_ge(two, 6000);
+    ck_assert_int_eq(rs_put(st, entry("big", 0, 20000), 100, 10000), 0);
+    ck_assert_uint_eq(rs_bytes(st), two);
+    ck_assert_int_eq(rs_put(st, entry("c", 0, 5000), 100, 10000), 1);
+    ck_assert_ptr_null(rs_get(st, "a", 0)); /* the oldest went */
+    ck_assert_ptr_nonnull(rs_get(st, "b", 0));
+    ck_assert_ptr_nonnull(rs_get(st, "c", 0));
+    ck_assert_uint_le(rs_bytes(st), 10000);
+    ck_assert_int_eq(rs_delete(st, "b", 0), 0);
+    ck_assert_int_eq(rs_delete(st, "b", 0), -1);
+    ck_assert_uint_eq(rs_count(st), 1);
+    rs_free(st);
+}
+END_TEST
+
+/* An entry is its owner's: another owner finds nothing and deletes nothing. */
+START_TEST(rs_owner_only)
+{
+    resp_store *st = rs_new();
+    ck_assert_int_eq(rs_put(st, entry("resp_x", 7, 10), 10, 1u << 20), 1);
+    ck_assert_ptr_null(rs_get(st, "resp_x", 8));
+    ck_assert_ptr_null(rs_get(st, "resp_x", 0));
+    ck_assert_int_eq(rs_delete(st, "resp_x", 8), -1);
+    ck_assert_ptr_nonnull(rs_get(st, "resp_x", 7));
+    ck_assert_ptr_null(rs_get(NULL, "resp_x", 7)); /* no store yet */
+    /* Many ids: the hash chains find each. */
+    char id[24];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(id, sizeof id, "resp_%08x", i);
+        ck_assert_int_eq(rs_put(st, entry(id, 7, 1), 10000, 1u << 30), 1);
+    }
+    for (int i = 0; i < 5000; i += 97) {
+        snprintf(id, sizeof id, "resp_%08x", i);
+        ck_assert_ptr_nonnull(rs_get(st, id, 7));
+    }
+    rs_free(st);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("server");
@@ -857,6 +974,11 @@ int main(void)
     tcase_add_test(tc, conn_deadline_of_each_phase_its_timeout);
     tcase_add_test(tc, conn_note_recv_byte_after_answer_starts_head);
     tcase_add_test(tc, conn_pick_idle_oldest_without_request);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("resp_store");
+    tcase_add_test(tc, rs_count_bound_evicts_least_recently_used);
+    tcase_add_test(tc, rs_bytes_bound);
+    tcase_add_test(tc, rs_owner_only);
     suite_add_tcase(s, tc);
     tc = tcase_create("metrics");
     tcase_add_test(tc, met_render_counters_and_histograms_prometheus);

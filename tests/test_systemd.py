@@ -34,7 +34,7 @@ import gpt2d_server  # noqa: E402 (tests/lib: the harness every server test uses
 gpt2d, unitdir = os.path.abspath(sys.argv[1]), sys.argv[2]
 for tool in ("systemd-analyze", "systemd-socket-activate"):
     if shutil.which(tool) is None:
-        gpt2d_server.skip(tool + " is not installed (scripts/setup.sh installs systemd)")
+        gpt2d_server.skip(tool + " is not installed (scripts/setup.sh --test installs systemd)")
 tmp = tempfile.mkdtemp(prefix="gpt2d-systemd-")
 procs = []
 

@@ -1,8 +1,12 @@
 /*
  * tools/bench.c: `gpt2d bench --model DIR`, the engine's speed on this
  * machine, as one JSON object:
- *   - the machine: memory read bandwidth (all threads, 1 GiB) and OpenBLAS's
- *     SGEMM rate (2048^3), measured in the same run;
+ *   - the machine: memory read bandwidth (all threads, 1 GiB), OpenBLAS's
+ *     SGEMM rate (2048^3) and the compute peaks (F32 FMA, VDPBF16PS; AMX
+ *     tiles named as not built), measured in the same run; prefill and
+ *     decode figures are given as fractions of the peak that bounds them
+ *     (the compute peak of the model's kernel path; at one sequence, the
+ *     bandwidth bound too);
  *   - prefill: tokens/s for one 512-token prompt;
  *   - decode at 1, 4, 16 and 64 concurrent sequences through the scheduler:
  *     aggregate tokens/s over pure-decode steps, median step time, and, at
@@ -15,6 +19,7 @@
 #include "tools.h"
 
 #include "engine.h"
+#include "peaks.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -366,6 +371,13 @@ int tool_bench(int argc, char **argv)
      * engine runs, and the bound uses the higher reading. */
     double bw_before = bandwidth(nthreads);
     double gflops = sgemm_rate();
+    double fma_peak = peak_rate(PEAK_FMA512, nthreads, 2);
+    if (fma_peak == 0) fma_peak = peak_rate(PEAK_FMA256, nthreads, 2);
+    double bf16_peak = peak_rate(PEAK_DPBF16, nthreads, 2);
+    /* The peak that bounds this model's matmuls: VDPBF16PS's for BF16 on the
+     * avx512-bf16 level, the F32 FMA's otherwise (q8 on avx512-vnni too:
+     * VPDPBUSD's peak is not measured yet, so its fraction reads high). */
+    double compute_peak = strcmp(eng_model_kernels(m), "avx512-bf16") == 0 ? bf16_peak : fma_peak;
     /* KV for the most sequences, of 32 + gen positions each. */
     size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
     size_t blocks_per_seq = (32 + (size_t)gen + block - 1) / block + 1;
@@ -392,15 +404,22 @@ int tool_bench(int argc, char **argv)
     double bw_after = bandwidth(nthreads);
     double bw = bw_before > bw_after ? bw_before : bw_after;
     double bound = bw * 1e9 / weight_bytes;
-    printf("{\n  \"model\": {\"format\": \"%s\", \"layout\": \"%s\", \"layers\": %zu, "
-           "\"width\": %zu, \"vocab\": %zu, \"params\": %zu, \"weight_bytes\": %.0f},\n",
-           eng_model_dtype(m), eng_model_layout(m), cfg->n_layer, cfg->n_embd, cfg->n_vocab,
-           eng_model_params(m), weight_bytes);
+    printf("{\n  \"model\": {\"format\": \"%s\", \"layout\": \"%s\", \"kernels\": \"%s\", "
+           "\"layers\": %zu, "
+           "\"width\": %zu, \"vocab\": %zu, \"params\": %zu, \"weight_bytes\": %.0f, "
+           "\"pair_copy_bytes\": %zu},\n",
+           eng_model_dtype(m), eng_model_layout(m), eng_model_kernels(m), cfg->n_layer, cfg->n_embd,
+           cfg->n_vocab, eng_model_params(m), weight_bytes, eng_model_pair_bytes(m));
     printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
-           "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f},\n",
-           nthreads, bw, bw_before, bw_after, gflops);
-    printf("  \"prefill_512\": {\"tokens_per_s\": %.1f, \"gflop_s\": %.1f},\n", prefill,
-           prefill * 2.0 * (double)eng_model_params(m) / 1e9);
+           "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f,\n"
+           "    \"peaks\": {\"f32_fma_gflop_s\": %.1f, \"bf16_dot_gflop_s\": %.1f, "
+           "\"amx_tile\": \"not built (no AMX machine to verify it on)\", "
+           "\"bounding_compute_gflop_s\": %.1f}},\n",
+           nthreads, bw, bw_before, bw_after, gflops, fma_peak, bf16_peak, compute_peak);
+    double prefill_gflops = prefill * 2.0 * (double)eng_model_params(m) / 1e9;
+    printf("  \"prefill_512\": {\"tokens_per_s\": %.1f, \"gflop_s\": %.1f, "
+           "\"fraction_of_compute_peak\": %.3f},\n",
+           prefill, prefill_gflops, compute_peak > 0 ? prefill_gflops / compute_peak : 0.0);
     printf("  \"decode_bandwidth_bound_tokens_per_s\": %.1f,\n  \"decode\": [\n", bound);
     double single = 0; /* vs_single: against the 1-sequence run, if there is one */
     for (size_t i = 0; i < nconc; i++)
@@ -411,14 +430,18 @@ int tool_bench(int argc, char **argv)
         if (total <= 0) total = 1;
         printf("    {\"sequences\": %zu, \"tokens_per_s\": %.1f, \"step_ms_median\": %.2f, "
                "\"steps\": %zu, \"vs_single\": %.2f, \"fraction_of_bandwidth_bound\": %.2f, "
-               "\"gflop_s\": %.1f, \"time_share\": {\"matmul\": %.2f, \"attention\": %.2f, "
+               "\"gflop_s\": %.1f, \"fraction_of_compute_peak\": %.3f, \"time_share\": "
+               "{\"matmul\": %.2f, \"attention\": %.2f, "
                "\"lm_head\": %.2f, \"other\": %.2f, \"sample\": %.2f}}%s\n",
                res[i].seqs, res[i].tokens_per_s, res[i].step_ms, res[i].decode_steps,
                single > 0 ? res[i].tokens_per_s / single : 0.0,
                res[i].seqs == 1 ? res[i].tokens_per_s / bound : 0.0,
-               res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9, t->matmul / total,
-               t->attention / total, t->lm_head / total, t->other / total, t->sample / total,
-               i + 1 < nconc ? "," : "");
+               res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9,
+               compute_peak > 0
+                   ? res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9 / compute_peak
+                   : 0.0,
+               t->matmul / total, t->attention / total, t->lm_head / total, t->other / total,
+               t->sample / total, i + 1 < nconc ? "," : "");
     }
     printf("  ],\n  \"peak_rss_mb\": %.1f\n}\n", (double)peak_rss_kb() / 1024.0);
     rc = 0;

@@ -9,8 +9,13 @@
  * without copying and every process shares one copy of the weights in the
  * page cache. The write is atomic (formats/ sft_save).
  *
- * Formats (formats/include/wformat.h). Without --dtype, tensors, dtypes and
- * metadata are kept as they are (but the layout key, which is OUT's). With it, every floating-point
+ * Metadata: IN's is kept, the checkpoint's own words among it
+ * (gpt2d.model_name, gpt2d.owned_by, gpt2d.description, gpt2d.weights);
+ * --meta KEY=VALUE adds or replaces an entry; the format and layout keys
+ * are OUT's, written here.
+ *
+ * Formats (formats/include/wformat.h). Without --dtype, tensors and dtypes
+ * are kept as they are. With it, every floating-point
  * tensor (F32, F16, BF16, F64) is first widened exactly to F32, then: f32   kept; f16   rounded to
  * nearest, ties to even (sft_f32_to_f16; out of range becomes infinity, as IEEE conversion does);
  *   bf16  rounded to nearest, ties to even on the upper 16 bits (NaN stays
@@ -33,6 +38,7 @@
  */
 #include "tools.h"
 
+#include "meta.h"
 #include "quantize.h"
 #include "safetensors.h"
 #include "wformat.h"
@@ -45,6 +51,7 @@
 static void convert_usage(FILE *out)
 {
     fprintf(out, "usage: gpt2d convert IN OUT [--dtype f32|f16|bf16|q8] [--layout hf|panel64]\n"
+                 "                     [--meta KEY=VALUE]...\n"
                  "Writes an aligned copy of the safetensors file IN to OUT (atomically), so\n"
                  "that it can be memory-mapped and shared without copies.\n"
                  "  --dtype D    the weight format of OUT (default: IN's); f16 and bf16 round\n"
@@ -52,20 +59,34 @@ static void convert_usage(FILE *out)
                  "               along the reduction dimension (docs/api.md)\n"
                  "  --layout L   the layout of OUT (default: IN's): panel64 is gpt2d's serving\n"
                  "               layout (projection matrices in panels of 64 columns: faster\n"
-                 "               decode); hf keeps the file loadable by Hugging Face\n");
+                 "               decode); hf keeps the file loadable by Hugging Face\n"
+                 "  --meta K=V   a __metadata__ entry of OUT (again: more), beside IN's:\n"
+                 "               gpt2d.model_name, gpt2d.owned_by, gpt2d.description and\n"
+                 "               gpt2d.weights (random|trained) are what a server reports\n"
+                 "               about the model (docs/api.md)\n");
 }
 
-/* OUT's metadata: IN's, less gpt2d's keys, plus q8's when OUT is q8 and
- * the layout's when OUT is panel64. NULL when out of memory. */
-static sft_meta *out_metadata(const sft_file *f, int q8, int panel, size_t *nom)
+/* Whether key is one of the format keys convert writes for OUT. */
+static int format_key(const char *key)
+{
+    return strcmp(key, WF_META_FORMAT) == 0 || strcmp(key, WF_META_Q8_BLOCK) == 0
+           || strcmp(key, WF_META_LAYOUT) == 0;
+}
+
+/* OUT's metadata: IN's, less the format keys, with the --meta entries
+ * (extra[0..nextra)) over it, plus q8's when OUT is q8 and the layout's
+ * when OUT is panel64. NULL when out of memory. */
+static sft_meta *out_metadata(const sft_file *f, const sft_meta *extra, size_t nextra, int q8,
+                              int panel, size_t *nom)
 {
     size_t nmeta;
     const sft_meta *meta = sft_metadata(f, &nmeta);
-    sft_meta *om = calloc(nmeta + 3, sizeof *om);
+    sft_meta *om = calloc(nmeta + nextra + 3, sizeof *om);
     if (om == NULL) return NULL;
     *nom = 0;
     for (size_t i = 0; i < nmeta; i++)
-        if (strncmp(meta[i].key, "gpt2d.", 6) != 0) om[(*nom)++] = meta[i];
+        if (!format_key(meta[i].key)) om[(*nom)++] = meta[i];
+    for (size_t i = 0; i < nextra; i++) tool_meta_set(om, nom, extra[i].key, extra[i].value);
     if (q8) {
         om[(*nom)++] = (sft_meta){WF_META_FORMAT, "q8"};
         om[(*nom)++] = (sft_meta){WF_META_Q8_BLOCK, "32"};
@@ -78,8 +99,11 @@ int tool_convert(int argc, char **argv)
 {
     static const struct option longopts[] = {{"dtype", required_argument, 0, 'd'},
                                              {"layout", required_argument, 0, 'l'},
+                                             {"meta", required_argument, 0, 'M'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
+    sft_meta extra[TOOL_META_MAX];
+    size_t nextra = 0;
     const char *dtype = NULL, *layout = NULL;
     int c, idx = 0;
     optind = 1;
@@ -88,6 +112,12 @@ int tool_convert(int argc, char **argv)
         switch (c) {
         case 'd': dtype = optarg; break;
         case 'l': layout = optarg; break;
+        case 'M':
+            if (tool_meta_add("convert", optarg, extra, &nextra) != 0) {
+                convert_usage(stderr);
+                return 2;
+            }
+            break;
         case 'h': convert_usage(stdout); return 0;
         default:
             tool_option_error("convert", c, argv, optind, longopts, idx);
@@ -154,7 +184,8 @@ int tool_convert(int argc, char **argv)
     }
     if (out_panel && tool_panel(&set, err, sizeof err) != 0) goto fail;
     size_t nom;
-    sft_meta *om = out_metadata(f, q8 || (from_q8 && dtype == NULL), out_panel, &nom);
+    sft_meta *om =
+        out_metadata(f, extra, nextra, q8 || (from_q8 && dtype == NULL), out_panel, &nom);
     if (om == NULL) {
         snprintf(err, sizeof err, "out of memory");
         goto fail;
@@ -164,16 +195,13 @@ int tool_convert(int argc, char **argv)
     if (ss != SFT_OK) goto fail;
     /* Plain words for what alignment buys: the server maps an aligned file
      * and reads its weights in place; a misaligned one is copied at load. */
-    unsigned long long was = (unsigned long long)sft_data_start(f);
     fprintf(stderr,
-            "gpt2d convert: wrote %s: %zu tensors, weights %s -> %s, layout %s -> %s; its "
-            "weights start at a multiple of 8 bytes, so gpt2d serves them straight from the file",
+            "gpt2d convert: wrote %s (%zu tensors, weights %s -> %s, layout %s -> %s); gpt2d "
+            "serve reads its weights in place, without a copy in memory",
             out, set.n, from, dtype ? dtype : from, in_panel ? WF_LAYOUT_PANEL : "hf",
             out_panel ? WF_LAYOUT_PANEL : "hf");
-    if (was % 8 != 0)
-        fprintf(stderr,
-                " (%s's start at byte %llu, so the server copies them into memory at every start)",
-                in, was);
+    if (sft_data_start(f) % 8 != 0)
+        fprintf(stderr, " (it copies %s's into memory at every start)", in);
     fputc('\n', stderr);
     rc = 0;
     goto done;

@@ -5,6 +5,8 @@
  */
 #include "tools.h"
 
+#include "engine.h"
+
 #include "safetensors.h"
 #include "wformat.h"
 
@@ -66,6 +68,7 @@ static int print_json(const sft_file *f, const char *format, const char *layout)
     json_object_set_new(root, "data_start", json_integer((json_int_t)sft_data_start(f)));
     json_object_set_new(root, "format", json_string(format));
     json_object_set_new(root, "layout", json_string(layout));
+    json_object_set_new(root, "kernels", json_string(eng_kernels_for(format)));
     json_object_set_new(root, "tensor_count", json_integer((json_int_t)sft_count(f)));
     json_object_set_new(root, "aligned_count", json_integer((json_int_t)aligned));
     json_object_set_new(root, "metadata", meta);
@@ -88,6 +91,7 @@ static void print_table(const sft_file *f, const char *format, const char *layou
     printf("format      %s (the weight matrices'; docs/api.md)\n", format);
     printf("layout      %s (%s)\n", layout,
            strcmp(layout, "hf") == 0 ? "Hugging Face's" : "gpt2d's serving layout");
+    printf("kernels     %s (the path its weights take on this CPU)\n", eng_kernels_for(format));
     printf("metadata   ");
     if (nmeta == 0) printf(" (none)");
     for (size_t i = 0; i < nmeta; i++) printf(" %s=%s", m[i].key, m[i].value);

@@ -4,7 +4,9 @@
  *
  * The real weights cannot be downloaded on the machines that build gpt2d, so
  * every test and benchmark runs on these files. They have the names, shapes,
- * dtype (F32), Conv1D layout ([in, out]), metadata ({"format":"pt"}) and, with
+ * dtype (F32), Conv1D layout ([in, out]), metadata ({"format":"pt"}, and
+ * gpt2d.weights = random: a server serving it says the text is nonsense;
+ * --meta adds or replaces keys, formats/include/wformat.h) and, with
  * --misaligned --mask-buffers, the 160 entries and the misaligned data start
  * of the published `gpt2` model.safetensors. A config.json in the Hugging
  * Face form is written beside the file.
@@ -25,7 +27,9 @@
 #include "tools.h"
 
 #include "engine.h"
+#include "meta.h"
 #include "safetensors.h"
+#include "wformat.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -67,6 +71,10 @@ static void synth_usage(FILE *out)
                  "  --mask-buffers    add the h.{i}.attn.bias causal-mask buffers\n"
                  "  --prefix P        prepend P to every name (e.g. transformer.)\n"
                  "  --lm-head         add lm_head.weight (a copy of wte, as state_dict() has)\n"
+                 "  --meta KEY=VALUE  a __metadata__ entry (again: more); the file says\n"
+                 "                    gpt2d.weights=random, which servers report, unless\n"
+                 "                    this sets it (gpt2d.model_name, gpt2d.owned_by,\n"
+                 "                    gpt2d.description, gpt2d.weights: docs/api.md)\n"
                  "  --help            this text\n");
 }
 
@@ -201,13 +209,22 @@ int tool_synth(int argc, char **argv)
                     .vocab = 50257,
                     .seed = 1,
                     .prefix = ""};
-    static const struct option longopts[] = {
-        {"layers", required_argument, 0, 'l'}, {"embd", required_argument, 0, 'c'},
-        {"heads", required_argument, 0, 'H'},  {"ctx", required_argument, 0, 'n'},
-        {"vocab", required_argument, 0, 'v'},  {"seed", required_argument, 0, 's'},
-        {"misaligned", no_argument, 0, 'm'},   {"mask-buffers", no_argument, 0, 'b'},
-        {"prefix", required_argument, 0, 'p'}, {"lm-head", no_argument, 0, 'L'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"layers", required_argument, 0, 'l'},
+                                             {"embd", required_argument, 0, 'c'},
+                                             {"heads", required_argument, 0, 'H'},
+                                             {"ctx", required_argument, 0, 'n'},
+                                             {"vocab", required_argument, 0, 'v'},
+                                             {"seed", required_argument, 0, 's'},
+                                             {"misaligned", no_argument, 0, 'm'},
+                                             {"mask-buffers", no_argument, 0, 'b'},
+                                             {"prefix", required_argument, 0, 'p'},
+                                             {"lm-head", no_argument, 0, 'L'},
+                                             {"meta", required_argument, 0, 'M'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    /* "format": "pt" as torch's save_file writes; the weights are random. */
+    sft_meta meta[TOOL_META_MAX + 2] = {{"format", "pt"}, {WF_META_WEIGHTS, "random"}};
+    size_t nmeta = 2;
     optind = 1;
     opterr = 0;
     int c, idx = 0;
@@ -236,6 +253,12 @@ int tool_synth(int argc, char **argv)
         case 'm': o.misaligned = 1; break;
         case 'b': o.mask_buffers = 1; break;
         case 'L': o.lm_head = 1; break;
+        case 'M':
+            if (tool_meta_add("synth", optarg, meta, &nmeta) != 0) {
+                synth_usage(stderr);
+                return 2;
+            }
+            break;
         case 'p':
             if (strlen(optarg) > 32) goto bad_value;
             o.prefix = optarg;
@@ -303,10 +326,9 @@ int tool_synth(int argc, char **argv)
         n++;
     }
 
-    const sft_meta meta[] = {{"format", "pt"}};
     sft_save_opts so = {.data_misalign = o.misaligned ? 3u : 0u};
     char err[512];
-    if (sft_save(out, tensors, n, meta, 1, &so, err, sizeof err) != SFT_OK) {
+    if (sft_save(out, tensors, n, meta, nmeta, &so, err, sizeof err) != SFT_OK) {
         fprintf(stderr, "gpt2d synth: %s\n", err);
         goto done;
     }

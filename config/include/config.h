@@ -58,6 +58,10 @@ typedef struct {
     /* Host names requests may carry (comma-separated, "*": any; empty: the
      * loopback names on a loopback bind, else any). */
     char allowed_hosts[1024];
+    /* HTTPS: a PEM certificate chain and its key (both empty: plain HTTP;
+     * read again on SIGHUP). */
+    char tls_cert_file[CFG_STR_MAX];
+    char tls_key_file[CFG_STR_MAX];
     size_t stream_backlog_bytes;   /* unread SSE bytes before a stream pauses */
     double stream_stall_timeout_s; /* paused that long: cancelled */
     size_t tokenize_concurrency;   /* bodies tokenized at once on the work queue */
@@ -66,6 +70,7 @@ typedef struct {
     char model_name[128];                 /* the first name: what responses and /v1/models report */
     char model_names[CFG_MAX_NAMES][128]; /* every name a request's `model` may use */
     size_t n_model_names;
+    int model_name_set; /* 1: a file or option set model_name (else the checkpoint's name may) */
     char chat_template[CFG_STR_MAX]; /* "default", "none" or a template file */
     size_t chat_max_tokens;          /* a chat reply without max_tokens: at most this */
     /* The engine */
@@ -84,6 +89,8 @@ typedef struct {
     size_t max_n;                     /* ceiling for `n` and `best_of` */
     size_t max_sequences_per_request; /* prompts x max(n, best_of) of one request */
     size_t max_response_bytes;        /* the largest answer a request may ask for */
+    size_t responses_store_max;       /* stored responses kept at most (count) */
+    size_t responses_store_bytes;     /* ... and their bytes at most */
     /* Access */
     char api_keys[CFG_MAX_KEYS][128];
     size_t n_api_keys;

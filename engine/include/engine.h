@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h" /* structured outputs: eng_request.grammar */
+
 /* Status codes; never renumbered. */
 typedef enum {
     ENG_OK = 0,
@@ -60,13 +62,27 @@ void eng_model_free(eng_model *m); /* accepts NULL */
 
 const eng_config *eng_model_config(const eng_model *m);
 
-/* The instruction set the kernels use: "avx512", "avx2" or "portable"
- * (GPT2D_KERNELS caps it). Thread: any. */
+/* The highest kernel level this CPU runs: "avx512-bf16" (AVX512_BF16's
+ * VDPBF16PS for BF16 weights), "avx512-vnni" (AVX512_VNNI's VPDPBUSD for
+ * Q8 weights), "avx512", "avx2" or "portable"
+ * (GPT2D_KERNELS names a lower one to cap it). Thread: any. */
 const char *eng_kernels(void);
+/* The kernel path weights of format dtype ("f32", "bf16", ...: as
+ * eng_model_dtype names them) take on this CPU: "avx512-bf16" for "bf16"
+ * and "avx512-vnni" for "q8" where that level runs; otherwise the
+ * widening kernels' level ("avx512", "avx2" or "portable").
+ * eng_model_kernels: that of m's format. Static strings. Thread: any. */
+const char *eng_kernels_for(const char *dtype);
+const char *eng_model_kernels(const eng_model *m);
 
 /* Bytes of weights held in private memory (misaligned copies); 0 for an
  * aligned file of any format. */
 size_t eng_model_copied_bytes(const eng_model *m);
+/* Private bytes of the weights' copies built at load: BF16's pair copies
+ * (the projections and wte, for the LM head) for the "avx512-bf16"
+ * kernels, Q8's quad copies (the projections) for "avx512-vnni" (0 at
+ * other levels and formats; a model has one format, so one kind). */
+size_t eng_model_pair_bytes(const eng_model *m);
 
 /* Number of parameters (wte, wpe, blocks, ln_f). */
 size_t eng_model_params(const eng_model *m);
@@ -78,6 +94,19 @@ const char *eng_model_dtype(const eng_model *m);
  * "panel64" (gpt2d's serving layout, `gpt2d convert --layout`;
  * formats/include/wformat.h). A static string. */
 const char *eng_model_layout(const eng_model *m);
+
+/* What the checkpoint says about itself (its __metadata__ keys
+ * gpt2d.model_name, gpt2d.owned_by, gpt2d.description and gpt2d.weights,
+ * formats/include/wformat.h, checked at load): "" where the file says
+ * nothing; weights is "random" (`gpt2d synth`: the text is nonsense),
+ * "trained" or "unknown". */
+typedef struct {
+    char name[128];
+    char owned_by[128];
+    char description[1024];
+    const char *weights; /* a static string */
+} eng_about;
+const eng_about *eng_model_about(const eng_model *m);
 
 /* Bytes of the weights as stored (Q8 scales included): what one step reads
  * at most, and the bandwidth bound's numerator. */
@@ -133,7 +162,7 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
 
 /*
  * The scheduler owns the running sequences, their KV blocks and a bounded
- * FIFO wait queue. Each step takes every running sequence: decoding ones
+ * wait queue, admitted fairly (below). Each step takes every running sequence: decoding ones
  * contribute one row, prefilling ones a chunk of their prompt, within a
  * per-step token budget (decode rows first, so streams keep flowing while a
  * long prompt is processed). A request is admitted only when the blocks for
@@ -149,6 +178,17 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
  * same bits with and without the cache. A block computed with echo keeps
  * its positions' prompt logprobs; echo requests take only such blocks.
  *
+ * Admission is fair across tenants and across the groups (requests) of a
+ * tenant: a free slot goes to the tenant that holds the fewest running
+ * sequences (a tie: the one whose earliest waiting sequence came first),
+ * within it to the group that holds the fewest (a tie: the earlier), and
+ * within the group to its earliest sequence. The chosen one waits until its
+ * blocks fit; nobody overtakes it, so a large request is never starved. One
+ * tenant holds at most max_running sequences; tenant_spare more slots are
+ * for the others, so a newcomer runs at the next step even when one tenant
+ * fills max_running with long generations (nothing is preempted). One
+ * tenant alone is served as before. A sequence's bits depend on none of it.
+ *
  * Threads: eng_sched_plan and eng_sched_complete and every other function
  * run on one thread (the server's loop thread); eng_sched_execute runs the
  * planned step on any one thread (uv_queue_work) and touches only the
@@ -158,13 +198,15 @@ int32_t eng_sample(float *logits, size_t V, const eng_sampling *p, eng_rng *rng,
 typedef struct eng_sched eng_sched;
 
 typedef struct {
-    size_t kv_bytes;    /* KV pool budget                                  */
-    size_t block_len;   /* positions per KV block (16)                     */
-    size_t max_running; /* sequences in a step (64)                        */
-    size_t max_queue;   /* waiting requests before ENG_EFULL (256)          */
-    size_t step_tokens; /* prompt rows per step; decode rows on top (512) */
-    size_t threads;     /* step threads; 0 = one per CPU                   */
-    int prefix_cache;   /* 1: reuse the KV blocks of prompts seen before   */
+    size_t kv_bytes;     /* KV pool budget                                  */
+    size_t block_len;    /* positions per KV block (16)                     */
+    size_t max_running;  /* one tenant's sequences in a step (64)           */
+    size_t tenant_spare; /* slots past max_running for the other tenants
+                          * (0: max_running / 8, at least 1)              */
+    size_t max_queue;    /* waiting requests before ENG_EFULL (256)          */
+    size_t step_tokens;  /* prompt rows per step; decode rows on top (512) */
+    size_t threads;      /* step threads; 0 = one per CPU                   */
+    int prefix_cache;    /* 1: reuse the KV blocks of prompts seen before   */
 } eng_sched_opts;
 
 typedef enum {
@@ -174,10 +216,12 @@ typedef enum {
 } eng_event_kind;
 
 typedef enum {
-    ENG_FINISH_LENGTH = 0,    /* max_tokens generated */
+    ENG_FINISH_LENGTH = 0,    /* max_tokens generated, or a grammar's nesting
+                               * limit reached (GRAM_MAX_STACK) */
     ENG_FINISH_EOS = 1,       /* end of text (50256)   */
     ENG_FINISH_CANCELLED = 2, /* eng_sched_cancel      */
-    ENG_FINISH_ERROR = 3      /* the step failed; see message */
+    ENG_FINISH_ERROR = 3      /* the step failed, or the sequence's grammar
+                               * matcher passed a bound; see message */
 } eng_finish;
 
 #define ENG_MAX_TOP 5
@@ -217,6 +261,19 @@ typedef struct {
      * keyed hash of the API key and cache_salt); the results are the same
      * bits under any salt. */
     uint64_t cache_salt;
+    /* Structured outputs (grammar.h): with grammar, every sampled token is
+     * one the grammar allows after the tokens before it, and end of text
+     * only where the output is whole (whatever ignore_eos says); NULL:
+     * unconstrained, at no cost. The scheduler takes its own reference;
+     * vocab is borrowed and must outlive the request. */
+    gram *grammar;
+    const gram_vocab *vocab;
+    /* Fair admission (above): opaque ids the caller picks; the engine only
+     * compares them. tenant: whose request (the server: an API key's index
+     * or the client's address, never the key). group: the submissions of
+     * one client request share it; 0: a group of its own. */
+    uint64_t tenant;
+    uint64_t group;
     eng_event_cb on_event;
     void *user;
 } eng_request;
@@ -290,6 +347,9 @@ typedef struct {
     uint64_t prefix_hit_tokens; /* prompt tokens taken from the cache          */
     uint64_t prefix_evictions;  /* cached blocks given up for fresh ones       */
     size_t kv_blocks_cached;    /* registered blocks, held or not              */
+    /* Structured outputs: sequences ended because their matcher passed a
+     * bound (GRAM_MAX_THREADS, GRAM_MASK_BUDGET; grammar.h). */
+    uint64_t grammar_bound_errors;
 } eng_sched_stats;
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);

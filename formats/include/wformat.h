@@ -52,6 +52,45 @@
 #define WF_PANEL 64
 
 /*
+ * What a checkpoint says about itself, in its __metadata__ (every key
+ * optional; `gpt2d convert` keeps them, `gpt2d synth` writes
+ * gpt2d.weights = random, either tool sets them with --meta KEY=VALUE):
+ *   gpt2d.model_name   its name, e.g. "gpt2d-tiny": 1 to 127 printable ASCII
+ *                      characters without spaces (a request's `model` may
+ *                      name it, so a model name's rules);
+ *   gpt2d.owned_by     who made it (OpenAI's `owned_by`): the same rules;
+ *   gpt2d.description  one line for people: 1 to 1023 bytes of UTF-8
+ *                      without control characters;
+ *   gpt2d.weights      "random" (`gpt2d synth`: the text is nonsense) or
+ *                      "trained".
+ * Another value is refused (SFT_EFORMAT naming the key): a typo must not
+ * pass for a label.
+ */
+#define WF_META_NAME "gpt2d.model_name"
+#define WF_META_OWNED_BY "gpt2d.owned_by"
+#define WF_META_DESCRIPTION "gpt2d.description"
+#define WF_META_WEIGHTS "gpt2d.weights"
+#define WF_NAME_MAX 128         /* gpt2d.model_name and gpt2d.owned_by, with the NUL */
+#define WF_DESCRIPTION_MAX 1024 /* gpt2d.description, with the NUL */
+
+typedef struct {
+    const char *name;        /* gpt2d.model_name; NULL when absent (borrowed from the file) */
+    const char *owned_by;    /* gpt2d.owned_by; NULL when absent */
+    const char *description; /* gpt2d.description; NULL when absent */
+    const char *weights;     /* "random", "trained" or "unknown" (no key): a static string */
+} wf_about;
+
+/* f's self-description (above), every present key checked. SFT_EFORMAT
+ * with one line in err naming the file, the key and the rule. */
+sft_status wf_about_get(const sft_file *f, wf_about *out, char *err, size_t errlen);
+
+/* Whether value is acceptable for key: 1 for one of the keys above with a
+ * value that follows its rule, and for any key that is not gpt2d's; 0 for
+ * a bad value (err says which rule, "KEY: ..."), and for the keys the
+ * tools write themselves (gpt2d.format, gpt2d.q8_block, gpt2d.layout). */
+int wf_meta_ok(const char *key, const char *value, char *err, size_t errlen);
+
+/*
  * The format of f: "f32", "f16", "bf16", "q8" or "mixed" (a static
  * string) in *name. A q8 file is checked whole: the metadata, every I8
  * matrix's scale tensor (present, F32, its shape) and no I8 tensor without

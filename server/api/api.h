@@ -16,7 +16,16 @@
  *   tokpool.c      the tokenizer threads (low priority)
  *   step.c         the engine step driver: one step at a time on the
  *                  libuv work queue, then the srv's after-step hook
- *   oai.c          OpenAI request parsing and validation (pure)
+ *   responses.c    /v1/responses: a Responses request onto the chat
+ *                  completion (its template, job, SSE writer), the
+ *                  response object and its semantic stream events;
+ *                  GET/DELETE /v1/responses/{id}, .../input_items
+ *   resp_store.c   the stored responses (bounded, LRU, per API key)
+ *   oai.c          OpenAI request parsing and validation (pure): errors,
+ *                  completions, the readers every route shares
+ *   oai_chat.c     chat's messages and their rendering (pure)
+ *   oai_resp.c     the Responses request (pure); oai_int.h is what the
+ *                  three oai files share
  *   chat_template.c the chat template (pure)
  *   sse.c          SSE framing (pure)
  *
@@ -24,7 +33,8 @@
  * and the step (eng_sched_execute, on the libuv work queue).
  *
  * Prefixes: cmpl_ (completions), lp_ (logprobs), tok_ (the tokenizer
- * job), tpool_ (its threads), step_ (the step driver), oai_, sse_.
+ * job), tpool_ (its threads), step_ (the step driver), oai_, sse_, resp_
+ * (the Responses route), rs_ (its store).
  */
 #ifndef GPT2D_SERVER_API_H
 #define GPT2D_SERVER_API_H
@@ -47,6 +57,7 @@
 typedef struct tokpool tokpool;
 typedef struct tok_job tok_job;
 typedef struct cmpl_job cmpl_job;
+typedef struct resp_store resp_store;
 
 /* ---- The jobs ------------------------------------------------------------- */
 
@@ -56,6 +67,10 @@ typedef struct cmpl_job cmpl_job;
  * tok_done runs on the loop thread. */
 struct tok_job {
     /* What to do: */
+    /* Work beside the tokenizing (where it runs; the structured outputs'
+     * compile), or NULL; heavy: always on a tokenizer thread. */
+    int (*work)(srv_req *r);
+    int heavy;
     int (*parse)(srv_req *r); /* a body still to parse first (where the
                                * tokenizing runs), or NULL */
     size_t max_prompt_tokens; /* a completion's limit, read by the worker */
@@ -80,6 +95,19 @@ struct tok_job {
     char err[256];
 };
 
+/* One logprobs entry of a whole (non-streaming) answer, kept as numbers
+ * until the answer is written (about 60 bytes, against some 700 as
+ * jansson values). */
+typedef struct {
+    int32_t id;    /* the token                                         */
+    float logprob; /* of id; has 0: none (the first prompt token)       */
+    int32_t has;   /* 1: logprob and the alternatives are known         */
+    int32_t ntop;  /* alternatives in top_ids, cut to the request's     */
+    int32_t top_ids[ENG_MAX_TOP];
+    float top_logprobs[ENG_MAX_TOP];
+    size_t offset; /* text_offset: characters before the token */
+} lp_entry;
+
 /* One completion choice: one engine request. */
 typedef struct {
     srv_req *req;
@@ -96,8 +124,11 @@ typedef struct {
     size_t text_len, text_cap;
     size_t tokens;
     /* logprobs: {tokens, token_logprobs, top_logprobs, text_offset}; for a
-     * stream, the entries of the chunk being built. NULL when not asked. */
+     * stream, the entries of the chunk being built; for a whole answer an
+     * empty one (the entries are in lpe). NULL when not asked. */
     json_t *lp;
+    lp_entry *lpe; /* a whole answer's logprobs entries, lpe_n of lpe_cap */
+    size_t lpe_n, lpe_cap;
     utf8_stream off_utf8; /* text_offset: characters before each token, */
     size_t off_chars;     /* counted from the start of the prompt        */
     size_t prompt_fed;    /* prompt tokens counted into off_chars so far */
@@ -107,6 +138,18 @@ typedef struct {
     int trim;             /* chat: leading spaces of the reply still dropped */
     size_t cached;        /* DONE: prompt tokens from the prefix cache   */
 } srv_choice;
+
+/* How a route other than completions and chat shapes a completion's answer
+ * (responses.c registers it; the completion path calls through it, so it
+ * never names its caller). Each member is called where chat's own shape
+ * would be. */
+typedef struct {
+    void (*open)(srv_req *r);            /* a stream's first events (at admission) */
+    void (*chunk)(srv_choice *c);        /* a stream: c's text since the last call */
+    void (*finish_stream)(srv_req *r);   /* a stream's last events (after every DONE) */
+    enum MHD_Result (*send)(srv_req *r); /* the whole answer (after every DONE) */
+    void (*free)(srv_req *r);            /* frees shape_data (with the job) */
+} cmpl_shape;
 
 /* The completion job of a request (cmpl_job.c; completions.c and
  * cmpl_respond.c fill it): the parsed request, one choice per prompt x
@@ -128,11 +171,38 @@ struct cmpl_job {
     /* A failure after submission (cmpl_set_error: the first one stays). */
     int error_status;
     char error_msg[256];
-    const char *error_code; /* its OpenAI error code, or NULL */
-    srv_req *prev, *next;   /* the srv's list of requests with engine work */
-    int cancel_counted;     /* gpt2d_requests_cancelled_total counted it */
-    size_t answer_bytes;    /* what the answer holds so far (max_response_bytes) */
+    const char *error_code;  /* its OpenAI error code, or NULL */
+    srv_req *prev, *next;    /* the srv's list of requests with engine work */
+    int cancel_counted;      /* gpt2d_requests_cancelled_total counted it */
+    size_t answer_bytes;     /* what the answer holds so far (max_response_bytes) */
+    const cmpl_shape *shape; /* NULL: completions' or chat's own */
+    void *shape_data;        /* the shape's state */
+    /* Structured outputs: the compiled format (a reference), or NULL; a
+     * format that did not compile leaves its 400 in format_err. */
+    gram *grammar;
+    int format_failed;
+    oai_error format_err;
+    /* A whole answer as it is written (cmpl_respond.c): a piece at a time,
+     * as the connection takes it, so no answer is ever held whole. */
+    struct {
+        size_t *order; /* the choices in the answer's order (best_of ranked) */
+        size_t norder; /* prompts x n */
+        size_t k;      /* the choice being written: order[k]; norder: the end */
+        int part;      /* within it: 0 its head, then its logprobs' columns */
+        size_t at;     /* the next logprobs entry of the part */
+        char *usage;   /* the usage object, as of the last DONE */
+        char *buf;     /* bytes made and not yet sent: [off, len) */
+        size_t off, len, cap;
+        int done; /* the last byte is made */
+    } ans;
 };
+
+/* ---- Structured outputs (completions.c) -------------------------------------- */
+
+/* The vocabulary's trie and the grammar cache of s (GRAM_CACHE_ENTRIES),
+ * from its tokenizer. 0, or -1 (out of memory). */
+#define GRAM_CACHE_ENTRIES 64
+int srv_grammar_init(srv *s);
 
 /* ---- cmpl_job.c ------------------------------------------------------------ */
 
@@ -201,6 +271,10 @@ void cmpl_on_event(void *user, const eng_event *ev);
  * prompt_ids. 0, or -1 with cmpl->parse_err set. The tokenizer job's
  * parser (tok_prompts): thread: the loop thread, or a tokenizer thread. */
 int cmpl_parse(srv_req *r);
+/* The tokenizer job's work (tok_job.work) for a request with an output
+ * format: compiles it through the grammar cache; a refusal becomes the
+ * request's format_err (cmpl_admit answers it). Always 0. */
+int cmpl_compile_format(srv_req *r);
 /* The 1 s tick (daemon/timers.c): each completion's wait limit (queue_timeout,
  * 503), its own timeout, a stalled stream's cancel, a waiting stream's
  * ": waiting" comment; then the tokenizer's wait list. */
@@ -246,6 +320,48 @@ int cmpl_backlog(srv_req *r);
 /* Cancels a stream paused for longer than stream_stall_timeout, with an
  * error event; 1 if it did. */
 int cmpl_stall_check(srv_req *r, double now);
+/* ---- responses.c ------------------------------------------------------------ */
+
+enum MHD_Result resp_route(srv_req *r);        /* POST /v1/responses              */
+enum MHD_Result resp_route_get(srv_req *r);    /* GET /v1/responses/{id}[/input_items] */
+enum MHD_Result resp_route_delete(srv_req *r); /* DELETE /v1/responses/{id}       */
+
+/* ---- resp_store.c ----------------------------------------------------------- */
+
+/* One stored response. */
+typedef struct rs_entry rs_entry;
+struct rs_entry {
+    char id[48];           /* resp_... */
+    uint64_t owner;        /* the API key's keyed hash (srv_req.key_id); 0: no keys */
+    json_t *response;      /* the response object as answered */
+    json_t *input_items;   /* this request's input items */
+    oai_msg *conv;         /* the conversation a previous_response_id continues: */
+    size_t nconv;          /* the history, the input, the output (no instructions) */
+    size_t bytes;          /* what it takes (rs_put) */
+    rs_entry *prev, *next; /* use order */
+    rs_entry *hnext;       /* its hash chain */
+};
+
+/* An empty store (NULL: no memory). */
+resp_store *rs_new(void);
+/* Frees st and every entry. NULL: nothing. */
+void rs_free(resp_store *st);
+void rs_entry_free(rs_entry *e);
+/* Stores e (a new id), taking it: first the least recently used go until
+ * it fits under max_count entries and max_bytes. 1, or 0 when e alone is
+ * over the bounds (e is freed, nothing else goes). */
+int rs_put(resp_store *st, rs_entry *e, size_t max_count, size_t max_bytes);
+/* Frees the least recently used until st holds at most max_count entries
+ * and max_bytes (bounds lowered by a reload); how many went. */
+size_t rs_trim(resp_store *st, size_t max_count, size_t max_bytes);
+/* The entry id of owner, now the most recently used; NULL when none (or
+ * another owner's). */
+rs_entry *rs_get(resp_store *st, const char *id, uint64_t owner);
+/* Frees the entry id of owner: 0, or -1 when there is none. */
+int rs_delete(resp_store *st, const char *id, uint64_t owner);
+size_t rs_count(const resp_store *st);
+size_t rs_bytes(const resp_store *st);
+
 /* ---- logprobs.c ----------------------------------------------------------- */
 
 /* The logprobs of choice c in its request's shape: legacy completions
@@ -255,8 +371,15 @@ json_t *lp_new(const srv_req *r);
 size_t lp_count(const json_t *lp);
 /* Counts token id into c's character offset; returns the offset before it. */
 size_t lp_offset_feed(srv_choice *c, int32_t id);
-/* Appends one token's entry (ev NULL: the first prompt token, no logprob). */
+/* Appends one token's entry (ev NULL: the first prompt token, no logprob):
+ * to c->lp for a stream, to c->lpe for a whole answer. Out of memory ends
+ * the request with a 500 (cmpl_fail_oom). */
 void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
+/* The JSON of a whole answer's logprobs column `part` (completions: 1
+ * tokens, 2 token_logprobs, 3 top_logprobs, 4 text_offset; chat: 1
+ * content) for entry e, with jansson's spelling of every value: a new
+ * value (json_decref it), NULL when memory ran out. */
+json_t *lp_entry_json(const srv_req *r, const lp_entry *e, int part);
 /* ---- tokpool.c: the tokenizer threads ------------------------------------ */
 
 typedef void (*tpool_fn)(srv_req *r);

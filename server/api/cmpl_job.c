@@ -114,12 +114,18 @@ static void job_free(srv_req *r)
 {
     cmpl_job *j = r->cmpl;
     list_remove(r);
+    if (j->shape != NULL && j->shape->free != NULL) j->shape->free(r);
     for (size_t i = 0; i < j->nchoices; i++) {
         stop_free(j->choices[i].stop);
         free(j->choices[i].text);
         json_decref(j->choices[i].lp);
+        free(j->choices[i].lpe);
     }
     free(j->choices);
+    gram_unref(j->grammar);
+    free(j->ans.order);
+    free(j->ans.usage);
+    free(j->ans.buf);
     oai_request_free(&j->oreq);
     sse_free(&j->sse);
     free(j);

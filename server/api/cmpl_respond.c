@@ -44,6 +44,10 @@ static void stream_send(srv_req *r, json_t *choice)
 
 void cmpl_chat_open(srv_req *r)
 {
+    if (r->cmpl->shape != NULL) {
+        r->cmpl->shape->open(r);
+        return;
+    }
     for (size_t i = 0; i < r->cmpl->nchoices; i++)
         stream_send(r,
                     stream_choice(r, i, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
@@ -52,6 +56,7 @@ void cmpl_chat_open(srv_req *r)
 
 void cmpl_sse_finish(srv_req *r, const srv_choice *c)
 {
+    if (r->cmpl->shape != NULL) return; /* its finish_stream says it */
     stream_send(r, stream_choice(r, c->index, json_object(), "", 0, NULL, c->finish));
 }
 
@@ -67,6 +72,10 @@ void cmpl_sse_event(srv_req *r, json_t *obj)
 void cmpl_chunk_flush(srv_choice *c)
 {
     srv_req *r = c->req;
+    if (r->cmpl->shape != NULL) {
+        r->cmpl->shape->chunk(c);
+        return;
+    }
     int has_lp = c->lp != NULL && lp_count(c->lp) > 0;
     if (c->text_len == 0 && !has_lp) return;
     const char *text = c->text ? c->text : "";
@@ -116,6 +125,10 @@ static json_t *usage_json(const srv_req *r)
 
 void cmpl_finish_stream(srv_req *r)
 {
+    if (r->cmpl->shape != NULL) {
+        r->cmpl->shape->finish_stream(r);
+        return;
+    }
     if (r->cmpl->error_status != 0) { /* after the headers: an error event, then [DONE] */
         oai_error e;
         oai_error_set(&e, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
@@ -180,41 +193,194 @@ static json_t *choice_text_json(srv_req *r, size_t pi, const srv_choice *c, char
     return text;
 }
 
+/* ---- A whole answer, a piece at a time ---------------------------------------
+ *
+ * The answer is written as libmicrohttpd asks for more (its content reader,
+ * chunked): each call makes about ANSWER_PIECE bytes more from the choices'
+ * texts and their logprobs entries (kept as numbers, lp_entry), so an
+ * answer is never held whole, and the loop thread spends a piece's time on
+ * it between the other connections' turns, not the whole answer's. Every
+ * value is spelled by jansson, as a whole json_dumps would spell it.
+ */
+#define ANSWER_PIECE (32u * 1024u)
+
+/* Room for n more bytes in the answer's buffer; -1 when memory ran out. */
+static int ans_room(cmpl_job *j, size_t n)
+{
+    if (n <= j->ans.cap - j->ans.len) return 0;
+    size_t cap = j->ans.cap ? j->ans.cap : 2 * ANSWER_PIECE;
+    while (cap - j->ans.len < n) cap *= 2;
+    char *b = realloc(j->ans.buf, cap);
+    if (b == NULL) return -1;
+    j->ans.buf = b;
+    j->ans.cap = cap;
+    return 0;
+}
+
+static int ans_put(cmpl_job *j, const char *p, size_t n)
+{
+    if (ans_room(j, n) != 0) return -1;
+    memcpy(j->ans.buf + j->ans.len, p, n);
+    j->ans.len += n;
+    return 0;
+}
+
+static int ans_str(cmpl_job *j, const char *s)
+{
+    return ans_put(j, s, strlen(s));
+}
+
+/* Appends v as compact JSON and drops it; -1 for NULL or no memory. */
+static int ans_json(cmpl_job *j, json_t *v)
+{
+    const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
+    size_t n = v != NULL ? json_dumpb(v, NULL, 0, flags) : 0;
+    int rc = -1;
+    if (n > 0 && ans_room(j, n) == 0 && json_dumpb(v, j->ans.buf + j->ans.len, n, flags) == n) {
+        j->ans.len += n;
+        rc = 0;
+    }
+    json_decref(v);
+    return rc;
+}
+
+/* The logprobs columns of a whole answer, after the head ("{" and the
+ * first name) that part 0 writes. */
+static const char *const lp_cols[] = {"{\"tokens\":[", "],\"token_logprobs\":[",
+                                      "],\"top_logprobs\":[", "],\"text_offset\":["};
+
+/* Makes the next piece of r's answer (at least ANSWER_PIECE bytes, or the
+ * rest). 0, or -1 when memory ran out or a prompt could not be decoded
+ * (err says which). */
+static int answer_fill(srv_req *r, char *err, size_t errlen)
+{
+    cmpl_job *j = r->cmpl;
+    int chat = j->oreq.chat;
+    int ncols = chat ? 1 : 4;
+    snprintf(err, errlen, "out of memory");
+    while (j->ans.len < ANSWER_PIECE && !j->ans.done) {
+        if (j->ans.k == j->ans.norder) {
+            if (ans_str(j, "],\"usage\":") != 0 || ans_str(j, j->ans.usage) != 0
+                || ans_str(j, "}") != 0)
+                return -1;
+            j->ans.done = 1;
+            break;
+        }
+        size_t ci = j->ans.order[j->ans.k];
+        const srv_choice *c = &j->choices[ci];
+        if (j->ans.part == 0) { /* {"text": ..., "index": N, "logprobs": */
+            char head[64];
+            snprintf(head, sizeof head, "%s{\"%s\":", j->ans.k > 0 ? "," : "",
+                     chat ? "message" : "text");
+            json_t *text = choice_text_json(r, c->prompt, c, err, errlen);
+            if (text == NULL || ans_str(j, head) != 0 || ans_json(j, text) != 0) return -1;
+            snprintf(head, sizeof head, ",\"index\":%zu,\"logprobs\":", j->ans.k);
+            if (ans_str(j, head) != 0) return -1;
+            if (c->lp == NULL) {
+                if (ans_str(j, "null") != 0) return -1;
+                j->ans.part = ncols + 1;
+            } else {
+                if (ans_str(j, chat ? "{\"content\":[" : lp_cols[0]) != 0) return -1;
+                j->ans.part = 1;
+                j->ans.at = 0;
+            }
+        } else if (j->ans.part <= ncols) { /* a column's entries */
+            for (; j->ans.at < c->lpe_n && j->ans.len < ANSWER_PIECE; j->ans.at++)
+                if ((j->ans.at > 0 && ans_str(j, ",") != 0)
+                    || ans_json(j, lp_entry_json(r, &c->lpe[j->ans.at], j->ans.part)) != 0)
+                    return -1;
+            if (j->ans.at < c->lpe_n) break;
+            if (ans_str(j, j->ans.part < ncols ? lp_cols[j->ans.part] : "]}") != 0) return -1;
+            j->ans.part++;
+            j->ans.at = 0;
+        } else { /* "finish_reason": ...} */
+            if (ans_str(j, ",\"finish_reason\":") != 0 || ans_json(j, json_string(c->finish)) != 0
+                || ans_str(j, "}") != 0)
+                return -1;
+            j->ans.k++;
+            j->ans.part = 0;
+        }
+    }
+    return 0;
+}
+
+/* The answer's body, as libmicrohttpd asks for it. */
+static ssize_t answer_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    srv_req *r = cls;
+    cmpl_job *j = r->cmpl;
+    assert(r->state == HTTP_REQ_FINISHED);
+    if (j->ans.off == j->ans.len) {
+        if (j->ans.done) return MHD_CONTENT_READER_END_OF_STREAM;
+        j->ans.off = j->ans.len = 0;
+        char err[64];
+        if (answer_fill(r, err, sizeof err) != 0) {
+            log_line("error", "%s: the answer could not be written (%s); connection closed", r->id,
+                     err);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+    size_t n = j->ans.len - j->ans.off;
+    if (n > max) n = max;
+    memcpy(buf, j->ans.buf + j->ans.off, n);
+    j->ans.off += n;
+    return (ssize_t)n;
+}
+
+/* The answer's order (best_of ranked), its usage and its first bytes; 0, or
+ * -1 when memory ran out. */
+static int answer_start(srv_req *r)
+{
+    cmpl_job *j = r->cmpl;
+    size_t n = j->oreq.n, best_of = j->oreq.best_of;
+    double mean[128];
+    size_t order[128]; /* best_of <= max_n <= 128 */
+    j->ans.norder = r->tok->nprompts * n;
+    j->ans.order = malloc(j->ans.norder * sizeof *j->ans.order);
+    if (j->ans.order == NULL) return -1;
+    for (size_t pi = 0; pi < r->tok->nprompts; pi++) {
+        for (size_t k = 0; k < best_of; k++)
+            mean[k] = choice_mean_lp(&j->choices[pi * best_of + k]);
+        cmpl_rank(mean, best_of, n, order);
+        for (size_t k = 0; k < n; k++) j->ans.order[pi * n + k] = pi * best_of + order[k];
+    }
+    json_t *usage = usage_json(r); /* all candidates, as of now */
+    j->ans.usage = usage ? json_dumps(usage, JSON_COMPACT) : NULL;
+    json_decref(usage);
+    json_t *base = cmpl_base(r);
+    char *head = base ? json_dumps(base, JSON_COMPACT) : NULL;
+    json_decref(base);
+    /* {"id": ..., "system_fingerprint": ...,"choices":[ */
+    int rc = j->ans.usage == NULL || head == NULL || ans_put(j, head, strlen(head) - 1) != 0
+                     || ans_str(j, ",\"choices\":[") != 0
+                 ? -1
+                 : 0;
+    free(head);
+    return rc;
+}
+
 enum MHD_Result cmpl_send(srv_req *r)
 {
     assert(r->state == HTTP_REQ_QUEUED || r->state == HTTP_REQ_RUNNING);
     assert(r->cmpl->ndone == r->cmpl->nchoices);
+    if (r->cmpl->shape != NULL) return r->cmpl->shape->send(r);
     if (r->cmpl->error_status != 0)
         return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
                                r->cmpl->error_code, NULL, r->cmpl->error_status == 503 ? "5" : NULL,
                                "%s", r->cmpl->error_msg);
-    json_t *o = cmpl_base(r);
-    json_t *choices = json_array();
-    size_t n = r->cmpl->oreq.n, best_of = r->cmpl->oreq.best_of;
-    double mean[128];
-    size_t order[128]; /* best_of <= max_n <= 128 */
-    for (size_t pi = 0; pi < r->tok->nprompts; pi++) {
-        for (size_t j = 0; j < best_of; j++)
-            mean[j] = choice_mean_lp(&r->cmpl->choices[pi * best_of + j]);
-        cmpl_rank(mean, best_of, n, order);
-        for (size_t k = 0; k < n; k++) {
-            const srv_choice *c = &r->cmpl->choices[pi * best_of + order[k]];
-            char err[64];
-            json_t *text = choice_text_json(r, pi, c, err, sizeof err);
-            if (text == NULL) {
-                json_decref(choices);
-                json_decref(o);
-                return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "%s", err);
-            }
-            json_array_append_new(
-                choices, json_pack("{s:o, s:I, s:O, s:s}", r->cmpl->oreq.chat ? "message" : "text",
-                                   text, "index", (json_int_t)(pi * n + k), "logprobs",
-                                   c->lp ? c->lp : json_null(), "finish_reason", c->finish));
-        }
-    }
-    json_object_set_new(o, "choices", choices);
-    json_object_set_new(o, "usage", usage_json(r)); /* all candidates */
-    return http_send_obj(r, o);
+    if (answer_start(r) != 0)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, ANSWER_PIECE, answer_reader, r, NULL);
+    if (resp == NULL) return MHD_NO;
+    http_req_set_state(r, HTTP_REQ_FINISHED);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    http_resp_headers(r, resp, 200);
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
 }
 
 int cmpl_backlog(srv_req *r)

@@ -144,6 +144,46 @@ void cmpl_on_event(void *user, const eng_event *ev)
     if (ev->kind == ENG_EV_DONE) http_req_release(r); /* the sequence's reference */
 }
 
+int srv_grammar_init(srv *s)
+{
+    size_t V = bpe_vocab_size(s->tok);
+    const char **tok = malloc(V * sizeof *tok);
+    size_t *len = malloc(V * sizeof *len);
+    int rc = -1;
+    if (tok != NULL && len != NULL) {
+        for (size_t i = 0; i < V; i++) tok[i] = bpe_token_bytes(s->tok, (int32_t)i, &len[i]);
+        rc = gram_vocab_new(tok, len, V, BPE_EOT, &s->gvocab);
+    }
+    free(tok);
+    free(len);
+    if (rc == 0 && (s->gcache = gram_cache_new(GRAM_CACHE_ENTRIES)) == NULL) rc = -1;
+    return rc;
+}
+
+/* The request's output format compiled (through the cache), on a tokenizer
+ * thread (tok_job.work); a refusal becomes format_err, the 400 that names
+ * the keyword and its path. Always 0: the tokenizing goes on. */
+int cmpl_compile_format(srv_req *r)
+{
+    cmpl_job *j = r->cmpl;
+    const oai_request *q = &j->oreq;
+    gram_error ge;
+    if (gram_cache_get(r->s->gcache, (gram_kind)q->format, q->format_src ? q->format_src : "",
+                       q->format_len, &j->grammar, &ge)
+        != 0) {
+        j->format_failed = 1;
+        const char *kw = ge.keyword[0] ? ge.keyword : q->format_param;
+        if (q->format == OAI_FORMAT_SCHEMA)
+            oai_error_set(&j->format_err, 400, "invalid_request_error", "invalid_schema",
+                          q->format_param, "Invalid schema: '%s' at %s: %s", kw, ge.path,
+                          ge.message);
+        else
+            oai_error_set(&j->format_err, 400, "invalid_request_error", NULL, q->format_param,
+                          "'%s' is refused: %s", q->format_param, ge.message);
+    }
+    return 0;
+}
+
 int cmpl_parse(srv_req *r)
 {
     srv *s = r->s;
@@ -155,6 +195,10 @@ int cmpl_parse(srv_req *r)
         != 0)
         return -1;
     oai_request *q = &r->cmpl->oreq;
+    if (q->format != OAI_FORMAT_NONE) { /* compiled where the prompts are tokenized */
+        r->tok->work = cmpl_compile_format;
+        r->tok->heavy = 1;
+    }
     if (tok_job_prompts(r->tok, q->nprompts) != 0) goto oom;
     for (size_t i = 0; i < q->nprompts; i++) {
         const oai_prompt *p = &q->prompts[i];
@@ -403,6 +447,12 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                                         : -1,
         .echo = q->echo && q->logprobs >= 0,
         .cache_salt = salt,
+        .grammar = r->cmpl->grammar,
+        .vocab = r->s->gvocab,
+        /* Fair admission: the request's tenant, and the request itself as
+         * the group (unique while any of its sequences lives). */
+        .tenant = r->tenant,
+        .group = (uint64_t)(uintptr_t)r,
         .on_event = cmpl_on_event,
         .user = c,
     };
@@ -438,6 +488,10 @@ enum MHD_Result cmpl_admit(srv_req *r)
     enum MHD_Result rc;
     if (r->tok->failed)
         return http_send_status(r, HTTP_SRC_BPE, (int)r->tok->status, "prompt", r->tok->err);
+    if (r->cmpl->format_failed) {
+        log_line("info", "%s: %s refused: %s", r->id, q->format_param, r->cmpl->format_err.message);
+        return http_send_oai_error(r, &r->cmpl->format_err);
+    }
     if (s->cut) /* tokenized while the drain ended */
         return http_send_error(r, 503, "server_error", "server_shutting_down", NULL, "5",
                                "The server is shutting down; retry on another replica");

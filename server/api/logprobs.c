@@ -6,6 +6,9 @@
  */
 #include "api/api.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 json_t *lp_new(const srv_req *r)
 {
     if (r->cmpl->oreq.chat) return json_pack("{s:[]}", "content");
@@ -59,40 +62,73 @@ size_t lp_offset_feed(srv_choice *c, int32_t id)
 
 /* Chat: {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]},
  * the alternatives most likely first. */
-static void chat_add(srv_choice *c, int32_t id, const eng_event *ev)
+static json_t *chat_json(const srv *s, const lp_entry *e)
 {
-    srv *s = c->req->s;
     json_t *top = json_array();
-    for (size_t k = 0; k < ev->ntop && c->req->cmpl->oreq.logprobs > 0; k++)
+    for (int32_t k = 0; k < e->ntop; k++)
         json_array_append_new(
-            top, json_pack("{s:o, s:f, s:o}", "token", token_json(s, ev->top_ids[k]), "logprob",
-                           (double)ev->top_logprobs[k], "bytes", token_bytes(s, ev->top_ids[k])));
-    json_array_append_new(json_object_get(c->lp, "content"),
-                          json_pack("{s:o, s:f, s:o, s:o}", "token", token_json(s, id), "logprob",
-                                    (double)ev->logprob, "bytes", token_bytes(s, id),
-                                    "top_logprobs", top));
+            top, json_pack("{s:o, s:f, s:o}", "token", token_json(s, e->top_ids[k]), "logprob",
+                           (double)e->top_logprobs[k], "bytes", token_bytes(s, e->top_ids[k])));
+    return json_pack("{s:o, s:f, s:o, s:o}", "token", token_json(s, e->id), "logprob",
+                     (double)e->logprob, "bytes", token_bytes(s, e->id), "top_logprobs", top);
+}
+
+/* Completions' top_logprobs entry: {token: logprob}, or null without
+ * alternatives asked for (or none known: the first prompt token). */
+static json_t *top_json(const srv_req *r, const lp_entry *e)
+{
+    if (!e->has || r->cmpl->oreq.logprobs <= 0) return json_null();
+    json_t *top = json_object();
+    for (int32_t k = 0; k < e->ntop; k++) {
+        json_t *t = token_json(r->s, e->top_ids[k]);
+        json_object_set_new(top, json_string_value(t), json_real(e->top_logprobs[k]));
+        json_decref(t);
+    }
+    return top;
+}
+
+json_t *lp_entry_json(const srv_req *r, const lp_entry *e, int part)
+{
+    if (r->cmpl->oreq.chat) return chat_json(r->s, e);
+    switch (part) {
+    case 1: return token_json(r->s, e->id);
+    case 2: return e->has ? json_real(e->logprob) : json_null();
+    case 3: return top_json(r, e);
+    default: return json_integer((json_int_t)e->offset);
+    }
 }
 
 void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset)
 {
-    srv *s = c->req->s;
-    cmpl_grow(c->req, cmpl_lp_bytes(ev != NULL ? ev->ntop : 0));
-    if (c->req->cmpl->oreq.chat) {
-        if (ev != NULL) chat_add(c, id, ev); /* chat has no echo: every token has one */
+    srv_req *r = c->req;
+    cmpl_grow(r, cmpl_lp_bytes(ev != NULL ? ev->ntop : 0));
+    if (r->cmpl->oreq.chat && ev == NULL) return; /* chat has no echo: every token has one */
+    lp_entry e = {.id = id, .offset = offset, .has = ev != NULL};
+    if (ev != NULL) {
+        e.logprob = ev->logprob;
+        e.ntop = r->cmpl->oreq.logprobs > 0 ? (int32_t)ev->ntop : 0;
+        memcpy(e.top_ids, ev->top_ids, sizeof e.top_ids);
+        memcpy(e.top_logprobs, ev->top_logprobs, sizeof e.top_logprobs);
+    }
+    if (!r->cmpl->oreq.stream) { /* a whole answer: numbers until it is written */
+        if (c->lpe_n == c->lpe_cap) {
+            size_t cap = c->lpe_cap ? 2 * c->lpe_cap : 16;
+            lp_entry *p = realloc(c->lpe, cap * sizeof *p);
+            if (p == NULL) {
+                cmpl_fail_oom(r);
+                return;
+            }
+            c->lpe = p;
+            c->lpe_cap = cap;
+        }
+        c->lpe[c->lpe_n++] = e;
         return;
     }
-    json_array_append_new(json_object_get(c->lp, "tokens"), token_json(s, id));
-    json_array_append_new(json_object_get(c->lp, "token_logprobs"),
-                          ev ? json_real(ev->logprob) : json_null());
-    json_t *top = json_null();
-    if (ev != NULL && c->req->cmpl->oreq.logprobs > 0) {
-        top = json_object();
-        for (size_t k = 0; k < ev->ntop; k++) {
-            json_t *t = token_json(s, ev->top_ids[k]);
-            json_object_set_new(top, json_string_value(t), json_real(ev->top_logprobs[k]));
-            json_decref(t);
-        }
+    if (r->cmpl->oreq.chat) {
+        json_array_append_new(json_object_get(c->lp, "content"), chat_json(r->s, &e));
+        return;
     }
-    json_array_append_new(json_object_get(c->lp, "top_logprobs"), top);
-    json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)offset));
+    static const char *const cols[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int part = 1; part <= 4; part++)
+        json_array_append_new(json_object_get(c->lp, cols[part - 1]), lp_entry_json(r, &e, part));
 }

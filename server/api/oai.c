@@ -1,8 +1,12 @@
 /*
- * server/api/oai.c: see oai.h. Every check names the parameter and says what was
- * expected and what came, as OpenAI's own 400s do.
+ * server/api/oai.c: see oai.h. The errors (oai_error_set, oai_error_json), the
+ * readers every route's parser shares (oai_int.h: numbers, booleans, prompts,
+ * stop, logit_bias, cache_salt, the structured outputs, the body itself) and
+ * POST /v1/completions (oai_parse_completion). Chat is in oai_chat.c, the
+ * Responses API in oai_resp.c. Every check names the parameter and says what
+ * was expected and what came, as OpenAI's own 400s do.
  */
-#include "oai.h"
+#include "oai_int.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -79,16 +83,12 @@ void oai_request_free(oai_request *r)
     for (size_t i = 0; i < r->nstop; i++) free(r->stop[i]);
     free(r->bias);
     free(r->cache_salt);
+    free(r->format_src);
     memset(r, 0, sizeof *r);
+    r->format = OAI_FORMAT_NONE;
 }
 
-static int bad(oai_error *err, const char *param, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static int bad(oai_error *err, const char *param, const char *fmt, ...)
+int oai_bad(oai_error *err, const char *param, const char *fmt, ...)
 {
     err->status = 400;
     err->type = INVALID;
@@ -103,7 +103,7 @@ static int bad(oai_error *err, const char *param, const char *fmt, ...)
 }
 
 /* A short text for "got ..." in messages. */
-static const char *json_kind(const json_t *v)
+const char *oai_json_kind(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -118,6 +118,12 @@ static const char *json_kind(const json_t *v)
     return "something else";
 }
 
+/* Whether string v is exactly lit (a NUL inside v is not ignored). */
+int oai_str_is(const json_t *v, const char *lit)
+{
+    return json_string_length(v) == strlen(lit) && strcmp(json_string_value(v), lit) == 0;
+}
+
 /* A number in [lo, hi] (integers count); absent or null keeps *out. */
 static int get_number(const json_t *o, const char *key, double lo, double hi, double *out,
                       oai_error *err)
@@ -125,37 +131,37 @@ static int get_number(const json_t *o, const char *key, double lo, double hi, do
     const json_t *v = json_object_get(o, key);
     if (v == NULL || json_is_null(v)) return 0;
     if (!json_is_number(v))
-        return bad(err, key, "'%s' must be a number from %g to %g, got %s", key, lo, hi,
-                   json_kind(v));
+        return oai_bad(err, key, "'%s' must be a number from %g to %g, got %s", key, lo, hi,
+                       oai_json_kind(v));
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi)
-        return bad(err, key, "'%s' must be from %g to %g, got %g", key, lo, hi, x);
+        return oai_bad(err, key, "'%s' must be from %g to %g, got %g", key, lo, hi, x);
     *out = x;
     return 0;
 }
 
 /* An integer in [lo, hi]; absent or null keeps *out. */
-static int get_int(const json_t *o, const char *key, long long lo, long long hi, long long *out,
-                   oai_error *err)
+int oai_get_int(const json_t *o, const char *key, long long lo, long long hi, long long *out,
+                oai_error *err)
 {
     const json_t *v = json_object_get(o, key);
     if (v == NULL || json_is_null(v)) return 0;
     if (!json_is_integer(v))
-        return bad(err, key, "'%s' must be an integer from %lld to %lld, got %s", key, lo, hi,
-                   json_kind(v));
+        return oai_bad(err, key, "'%s' must be an integer from %lld to %lld, got %s", key, lo, hi,
+                       oai_json_kind(v));
     long long x = json_integer_value(v);
     if (x < lo || x > hi)
-        return bad(err, key, "'%s' must be from %lld to %lld, got %lld", key, lo, hi, x);
+        return oai_bad(err, key, "'%s' must be from %lld to %lld, got %lld", key, lo, hi, x);
     *out = x;
     return 0;
 }
 
-static int get_bool(const json_t *o, const char *key, int *out, oai_error *err)
+int oai_get_bool(const json_t *o, const char *key, int *out, oai_error *err)
 {
     const json_t *v = json_object_get(o, key);
     if (v == NULL || json_is_null(v)) return 0;
     if (!json_is_boolean(v))
-        return bad(err, key, "'%s' must be a boolean, got %s", key, json_kind(v));
+        return oai_bad(err, key, "'%s' must be a boolean, got %s", key, oai_json_kind(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -164,16 +170,16 @@ static int parse_ids(const json_t *arr, const oai_limits *lim, const char *param
                      oai_error *err)
 {
     size_t n = json_array_size(arr);
-    if (n == 0) return bad(err, param, "'%s' must not be an empty list of tokens", param);
+    if (n == 0) return oai_bad(err, param, "'%s' must not be an empty list of tokens", param);
     p->ids = malloc(n * sizeof *p->ids);
-    if (p->ids == NULL) return bad(err, param, "out of memory");
+    if (p->ids == NULL) return oai_bad(err, param, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(arr, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0
             || (size_t)json_integer_value(v) >= lim->vocab_size)
-            return bad(err, param, "'%s' holds %s where a token id from 0 to %zu belongs", param,
-                       json_is_integer(v) ? "an out-of-range integer" : json_kind(v),
-                       lim->vocab_size - 1);
+            return oai_bad(err, param, "'%s' holds %s where a token id from 0 to %zu belongs",
+                           param, json_is_integer(v) ? "an out-of-range integer" : oai_json_kind(v),
+                           lim->vocab_size - 1);
         p->ids[i] = (int32_t)json_integer_value(v);
     }
     p->nids = n;
@@ -184,7 +190,7 @@ static int set_text(oai_prompt *p, const json_t *v, oai_error *err)
 {
     size_t n = json_string_length(v);
     p->text = malloc(n + 1);
-    if (p->text == NULL) return bad(err, "prompt", "out of memory");
+    if (p->text == NULL) return oai_bad(err, "prompt", "out of memory");
     memcpy(p->text, json_string_value(v), n);
     p->text[n] = '\0';
     p->text_len = n;
@@ -199,7 +205,7 @@ static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, 
     const json_t *v = json_object_get(o, "prompt");
     if (v == NULL || json_is_null(v)) {
         r->prompts = calloc(1, sizeof *r->prompts);
-        if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+        if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
         r->nprompts = 1;
         json_t *eot = json_string("<|endoftext|>");
         int rc = set_text(&r->prompts[0], eot, err);
@@ -208,29 +214,29 @@ static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, 
     }
     if (json_is_string(v)) {
         r->prompts = calloc(1, sizeof *r->prompts);
-        if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+        if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
         r->nprompts = 1;
         return set_text(&r->prompts[0], v, err);
     }
     if (!json_is_array(v))
-        return bad(err, "prompt",
-                   "'prompt' must be a string, a list of strings, a list of token ids or a "
-                   "list of lists of token ids, got %s",
-                   json_kind(v));
+        return oai_bad(err, "prompt",
+                       "'prompt' must be a string, a list of strings, a list of token ids or a "
+                       "list of lists of token ids, got %s",
+                       oai_json_kind(v));
     size_t n = json_array_size(v);
-    if (n == 0) return bad(err, "prompt", "'prompt' must not be an empty list");
+    if (n == 0) return oai_bad(err, "prompt", "'prompt' must not be an empty list");
     const json_t *first = json_array_get(v, 0);
     if (json_is_integer(first)) { /* one prompt of ids */
         r->prompts = calloc(1, sizeof *r->prompts);
-        if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+        if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
         r->nprompts = 1;
         return parse_ids(v, lim, "prompt", &r->prompts[0], err);
     }
     if (n > lim->max_prompts)
-        return bad(err, "prompt", "'prompt' has %zu entries; the limit is %zu", n,
-                   lim->max_prompts);
+        return oai_bad(err, "prompt", "'prompt' has %zu entries; the limit is %zu", n,
+                       lim->max_prompts);
     r->prompts = calloc(n, sizeof *r->prompts);
-    if (r->prompts == NULL) return bad(err, "prompt", "out of memory");
+    if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
     r->nprompts = n;
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(v, i);
@@ -239,8 +245,8 @@ static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, 
         } else if (json_is_array(e) && json_is_array(first)) {
             if (parse_ids(e, lim, "prompt", &r->prompts[i], err) != 0) return -1;
         } else {
-            return bad(err, "prompt", "'prompt' mixes kinds: entry %zu is %s, entry 0 is %s", i,
-                       json_kind(e), json_kind(first));
+            return oai_bad(err, "prompt", "'prompt' mixes kinds: entry %zu is %s, entry 0 is %s", i,
+                           oai_json_kind(e), oai_json_kind(first));
         }
     }
     return 0;
@@ -258,22 +264,24 @@ static int parse_stop(const json_t *o, const oai_limits *lim, oai_request *r, oa
     } else if (json_is_array(v)) {
         n = json_array_size(v);
         if (n > OAI_MAX_STOP)
-            return bad(err, "stop", "'stop' may hold at most %d strings, got %zu", OAI_MAX_STOP, n);
+            return oai_bad(err, "stop", "'stop' may hold at most %d strings, got %zu", OAI_MAX_STOP,
+                           n);
         for (size_t i = 0; i < n; i++) items[i] = json_array_get(v, i);
     } else {
-        return bad(err, "stop", "'stop' must be a string or a list of up to %d strings, got %s",
-                   OAI_MAX_STOP, json_kind(v));
+        return oai_bad(err, "stop", "'stop' must be a string or a list of up to %d strings, got %s",
+                       OAI_MAX_STOP, oai_json_kind(v));
     }
     for (size_t i = 0; i < n; i++) {
         if (!json_is_string(items[i]))
-            return bad(err, "stop", "'stop' entries must be strings, got %s", json_kind(items[i]));
+            return oai_bad(err, "stop", "'stop' entries must be strings, got %s",
+                           oai_json_kind(items[i]));
         size_t len = json_string_length(items[i]);
         if (len == 0) continue; /* an empty stop string can never stop anything */
         if (len > lim->max_stop_bytes)
-            return bad(err, "stop", "a 'stop' string is %zu bytes; the limit is %zu", len,
-                       lim->max_stop_bytes);
+            return oai_bad(err, "stop", "a 'stop' string is %zu bytes; the limit is %zu", len,
+                           lim->max_stop_bytes);
         r->stop[r->nstop] = malloc(len + 1);
-        if (r->stop[r->nstop] == NULL) return bad(err, "stop", "out of memory");
+        if (r->stop[r->nstop] == NULL) return oai_bad(err, "stop", "out of memory");
         memcpy(r->stop[r->nstop], json_string_value(items[i]), len + 1);
         r->stop_len[r->nstop++] = len;
     }
@@ -285,10 +293,11 @@ static int parse_bias(const json_t *o, const oai_limits *lim, oai_request *r, oa
     const json_t *v = json_object_get(o, "logit_bias");
     if (v == NULL || json_is_null(v)) return 0;
     if (!json_is_object(v))
-        return bad(err, "logit_bias", "'logit_bias' must be an object, got %s", json_kind(v));
+        return oai_bad(err, "logit_bias", "'logit_bias' must be an object, got %s",
+                       oai_json_kind(v));
     size_t n = json_object_size(v);
     r->bias = calloc(n ? n : 1, sizeof *r->bias);
-    if (r->bias == NULL) return bad(err, "logit_bias", "out of memory");
+    if (r->bias == NULL) return oai_bad(err, "logit_bias", "out of memory");
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)v, key, val)
@@ -302,12 +311,12 @@ static int parse_bias(const json_t *o, const oai_limits *lim, oai_request *r, oa
         errno = 0;
         long long id = canonical ? strtoll(key, &end, 10) : -1;
         if (!canonical || *end != '\0' || errno != 0 || id < 0 || (size_t)id >= lim->vocab_size)
-            return bad(err, "logit_bias",
-                       "'logit_bias' key '%.40s' is not a token id from 0 to %zu", key,
-                       lim->vocab_size - 1);
+            return oai_bad(err, "logit_bias",
+                           "'logit_bias' key '%.40s' is not a token id from 0 to %zu", key,
+                           lim->vocab_size - 1);
         if (!json_is_number(val) || json_number_value(val) < -100 || json_number_value(val) > 100)
-            return bad(err, "logit_bias",
-                       "'logit_bias' values must be numbers from -100 to 100 (token %lld)", id);
+            return oai_bad(err, "logit_bias",
+                           "'logit_bias' values must be numbers from -100 to 100 (token %lld)", id);
         r->bias[r->nbias++] = (oai_bias){(int32_t)id, (float)json_number_value(val)};
     }
     return 0;
@@ -321,45 +330,149 @@ static int parse_cache_salt(const json_t *o, oai_request *r, oai_error *err)
     const json_t *v = json_object_get(o, "cache_salt");
     if (v == NULL || json_is_null(v)) return 0;
     if (!json_is_string(v))
-        return bad(err, "cache_salt", "'cache_salt' must be a string, got %s", json_kind(v));
+        return oai_bad(err, "cache_salt", "'cache_salt' must be a string, got %s",
+                       oai_json_kind(v));
     size_t n = json_string_length(v);
     if (n == 0 || n > OAI_MAX_CACHE_SALT)
-        return bad(err, "cache_salt", "'cache_salt' must be 1 to %d bytes, got %zu",
-                   OAI_MAX_CACHE_SALT, n);
+        return oai_bad(err, "cache_salt", "'cache_salt' must be 1 to %d bytes, got %zu",
+                       OAI_MAX_CACHE_SALT, n);
     r->cache_salt = malloc(n);
-    if (r->cache_salt == NULL) return bad(err, "cache_salt", "out of memory");
+    if (r->cache_salt == NULL) return oai_bad(err, "cache_salt", "out of memory");
     memcpy(r->cache_salt, json_string_value(v), n);
     r->cache_salt_len = n;
     return 0;
 }
 
-/* The fields completions and chat share: sampling, n, stream, stop,
+/* r's format from kind and the compact text of v. */
+static int set_format(oai_request *r, int kind, const json_t *v, const char *param, oai_error *err)
+{
+    if (r->format != OAI_FORMAT_NONE)
+        return oai_bad(err, param, "'%s' cannot be combined with '%s': one output format a request",
+                       param, r->format_param);
+    r->format = kind;
+    snprintf(r->format_param, sizeof r->format_param, "%.47s", param);
+    if (v == NULL) return 0;
+    if (json_is_string(v)) {
+        r->format_len = json_string_length(v);
+        r->format_src = malloc(r->format_len + 1);
+        if (r->format_src != NULL) memcpy(r->format_src, json_string_value(v), r->format_len + 1);
+    } else {
+        r->format_src = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        r->format_len = r->format_src ? strlen(r->format_src) : 0;
+    }
+    if (r->format_src == NULL) return oai_bad(err, param, "out of memory");
+    return 0;
+}
+
+int oai_parse_format(const json_t *f, const char *param, oai_request *r, oai_error *err)
+{
+    if (f == NULL || json_is_null(f)) return 0;
+    const json_t *type = json_object_get(f, "type");
+    if (!json_is_object(f) || !json_is_string(type))
+        return oai_bad(err, param,
+                       "'%s' must be an object with a 'type': \"text\", \"json_object\" or "
+                       "\"json_schema\"",
+                       param);
+    if (oai_str_is(type, "text")) return 0;
+    if (oai_str_is(type, "json_object"))
+        return set_format(r, OAI_FORMAT_JSON_OBJECT, NULL, param, err);
+    if (!oai_str_is(type, "json_schema"))
+        return oai_bad(err, param,
+                       "'%s' type '%.40s' is not supported: \"text\", \"json_object\" or "
+                       "\"json_schema\"",
+                       param, json_string_value(type));
+    /* Chat's {"json_schema": {...}}, or the Responses API's flat fields. */
+    const json_t *js = json_object_get(f, "json_schema");
+    char p[48];
+    snprintf(p, sizeof p, "%.30s.json_schema", param);
+    if (js == NULL) {
+        js = f;
+        snprintf(p, sizeof p, "%.30s", param);
+    }
+    if (!json_is_object(js)) return oai_bad(err, p, "'%s' must be an object", p);
+    const json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
+    const json_t *schema = json_object_get(js, "schema");
+    if (name != NULL && !json_is_null(name)
+        && (!json_is_string(name) || json_string_length(name) == 0
+            || json_string_length(name) > 64))
+        return oai_bad(err, p, "'%s.name' must be a string of 1 to 64 characters", p);
+    if (strict != NULL && !json_is_null(strict) && !json_is_boolean(strict))
+        return oai_bad(err, p, "'%s.strict' must be a boolean", p);
+    if (schema == NULL || !(json_is_object(schema) || json_is_boolean(schema)))
+        return oai_bad(err, p, "'%s.schema' must be a JSON Schema (an object)", p);
+    char sp[64];
+    snprintf(sp, sizeof sp, "%.47s.schema", p);
+    return set_format(r, OAI_FORMAT_SCHEMA, schema, sp, err);
+}
+
+/* The structured outputs of both routes: response_format (the completions
+ * route's is an extension), guided_choice and guided_regex (vLLM's
+ * extensions). One of them at most; not with stop strings or ignore_eos,
+ * which would cut or run past the output the grammar ends. */
+static int parse_formats(const json_t *o, oai_request *r, oai_error *err)
+{
+    if (oai_parse_format(json_object_get(o, "response_format"), "response_format", r, err) != 0)
+        return -1;
+    const json_t *gc = json_object_get(o, "guided_choice");
+    if (gc != NULL && !json_is_null(gc)) {
+        size_t i;
+        const json_t *one;
+        if (!json_is_array(gc) || json_array_size(gc) == 0)
+            return oai_bad(err, "guided_choice",
+                           "'guided_choice' must be a non-empty array of strings");
+        json_array_foreach(gc, i, one)
+        {
+            if (!json_is_string(one))
+                return oai_bad(err, "guided_choice", "'guided_choice' entry %zu is not a string",
+                               i);
+        }
+        if (set_format(r, OAI_FORMAT_CHOICE, gc, "guided_choice", err) != 0) return -1;
+    }
+    const json_t *gr = json_object_get(o, "guided_regex");
+    if (gr != NULL && !json_is_null(gr)) {
+        if (!json_is_string(gr) || json_string_length(gr) == 0)
+            return oai_bad(err, "guided_regex", "'guided_regex' must be a non-empty string");
+        if (set_format(r, OAI_FORMAT_REGEX, gr, "guided_regex", err) != 0) return -1;
+    }
+    if (r->format == OAI_FORMAT_NONE) return 0;
+    if (r->ignore_eos)
+        return oai_bad(err, "ignore_eos", "'ignore_eos' cannot be combined with '%s'",
+                       r->format_param);
+    if (r->nstop > 0)
+        return oai_bad(err, "stop",
+                       "'stop' cannot be combined with '%s': a stop string would cut the output "
+                       "short of its format",
+                       r->format_param);
+    return 0;
+}
+
+/* The fields every route shares: sampling, n, stream, stop,
  * penalties, logit_bias, seed, user and the extensions. */
-static int parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+int oai_parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
 {
     long long ll;
     double d;
     if (get_number(o, "temperature", 0, 2, &r->temperature, err) != 0) return -1;
     d = r->top_p;
     if (get_number(o, "top_p", 0, 1, &d, err) != 0) return -1;
-    if (d <= 0) return bad(err, "top_p", "'top_p' must be above 0 and at most 1, got %g", d);
+    if (d <= 0) return oai_bad(err, "top_p", "'top_p' must be above 0 and at most 1, got %g", d);
     r->top_p = d;
     ll = 0;
-    if (get_int(o, "top_k", 0, 1000000, &ll, err) != 0) return -1;
+    if (oai_get_int(o, "top_k", 0, 1000000, &ll, err) != 0) return -1;
     r->top_k = (int)ll;
     ll = 1;
-    if (get_int(o, "n", 1, (long long)lim->max_n, &ll, err) != 0) return -1;
+    if (oai_get_int(o, "n", 1, (long long)lim->max_n, &ll, err) != 0) return -1;
     r->n = (size_t)ll;
-    if (get_bool(o, "stream", &r->stream, err) != 0) return -1;
+    if (oai_get_bool(o, "stream", &r->stream, err) != 0) return -1;
     const json_t *so = json_object_get(o, "stream_options");
     if (so != NULL && !json_is_null(so)) {
         if (!r->stream)
-            return bad(err, "stream_options",
-                       "'stream_options' is only allowed when 'stream' is true");
+            return oai_bad(err, "stream_options",
+                           "'stream_options' is only allowed when 'stream' is true");
         if (!json_is_object(so))
-            return bad(err, "stream_options", "'stream_options' must be an object, got %s",
-                       json_kind(so));
-        if (get_bool(so, "include_usage", &r->include_usage, err) != 0) {
+            return oai_bad(err, "stream_options", "'stream_options' must be an object, got %s",
+                           oai_json_kind(so));
+        if (oai_get_bool(so, "include_usage", &r->include_usage, err) != 0) {
             snprintf(err->param, sizeof err->param, "stream_options.include_usage");
             return -1;
         }
@@ -371,22 +484,23 @@ static int parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, 
     const json_t *seed = json_object_get(o, "seed");
     if (seed != NULL && !json_is_null(seed)) {
         if (!json_is_integer(seed))
-            return bad(err, "seed", "'seed' must be an integer, got %s", json_kind(seed));
+            return oai_bad(err, "seed", "'seed' must be an integer, got %s", oai_json_kind(seed));
         r->has_seed = 1;
         r->seed = (uint64_t)json_integer_value(seed);
     }
     const json_t *user = json_object_get(o, "user");
     if (user != NULL && !json_is_null(user) && !json_is_string(user))
-        return bad(err, "user", "'user' must be a string, got %s", json_kind(user));
-    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) != 0) return -1;
+        return oai_bad(err, "user", "'user' must be a string, got %s", oai_json_kind(user));
+    if (oai_get_bool(o, "ignore_eos", &r->ignore_eos, err) != 0) return -1;
     if (get_number(o, "timeout", 0, 86400, &r->timeout_s, err) != 0) return -1;
     if (parse_cache_salt(o, r, err) != 0) return -1;
+    if (parse_formats(o, r, err) != 0) return -1;
     return 0;
 }
 
 /* The body as a JSON object, and the optional `model` (a string without
  * NUL; absent or null means the served model, r->model stays NULL). */
-static json_t *parse_body(const char *body, size_t len, oai_request *r, oai_error *err)
+json_t *oai_parse_body(const char *body, size_t len, oai_request *r, oai_error *err)
 {
     memset(r, 0, sizeof *r);
     r->max_tokens = 16;
@@ -395,30 +509,31 @@ static json_t *parse_body(const char *body, size_t len, oai_request *r, oai_erro
     r->n = 1;
     r->best_of = 1;
     r->logprobs = -1;
+    r->format = OAI_FORMAT_NONE;
     json_error_t jerr;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
     if (o == NULL) {
-        bad(err, "", "the body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
+        oai_bad(err, "", "the body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
         return NULL;
     }
     if (!json_is_object(o)) {
-        bad(err, "", "the body must be a JSON object, got %s", json_kind(o));
+        oai_bad(err, "", "the body must be a JSON object, got %s", oai_json_kind(o));
         goto fail;
     }
     const json_t *model = json_object_get(o, "model");
     if (model != NULL && !json_is_null(model)) {
         if (!json_is_string(model)) {
-            bad(err, "model", "'model' must be a string, got %s", json_kind(model));
+            oai_bad(err, "model", "'model' must be a string, got %s", oai_json_kind(model));
             goto fail;
         }
         size_t n = json_string_length(model);
         if (memchr(json_string_value(model), '\0', n) != NULL) {
-            bad(err, "model", "'model' must not contain a NUL character");
+            oai_bad(err, "model", "'model' must not contain a NUL character");
             goto fail;
         }
         r->model = strdup(json_string_value(model));
         if (r->model == NULL) {
-            bad(err, "model", "out of memory");
+            oai_bad(err, "model", "out of memory");
             goto fail;
         }
     }
@@ -432,267 +547,34 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
                          oai_error *err)
 {
     int rc = -1;
-    json_t *o = parse_body(body, len, r, err);
+    json_t *o = oai_parse_body(body, len, r, err);
     if (o == NULL) goto done;
     const json_t *suffix = json_object_get(o, "suffix");
     if (suffix != NULL && !json_is_null(suffix)) {
-        bad(err, "suffix", "'suffix' is not supported: GPT-2 has no insertion mode");
+        oai_bad(err, "suffix", "'suffix' is not supported: GPT-2 has no insertion mode");
         goto done;
     }
     long long ll;
     if (parse_prompt(o, lim, r, err) != 0) goto done;
     ll = (long long)r->max_tokens;
-    if (get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
+    if (oai_get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
     r->max_tokens = (size_t)ll;
-    if (parse_shared(o, lim, r, err) != 0) goto done;
+    if (oai_parse_shared(o, lim, r, err) != 0) goto done;
     ll = (long long)r->n;
-    if (get_int(o, "best_of", 1, (long long)lim->max_n, &ll, err) != 0) goto done;
+    if (oai_get_int(o, "best_of", 1, (long long)lim->max_n, &ll, err) != 0) goto done;
     r->best_of = (size_t)ll;
     if (r->best_of < r->n) {
-        bad(err, "best_of", "'best_of' (%zu) must be at least 'n' (%zu)", r->best_of, r->n);
+        oai_bad(err, "best_of", "'best_of' (%zu) must be at least 'n' (%zu)", r->best_of, r->n);
         goto done;
     }
     if (r->stream && r->best_of > r->n) {
-        bad(err, "best_of", "'best_of' cannot be used with 'stream'");
+        oai_bad(err, "best_of", "'best_of' cannot be used with 'stream'");
         goto done;
     }
     ll = -1;
-    if (get_int(o, "logprobs", 0, OAI_MAX_LOGPROBS, &ll, err) != 0) goto done;
+    if (oai_get_int(o, "logprobs", 0, OAI_MAX_LOGPROBS, &ll, err) != 0) goto done;
     r->logprobs = (int)ll;
-    if (get_bool(o, "echo", &r->echo, err) != 0) goto done;
-    rc = 0;
-done:
-    json_decref(o);
-    if (rc != 0) oai_request_free(r);
-    return rc;
-}
-
-/* ---- chat ------------------------------------------------------------------ */
-
-/* Bounded growth of the rendered prompt: the body's own size bounds it, plus
- * the template's text per message. */
-typedef struct {
-    char *p;
-    size_t len, cap;
-} textbuf;
-
-static int tb_add(textbuf *b, const char *p, size_t n)
-{
-    if (n > SIZE_MAX - b->len - 1) return -1;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
-        char *q = realloc(b->p, cap);
-        if (q == NULL) return -1;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
-}
-
-static int tb_str(textbuf *b, const char *s)
-{
-    return tb_add(b, s, strlen(s));
-}
-
-/* Whether string v is exactly lit (a NUL inside v is not ignored). */
-static int str_is(const json_t *v, const char *lit)
-{
-    return json_string_length(v) == strlen(lit) && strcmp(json_string_value(v), lit) == 0;
-}
-
-/* One message's content: a string, or a list of text parts (joined). */
-static int add_content(textbuf *b, const json_t *content, size_t i, oai_error *err)
-{
-    if (json_is_string(content))
-        return tb_add(b, json_string_value(content), json_string_length(content)) != 0
-                   ? bad(err, "messages", "out of memory")
-                   : 0;
-    if (!json_is_array(content))
-        return bad(err, "messages",
-                   "'messages[%zu].content' must be a string or a list of text parts, got %s", i,
-                   json_kind(content));
-    for (size_t k = 0; k < json_array_size(content); k++) {
-        const json_t *part = json_array_get(content, k);
-        const json_t *type = json_object_get(part, "type");
-        const json_t *text = json_object_get(part, "text");
-        if (!json_is_object(part) || !json_is_string(type))
-            return bad(err, "messages", "'messages[%zu].content[%zu]' must be a content part", i,
-                       k);
-        if (!str_is(type, "text"))
-            return bad(err, "messages",
-                       "'messages[%zu].content[%zu]' is a '%.40s' part; GPT-2 reads only text", i,
-                       k, json_string_value(type));
-        if (!json_is_string(text))
-            return bad(err, "messages", "'messages[%zu].content[%zu].text' must be a string", i, k);
-        if (tb_add(b, json_string_value(text), json_string_length(text)) != 0)
-            return bad(err, "messages", "out of memory");
-    }
-    return 0;
-}
-
-static int role_of(const char *name, oai_role *out)
-{
-    if (strcmp(name, "system") == 0 || strcmp(name, "developer") == 0)
-        *out = OAI_ROLE_SYSTEM;
-    else if (strcmp(name, "user") == 0)
-        *out = OAI_ROLE_USER;
-    else if (strcmp(name, "assistant") == 0)
-        *out = OAI_ROLE_ASSISTANT;
-    else
-        return -1;
-    return 0;
-}
-
-/* messages -> the template's text, as the one prompt of r. */
-static int render_messages(const json_t *o, const oai_template *t, oai_request *r, oai_error *err)
-{
-    const json_t *msgs = json_object_get(o, "messages");
-    if (msgs == NULL || json_is_null(msgs))
-        return bad(err, "messages", "'messages' is required: a list of {role, content}");
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return bad(err, "messages", "'messages' must be a non-empty list, got %s",
-                   json_is_array(msgs) ? "an empty list" : json_kind(msgs));
-    textbuf b = {0};
-    if (tb_str(&b, t->begin) != 0) goto oom;
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
-        const json_t *m = json_array_get(msgs, i);
-        if (!json_is_object(m)) {
-            bad(err, "messages", "'messages[%zu]' must be an object, got %s", i, json_kind(m));
-            goto fail;
-        }
-        const json_t *role = json_object_get(m, "role");
-        oai_role rl;
-        if (!json_is_string(role)) {
-            bad(err, "messages", "'messages[%zu].role' must be a string", i);
-            goto fail;
-        }
-        if (memchr(json_string_value(role), '\0', json_string_length(role)) != NULL
-            || role_of(json_string_value(role), &rl) != 0) {
-            bad(err, "messages",
-                "'messages[%zu].role' is '%.40s'; this server takes system, developer, user and "
-                "assistant messages (no tools)",
-                i, json_string_value(role));
-            goto fail;
-        }
-        const json_t *calls = json_object_get(m, "tool_calls");
-        if (calls == NULL || json_is_null(calls)) calls = json_object_get(m, "function_call");
-        if (calls != NULL && !json_is_null(calls)) {
-            bad(err, "messages", "'messages[%zu].%s': tools are not supported", i,
-                json_object_get(m, "tool_calls") != NULL ? "tool_calls" : "function_call");
-            goto fail;
-        }
-        const json_t *content = json_object_get(m, "content");
-        if (content == NULL || json_is_null(content)) {
-            bad(err, "messages", "'messages[%zu].content' is required", i);
-            goto fail;
-        }
-        if (tb_str(&b, t->prefix[rl]) != 0) goto oom;
-        if (add_content(&b, content, i, err) != 0) goto fail;
-        if (tb_str(&b, t->suffix[rl]) != 0) goto oom;
-    }
-    if (tb_str(&b, t->generation) != 0) goto oom;
-    r->prompts = calloc(1, sizeof *r->prompts);
-    if (r->prompts == NULL) goto oom;
-    r->nprompts = 1;
-    r->prompts[0].text = b.p;
-    r->prompts[0].text_len = b.len;
-    return 0;
-oom:
-    bad(err, "messages", "out of memory");
-fail:
-    free(b.p);
-    return -1;
-}
-
-/* A field that must be absent or null (or an empty list). */
-static int refuse(const json_t *o, const char *key, const char *why, oai_error *err)
-{
-    const json_t *v = json_object_get(o, key);
-    if (v == NULL || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) return 0;
-    return bad(err, key, "'%s' is not supported: %s", key, why);
-}
-
-int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oai_template *t,
-                   oai_request *r, oai_error *err)
-{
-    int rc = -1;
-    json_t *o = parse_body(body, len, r, err);
-    if (o == NULL) goto done;
-    r->chat = 1;
-    if (refuse(o, "tools", "GPT-2 cannot call tools", err) != 0
-        || refuse(o, "functions", "GPT-2 cannot call functions", err) != 0
-        || refuse(o, "audio", "GPT-2 writes only text", err) != 0)
-        goto done;
-    /* tool_choice and the older function_call: only "none" (or null). */
-    static const char *const choices[] = {"tool_choice", "function_call"};
-    for (size_t i = 0; i < 2; i++) {
-        const json_t *tc = json_object_get(o, choices[i]);
-        if (tc != NULL && !json_is_null(tc) && !str_is(tc, "none")) {
-            bad(err, choices[i], "'%s' is not supported: GPT-2 cannot call tools", choices[i]);
-            goto done;
-        }
-    }
-    const json_t *rf = json_object_get(o, "response_format");
-    if (rf != NULL && !json_is_null(rf)) {
-        const json_t *type = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(type)) {
-            bad(err, "response_format", "'response_format' must be {\"type\": \"text\"}");
-            goto done;
-        }
-        if (!str_is(type, "text")) {
-            bad(err, "response_format",
-                "'response_format' type '%.40s' is not supported: this server writes only "
-                "free text",
-                json_string_value(type));
-            goto done;
-        }
-    }
-    if (render_messages(o, t, r, err) != 0) goto done;
-    /* max_completion_tokens is the current name, max_tokens the old one;
-     * both are checked, the current one wins. Without either, the reply may
-     * run to chat_max_tokens (the server also caps it by the context): a
-     * default of the whole context would reserve its KV blocks for every
-     * chat (admission reserves prompt + max_tokens). */
-    long long ll = -1, old = -1;
-    if (get_int(o, "max_completion_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0
-        || get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &old, err) != 0)
-        goto done;
-    r->max_completion = ll >= 0;
-    if (ll < 0) ll = old;
-    r->max_tokens_auto = ll < 0;
-    r->max_tokens = ll >= 0                                        ? (size_t)ll
-                    : lim->chat_max_tokens < lim->max_tokens_limit ? lim->chat_max_tokens
-                                                                   : lim->max_tokens_limit;
-    if (parse_shared(o, lim, r, err) != 0) goto done;
-    r->best_of = r->n;
-    int logprobs = 0;
-    if (get_bool(o, "logprobs", &logprobs, err) != 0) goto done;
-    ll = 0;
-    if (get_int(o, "top_logprobs", 0, 20, &ll, err) != 0) goto done;
-    if (ll > OAI_MAX_LOGPROBS) {
-        bad(err, "top_logprobs", "'top_logprobs' is %lld; this server gives at most %d", ll,
-            OAI_MAX_LOGPROBS);
-        goto done;
-    }
-    if (ll > 0 && !logprobs) {
-        bad(err, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-        goto done;
-    }
-    r->logprobs = logprobs ? (int)ll : -1;
-    for (size_t i = 0; i < t->nstop && r->nstop < OAI_STOP_CAP; i++) {
-        size_t n = strlen(t->stop[i]);
-        r->stop[r->nstop] = malloc(n + 1);
-        if (r->stop[r->nstop] == NULL) {
-            bad(err, "stop", "out of memory");
-            goto done;
-        }
-        memcpy(r->stop[r->nstop], t->stop[i], n + 1);
-        r->stop_len[r->nstop++] = n;
-    }
+    if (oai_get_bool(o, "echo", &r->echo, err) != 0) goto done;
     rc = 0;
 done:
     json_decref(o);

@@ -1,18 +1,20 @@
 /*
  * server/api/oai.h: the OpenAI legacy completions request, parsed and validated
  * (../shared/OPENAI-COMPLETIONS.md, docs/api.md). Pure: JSON in, a request
- * or an OpenAI-shaped error out; no HTTP, no engine.
+ * or an OpenAI-shaped error out; no HTTP, no engine. Implemented by oai.c
+ * (errors, completions), oai_chat.c (chat, rendering) and oai_resp.c
+ * (/v1/responses), which share oai_int.h.
  *
  * Prefix: oai_. Thread: any.
  */
 #ifndef GPT2D_SERVER_OAI_H
 #define GPT2D_SERVER_OAI_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define OAI_MAX_STOP 4         /* stop strings a request may send */
-#define OAI_MAX_LOGPROBS 5     /* top alternatives per token */
 #define OAI_MAX_CACHE_SALT 256 /* bytes of a cache_salt */
 /* Stop strings a request holds: its own plus a chat template's. */
 #define OAI_STOP_CAP (2 * OAI_MAX_STOP)
@@ -71,7 +73,26 @@ typedef struct {
      * owned, 1..OAI_MAX_CACHE_SALT bytes (NUL allowed), NULL: absent */
     char *cache_salt;
     size_t cache_salt_len;
+    /* Structured outputs (docs/api.md): response_format json_object or
+     * json_schema, or the extensions guided_choice / guided_regex. format
+     * is an oai_format; format_src the schema as compact JSON text, the
+     * regex, or the choices as a JSON array (owned, NUL-terminated);
+     * format_param the field to name in its errors. */
+    int format;
+    char *format_src;
+    size_t format_len;
+    char format_param[48];
 } oai_request;
+
+/* What the output must be (the values of engine/include/grammar.h's
+ * gram_kind, plus none; the server maps them). */
+typedef enum {
+    OAI_FORMAT_NONE = -1,
+    OAI_FORMAT_SCHEMA = 0,      /* response_format json_schema          */
+    OAI_FORMAT_JSON_OBJECT = 1, /* response_format json_object          */
+    OAI_FORMAT_REGEX = 2,       /* guided_regex (extension)             */
+    OAI_FORMAT_CHOICE = 3       /* guided_choice (extension)            */
+} oai_format;
 
 /* An error as OpenAI sends it: status, then the body's four fields. */
 typedef struct {
@@ -137,6 +158,19 @@ void oai_template_free(oai_template *t); /* accepts an empty t */
 int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oai_template *t,
                    oai_request *req, oai_error *err);
 
+/*
+ * Reads one response_format object f (a jansson json_t; NULL or JSON null:
+ * nothing) into r->format and r->format_src: {"type": "text"}, {"type":
+ * "json_object"}, or {"type": "json_schema", "json_schema": {"name",
+ * "schema", "strict"}}; the Responses API's text.format, whose fields sit
+ * beside "type" ({"type": "json_schema", "name", "schema", "strict"}), is
+ * read too. param names the field in errors ("response_format",
+ * "text.format"). 0, or -1 with the 400 in err. Whether the schema is in
+ * the subset is decided when it compiles (engine/include/grammar.h).
+ */
+struct json_t;
+int oai_parse_format(const struct json_t *f, const char *param, oai_request *r, oai_error *err);
+
 /* Fills err (the four fields and the status). */
 void oai_error_set(oai_error *err, int status, const char *type, const char *code,
                    const char *param, const char *fmt, ...)
@@ -147,5 +181,56 @@ void oai_error_set(oai_error *err, int status, const char *type, const char *cod
 
 /* The error body {"error": {...}} as a malloc'd NUL-terminated string. */
 char *oai_error_json(const oai_error *err);
+
+/* ---- POST /v1/responses ---------------------------------------------------- */
+
+/* One message of a conversation: a role and its text (owned); or, from
+ * an input's item_reference, the id of an earlier message (ref, owned; text
+ * NULL) that its route resolves. */
+typedef struct {
+    oai_role role;
+    char *text;
+    size_t len;
+    char *ref;
+} oai_msg;
+
+/* A Responses request: the sampling fields in req (its prompts still empty:
+ * the caller renders history + msgs through the template, oai_render), the
+ * input as messages, and what the answer echoes. */
+typedef struct {
+    oai_request req;
+    oai_msg *msgs; /* the input's messages, in order */
+    size_t nmsgs;
+    char *instructions; /* owned; NULL: absent */
+    size_t instructions_len;
+    char *previous_id; /* owned; NULL: absent */
+    int store;         /* default 1 */
+    int truncation_auto;
+    json_t *metadata;     /* the request's object (a reference), or NULL */
+    json_t *user;         /* a string (a reference), or NULL */
+    json_t *text_format;  /* text.format as sent (a reference; echoed), or NULL */
+    int tool_choice_none; /* tool_choice "none" was sent (echoed; default "auto") */
+} oai_resp_request;
+
+/*
+ * Parses and validates a POST /v1/responses body (docs/api.md): 0 and rq
+ * (free with oai_resp_request_free), or -1 with rq empty and the 400 in err
+ * naming the field. Tools, reasoning, images, files and audio are refused
+ * by name. text.format json_schema / json_object set the request's format
+ * (as oai_parse_format).
+ * The template's stop strings follow the request's own, as on chat.
+ */
+int oai_parse_responses(const char *body, size_t len, const oai_limits *lim, const oai_template *t,
+                        oai_resp_request *rq, oai_error *err);
+void oai_resp_request_free(oai_resp_request *rq);
+
+/* Renders msgs[0..n) through template t: begin, each message as its role's
+ * prefix + text + suffix, then generation (the text a chat request with
+ * these messages makes). *out is malloc'd and NUL-terminated. 0, or -1
+ * when out of memory. */
+int oai_render(const oai_template *t, const oai_msg *msgs, size_t n, char **out, size_t *outlen);
+/* The bytes msg takes in a rendering (its prefix, text and suffix). */
+size_t oai_render_len(const oai_template *t, const oai_msg *msg);
+void oai_msgs_free(oai_msg *msgs, size_t n);
 
 #endif

@@ -3,6 +3,7 @@
  */
 #include "sse.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,29 @@ int sse_data(sse_queue *q, const json_t *obj)
     int rc = put(q, "data: ", js, strlen(js), "\n\n");
     free(js);
     return rc;
+}
+
+int sse_event(sse_queue *q, const char *name, const json_t *obj)
+{
+    if (q->failed || q->done) return -1;
+    char head[96];
+    int w = snprintf(head, sizeof head, "event: %s\ndata: ", name);
+    if (w < 0 || (size_t)w >= sizeof head || strpbrk(name, "\r\n") != NULL) return -1;
+    char *js = json_dumps(obj, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (js == NULL) {
+        q->failed = 1;
+        return -1;
+    }
+    int rc = put(q, head, js, strlen(js), "\n\n");
+    free(js);
+    return rc;
+}
+
+int sse_end(sse_queue *q)
+{
+    if (q->failed || q->done) return -1;
+    q->done = 1;
+    return 0;
 }
 
 int sse_data_raw(sse_queue *q, const char *json)

@@ -38,6 +38,12 @@ int sse_data_raw(sse_queue *q, const char *json);
 /* Queues ": <text>\n\n", a comment that clients ignore (keep-alive); text
  * must not contain a newline (-1). */
 int sse_comment(sse_queue *q, const char *text);
+/* Queues "event: <name>\ndata: <obj as compact JSON>\n\n" (the Responses
+ * API's named events); name is at most 80 bytes without CR or LF (-1). */
+int sse_event(sse_queue *q, const char *name, const json_t *obj);
+/* Marks the queue done without a [DONE] line (a stream that ends with its
+ * last event, as the Responses API's do). */
+int sse_end(sse_queue *q);
 /* Queues "data: [DONE]\n\n" and marks the queue done. */
 int sse_done(sse_queue *q);
 

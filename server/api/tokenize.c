@@ -230,6 +230,7 @@ static void tokenize_run(srv_req *r)
             return;
         }
     }
+    if (r->tok->work != NULL && r->tok->work(r) != 0) return;
     for (size_t i = 0; i < r->tok->nprompts && !r->tok->failed; i++) {
         size_t len;
         const char *text = prompt_text(r, i, &len);
@@ -360,6 +361,7 @@ enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then
             size_t len;
             if (prompt_text(r, i, &len) != NULL) bytes += len;
         }
+    if (r->tok->heavy) bytes = SRV_TOKENIZE_INLINE_BYTES; /* off the loop thread */
     srv *s = r->s;
     if (bytes >= SRV_TOKENIZE_INLINE_BYTES) {
         if (s->tokenizing < s->cfg.tokenize_concurrency) {

@@ -83,10 +83,25 @@ static int address_free(const struct sockaddr_storage *ss, char *err, size_t err
     return 0;
 }
 
+/* What is served, as the checkpoint describes itself (wformat.h): its
+ * name, owner and description; random weights are a warning. */
+static void model_lines(const srv *s)
+{
+    const eng_about *a = eng_model_about(s->model);
+    char d[sizeof a->description + 64];
+    srv_model_description(s->model, d, sizeof d);
+    log_line("info", "model: %s, owned by %s%s%s", s->cfg.model_name,
+             a->owned_by[0] != '\0' ? a->owned_by : "gpt2d", d[0] != '\0' ? ": " : "",
+             d[0] != '\0' ? d : "(the checkpoint does not describe itself)");
+    if (strcmp(a->weights, "random") == 0)
+        log_line("warn", "random weights: the text is nonsense (a gpt2d synth checkpoint, for "
+                         "tests and benchmarks; scripts/run.sh serves a trained model)");
+}
+
 /* Where a person on this machine reaches the server, as the effective
  * configuration and the bound port say: the playground's URL and a curl
  * line to try (an API key is named, never written). */
-static void try_lines(const cfg_config *cfg, unsigned port)
+static void try_lines(const cfg_config *cfg, const char *scheme, unsigned port)
 {
     const char *h = cfg->host;
     char host[CFG_STR_MAX + 2];
@@ -99,11 +114,14 @@ static void try_lines(const cfg_config *cfg, unsigned port)
     else
         snprintf(host, sizeof host, "%s", h);
     if (cfg->ui)
-        log_line("info", "the playground: http://%s:%u/ (open it in a browser)", host, port);
+        log_line("info", "the playground: %s://%s:%u/ (open it in a browser)", scheme, host, port);
+    /* A certificate the system does not trust (self-signed, a private CA)
+     * needs curl's --cacert with the CA's file. */
     log_line("info",
-             "try: curl -s http://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
+             "try: curl -s %s://%s:%u/v1/completions -H 'Content-Type: application/json'%s -d "
              "'{\"model\": \"%s\", \"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'",
-             host, port, cfg->n_api_keys > 0 ? " -H \"Authorization: Bearer $GPT2D_API_KEY\"" : "",
+             scheme, host, port,
+             cfg->n_api_keys > 0 ? " -H \"Authorization: Bearer $GPT2D_API_KEY\"" : "",
              cfg->model_name);
 }
 
@@ -113,7 +131,8 @@ static void serve_usage(FILE *out)
             "usage: gpt2d serve --model DIR [options]\n"
             "Serves the model in DIR (model.safetensors, vocab.json, merges.txt; given\n"
             "DIR/model.safetensors, its folder) over HTTP: OpenAI-compatible\n"
-            "/v1/completions, /v1/chat/completions and a playground page at /.\n"
+            "/v1/completions, /v1/chat/completions, /v1/responses and a playground\n"
+            "page at /.\n"
             "\n"
             "The model: gpt2d-download --model gpt2-medium --dir DIR (or gpt2, -large, -xl)\n"
             "fetches a published checkpoint; gpt2d convert IN OUT --dtype bf16|q8 --layout\n"
@@ -137,6 +156,9 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
     size_t n = 0;
     t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1, 0};
     t[n++] = (http_route){"POST", "/v1/chat/completions", cmpl_route_chat, 1, 0};
+    t[n++] = (http_route){"POST", "/v1/responses", resp_route, 1, 0};
+    t[n++] = (http_route){"GET", "/v1/responses/", resp_route_get, 1, 1}; /* {id}[/input_items] */
+    t[n++] = (http_route){"DELETE", "/v1/responses/", resp_route_delete, 1, 1};
     t[n++] = (http_route){"GET", "/v1/models", probe_models, 1, 0};
     t[n++] = (http_route){"GET", "/v1/models/", probe_model, 1, 1}; /* /v1/models/{id} */
     t[n++] = (http_route){"GET", "/version", probe_version, probe_key, 0};
@@ -240,6 +262,18 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
+    /* HTTPS: the certificate and key are read (and checked to go
+     * together) before the model loads, so that a bad file is said at
+     * once. */
+    if (s.cfg.tls_cert_file[0] != '\0') {
+        if (tls_open(&s, err, sizeof err) != 0) {
+            log_fatal(err);
+            rc = 2;
+            goto done;
+        }
+        flags |= MHD_USE_TLS;
+    }
+    const char *scheme = s.tls != NULL ? "https" : "http";
     log_line("info", "loading %s", s.cfg.model_dir);
     srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
     srv_model_watch_init(&s); /* the file's identity before it is read */
@@ -248,8 +282,23 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
-    log_line("info", "weights: %s, %s layout, %.1f MB as stored", eng_model_dtype(s.model),
-             eng_model_layout(s.model), (double)eng_model_weight_bytes(s.model) / 1e6);
+    if (srv_grammar_init(&s) != 0) {
+        log_fatal("out of memory (the structured outputs' vocabulary trie)");
+        goto done;
+    }
+    log_line("info", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
+             eng_model_dtype(s.model), eng_model_layout(s.model),
+             (double)eng_model_weight_bytes(s.model) / 1e6, eng_model_kernels(s.model));
+    if (eng_model_pair_bytes(s.model) > 0) {
+        int q8 = strcmp(eng_model_dtype(s.model), "q8") == 0;
+        log_line("info",
+                 "built the %s copy for the %s kernels: %.1f MB private (GPT2D_KERNELS=avx512 "
+                 "reads the file's pages instead)",
+                 q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
+                 q8 ? "avx512-vnni" : "avx512-bf16", (double)eng_model_pair_bytes(s.model) / 1e6);
+    }
+    srv_model_names(&s.cfg, s.model);
+    model_lines(&s);
     if (eng_model_copied_bytes(s.model) > 0)
         log_line("warn",
                  "copied %.1f MB of misaligned weights; "
@@ -312,14 +361,23 @@ int srv_main(int argc, char **argv)
         MHD_OPTION_NOTIFY_CONNECTION, conn_on_notify, &s, MHD_OPTION_URI_LOG_CALLBACK,             \
         http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,    \
         (unsigned)s.cfg.connection_timeout_s
+    /* HTTPS: each handshake asks tls.c for the current certificate (so that
+     * SIGHUP rotates it); the option is ignored without MHD_USE_TLS. */
+#ifdef GPT2D_HAVE_GNUTLS
+#define SRV_MHD_TLS , MHD_OPTION_HTTPS_CERT_CALLBACK, tls_pick
+#else
+#define SRV_MHD_TLS
+#endif
     if (lfd >= 0)
-        s.mhd = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s,
-                                 MHD_OPTION_LISTEN_SOCKET, lfd, SRV_MHD_OPTIONS, MHD_OPTION_END);
+        s.mhd =
+            MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, &s, MHD_OPTION_LISTEN_SOCKET,
+                             lfd, SRV_MHD_OPTIONS SRV_MHD_TLS, MHD_OPTION_END);
     else
         s.mhd = MHD_start_daemon(flags, s.cfg.port, NULL, NULL, http_on_request, &s,
-                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, SRV_MHD_OPTIONS,
-                                 MHD_OPTION_END);
+                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                 SRV_MHD_OPTIONS SRV_MHD_TLS, MHD_OPTION_END);
 #undef SRV_MHD_OPTIONS
+#undef SRV_MHD_TLS
     if (s.mhd == NULL) {
         if (lfd >= 0)
             snprintf(err, sizeof err, "cannot serve on the socket systemd passed (descriptor %d)",
@@ -355,14 +413,20 @@ int srv_main(int argc, char **argv)
     srv_signals_start(&s);
     srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
+    int random = strcmp(eng_model_about(s.model)->weights, "random") == 0;
     if (lfd >= 0)
         log_line("info",
-                 "serving %s (%zu layers, width %zu) on the socket systemd passed (port %u)",
-                 s.cfg.model_name, mc->n_layer, mc->n_embd, pi ? pi->port : 0);
+                 "serving %s (%zu layers, width %zu%s) on the socket systemd passed (port %u, %s)",
+                 s.cfg.model_name, mc->n_layer, mc->n_embd,
+                 random ? "; random weights: the text is nonsense" : "", pi ? pi->port : 0, scheme);
     else
-        log_line("info", "serving %s (%zu layers, width %zu) on http://%s:%u", s.cfg.model_name,
-                 mc->n_layer, mc->n_embd, s.cfg.host, pi ? pi->port : s.cfg.port);
-    try_lines(&s.cfg, pi ? pi->port : s.cfg.port);
+        log_line("info", "serving %s (%zu layers, width %zu%s) on %s://%s:%u", s.cfg.model_name,
+                 mc->n_layer, mc->n_embd, random ? "; random weights: the text is nonsense" : "",
+                 scheme, s.cfg.host, pi ? pi->port : s.cfg.port);
+    if (s.tls != NULL)
+        log_line("info", "HTTPS with %s (key %s); SIGHUP reads them again", s.cfg.tls_cert_file,
+                 s.cfg.tls_key_file);
+    try_lines(&s.cfg, scheme, pi ? pi->port : s.cfg.port);
     uv_timer_init(s.loop, &s.watchdog);
     s.watchdog.data = &s;
     uv_timer_init(s.loop, &s.info_timer);
@@ -393,9 +457,13 @@ done:
     /* The loop's end (close_all) closed the pool; a start-up failure did not. */
     if (!s.closed) tpool_close(s.tokpool);
     tok_pool_free(&s);
+    rs_free(s.resp_store); /* nothing stored outlives the process */
+    tls_close(&s);         /* after MHD_stop_daemon: no handshake is left */
     oai_template_free(&s.chat);
     eng_sched_free(s.sched);
     eng_model_free(s.model);
+    gram_cache_free(s.gcache);
+    gram_vocab_free(s.gvocab);
     bpe_free(s.tok);
     if (s.loop != NULL) uv_loop_close(s.loop);
     return rc;

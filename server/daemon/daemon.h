@@ -39,6 +39,17 @@
  * CFG_OK, or the status with err naming the key and its file:line or
  * option. */
 cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen);
+
+/* The names the model answers to when no file or option set model_name:
+ * the checkpoint's own (gpt2d.model_name, eng_model_about), reported,
+ * and the default "gpt2" still accepted, so that the examples and clients
+ * written for it keep working. Otherwise c is left as it is. */
+void srv_model_names(cfg_config *c, const eng_model *m);
+
+/* What the served model is, in one line for people: the checkpoint's
+ * description; a checkpoint known to be random says so first ("random
+ * weights: the text is nonsense"). "" when the file says nothing. */
+void srv_model_description(const eng_model *m, char *buf, size_t len);
 /* Starts the signal handlers: SIGTERM and SIGINT drain (a second one ends
  * the drain at once), SIGHUP reloads, SIGUSR1 and SIGUSR2 are logged and
  * otherwise ignored. */

@@ -17,6 +17,8 @@ static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
                                                    "/v1/chat/completions",
                                                    "/v1/models",
                                                    "/v1/models/{id}",
+                                                   "/v1/responses",
+                                                   "/v1/responses/{id}",
                                                    "/health",
                                                    "/ready",
                                                    "/metrics",
@@ -96,6 +98,10 @@ void met_count_request(srv_metrics *m, const char *url, unsigned status, int abo
         if (strcmp(url, met_routes[i]) == 0) ri = i;
     if (strncmp(url, models, sizeof models - 1) == 0 && url[sizeof models - 1] != '\0')
         ri = 3; /* "/v1/models/{id}": one series for every id */
+    static const char responses[] = "/v1/responses/";
+    if (strncmp(url, responses, sizeof responses - 1) == 0 && url[sizeof responses - 1] != '\0')
+        for (size_t i = 0; i + 1 < MET_ROUTES; i++) /* one series for every id, input_items too */
+            if (strcmp(met_routes[i], "/v1/responses/{id}") == 0) ri = i;
     for (size_t i = 0; i + 1 < MET_STATUSES; i++)
         if (status == met_statuses[i]) si = i;
     m->requests[ri][si]++;
@@ -157,6 +163,8 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
     label(m, info->layout);
     fputs("\",model=\"", m);
     label(m, info->model);
+    fputs("\",tls=\"", m);
+    label(m, info->tls != NULL ? info->tls : "none");
     fputs("\"} 1\n", m);
     family(m, "gpt2d_requests_total", "counter", "HTTP requests by route and status.");
     for (size_t ri = 0; ri < MET_ROUTES; ri++)
@@ -218,6 +226,9 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
              (unsigned long long)st->kv_blocks_cached);
     sample_u(m, "gpt2d_prefix_cache_evictions_total", "counter",
              "Cached blocks given up for fresh ones.", (unsigned long long)st->prefix_evictions);
+    sample_u(m, "gpt2d_grammar_bound_errors_total", "counter",
+             "Structured-output sequences ended because their matcher passed a bound.",
+             (unsigned long long)st->grammar_bound_errors);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define MET_BUCKETS 14
-#define MET_ROUTES 12   /* metrics.c's met_routes, and "other" */
+#define MET_ROUTES 14   /* metrics.c's met_routes, and "other" */
 #define MET_STATUSES 17 /* metrics.c's met_statuses, and "other" */
 
 typedef struct {
@@ -26,6 +26,7 @@ typedef struct {
  * the process's numbers; met_render only prints them). */
 typedef struct {
     const char *version, *commit, *buildtype, *kernels, *dtype, *layout, *model;
+    const char *tls;          /* "gnutls": this build serves HTTPS; "none": it cannot */
     double start_time;        /* Unix seconds */
     double cpu_seconds;       /* user + system */
     double resident_bytes;    /* -1: unknown */

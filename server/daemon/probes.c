@@ -55,13 +55,26 @@ enum MHD_Result probe_ready(srv_req *r)
                           : http_send_json(r, 200, "{\"status\":\"ready\"}", NULL);
 }
 
+/* Who made the served model: the checkpoint's gpt2d.owned_by, else gpt2d. */
+static const char *model_owner(const srv *s)
+{
+    const char *o = eng_model_about(s->model)->owned_by;
+    return o[0] != '\0' ? o : "gpt2d";
+}
+
 /* One model object, OpenAI's shape, with gpt2d's `dtype` and `layout` (the
- * weights' format and layout); id is the name asked for. */
+ * weights' format and layout), `kernels` (the kernel path they take on this
+ * CPU), `weights` (random, trained or unknown) and `description`
+ * (srv_model_description); id is the name asked for. */
 static json_t *model_json(const srv *s, const char *id)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", id, "object", "model", "created",
-                     (json_int_t)0, "owned_by", "gpt2d", "dtype", eng_model_dtype(s->model),
-                     "layout", eng_model_layout(s->model));
+    char d[sizeof eng_model_about(s->model)->description + 64];
+    srv_model_description(s->model, d, sizeof d);
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "object", "model",
+                     "created", (json_int_t)0, "owned_by", model_owner(s), "dtype",
+                     eng_model_dtype(s->model), "layout", eng_model_layout(s->model), "kernels",
+                     eng_model_kernels(s->model), "weights", eng_model_about(s->model)->weights,
+                     "description", d);
 }
 
 enum MHD_Result probe_models(srv_req *r)
@@ -109,11 +122,15 @@ enum MHD_Result probe_model(srv_req *r)
 enum MHD_Result probe_version(srv_req *r)
 {
     const srv *s = r->s;
-    json_t *o =
-        json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version", srv_version(), "commit",
-                  srv_commit(), "buildtype", srv_buildtype(), "sanitize", GPT2D_BUILD_SANITIZE,
-                  "kernels", eng_kernels(), "model", s->cfg.model_name, "dtype",
-                  eng_model_dtype(s->model), "layout", eng_model_layout(s->model));
+    char d[sizeof eng_model_about(s->model)->description + 64];
+    srv_model_description(s->model, d, sizeof d);
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version",
+        srv_version(), "commit", srv_commit(), "buildtype", srv_buildtype(), "sanitize",
+        GPT2D_BUILD_SANITIZE, "kernels", eng_model_kernels(s->model), "model", s->cfg.model_name,
+        "dtype", eng_model_dtype(s->model), "layout", eng_model_layout(s->model), "tls",
+        tls_built() ? "gnutls" : "none", "scheme", s->tls != NULL ? "https" : "http", "owned_by",
+        model_owner(s), "weights", eng_model_about(s->model)->weights, "description", d);
     return http_send_obj(r, o);
 }
 
@@ -123,7 +140,8 @@ static void process_info(const srv *s, met_info *info)
     info->version = srv_version();
     info->commit = srv_commit();
     info->buildtype = srv_buildtype();
-    info->kernels = eng_kernels();
+    info->kernels = eng_model_kernels(s->model);
+    info->tls = tls_built() ? "gnutls" : "none";
     info->model = s->cfg.model_name;
     info->dtype = eng_model_dtype(s->model);
     info->layout = eng_model_layout(s->model);

@@ -64,6 +64,28 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
     return st;
 }
 
+void srv_model_names(cfg_config *c, const eng_model *m)
+{
+    const char *own = eng_model_about(m)->name;
+    if (c->model_name_set || own[0] == '\0' || strcmp(own, c->model_name) == 0) return;
+    /* The default's one name moves second; wformat.h's rule for a
+     * checkpoint's name is model_name's (printable, no spaces, < 128). */
+    memcpy(c->model_names[1], c->model_names[0], sizeof c->model_names[1]);
+    snprintf(c->model_names[0], sizeof c->model_names[0], "%s", own);
+    snprintf(c->model_name, sizeof c->model_name, "%s", own);
+    c->n_model_names = 2;
+}
+
+void srv_model_description(const eng_model *m, char *buf, size_t len)
+{
+    const eng_about *a = eng_model_about(m);
+    if (strcmp(a->weights, "random") == 0)
+        snprintf(buf, len, "random weights: the text is nonsense%s%s",
+                 a->description[0] != '\0' ? "; " : "", a->description);
+    else
+        snprintf(buf, len, "%s", a->description);
+}
+
 void srv_reload(srv *s)
 {
     srv_sd_notify("RELOADING=1");
@@ -74,6 +96,38 @@ void srv_reload(srv *s)
         srv_sd_notify("READY=1");
         return;
     }
+    /* HTTPS is on or off for the process's life (libmicrohttpd's
+     * listener): the certificate's paths change, not whether there is one. */
+    if ((next.tls_cert_file[0] != '\0') != (s->tls != NULL)) {
+        log_line("warn",
+                 "SIGHUP: HTTPS is turned %s only by a restart; tls_cert_file and "
+                 "tls_key_file keep their running values",
+                 s->tls != NULL ? "off" : "on");
+        snprintf(next.tls_cert_file, sizeof next.tls_cert_file, "%s", s->cfg.tls_cert_file);
+        snprintf(next.tls_key_file, sizeof next.tls_key_file, "%s", s->cfg.tls_key_file);
+    }
+    /* The certificate is read again every time (a rotation writes new
+     * files under the same names); a bad one leaves the current one
+     * serving, and its paths with it. */
+    if (s->tls != NULL) {
+        char cert[sizeof s->cfg.tls_cert_file], key[sizeof s->cfg.tls_key_file];
+        snprintf(cert, sizeof cert, "%s", s->cfg.tls_cert_file);
+        snprintf(key, sizeof key, "%s", s->cfg.tls_key_file);
+        snprintf(s->cfg.tls_cert_file, sizeof s->cfg.tls_cert_file, "%s", next.tls_cert_file);
+        snprintf(s->cfg.tls_key_file, sizeof s->cfg.tls_key_file, "%s", next.tls_key_file);
+        if (tls_reload(s, err, sizeof err) == 0) {
+            log_line("info", "SIGHUP: HTTPS certificate loaded from %s; new connections get it",
+                     s->cfg.tls_cert_file);
+        } else {
+            log_line("error", "SIGHUP: the HTTPS certificate is unchanged (still %s): %s", cert,
+                     err);
+            snprintf(next.tls_cert_file, sizeof next.tls_cert_file, "%s", cert);
+            snprintf(next.tls_key_file, sizeof next.tls_key_file, "%s", key);
+        }
+        snprintf(s->cfg.tls_cert_file, sizeof s->cfg.tls_cert_file, "%s", cert);
+        snprintf(s->cfg.tls_key_file, sizeof s->cfg.tls_key_file, "%s", key);
+    }
+    srv_model_names(&next, s->model); /* as at start-up: the same model */
     size_t old_queue = s->cfg.max_queue;
     char changed[512], kept[512];
     size_t n = cfg_apply_reload(&s->cfg, &next, changed, sizeof changed, kept, sizeof kept);
@@ -83,6 +137,14 @@ void srv_reload(srv *s)
         log_line("error", "SIGHUP: max_queue stays %zu: %s", old_queue, err);
         s->cfg.max_queue = old_queue;
     }
+    /* Lowered store bounds apply now, not at the next stored response. */
+    size_t dropped =
+        rs_trim(s->resp_store, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
+    if (dropped > 0)
+        log_line("info",
+                 "SIGHUP: %zu stored responses dropped to fit responses_store_max %zu and "
+                 "responses_store_bytes %zu",
+                 dropped, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
     if (n > 0)
         log_line("info", "SIGHUP: configuration reloaded; changed: %s", changed);
     else

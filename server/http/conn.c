@@ -33,7 +33,9 @@
  * the end on its next read and closes it (on_completed runs for a request in
  * progress, which ends ABORTED). Before a request's answer has started, the
  * socket carries nothing of ours, so a 408 or 503 JSON can be written on it
- * first, whole, without libmicrohttpd's help.
+ * first, whole, without libmicrohttpd's help. Over HTTPS the socket carries
+ * GnuTLS's records, which only libmicrohttpd writes: those refusals close
+ * the connection without an answer (their log line and metric stay).
  */
 #include "http/http.h"
 
@@ -157,6 +159,10 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
     oai_error_set(&e, status, type, code, NULL, "%s", msg);
     char *js = oai_error_json(&e);
     if (js == NULL) return;
+    if (s->tls != NULL) { /* plaintext bytes would break the TLS stream */
+        free(js);
+        return;
+    }
     char ra[48] = "";
     if (retry_after != NULL) snprintf(ra, sizeof ra, "Retry-After: %s\r\n", retry_after);
     char buf[2048];
@@ -393,6 +399,7 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
         if (c->next) c->next->prev = c->prev;
         if (c->closing) s->nconns_closing--;
         s->nconns--;
+        tls_conn_closed(s, c);
         free(c);
         *socket_context = NULL;
         return;
@@ -403,12 +410,16 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
     if (c == NULL || fi == NULL) {
         free(c); /* untracked: libmicrohttpd's own timeout still applies */
         *socket_context = NULL;
+        /* Over HTTPS an untracked connection could hold a retired
+         * certificate past its free (tls.c counts tracked ones): closed. */
+        if (s->tls != NULL && fi != NULL) shutdown(fi->connect_fd, SHUT_RDWR);
         return;
     }
     c->s = s;
     c->conn = mc;
     c->fd = fi->connect_fd;
     c->t_ready = log_now();
+    tls_conn_opened(s, c);
     const union MHD_ConnectionInfo *ai =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ai != NULL && ai->client_addr != NULL) conn_addr_of(ai->client_addr, c);

@@ -73,6 +73,15 @@ static void set_client(srv_req *r)
         }
     }
     conn_addr_text(family, addr, r->client, sizeof r->client);
+    /* The tenant when no API key is configured: the client's address
+     * (FNV-1a over the family and the address bytes); head_checks puts a
+     * key's index in its place. */
+    uint64_t h = UINT64_C(14695981039346656037) ^ (uint64_t)(unsigned)family;
+    for (size_t i = 0; i < sizeof addr; i++) {
+        h *= UINT64_C(1099511628211);
+        h ^= addr[i];
+    }
+    r->tenant = h;
 }
 
 static enum MHD_Result count_arg(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -213,9 +222,15 @@ static enum MHD_Result head_checks(srv_req *r, const char *method)
     if (needs_key && key == 0)
         return http_send_error(r, 401, "invalid_request_error", "invalid_api_key", NULL, NULL,
                                "Incorrect or missing API key (Authorization: Bearer ...)");
-    /* Each key caches its prompts apart (docs/operations.md, tenants). */
-    if (key > 0 && s->cfg.n_api_keys > 0 && !s->cfg.prefix_cache_shared_across_keys)
-        r->cache_tenant = http_key_salt(s->salt_secret, s->cfg.api_keys[key - 1]);
+    /* Each key caches its prompts apart (docs/operations.md, tenants), owns
+     * its stored responses whatever the cache does, and is a tenant: its
+     * sequences are admitted fairly beside the other keys' (the engine sees
+     * the key's index, never the key). */
+    if (key > 0 && s->cfg.n_api_keys > 0) {
+        r->key_id = http_key_salt(s->salt_secret, s->cfg.api_keys[key - 1]);
+        r->tenant = (uint64_t)key;
+        if (!s->cfg.prefix_cache_shared_across_keys) r->cache_tenant = r->key_id;
+    }
     if (r->route_result == HTTP_ROUTE_NOT_FOUND)
         return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
                                "Unknown route %s %s", r->method, r->url);
@@ -276,7 +291,10 @@ static void on_body(srv_req *r, const char *data, size_t n)
     if (r->too_large || r->body_oom) return;
     if (r->body_len + n > r->s->cfg.max_body_bytes) {
         r->too_large = 1;
-        if (r->conn_rec != NULL) {
+        /* Over HTTPS nothing can be written beside libmicrohttpd: the rest
+         * is read and dropped (body_timeout and body_min_rate still bound
+         * it), and dispatch answers 413. */
+        if (r->conn_rec != NULL && r->s->tls == NULL) {
             char msg[160];
             snprintf(msg, sizeof msg, "The request body is over the limit of %zu bytes",
                      r->s->cfg.max_body_bytes);

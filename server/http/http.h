@@ -14,6 +14,8 @@
  *   req.c      the request record: its state machine, suspend and resume,
  *              its ids, its reference count (freed in one place)
  *   loop.c     libmicrohttpd's epoll fd and timer in libuv
+ *   tls.c      HTTPS: the certificate each handshake gets, swapped on
+ *              SIGHUP, a retired one freed once no connection can hold it
  *   log.c      log lines and the access log
  *
  * The API layer (server/api/) sits above: it calls respond.c and req.c,
@@ -24,7 +26,8 @@
  * Thread: the loop thread.
  *
  * Prefixes: srv_ (the shared server object), http_ (requests, routing,
- * responses), conn_ (connections), loop_ (libmicrohttpd in libuv), log_.
+ * responses), conn_ (connections), loop_ (libmicrohttpd in libuv), log_,
+ * tls_ (HTTPS).
  */
 #ifndef GPT2D_SERVER_HTTP_H
 #define GPT2D_SERVER_HTTP_H
@@ -70,9 +73,11 @@ typedef struct {
 #define CONN_REFUSE_LOG_SLOTS 16
 #define CONN_REFUSE_LOG_S 10.0
 typedef struct srv_conn srv_conn;
+typedef struct tls_state tls_state;
 struct tok_job;
 struct cmpl_job;
 struct tokpool;
+struct resp_store;
 
 /* ---- log.c --------------------------------------------------------------- */
 
@@ -285,6 +290,14 @@ struct srv_req {
     /* The prefix cache partition of the matched API key (http_key_salt); 0:
      * no key configured, or prefix_cache_shared_across_keys. */
     uint64_t cache_tenant;
+    /* The matched API key's keyed hash (http_key_salt), whatever
+     * prefix_cache_shared_across_keys says: what owns a stored response.
+     * 0: no key configured. */
+    uint64_t key_id;
+    /* Whose sequences these are, for fair admission (eng_request.tenant):
+     * the API key's index when keys are configured, else a hash of the
+     * client's address. */
+    uint64_t tenant;
     char id[40]; /* the answer's id: cmpl-..., chatcmpl-... */
     long long created;
     char *body;
@@ -308,8 +321,9 @@ void http_request_id_new(srv *s, char *buf, size_t len);
 /* Whether r's client has closed its connection (or it failed): a
  * non-blocking peek at its socket reads its end of stream or an error.
  * Bytes waiting (a pipelined request) are no close; nor is a connection
- * without a socket here. For a suspended request, which libmicrohttpd
- * does not watch. */
+ * without a socket here. Over HTTPS the client's FIN is the close, bytes
+ * waiting or not (its close_notify comes first). For a suspended request,
+ * which libmicrohttpd does not watch. */
 int http_peer_closed(const srv_req *r);
 /* Takes one more reference to r (a tokenizer thread, an engine sequence). */
 void http_req_hold(srv_req *r);
@@ -350,6 +364,9 @@ struct srv {
     struct MHD_Daemon *mhd;
     uv_poll_t poll;
     uv_timer_t timer;
+    /* loop.c: when libmicrohttpd's timer was last armed with 0 (uv_now). */
+    uint64_t mhd_zero_at;
+    int mhd_zero_armed;
     uv_signal_t sigterm, sigint;
     uv_timer_t drain_timer;
     uv_work_t work;
@@ -362,6 +379,11 @@ struct srv {
     size_t tok_nwait;
     double drain_started;
     bpe *tok;
+    /* Structured outputs: the trie of the vocabulary's token bytes, and the
+     * compiled grammars by a hash of their source (bounded, locked inside:
+     * the tokenizer threads compile). */
+    gram_vocab *gvocab;
+    gram_cache *gcache;
     eng_model *model;
     eng_sched *sched;
     char fingerprint[32];
@@ -369,8 +391,9 @@ struct srv {
     /* The key of the prefix cache salts (router.c), random at start-up and
      * never written anywhere. */
     uint64_t salt_secret[2];
-    size_t active;      /* requests alive */
-    srv_req *cmpl_list; /* requests with engine work, newest first (api/cmpl_job.c) */
+    size_t active;                 /* requests alive */
+    srv_req *cmpl_list;            /* requests with engine work, newest first (api/cmpl_job.c) */
+    struct resp_store *resp_store; /* stored responses (api/resp_store.c; NULL: none yet) */
     uv_timer_t tick;
     /* The hook the completions register on the way down (daemon.c):
      * after each engine step's events are delivered (api/step.c, which
@@ -424,6 +447,8 @@ struct srv {
     uint64_t model_digest[SRV_DIGEST_WORDS];
     int model_digest_ok;
     struct mw_job *model_job; /* the digest on the work queue (modelwatch.c) */
+    /* HTTPS (tls.c): the certificates; NULL when serving plain HTTP. */
+    tls_state *tls;
 };
 /* ---- conn.c: connections ------------------------------------------------ */
 
@@ -449,6 +474,8 @@ struct srv_conn {
      * TCP_INFO; < 0: unknown, not TCP), and when the next head's first byte
      * came (0: none yet; conn_note_recv), which starts its deadline. */
     double t_recv, t_head;
+    /* HTTPS: the certificate generation when it was accepted (tls.c). */
+    uint64_t tls_gen;
     srv_conn *prev, *next;
 };
 
@@ -526,6 +553,38 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
                     enum MHD_ConnectionNotificationCode toe);
 /* Every CONN_SWEEP_MS: closes connections past their deadline. */
 void conn_on_sweep(uv_timer_t *t);
+/* ---- tls.c: HTTPS ------------------------------------------------------------ */
+
+/* Whether this build (GnuTLS) and its libmicrohttpd serve HTTPS: 1, or 0
+ * with err saying why not and what to do instead. */
+int tls_supported(char *err, size_t errlen);
+/* Whether this build has GnuTLS (/version, gpt2d_build_info). */
+int tls_built(void);
+/* Loads cfg.tls_cert_file and tls_key_file into s->tls, the certificate
+ * every handshake gets from now on. 0, or -1 with err naming the file and
+ * what is wrong with it (unreadable, not PEM, a key that does not match). */
+int tls_open(srv *s, char *err, size_t errlen);
+/* Loads the files again (SIGHUP) and swaps the new certificate in for the
+ * handshakes that follow; connections already open keep theirs. 0, or -1
+ * with err as tls_open's, and the current certificate still serving. */
+int tls_reload(srv *s, char *err, size_t errlen);
+/* The connection record c was just made / is about to be freed: the
+ * retired certificates' holders (conn.c). */
+void tls_conn_opened(srv *s, srv_conn *c);
+void tls_conn_closed(srv *s, const srv_conn *c);
+/* Retired certificates not yet freed (a connection open since before their
+ * retirement may hold them). */
+size_t tls_retired(const srv *s);
+/* Frees every certificate (after MHD_stop_daemon); s->tls becomes NULL. */
+void tls_close(srv *s);
+#ifdef GPT2D_HAVE_GNUTLS
+#include <gnutls/abstract.h>
+/* GnuTLS's certificate callback (MHD_OPTION_HTTPS_CERT_CALLBACK): the
+ * current certificate chain and key, owned by tls.c. */
+int tls_pick(gnutls_session_t session, const gnutls_datum_t *req_ca_rdn, int nreqs,
+             const gnutls_pk_algorithm_t *pk_algos, int pk_algos_length, gnutls_pcert_st **pcert,
+             unsigned int *pcert_length, gnutls_privkey_t *privkey);
+#endif
 /* ---- loop.c --------------------------------------------------------------- */
 
 /* Runs libmicrohttpd and re-arms its timeout. */

@@ -18,6 +18,7 @@
 #include "http/http.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -109,6 +110,13 @@ int http_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
 int http_peer_closed(const srv_req *r)
 {
     if (r->conn == NULL || r->conn_rec == NULL || r->conn_rec->fd < 0) return 0;
+    if (r->s->tls != NULL) {
+        /* A TLS client that leaves sends a close_notify record before its
+         * FIN: bytes are waiting, and a peek never reaches the end. The
+         * FIN itself is what counts (a TLS client does not half-close). */
+        struct pollfd p = {.fd = r->conn_rec->fd, .events = POLLRDHUP, .revents = 0};
+        return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    }
     char b;
     ssize_t n = recv(r->conn_rec->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0) return 1;

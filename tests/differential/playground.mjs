@@ -18,23 +18,9 @@
 // kept as the test's artifact, with SCREENSHOT-{completion,chat}-{desktop,
 // phone}.png beside it (1200x900 and 390x844). Exit 77 (skipped) when
 // puppeteer-core or chromium is missing.
-import { createRequire } from 'node:module';
-import { existsSync } from 'node:fs';
 import http from 'node:http';
+import { launchBrowser } from './browser.mjs';
 
-const require = createRequire(import.meta.url);
-let puppeteer;
-try {
-  puppeteer = require('puppeteer-core');
-} catch (e) {
-  console.error('SKIP: npm package puppeteer-core is not installed (cd tests/differential && npm ci)');
-  process.exit(77);
-}
-const chromium = ['/usr/bin/chromium', '/usr/bin/chromium-browser'].find(existsSync);
-if (!chromium) {
-  console.error('SKIP: no chromium (scripts/setup.sh installs Debian\'s)');
-  process.exit(77);
-}
 const [base, shot, apiKey, origin] = process.argv.slice(2);
 const auth = apiKey ? { Authorization: 'Bearer ' + apiKey } : {};
 const fail = async (browser, page, msg) => {
@@ -44,12 +30,7 @@ const fail = async (browser, page, msg) => {
   process.exit(1);
 };
 
-const browser = await puppeteer.launch({
-  executablePath: chromium,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
-  protocolTimeout: 60000,  // a hung step fails in a minute, not three
-});
+const browser = await launchBrowser();
 const page = await browser.newPage();
 await page.setViewport({ width: 1200, height: 900 });
 const external = [];

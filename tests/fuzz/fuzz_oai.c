@@ -1,6 +1,7 @@
 /*
  * tests/fuzz/fuzz_oai.c: libFuzzer target for the request parsers:
- * completions, and chat through the default template. Any body gives either
+ * completions, chat through the default template, and Responses (its
+ * messages rendered as the route renders them). Any body gives either
  * a request or a 400 with a message and an error body that is valid JSON;
  * nothing leaks, nothing crashes.
  */
@@ -51,6 +52,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             || strlen(r.prompts[0].text) > r.prompts[0].text_len)
             __builtin_trap();
         oai_request_free(&r);
+    } else {
+        check_error(&e);
+    }
+    oai_resp_request rq;
+    if (oai_parse_responses((const char *)data, size, &lim, &tmpl, &rq, &e) == 0) {
+        if (!rq.req.chat || rq.nmsgs == 0 || rq.req.n != 1 || rq.req.nprompts != 0
+            || rq.req.max_tokens > lim.max_tokens_limit)
+            __builtin_trap();
+        char *text;
+        size_t len;
+        if (oai_render(&tmpl, rq.msgs, rq.nmsgs, &text, &len) != 0 || strlen(text) > len)
+            __builtin_trap();
+        free(text);
+        oai_resp_request_free(&rq);
     } else {
         check_error(&e);
     }

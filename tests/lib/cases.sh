@@ -40,7 +40,7 @@ skip_part() {
 
 # need_node_module NAME: skip the case when tests/differential lacks it.
 need_node_module() {
-    command -v node > /dev/null || skip "node is not installed (scripts/setup.sh installs nodejs)"
+    command -v node > /dev/null || skip "node is not installed (scripts/setup.sh --test installs nodejs)"
     [ -d "$here/differential/node_modules/$1" ] ||
         skip "npm package $1 is missing (cd tests/differential && npm ci; scripts/test.sh does)"
 }

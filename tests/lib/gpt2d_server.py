@@ -18,9 +18,9 @@ The server's environment is the caller's without the variables that systemd
 sets (JOURNAL_STREAM, LISTEN_*, NOTIFY_SOCKET, WATCHDOG_*), plus `env`; its
 stdout and stderr go to log_path. By default the command is `GPT2D serve
 --model DIR --port 0 ARGS...` and the server is ready once its log says
-"... on http://127.0.0.1:PORT". For systemd's protocols (test_systemd.py):
-`launcher` puts a program before GPT2D (systemd-socket-activate -l ADDR),
-`port0=False` leaves --port out, `ready="health"` waits for GET /health on a
+"... on http://127.0.0.1:PORT" (https:// with tls_cert_file). For
+systemd's protocols (test_systemd.py): `launcher` puts a program before
+GPT2D (systemd-socket-activate -l ADDR), `port0=False` leaves --port out, `ready="health"` waits for GET /health on a
 known `port`, `ready=None` returns at once (the caller waits its own way).
 
 As a command (for the shell suites, through tests/lib/server.sh):
@@ -72,7 +72,7 @@ SHAPES = {
 # What systemd passes a service; a test server gets none of it unless asked.
 SYSTEMD_VARS = ("JOURNAL_STREAM", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET",
                 "WATCHDOG_USEC", "WATCHDOG_PID")
-LISTENING = re.compile(r" on http://127\.0\.0\.1:(\d+)$", re.M)
+LISTENING = re.compile(r" on https?://127\.0\.0\.1:(\d+)$", re.M)
 
 
 class StartError(Exception):

@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""bench/soak.py BASE_URL PID MODEL_FILE MINUTES [CLIENTS]: a soak of one
+`gpt2d serve` (stdlib only; bench/soak.sh starts the server and runs it).
+An https:// BASE_URL is verified against the certificate file SOAK_CACERT.
+
+CLIENTS (64 by default) threads from one address, each on a kept-alive
+connection (a new one after a cancel or a close), send mixed traffic until
+MINUTES have passed, and check every answer against what it must be:
+
+  stream     a streamed completion (1-16 tokens, ignore_eos): 200, chunks of
+             text_completion, one finish_reason "length", [DONE] last, the
+             usage's completion_tokens = max_tokens
+  whole      a whole completion with n = 1-3: n choices, each finished by
+             "length", usage.completion_tokens = n x max_tokens
+  chat       a chat completion: the assistant's message, finish "length"
+  cancel     a stream left after its first event (the socket closed)
+  tokenize   /tokenize of "Hello, world!" ([15496, 11, 995, 0], the real
+             GPT-2 tokenizer's ids) or of a random text, then /detokenize of
+             the ids gives the text back
+  bad        a request that must be refused: malformed JSON (400),
+             temperature 9 (400, param temperature), an unknown route
+             (404), max_tokens over the limit (400), each in the JSON error
+             envelope
+
+Halfway, the server gets SIGHUP (a configuration reload) and its model file
+a `touch` (the same bytes: nothing may happen). Anything else than the
+expected answer (a 429 or 503 included, a reset, a timeout) is an
+unexpected error, counted and the first few described.
+
+A monitor samples /metrics every second: process_resident_memory_bytes,
+process_open_fds, gpt2d_kv_blocks_used. Printed at start (idle, before the
+load), at their peak, and at the end (idle again: no sequence running or
+queued, the clients' connections closed, a few seconds after). The last
+line is one JSON object with everything. Exit status 1 when any error was
+unexpected, the server did not survive, or its descriptors or KV blocks in
+use at the end are not those of the start; else 0. Resident memory is
+reported, not judged: it rises while the KV pool's pages are first touched
+(its quarters show whether it levels off).
+"""
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+
+base, pid, model_file, minutes = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+clients = int(sys.argv[5]) if len(sys.argv) > 5 else 64
+u = urllib.parse.urlparse(base)
+HOST, PORT = u.hostname, u.port
+WORDS = ("the model a server token stream answer cache block prompt reply tokens alpha beta gamma "
+         "delta 42 1999 café naïve 東京 ünïcödé emoji 🙂 tab\tnew\nline").split(" ")
+
+lock = threading.Lock()
+counts = {}       # kind -> requests answered as expected
+errors = []       # (kind, what) of the unexpected, all kept (counted), the first printed
+stop_at = [0.0]
+
+
+class Unexpected(Exception):
+    pass
+
+
+def want(cond, what):
+    if not cond:
+        raise Unexpected(what)
+
+
+# HTTPS (bench/soak.sh TLS=1): the server's certificate is SOAK_CACERT.
+TLS = None
+if u.scheme == "https":
+    import ssl
+    TLS = ssl.create_default_context(cafile=os.environ["SOAK_CACERT"])
+
+
+def connection(timeout=120):
+    if TLS is not None:
+        return http.client.HTTPSConnection(HOST, PORT, timeout=timeout, context=TLS)
+    return http.client.HTTPConnection(HOST, PORT, timeout=timeout)
+
+
+def post(conn, path, body, stream=False):
+    """(status, parsed JSON or the response itself when stream)."""
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    conn.request("POST", path, data, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if stream and r.status == 200:
+        return r.status, r
+    raw = r.read()
+    try:
+        return r.status, json.loads(raw)
+    except ValueError:
+        raise Unexpected("%s %d: not JSON: %r" % (path, r.status, raw[:120]))
+
+
+def sse_events(resp):
+    """Every SSE event's data of resp, [DONE] included, until the end."""
+    buf, out = b"", []
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+    for ev in buf.split(b"\n\n"):
+        ev = ev.strip(b"\n")
+        if ev.startswith(b"data: "):
+            out.append(ev[6:].decode())
+        elif ev and not ev.startswith(b":"):
+            raise Unexpected("an SSE event that is neither data nor a comment: %r" % ev[:80])
+    return out
+
+
+def envelope(d, status, what):
+    want(isinstance(d, dict) and isinstance(d.get("error"), dict)
+         and set(d["error"]) == {"message", "type", "param", "code"}, "%s: %d without the error envelope: %r"
+         % (what, status, d))
+    return d["error"]
+
+
+def prompt(rng):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 24)))
+
+
+def do_stream(conn, rng):
+    k = rng.randint(1, 16)
+    st, r = post(conn, "/v1/completions", {"model": "gpt2", "prompt": prompt(rng), "max_tokens": k,
+                                           "ignore_eos": True, "stream": True, "seed": rng.randint(0, 1 << 30),
+                                           "stream_options": {"include_usage": True}}, stream=True)
+    want(st == 200, "stream: status %d %r" % (st, r))
+    evs = sse_events(r)
+    want(evs and evs[-1] == "[DONE]", "stream: no [DONE] last: %r" % evs[-2:])
+    chunks = [json.loads(e) for e in evs[:-1]]
+    want(all(c["object"] == "text_completion" for c in chunks), "stream: a chunk of another object")
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    want(finishes.count("length") == 1 and finishes.count(None) == len(finishes) - 1,
+         "stream: finish reasons %r" % finishes)
+    usage = [c["usage"] for c in chunks if not c["choices"] and c.get("usage")]
+    want(len(usage) == 1 and usage[0]["completion_tokens"] == k, "stream: usage %r, want %d tokens" % (usage, k))
+
+
+def do_whole(conn, rng):
+    k, n = rng.randint(1, 12), rng.randint(1, 3)
+    st, d = post(conn, "/v1/completions", {"model": "gpt2", "prompt": prompt(rng), "max_tokens": k, "n": n,
+                                           "ignore_eos": True, "temperature": 0.9,
+                                           "seed": rng.randint(0, 1 << 30)})
+    want(st == 200, "whole: status %d %r" % (st, d))
+    want(len(d["choices"]) == n and sorted(c["index"] for c in d["choices"]) == list(range(n)),
+         "whole: %d choices, want %d" % (len(d["choices"]), n))
+    want(all(c["finish_reason"] == "length" and isinstance(c["text"], str) for c in d["choices"]),
+         "whole: choices %r" % d["choices"])
+    want(d["usage"]["completion_tokens"] == n * k, "whole: usage %r, want %d" % (d["usage"], n * k))
+
+
+def do_chat(conn, rng):
+    k = rng.randint(1, 12)
+    st, d = post(conn, "/v1/chat/completions", {"model": "gpt2", "max_tokens": k, "ignore_eos": True,
+                                                "messages": [{"role": "user", "content": prompt(rng)}]})
+    want(st == 200, "chat: status %d %r" % (st, d))
+    c = d["choices"][0]
+    want(d["object"] == "chat.completion" and c["message"]["role"] == "assistant"
+         and isinstance(c["message"]["content"], str) and c["finish_reason"] == "length",
+         "chat: %r" % d)
+    want(d["usage"]["completion_tokens"] == k, "chat: usage %r, want %d" % (d["usage"], k))
+
+
+FIRST_EVENT = re.compile(rb"(?:^|\n\n)data: \{[^\n]*\n\n")
+
+
+def do_cancel(conn, rng):
+    """Leaves a 64-token stream after its first event; the connection is
+    closed (the caller opens a new one)."""
+    st, r = post(conn, "/v1/completions", {"model": "gpt2", "prompt": prompt(rng), "max_tokens": 64,
+                                           "ignore_eos": True, "stream": True}, stream=True)
+    want(st == 200, "cancel: status %d %r" % (st, r))
+    buf = b""
+    while not FIRST_EVENT.search(buf):  # a queued stream gets ": waiting" comments first
+        chunk = r.read1(4096)
+        want(chunk, "cancel: the stream ended before its first event: %r" % buf[:120])
+        buf += chunk
+    conn.sock.shutdown(socket.SHUT_RDWR)  # a TLS socket too: the server reads an end, no close_notify
+    conn.close()
+
+
+def do_tokenize(conn, rng):
+    text = "Hello, world!" if rng.random() < 0.5 else prompt(rng)
+    st, d = post(conn, "/tokenize", {"prompt": text})
+    want(st == 200 and d["count"] == len(d["tokens"]), "tokenize: %d %r" % (st, d))
+    if text == "Hello, world!":
+        want(d["tokens"] == [15496, 11, 995, 0], "tokenize: 'Hello, world!' gave %r" % d["tokens"])
+    st, e = post(conn, "/detokenize", {"tokens": d["tokens"]})
+    want(st == 200 and e["prompt"] == text, "detokenize: %d %r, want %r" % (st, e, text))
+
+
+def do_bad(conn, rng):
+    which = rng.randrange(4)
+    if which == 0:
+        st, d = post(conn, "/v1/completions", b'{"model": "gpt2", "prompt": ')
+        envelope(d, st, "malformed JSON")
+        want(st == 400, "malformed JSON: %d" % st)
+    elif which == 1:
+        st, d = post(conn, "/v1/completions", {"model": "gpt2", "prompt": "x", "temperature": 9})
+        e = envelope(d, st, "temperature 9")
+        want(st == 400 and e["param"] == "temperature", "temperature 9: %d %r" % (st, e))
+    elif which == 2:
+        st, d = post(conn, "/v1/nothing", {"x": 1})
+        envelope(d, st, "unknown route")
+        want(st == 404, "unknown route: %d" % st)
+    else:
+        st, d = post(conn, "/v1/completions", {"model": "gpt2", "prompt": "x", "max_tokens": 10 ** 7})
+        envelope(d, st, "max_tokens 10^7")
+        want(st == 400, "max_tokens 10^7: %d" % st)
+
+
+KINDS = [("stream", do_stream, 30), ("whole", do_whole, 20), ("chat", do_chat, 8), ("cancel", do_cancel, 10),
+         ("tokenize", do_tokenize, 17), ("bad", do_bad, 15)]
+
+
+def client(i):
+    rng = random.Random(1000 + i)
+    conn = connection()
+    population = [k for k in KINDS for _ in range(k[2])]
+    while time.monotonic() < stop_at[0]:
+        name, fn, _ = rng.choice(population)
+        try:
+            fn(conn, rng)
+            with lock:
+                counts[name] = counts.get(name, 0) + 1
+            if name == "cancel":
+                conn = connection()
+        except (Unexpected, OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
+            with lock:
+                errors.append((name, "%s: %s" % (e.__class__.__name__, e)))
+            conn.close()
+            conn = connection()
+    conn.close()
+
+
+def metrics():
+    """{name: value} of the unlabelled series the soak watches."""
+    c = connection(30)
+    try:
+        c.request("GET", "/metrics")
+        body = c.getresponse().read().decode()
+    finally:
+        c.close()
+    out = {}
+    for name in ("process_resident_memory_bytes", "process_open_fds", "gpt2d_kv_blocks_used",
+                 "gpt2d_running_sequences", "gpt2d_queued_requests", "gpt2d_prefix_cache_blocks",
+                 "gpt2d_kv_blocks_capacity"):
+        m = re.search(r"^%s (\S+)$" % name, body, re.M)
+        out[name] = float(m.group(1)) if m else float("nan")
+    return out
+
+
+samples = []
+
+
+def monitor(done):
+    while not done.is_set():
+        try:
+            samples.append(metrics())
+        except OSError as e:
+            with lock:
+                errors.append(("metrics", "%s: %s" % (e.__class__.__name__, e)))
+        done.wait(1.0)
+
+
+def idle_sample(timeout=120):
+    """A sample once nothing runs or waits, a few seconds on (the cancelled
+    streams' sequences end, keep-alive connections close)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics()
+        if m["gpt2d_running_sequences"] == 0 and m["gpt2d_queued_requests"] == 0:
+            break
+        if time.monotonic() > deadline:
+            return m
+        time.sleep(0.5)
+    time.sleep(3)
+    return metrics()
+
+
+def alive():
+    try:
+        os.kill(pid, 0)
+        return not open("/proc/%d/stat" % pid).read().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return False
+
+
+def main():
+    start = idle_sample()
+    t0 = time.monotonic()
+    stop_at[0] = t0 + minutes * 60
+    done = threading.Event()
+    mon = threading.Thread(target=monitor, args=(done,), daemon=True)
+    mon.start()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    # Halfway: a reload and a touch of the model file (the same bytes).
+    time.sleep(minutes * 30)
+    os.kill(pid, signal.SIGHUP)
+    os.utime(model_file)
+    midway = "SIGHUP and a touch of %s at %.0f s" % (os.path.basename(model_file), time.monotonic() - t0)
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    done.set()
+    mon.join()
+    survived = alive()
+    end = idle_sample() if survived else {}
+    if not survived:
+        errors.append(("server", "the server (pid %d) is gone" % pid))
+    peak = {k: max(s[k] for s in samples) for k in start} if samples else {}
+    total = sum(counts.values())
+    mib = 1 << 20
+    print("soak: %d clients for %.1f min over %s; %s" % (clients, elapsed / 60, u.scheme, midway))
+    print("requests answered as expected: %d (%s)" % (total, ", ".join("%s %d" % (k, counts.get(k, 0))
+                                                                        for k, _, _ in KINDS)))
+    print("unexpected errors: %d" % len(errors))
+    for kind, what in errors[:10]:
+        print("  %s: %s" % (kind, what[:300]))
+    print("%-22s %10s %10s %10s" % ("", "start", "peak", "end"))
+    for k, scale, unit in (("process_resident_memory_bytes", mib, "RSS MiB"), ("process_open_fds", 1, "descriptors"),
+                           ("gpt2d_kv_blocks_used", 1, "KV blocks used")):
+        print("%-22s %10.1f %10.1f %10s" % (unit, start[k] / scale, peak.get(k, float("nan")) / scale,
+                                            "%.1f" % (end[k] / scale) if end else "-"))
+    # Resident memory over the run: the KV pool's pages and the allocator's
+    # arenas are touched once (a rise that levels off); a leak keeps rising.
+    quarters = [samples[min(len(samples) - 1, len(samples) * q // 4)]["process_resident_memory_bytes"] / mib
+                for q in (1, 2, 3, 4)] if samples else []
+    print("RSS MiB at 1/4, 1/2, 3/4 and the end of the load: %s" % ", ".join("%.1f" % q for q in quarters))
+    if end:
+        print("KV pool: %d blocks; %d hold cached prompts at the end (the prefix cache gives them up only "
+              "when no never-used block is left, so the pool's pages are touched progressively)"
+              % (end["gpt2d_kv_blocks_capacity"], end["gpt2d_prefix_cache_blocks"]))
+    back = bool(end) and all(end[k] == start[k] for k in ("process_open_fds", "gpt2d_kv_blocks_used"))
+    print("descriptors and KV blocks back to the start at idle: %s" % ("yes" if back else "NO"))
+    print(json.dumps({"clients": clients, "minutes": round(elapsed / 60, 2), "requests": total, "by_kind": counts,
+                      "unexpected_errors": len(errors), "start": start, "peak": peak, "end": end,
+                      "rss_mib_quarters": quarters, "back_to_start": back, "survived": survived}))
+    return 1 if errors or not survived or not back else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

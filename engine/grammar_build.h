@@ -1,0 +1,108 @@
+/*
+ * engine/grammar_build.h: what the structured-outputs compiler's files
+ * share (gb_): the builder of the recursive transition network
+ * (grammar_build.c) and the two front ends that drive it, the regex subset
+ * (grammar_regex.c) and the JSON Schema walker (grammar_schema.c);
+ * grammar.c checks the finished automaton and owns the compile. Internal.
+ *
+ * A build is one gb on the caller's stack. Every call takes it and, once
+ * it has failed (b->failed, the message in *b->err), does nothing harmful:
+ * nodes go to the dead sink, node 0, so the front ends need not check
+ * after every call. Thread: a gb belongs to one thread.
+ */
+#ifndef GPT2D_ENGINE_GRAMMAR_BUILD_H
+#define GPT2D_ENGINE_GRAMMAR_BUILD_H
+
+#include "grammar_int.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct json_t; /* jansson's */
+
+/* The largest count the front ends write out: a regex {m,n}, minLength and
+ * maxLength, minItems and maxItems, prefixItems. */
+#define GB_MAX_COUNT 1000
+/* The most values an enum or a guided_choice may list. */
+#define GB_MAX_ENUM 4096
+
+/* The automaton under construction: the arrays a gram takes over. */
+typedef struct {
+    gnode *n;
+    size_t nn, ncap;
+    uint64_t (*c)[4]; /* byte classes, 256 bits each */
+    size_t nc, ccap;
+    int32_t *rs; /* rule starts (-1: not set yet) */
+    size_t nr, rcap;
+    gram_error *err; /* borrowed: where the first failure is written */
+    int failed;
+} gb;
+
+/* A fragment of Thompson's construction: one entry, one open exit. */
+typedef struct {
+    int32_t s, e; /* entry; open exit (an EPS node whose a is -1) */
+} frag;
+
+/* Errors: the first failure's keyword, path and message go to *b->err;
+ * later ones are dropped. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+void gb_fail(gb *b, const char *kw, const char *path, const char *fmt, ...);
+
+/* Nodes, classes, rules. gb_node fails past GRAM_MAX_NODES; a class equal
+ * to a recent one is shared. gb_patch points an open exit at a node. */
+int32_t gb_node(gb *b, uint8_t kind, int32_t a, int32_t x);
+int32_t gb_class(gb *b, const uint64_t set[4]);
+void gb_patch(gb *b, int32_t e, int32_t to);
+int32_t gb_rule_new(gb *b);
+void gb_rule_set(gb *b, int32_t r, frag f); /* ends f with the rule's END */
+/* Frees the arrays (those a gram has not taken over). */
+void gb_free(gb *b);
+
+/* Fragments. gb_none passes nothing; gb_call calls rule. */
+void gb_set_range(uint64_t set[4], unsigned lo, unsigned hi);
+frag gb_eps(gb *b);
+frag gb_range(gb *b, unsigned lo, unsigned hi);
+frag gb_byte(gb *b, unsigned c);
+frag gb_none(gb *b);
+frag gb_lit(gb *b, const char *s, size_t n);
+frag gb_seq(gb *b, frag x, frag y);
+frag gb_alt(gb *b, frag x, frag y);
+frag gb_opt(gb *b, frag x);
+frag gb_star(gb *b, frag x);
+frag gb_plus(gb *b, frag x);
+frag gb_call(gb *b, int32_t rule);
+
+/* Characters. gb_chars: one character of the ASCII set ascii (bits of
+ * 0..127), plus every non-ASCII one when nonascii; inside a JSON string
+ * (json) what JSON escapes is written escaped. gb_char_lit: one
+ * character's bytes s[0..n), escaped for JSON when json. */
+frag gb_chars(gb *b, const uint64_t ascii[2], int nonascii, int json);
+frag gb_char_lit(gb *b, const unsigned char *s, size_t n, int json);
+
+/* The front ends. gb_regex: the regex p[0..n) matching the whole output
+ * (json: inside a JSON string); a refusal names kw and path.
+ * gb_schema: the schema at of the JSON Schema document doc (both
+ * borrowed; at is doc but for a checker), with a rule for each schema it
+ * references; work: what proving oneOf's branches apart may still cost,
+ * drawn on and written back (NULL: a fresh budget). gb_json_object: any
+ * JSON object (compact). */
+frag gb_regex(gb *b, const char *p, size_t n, int json, const char *kw, const char *path);
+frag gb_schema(gb *b, const struct json_t *doc, const struct json_t *at, long *work);
+frag gb_json_object(gb *b);
+
+/* grammar.c's compile of the schema at of the parsed document doc (its
+ * $refs resolved in doc), as gram_compile: the schema walker's checkers of
+ * enum values; work as gb_schema's. */
+int gb_compile_schema(const struct json_t *doc, const struct json_t *at, long *work,
+                      struct gram **out, gram_error *err);
+
+#define INT_LIMIT 9999999999999999LL /* 16 digits: the generated integers' bound */
+
+/* Integers in [lo, hi] (either sign), written without leading zeros;
+ * gb_uint_range for 0 <= lo <= hi. */
+frag gb_uint_range(gb *b, long long lo, long long hi);
+frag gb_int_range(gb *b, long long lo, long long hi);
+
+#endif

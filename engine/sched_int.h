@@ -1,0 +1,101 @@
+/*
+ * engine/sched_int.h: the scheduler's state, shared by its two files:
+ * scheduler.c (submit, the queue, fair admission, plan: the loop thread's
+ * side) and sched_step.c (execute: the forward pass and sampling on the
+ * step's threads; complete: events and retirement on the loop thread).
+ * Internal to those two.
+ */
+#ifndef GPT2D_ENGINE_SCHED_INT_H
+#define GPT2D_ENGINE_SCHED_INT_H
+
+#include "internal.h"
+
+typedef struct {
+    uint64_t id;
+    eng_request req; /* prompt and bias point into the owned copies */
+    int32_t *tokens; /* prompt then generated; capacity nprompt + max_tokens */
+    size_t ntokens;
+    size_t generated;
+    size_t prefilled; /* prompt tokens in the cache */
+    eng_seq kv;
+    /* The prefix cache (prefix_cache on). */
+    uint64_t *phash; /* chain hash of each full prompt block (nprompt / block_len) */
+    size_t maxhit;   /* prompt blocks a hit may cover: not the last token's */
+    size_t nhashed;  /* leading blocks registered, so read-only */
+    uint64_t chain;  /* chain hash of block nhashed - 1 */
+    size_t cached;   /* prompt tokens taken from the cache */
+    kv_lp *plp;      /* echo: prompt logprobs by position ([0] unused), or NULL */
+    size_t nplp;     /* echo: positions [0, nplp) are known */
+    size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
+    eng_rng rng;
+    int cancelled;
+    int paused;           /* eng_sched_pause: no rows until resumed */
+    gram_matcher *gm;     /* structured outputs: the walk so far, or NULL */
+    int gram_stuck;       /* this step: the grammar allowed no token */
+    const char *gram_err; /* this step: the matcher passed a bound (gram_matcher_error) */
+    int in_step;
+    /* Fair admission. Waiting: the running sequences of its tenant and of
+     * its group (counted by eng_sched_plan), and the admission number of
+     * its tenant's and its group's latest admitted sequence (0: none that
+     * still waits or runs), the same in every waiting sequence of one
+     * tenant (group). Running: its own admission number. */
+    size_t held_tenant, held_group;
+    uint64_t tenant_stamp, group_stamp, admitted;
+    /* This step. */
+    size_t step_first, step_n; /* rows [first, first + n) of the prompt or the last token */
+    int step_samples;
+    size_t step_result, step_nresults; /* into s->results */
+} sch_seq;
+
+/* One row to sample from, or one echoed prompt position's logprobs: the
+ * step's item, the row of its logits (SAMPLE_ROW: the sampled last row)
+ * and the result it fills. */
+#define SAMPLE_ROW SIZE_MAX
+typedef struct {
+    size_t item, row, result;
+} samp_unit;
+
+struct eng_sched {
+    const eng_model *m;
+    eng_sched_opts o;
+    eng_kv *kv;
+    eng_workspace *ws;
+    uint64_t next_id;
+    uint64_t admissions; /* numbers sch_seq.admitted, from 1 */
+    sch_seq **running;   /* slots entries, in admission order */
+    size_t nrunning;
+    size_t slots;    /* o.max_running + o.tenant_spare */
+    sch_seq **queue; /* ring of o.max_queue entries */
+    size_t qhead, qlen;
+    size_t qlimit; /* waiting requests before ENG_EFULL (<= o.max_queue) */
+    /* The planned step. */
+    int planned, executed;
+    eng_item *items;
+    sch_seq **step_seqs;
+    size_t nitems, rows;
+    float *logits; /* logit_rows x V */
+    size_t logit_rows;
+    eng_event *results; /* logit_rows */
+    size_t nresults;
+    eng_status step_rc;
+    char step_err[256];
+    /* Sampling (execute), on the step's worker threads: the units of this
+     * step, and each thread's scratch. */
+    samp_unit *units; /* logit_rows */
+    size_t nthreads;
+    samp_thread *thr; /* nthreads */
+    /* What execute measured (its thread's), folded into stats by complete:
+     * stats is the loop thread's, read by eng_sched_stats_get at any time,
+     * also while a step runs. */
+    double exec_seconds, exec_sample;
+    eng_sched_stats stats;
+};
+
+/* Monotonic seconds. */
+double sch_now(void);
+/* Removes q from the running set (order kept: admission order). */
+void sch_running_remove(eng_sched *s, sch_seq *q);
+/* Frees q and delivers its DONE event (why, message). */
+void sch_finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message);
+
+#endif

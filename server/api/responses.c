@@ -1,0 +1,761 @@
+/*
+ * server/api/responses.c: POST /v1/responses, OpenAI's Responses API, on
+ * the chat completion path: the body is parsed (oai_parse_responses), a
+ * previous_response_id's stored conversation goes first, the messages are
+ * rendered through the chat template into one prompt, and from there it
+ * is a chat completion (tokenizing, admission, the engine, the UTF-8 and
+ * stop-string decoding, the prefix cache under the key's salt, a client's
+ * disconnect cancelling) whose answer this file shapes (cmpl_shape): the
+ * response object, or the semantic stream events, each with its
+ * sequence_number:
+ *
+ *   response.created, response.in_progress, response.output_item.added,
+ *   response.content_part.added, response.output_text.delta ...,
+ *   response.output_text.done, response.content_part.done,
+ *   response.output_item.done, response.completed | response.incomplete
+ *
+ * or, after a failure once the stream began, response.failed and error.
+ * A finished response with store (the default) is kept in resp_store.c
+ * for GET/DELETE /v1/responses/{id}, .../input_items and a later
+ * previous_response_id, visible to its API key only.
+ */
+#include "api/api.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The state of one Responses request (the completion job's shape_data). */
+typedef struct {
+    oai_resp_request rq; /* what the request said (its req moved to cmpl->oreq) */
+    oai_msg *conv;       /* the previous response's conversation, then the input */
+    size_t nconv;
+    size_t nhist;    /* conv[0 .. nhist): the previous response's */
+    size_t dropped;  /* truncation auto: the oldest conv entries left out */
+    char msg_id[48]; /* the output message's id */
+    char *text;      /* a stream: the output so far */
+    size_t len, cap;
+    json_t *lp;     /* a stream with logprobs: every token's entry so far */
+    json_int_t seq; /* the next event's sequence_number */
+} resp_job;
+
+static resp_job *job_of(const srv_req *r)
+{
+    return r->cmpl->shape_data;
+}
+
+/* A developer message is kept as the system role it renders as. */
+static const char *role_name(oai_role role)
+{
+    return role == OAI_ROLE_ASSISTANT ? "assistant" : role == OAI_ROLE_USER ? "user" : "system";
+}
+
+/* ---- The response object ------------------------------------------------ */
+
+/* An output_text part; lp: its logprobs entries (a reference is taken),
+ * or NULL for none. */
+static json_t *text_part(const char *text, size_t len, json_t *lp)
+{
+    return json_pack("{s:s, s:s%, s:[], s:o}", "type", "output_text", "text", text ? text : "", len,
+                     "annotations", "logprobs", lp ? json_incref(lp) : json_array());
+}
+
+/* The entries of a choice's logprobs object (chat's {content: [...]}). */
+static json_t *lp_entries(const srv_choice *c)
+{
+    return c->lp ? json_object_get(c->lp, "content") : NULL;
+}
+
+/* The output message: in progress (content as given), or done. */
+static json_t *message_item(const srv_req *r, const char *status, json_t *content)
+{
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", job_of(r)->msg_id, "type", "message",
+                     "status", status, "role", "assistant", "content", content);
+}
+
+static json_t *usage_json(const srv_req *r)
+{
+    size_t in = tok_prompt_tokens(r), out = cmpl_completion_tokens(r);
+    size_t cached = r->cmpl->nchoices > 0 ? r->cmpl->choices[0].cached : 0;
+    return json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", (json_int_t)in,
+                     "input_tokens_details", "cached_tokens", (json_int_t)cached, "output_tokens",
+                     (json_int_t)out, "output_tokens_details", "reasoning_tokens", (json_int_t)0,
+                     "total_tokens", (json_int_t)(in + out));
+}
+
+/* The response object in the status given: "in_progress" (no output yet),
+ * "completed", "incomplete" or "failed"; output and usage only when it
+ * ended (text: its output). */
+static json_t *response_json(const srv_req *r, const char *status, const char *text, size_t len,
+                             json_t *lp)
+{
+    const resp_job *j = job_of(r);
+    const oai_request *q = &r->cmpl->oreq;
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(r->id));
+    json_object_set_new(o, "object", json_string("response"));
+    json_object_set_new(o, "created_at", json_integer((json_int_t)r->created));
+    json_object_set_new(o, "status", json_string(status));
+    json_t *error = json_null(), *incomplete = json_null();
+    if (strcmp(status, "failed") == 0)
+        error = json_pack("{s:s, s:s}", "code",
+                          r->cmpl->error_code            ? r->cmpl->error_code
+                          : r->cmpl->error_status >= 500 ? "server_error"
+                                                         : "invalid_request",
+                          "message", r->cmpl->error_msg);
+    if (strcmp(status, "incomplete") == 0)
+        incomplete = json_pack("{s:s}", "reason", "max_output_tokens");
+    json_object_set_new(o, "error", error);
+    json_object_set_new(o, "incomplete_details", incomplete);
+    json_object_set_new(o, "instructions",
+                        j->rq.instructions
+                            ? json_stringn(j->rq.instructions, j->rq.instructions_len)
+                            : json_null());
+    json_object_set_new(o, "max_output_tokens",
+                        q->max_tokens_auto ? json_null() : json_integer((json_int_t)q->max_tokens));
+    json_object_set_new(o, "model", json_string(r->s->cfg.model_name));
+    json_t *output = json_array();
+    int ended = strcmp(status, "in_progress") != 0 && strcmp(status, "failed") != 0;
+    if (ended) {
+        json_array_append_new(output,
+                              message_item(r, status, json_pack("[o]", text_part(text, len, lp))));
+        json_object_set_new(o, "output_text", json_stringn(text ? text : "", len));
+    }
+    json_object_set_new(o, "output", output);
+    json_object_set_new(o, "parallel_tool_calls", json_false());
+    json_object_set_new(o, "previous_response_id",
+                        j->rq.previous_id ? json_string(j->rq.previous_id) : json_null());
+    json_object_set_new(o, "reasoning", json_pack("{s:n, s:n}", "effort", "summary"));
+    json_object_set_new(o, "store", json_boolean(j->rq.store));
+    json_object_set_new(o, "temperature", json_real(q->temperature));
+    /* text.format and tool_choice as the request set them (OpenAI's
+     * defaults otherwise) */
+    json_object_set_new(o, "text",
+                        json_pack("{s:o}", "format",
+                                  j->rq.text_format ? json_deep_copy(j->rq.text_format)
+                                                    : json_pack("{s:s}", "type", "text")));
+    json_object_set_new(o, "tool_choice", json_string(j->rq.tool_choice_none ? "none" : "auto"));
+    json_object_set_new(o, "tools", json_array());
+    json_object_set_new(o, "top_p", json_real(q->top_p));
+    json_object_set_new(o, "truncation", json_string(j->rq.truncation_auto ? "auto" : "disabled"));
+    json_object_set_new(o, "usage",
+                        ended || strcmp(status, "failed") == 0 ? usage_json(r) : json_null());
+    json_object_set_new(o, "user", j->rq.user ? json_incref(j->rq.user) : json_null());
+    json_object_set_new(o, "metadata",
+                        j->rq.metadata ? json_incref(j->rq.metadata) : json_object());
+    return o;
+}
+
+/* "completed", or "incomplete" when max_output_tokens (or the request's
+ * own timeout) ended it. */
+static const char *final_status(const srv_req *r)
+{
+    const srv_choice *c = &r->cmpl->choices[0];
+    return c->finish != NULL && strcmp(c->finish, "length") == 0 ? "incomplete" : "completed";
+}
+
+/* The input items of this request (GET .../input_items). */
+static json_t *input_items(const srv_req *r)
+{
+    const resp_job *j = job_of(r);
+    json_t *items = json_array();
+    for (size_t i = j->nhist; i < j->nconv; i++) {
+        char id[80];
+        snprintf(id, sizeof id, "%s_in%zu", j->msg_id, i - j->nhist);
+        const oai_msg *m = &j->conv[i];
+        json_array_append_new(
+            items, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}]}", "id", id, "type", "message",
+                             "role", role_name(m->role), "status", "completed", "content", "type",
+                             m->role == OAI_ROLE_ASSISTANT ? "output_text" : "input_text", "text",
+                             m->text, m->len));
+    }
+    return items;
+}
+
+/* Keeps the finished response (store) with its conversation: the history,
+ * the input and the output (not the instructions, which a
+ * previous_response_id does not carry over). */
+static void store_put(srv_req *r, json_t *response, const char *text, size_t len)
+{
+    resp_job *j = job_of(r);
+    srv *s = r->s;
+    if (!j->rq.store) return;
+    if (s->resp_store == NULL && (s->resp_store = rs_new()) == NULL) goto oom;
+    rs_entry *e = calloc(1, sizeof *e);
+    if (e == NULL) goto oom;
+    snprintf(e->id, sizeof e->id, "%s", r->id);
+    e->owner = r->key_id;
+    e->response = json_incref(response);
+    e->input_items = input_items(r);
+    e->conv = calloc(j->nconv + 1, sizeof *e->conv);
+    if (e->conv == NULL || e->input_items == NULL) {
+        rs_entry_free(e);
+        goto oom;
+    }
+    for (size_t i = 0; i <= j->nconv; i++) {
+        const char *p = i < j->nconv ? j->conv[i].text : text;
+        size_t n = i < j->nconv ? j->conv[i].len : len;
+        e->conv[i].role = i < j->nconv ? j->conv[i].role : OAI_ROLE_ASSISTANT;
+        e->conv[i].text = malloc(n + 1);
+        if (e->conv[i].text == NULL) {
+            rs_entry_free(e);
+            goto oom;
+        }
+        if (n > 0) memcpy(e->conv[i].text, p ? p : "", n);
+        e->conv[i].text[n] = '\0';
+        e->conv[i].len = n;
+        e->nconv = i + 1;
+    }
+    if (!rs_put(s->resp_store, e, s->cfg.responses_store_max, s->cfg.responses_store_bytes))
+        log_line("info", "%s: not stored: over responses_store_max or responses_store_bytes",
+                 r->id);
+    return;
+oom:
+    log_line("warn", "%s: not stored: out of memory", r->id);
+}
+
+/* ---- The stream ---------------------------------------------------------- */
+
+/* Queues one event: obj gets its type and sequence_number (takes obj). */
+static void event(srv_req *r, const char *type, json_t *obj)
+{
+    resp_job *j = job_of(r);
+    if (obj == NULL) {
+        r->cmpl->sse.failed = 1;
+        return;
+    }
+    json_t *e = json_pack("{s:s, s:I}", "type", type, "sequence_number", j->seq++);
+    if (e == NULL || json_object_update(e, obj) != 0) r->cmpl->sse.failed = 1;
+    if (e != NULL) sse_event(&r->cmpl->sse, type, e);
+    json_decref(e);
+    json_decref(obj);
+}
+
+/* The fields that place an event in the output: item 0, part 0. */
+static json_t *at_part(const srv_req *r)
+{
+    return json_pack("{s:s, s:i, s:i}", "item_id", job_of(r)->msg_id, "output_index", 0,
+                     "content_index", 0);
+}
+
+static void shape_open(srv_req *r)
+{
+    event(r, "response.created",
+          json_pack("{s:o}", "response", response_json(r, "in_progress", NULL, 0, NULL)));
+    event(r, "response.in_progress",
+          json_pack("{s:o}", "response", response_json(r, "in_progress", NULL, 0, NULL)));
+    event(r, "response.output_item.added",
+          json_pack("{s:i, s:o}", "output_index", 0, "item",
+                    message_item(r, "in_progress", json_array())));
+    json_t *o = at_part(r);
+    json_object_set_new(o, "part", text_part("", 0, NULL));
+    event(r, "response.content_part.added", o);
+}
+
+static void shape_chunk(srv_choice *c)
+{
+    srv_req *r = c->req;
+    resp_job *j = job_of(r);
+    if (c->text_len == 0) return;
+    if (http_append(&j->text, &j->len, &j->cap, c->text, c->text_len) != 0) {
+        cmpl_fail_oom(r);
+        return;
+    }
+    json_t *o = at_part(r), *lp = lp_entries(c);
+    json_object_set_new(o, "delta", json_stringn(c->text, c->text_len));
+    json_object_set_new(o, "logprobs", lp ? json_incref(lp) : json_array());
+    if (lp != NULL) { /* the delta's entries, kept for the done events */
+        if ((j->lp == NULL && (j->lp = json_array()) == NULL) || json_array_extend(j->lp, lp) != 0)
+            cmpl_fail_oom(r);
+        json_decref(c->lp);
+        c->lp = lp_new(r);
+    }
+    event(r, "response.output_text.delta", o);
+    c->text_len = 0;
+}
+
+static void shape_finish_stream(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    if (r->cmpl->error_status != 0) {
+        /* After the headers: the failed response, then the error event. */
+        event(r, "response.failed",
+              json_pack("{s:o}", "response", response_json(r, "failed", NULL, 0, NULL)));
+        event(r, "error",
+              json_pack("{s:s, s:s, s:n}", "code",
+                        r->cmpl->error_code ? r->cmpl->error_code : "server_error", "message",
+                        r->cmpl->error_msg, "param"));
+        sse_end(&r->cmpl->sse);
+        return;
+    }
+    const char *status = final_status(r);
+    const json_t *rest = lp_entries(&r->cmpl->choices[0]); /* tokens that made no text */
+    if (rest != NULL && json_array_size(rest) > 0
+        && ((j->lp == NULL && (j->lp = json_array()) == NULL)
+            || json_array_extend(j->lp, (json_t *)rest) != 0))
+        r->cmpl->sse.failed = 1;
+    json_t *o = at_part(r);
+    json_object_set_new(o, "text", json_stringn(j->text ? j->text : "", j->len));
+    json_object_set_new(o, "logprobs", j->lp ? json_incref(j->lp) : json_array());
+    event(r, "response.output_text.done", o);
+    o = at_part(r);
+    json_object_set_new(o, "part", text_part(j->text, j->len, j->lp));
+    event(r, "response.content_part.done", o);
+    event(r, "response.output_item.done",
+          json_pack("{s:i, s:o}", "output_index", 0, "item",
+                    message_item(r, status, json_pack("[o]", text_part(j->text, j->len, j->lp)))));
+    json_t *resp = response_json(r, status, j->text, j->len, j->lp);
+    store_put(r, resp, j->text, j->len);
+    event(r, strcmp(status, "completed") == 0 ? "response.completed" : "response.incomplete",
+          json_pack("{s:o}", "response", resp));
+    sse_end(&r->cmpl->sse);
+}
+
+static enum MHD_Result shape_send(srv_req *r)
+{
+    if (r->cmpl->error_status != 0)
+        return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
+                               r->cmpl->error_code, NULL, r->cmpl->error_status == 503 ? "5" : NULL,
+                               "%s", r->cmpl->error_msg);
+    const srv_choice *c = &r->cmpl->choices[0];
+    /* A whole answer keeps its logprobs as numbers (c->lpe, lp_add): made
+     * into chat's entries here, once. */
+    json_t *lp = NULL;
+    if (c->lp != NULL) {
+        lp = json_array();
+        for (size_t i = 0; lp != NULL && i < c->lpe_n; i++)
+            if (json_array_append_new(lp, lp_entry_json(r, &c->lpe[i], 1)) != 0) {
+                json_decref(lp);
+                lp = NULL;
+            }
+        if (lp == NULL)
+            return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    }
+    json_t *resp = response_json(r, final_status(r), c->text, c->text_len, lp);
+    json_decref(lp);
+    if (resp != NULL) store_put(r, resp, c->text, c->text_len);
+    return http_send_obj(r, resp);
+}
+
+static void shape_free(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    if (j == NULL) return;
+    oai_resp_request_free(&j->rq);
+    oai_msgs_free(j->conv, j->nconv);
+    free(j->text);
+    json_decref(j->lp);
+    free(j);
+    r->cmpl->shape_data = NULL;
+}
+
+static const cmpl_shape resp_shape = {
+    .open = shape_open,
+    .chunk = shape_chunk,
+    .finish_stream = shape_finish_stream,
+    .send = shape_send,
+    .free = shape_free,
+};
+
+/* ---- The request ---------------------------------------------------------- */
+
+/* The prompt: the instructions (a system message), then conv from
+ * j->dropped on, through the chat template, into *out. 0, or -1 (no
+ * memory). */
+static int render(const srv_req *r, char **out, size_t *len)
+{
+    const resp_job *j = job_of(r);
+    size_t n = j->nconv - j->dropped + 1;
+    oai_msg *m = calloc(n, sizeof *m);
+    if (m == NULL) return -1;
+    size_t k = 0;
+    if (j->rq.instructions != NULL)
+        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+    for (size_t i = j->dropped; i < j->nconv; i++) m[k++] = j->conv[i];
+    int rc = oai_render(&r->s->chat, m, k, out, len);
+    free(m); /* the texts are j's */
+    return rc;
+}
+
+/* Whether a prompt of n tokens fits as a chat request's does:
+ * max_prompt_tokens, and the context with max_output_tokens (without it,
+ * any room left: the reply is cut to what fits). */
+static int prompt_fits(const srv_req *r, size_t n)
+{
+    const eng_config *mc = eng_model_config(r->s->model);
+    const oai_request *q = &r->cmpl->oreq;
+    if (n > r->s->cfg.max_prompt_tokens) return 0;
+    return q->max_tokens_auto ? n < mc->n_ctx : n + q->max_tokens <= mc->n_ctx;
+}
+
+/* What truncation "auto" cuts a prompt to: max_prompt_tokens, and room in
+ * the context for max_output_tokens (without it, for chat_max_tokens or
+ * half the context, whichever is less). */
+static size_t prompt_budget(const srv_req *r)
+{
+    const eng_config *mc = eng_model_config(r->s->model);
+    const oai_request *q = &r->cmpl->oreq;
+    size_t out = q->max_tokens;
+    if (q->max_tokens_auto && out > mc->n_ctx / 2) out = mc->n_ctx / 2;
+    if (q->max_tokens_auto && out == 0) out = 1;
+    size_t budget = out < mc->n_ctx ? mc->n_ctx - out : 0;
+    return budget < r->s->cfg.max_prompt_tokens ? budget : r->s->cfg.max_prompt_tokens;
+}
+
+/* The tokens of msgs[0..n) rendered through t (their bytes when the
+ * tokenizer fails: an upper bound). */
+static size_t count_tokens(const bpe *tok, const oai_template *t, const oai_msg *msgs, size_t n)
+{
+    char *txt, err[64];
+    size_t len, nids = 0;
+    int32_t *ids = NULL;
+    if (oai_render(t, msgs, n, &txt, &len) != 0) return SIZE_MAX / 4;
+    if (bpe_encode_special(tok, txt, len, &ids, &nids, err, sizeof err) != BPE_OK) nids = len;
+    free(ids);
+    free(txt);
+    return nids;
+}
+
+/* truncation "auto": drops the oldest messages (never the instructions,
+ * never the newest message) until the prompt fits the budget, and puts
+ * its tokens in the tokenizer job. Each message's tokens are counted once
+ * (its template text alone), which picks how many to drop; the rendering
+ * is then tokenized whole, and one more goes while it still does not fit.
+ * 0, or -1 when even the newest message alone does not fit. Loop thread:
+ * a body that needs this is tokenized here a second time. */
+static int truncate_auto(srv_req *r, size_t budget)
+{
+    resp_job *j = job_of(r);
+    const bpe *tok = r->s->tok;
+    const oai_template *t = &r->s->chat;
+    size_t *count = calloc(j->nconv, sizeof *count);
+    if (count == NULL) return -1;
+    /* The fixed part: begin, the instructions, generation; each message's
+     * tokens are its rendering alone less that part. */
+    oai_msg ins = {OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+    size_t bare = count_tokens(tok, t, NULL, 0); /* begin and generation */
+    size_t total = count_tokens(tok, t, &ins, j->rq.instructions != NULL ? 1 : 0);
+    for (size_t i = 0; i < j->nconv; i++) {
+        size_t n = count_tokens(tok, t, &j->conv[i], 1);
+        count[i] = n > bare ? n - bare : 0;
+        total += count[i];
+    }
+    size_t drop = 0;
+    while (drop + 1 < j->nconv && total > budget) total -= count[drop++];
+    free(count);
+    for (; drop < j->nconv; drop++) {
+        j->dropped = drop;
+        char *txt, err[128];
+        size_t len, n = 0;
+        int32_t *ids = NULL;
+        if (render(r, &txt, &len) != 0) return -1;
+        bpe_status st = bpe_encode_special_max(tok, txt, len, budget, &ids, &n, err, sizeof err);
+        if (st == BPE_OK && n <= budget) {
+            oai_prompt *p = &r->cmpl->oreq.prompts[0];
+            free(p->text);
+            p->text = txt;
+            p->text_len = len;
+            r->tok->text[0] = txt;
+            r->tok->text_len[0] = len;
+            free(r->tok->prompt_ids[0]);
+            r->tok->prompt_ids[0] = ids;
+            r->tok->prompt_len[0] = n;
+            r->tok->failed = 0;
+            log_line("info", "%s: truncation auto: the oldest %zu of %zu messages left out", r->id,
+                     drop, j->nconv);
+            return 0;
+        }
+        free(ids);
+        free(txt);
+        if (st != BPE_OK && st != BPE_ETOOBIG) return -1;
+    }
+    return -1;
+}
+
+/* The continuation of tokenizing: the context (truncation), then the
+ * completion's own admission. */
+static enum MHD_Result after_tokenize(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    if (r->tok->failed && r->tok->status != BPE_ETOOBIG) return cmpl_admit(r);
+    size_t budget = prompt_budget(r);
+    int too_long = r->tok->failed || !prompt_fits(r, r->tok->prompt_len[0]);
+    if (too_long && j->rq.truncation_auto && truncate_auto(r, budget) == 0) too_long = 0;
+    if (too_long) {
+        const eng_config *mc = eng_model_config(r->s->model);
+        return http_send_error(
+            r, 400, "invalid_request_error", "context_length_exceeded", "input", NULL,
+            "The input is %s%zu tokens in the chat template; this model's "
+            "context is %zu tokens (max_prompt_tokens %zu), and %s; send "
+            "less%s",
+            r->tok->failed ? "over " : "",
+            r->tok->failed ? r->s->cfg.max_prompt_tokens : r->tok->prompt_len[0], mc->n_ctx,
+            r->s->cfg.max_prompt_tokens,
+            r->cmpl->oreq.max_tokens_auto ? "the output needs room"
+                                          : "max_output_tokens needs room",
+            j->rq.truncation_auto ? " (truncation auto left only the newest message, which "
+                                    "alone does not fit)"
+                                  : ", or \"truncation\": \"auto\" to drop the oldest messages");
+    }
+    return cmpl_admit(r);
+}
+
+/* A new response's ids: "resp_" + 24 hex digits of a keyed hash of a
+ * counter (not guessable in order; a stored response is still its key's
+ * only), and its message's, "msg_" + the same digits: an item_reference to
+ * the message finds its response. */
+static void new_ids(srv *s, char *resp_id, size_t resp_len, char *msg_id, size_t msg_len)
+{
+    uint64_t n = s->next_id++;
+    uint64_t a = http_siphash(s->salt_secret, &n, sizeof n);
+    n ^= UINT64_C(0x9e3779b97f4a7c15);
+    uint64_t b = http_siphash(s->salt_secret, &n, sizeof n);
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx%08llx", (unsigned long long)a,
+             (unsigned long long)(b & 0xffffffffu));
+    snprintf(resp_id, resp_len, "resp_%s", hex);
+    snprintf(msg_id, msg_len, "msg_%s", hex);
+}
+
+/* An input's item_reference (m->ref) made the message it names, a copy:
+ * "msg_X" is response resp_X's output, "msg_X_inK" its input item K, of a
+ * response stored for this key. 0; -1 with the 404 sent (*rc). */
+static int resolve_ref(srv_req *r, oai_msg *m, size_t i, enum MHD_Result *rc)
+{
+    char rid[64];
+    const char *hex = strncmp(m->ref, "msg_", 4) == 0 ? m->ref + 4 : NULL;
+    size_t hn = hex ? strcspn(hex, "_") : 0;
+    unsigned long k = 0;
+    int input = hex != NULL && strncmp(hex + hn, "_in", 3) == 0;
+    if (input) {
+        char *end;
+        k = strtoul(hex + hn + 3, &end, 10);
+        if (*end != '\0' || hex[hn + 3] == '\0') hex = NULL;
+    } else if (hex != NULL && hex[hn] != '\0') {
+        hex = NULL;
+    }
+    const rs_entry *e = NULL;
+    if (hex != NULL && hn > 0 && hn + 6 < sizeof rid) {
+        snprintf(rid, sizeof rid, "resp_%.*s", (int)hn, hex);
+        e = rs_get(r->s->resp_store, rid, r->key_id);
+    }
+    size_t nin = e ? json_array_size(e->input_items) : 0;
+    const oai_msg *src = e == NULL || e->nconv < nin + 1 ? NULL
+                         : !input                        ? &e->conv[e->nconv - 1]
+                         : k < nin                       ? &e->conv[e->nconv - 1 - nin + k]
+                                                         : NULL;
+    if (src == NULL) {
+        *rc = http_send_error(r, 404, "invalid_request_error", "item_not_found", "input", NULL,
+                              "'input[%zu]' refers to item '%.64s', which is not a message of a "
+                              "response stored for this key (stored responses live in memory, "
+                              "bounded, until a restart): send the message itself",
+                              i, m->ref);
+        return -1;
+    }
+    m->text = malloc(src->len + 1);
+    if (m->text == NULL) {
+        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    memcpy(m->text, src->text, src->len + 1);
+    m->len = src->len;
+    m->role = src->role;
+    free(m->ref);
+    m->ref = NULL;
+    return 0;
+}
+
+/* The conversation: the previous response's (a copy), then the input's
+ * messages (moved). 0; -1 with the error sent (*rc). */
+static int build_conv(srv_req *r, enum MHD_Result *rc)
+{
+    resp_job *j = job_of(r);
+    const rs_entry *prev = NULL;
+    if (j->rq.previous_id != NULL) {
+        prev = rs_get(r->s->resp_store, j->rq.previous_id, r->key_id);
+        if (prev == NULL) {
+            *rc = http_send_error(r, 404, "invalid_request_error", "previous_response_not_found",
+                                  "previous_response_id", NULL,
+                                  "Previous response with id '%.64s' not found (never made, "
+                                  "made with another key, deleted, or no longer kept: stored "
+                                  "responses live in memory, bounded, until a restart)",
+                                  j->rq.previous_id);
+            return -1;
+        }
+    }
+    size_t nh = prev ? prev->nconv : 0;
+    j->conv = calloc(nh + j->rq.nmsgs, sizeof *j->conv);
+    if (j->conv == NULL) goto oom;
+    for (size_t i = 0; i < nh; i++) {
+        j->conv[i].role = prev->conv[i].role;
+        j->conv[i].len = prev->conv[i].len;
+        j->conv[i].text = malloc(prev->conv[i].len + 1);
+        if (j->conv[i].text == NULL) goto oom;
+        memcpy(j->conv[i].text, prev->conv[i].text, prev->conv[i].len + 1);
+        j->nconv = i + 1;
+    }
+    j->nhist = nh;
+    for (size_t i = 0; i < j->rq.nmsgs; i++) {
+        if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, rc) != 0) return -1;
+        j->conv[j->nconv++] = j->rq.msgs[i];
+        j->rq.msgs[i] = (oai_msg){0};
+    }
+    free(j->rq.msgs); /* the texts moved to conv */
+    j->rq.msgs = NULL;
+    j->rq.nmsgs = 0;
+    return 0;
+oom:
+    *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    return -1;
+}
+
+enum MHD_Result resp_route(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_BODY);
+    srv *s = r->s;
+    if (s->draining) {
+        met_count_refused(&s->met, MET_REFUSED_DRAINING);
+        return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
+                               "The server is shutting down; retry on another replica");
+    }
+    if (!s->chat_on)
+        return http_send_error(r, 400, "invalid_request_error", "chat_not_supported", NULL, NULL,
+                               "This server has no chat template (chat_template = none), which "
+                               "/v1/responses needs: send the text to continue to "
+                               "/v1/completions");
+    const eng_config *mc = eng_model_config(s->model);
+    r->kind = R_COMPLETIONS;
+    if (cmpl_job_new(r) == NULL)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    resp_job *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    r->cmpl->shape = &resp_shape;
+    r->cmpl->shape_data = j;
+    r->tok->max_prompt_tokens = s->cfg.max_prompt_tokens;
+    r->cmpl->chat = 1;
+    r->cmpl->lim = (oai_limits){.vocab_size = mc->n_vocab,
+                                .max_tokens_limit = s->cfg.max_tokens_limit,
+                                .max_n = s->cfg.max_n,
+                                .max_stop_bytes = SRV_MAX_STOP_BYTES,
+                                .max_prompts = 1,
+                                .chat_max_tokens = s->cfg.chat_max_tokens};
+    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &s->chat, &j->rq,
+                            &r->cmpl->parse_err)
+        != 0)
+        return http_send_oai_error(r, &r->cmpl->parse_err);
+    r->cmpl->oreq = j->rq.req; /* moved: the job frees it */
+    memset(&j->rq.req, 0, sizeof j->rq.req);
+    oai_request *q = &r->cmpl->oreq;
+    new_ids(s, r->id, sizeof r->id, j->msg_id, sizeof j->msg_id);
+    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
+        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                               "The model '%s' does not exist; this server serves '%s'", q->model,
+                               s->cfg.model_name);
+    enum MHD_Result rc;
+    if (build_conv(r, &rc) != 0) return rc;
+    char *text;
+    size_t len;
+    q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
+    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0 || render(r, &text, &len) != 0)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    q->nprompts = 1;
+    q->prompts[0].text = text;
+    q->prompts[0].text_len = len;
+    r->tok->text[0] = text;
+    r->tok->text_len[0] = len;
+    if (q->format != OAI_FORMAT_NONE) { /* text.format: compiled where the input is tokenized */
+        r->tok->work = cmpl_compile_format;
+        r->tok->heavy = 1;
+    }
+    return tok_prompts(r, NULL, after_tokenize);
+}
+
+/* ---- GET and DELETE /v1/responses/{id} ------------------------------------- */
+
+/* The id in r's path ("/v1/responses/ID" or ".../ID/input_items") into id;
+ * *items says which. 0, or -1 when the path is neither. */
+static int path_id(const srv_req *r, char *id, size_t idlen, int *items)
+{
+    static const char base[] = "/v1/responses/", tail[] = "/input_items";
+    const char *p = r->url + sizeof base - 1;
+    size_t n = strlen(p);
+    if (strlen(r->url) + 1 >= sizeof r->url) return -1; /* cut: no id is that long */
+    *items = n > sizeof tail - 1 && strcmp(p + n - (sizeof tail - 1), tail) == 0;
+    if (*items) n -= sizeof tail - 1;
+    if (n == 0 || n >= idlen || memchr(p, '/', n) != NULL) return -1;
+    memcpy(id, p, n);
+    id[n] = '\0';
+    return 0;
+}
+
+static enum MHD_Result not_found(srv_req *r, const char *id)
+{
+    return http_send_error(r, 404, "invalid_request_error", "response_not_found", NULL, NULL,
+                           "No response with id '%.64s' (never made, made with another key, "
+                           "deleted, or no longer kept: stored responses live in memory, "
+                           "bounded, until a restart)",
+                           id);
+}
+
+/* GET .../input_items: {object: list, data, first_id, last_id, has_more},
+ * newest first unless order=asc; limit 1-100 (20), after an item id. */
+static enum MHD_Result send_items(srv_req *r, const rs_entry *e)
+{
+    const char *order = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "order");
+    const char *limit_s = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *after = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "after");
+    if (order != NULL && strcmp(order, "asc") != 0 && strcmp(order, "desc") != 0)
+        return http_send_error(r, 400, "invalid_request_error", NULL, "order", NULL,
+                               "'order' must be asc or desc");
+    long limit = 20;
+    if (limit_s != NULL) {
+        char *end;
+        limit = strtol(limit_s, &end, 10);
+        if (*limit_s == '\0' || *end != '\0' || limit < 1 || limit > 100)
+            return http_send_error(r, 400, "invalid_request_error", NULL, "limit", NULL,
+                                   "'limit' must be an integer from 1 to 100");
+    }
+    int asc = order != NULL && strcmp(order, "asc") == 0;
+    size_t n = json_array_size(e->input_items), start = 0;
+    if (after != NULL) {
+        start = n;
+        for (size_t k = 0; k < n; k++) {
+            const json_t *it = json_array_get(e->input_items, asc ? k : n - 1 - k);
+            if (strcmp(json_string_value(json_object_get(it, "id")), after) == 0) start = k + 1;
+        }
+    }
+    json_t *data = json_array();
+    for (size_t k = start; k < n && json_array_size(data) < (size_t)limit; k++)
+        json_array_append(data, json_array_get(e->input_items, asc ? k : n - 1 - k));
+    size_t got = json_array_size(data);
+    json_t *first = got ? json_object_get(json_array_get(data, 0), "id") : NULL;
+    json_t *last = got ? json_object_get(json_array_get(data, got - 1), "id") : NULL;
+    return http_send_obj(r, json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data,
+                                      "first_id", first, "last_id", last, "has_more",
+                                      start + got < n));
+}
+
+enum MHD_Result resp_route_get(srv_req *r)
+{
+    char id[48];
+    int items;
+    if (path_id(r, id, sizeof id, &items) != 0)
+        return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
+                               "Unknown route %s %s", r->method, r->url);
+    const rs_entry *e = rs_get(r->s->resp_store, id, r->key_id);
+    if (e == NULL) return not_found(r, id);
+    if (items) return send_items(r, e);
+    return http_send_obj(r, json_incref(e->response));
+}
+
+enum MHD_Result resp_route_delete(srv_req *r)
+{
+    char id[48];
+    int items;
+    if (path_id(r, id, sizeof id, &items) != 0 || items)
+        return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
+                               "Unknown route %s %s", r->method, r->url);
+    if (rs_delete(r->s->resp_store, id, r->key_id) != 0) return not_found(r, id);
+    return http_send_obj(
+        r, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1));
+}
