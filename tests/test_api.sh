@@ -435,7 +435,10 @@ for _ in $(seq 100); do
 done
 [ -n "$oport" ] || fail "the page server did not start"
 origin="http://127.0.0.1:$oport"
-start ui --api-key ui-key-456 --cors-origins "$origin"
+# Each step sleeps 20 ms, so a stream reaches the page in pieces at the
+# source, whatever the browser's network throttling does (CI once saw a
+# 64-token stream rendered in one piece under load).
+GPT2D_TEST_STEP_DELAY_MS=20 start ui --api-key ui-key-456 --cors-origins "$origin"
 # The chat route's preflight: answered for the listed origin, 403 for another.
 curl -s -D "$dir/pre.h" -o /dev/null -X OPTIONS "$base/v1/chat/completions" -H "Origin: $origin" \
      -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization, content-type'

@@ -72,7 +72,8 @@ await page.evaluate(() => {
   }).observe(document.getElementById('outputs'), { childList: true, subtree: true, characterData: true });
 });
 // The answer (about 60 KB of events) comes at 30 KB/s, so it arrives in
-// pieces however fast the server writes it.
+// pieces however fast the server writes it (and test_api.sh's server sleeps
+// 20 ms a step, so it is written in pieces too).
 await page.emulateNetworkConditions({ download: 30000, upload: 10000000, latency: 0 });
 await page.click('#run');
 await page.waitForFunction(() => /^done in/.test(document.getElementById('status').textContent), { timeout: 30000 })
@@ -92,8 +93,12 @@ for (const ch of result) {
 }
 
 await page.emulateNetworkConditions(null);
-const partial = new Set((await page.evaluate(() => window.seenCounts)).filter((n) => n > 0 && n < result[0].tokens.length));
-if (partial.size < 3) await fail(browser, page, 'the output was not rendered as it arrived: partial token counts seen ' + JSON.stringify([...partial]));
+const seen = await page.evaluate(() => window.seenCounts);
+const partial = new Set(seen.filter((n) => n > 0 && n < result[0].tokens.length));
+if (partial.size < 3) {
+  await fail(browser, page, 'the output was not rendered as it arrived: partial token counts seen '
+    + JSON.stringify([...partial]) + ' of ' + result[0].tokens.length + '; every count recorded: ' + JSON.stringify(seen));
+}
 
 // The same request through the API gives the same text (greedy).
 const api = await (await fetch(base + '/v1/completions', {
