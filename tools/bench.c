@@ -2,8 +2,9 @@
  * tools/bench.c: `gpt2d bench --model DIR`, the engine's speed on this
  * machine, as one JSON object:
  *   - the machine: memory read bandwidth (all threads, 1 GiB), OpenBLAS's
- *     SGEMM rate (2048^3) and the compute peaks (F32 FMA, VDPBF16PS; AMX
- *     tiles named as not built), measured in the same run; prefill and
+ *     SGEMM rate (2048^3) and the compute peaks (F32 FMA, VDPBF16PS,
+ *     VPDPBUSD; AMX tiles named as not built), measured in the same run;
+ *     prefill and
  *     decode figures are given as fractions of the peak that bounds them
  *     (the compute peak of the model's kernel path; at one sequence, the
  *     bandwidth bound too);
@@ -169,6 +170,24 @@ static void on_event(void *user, const eng_event *ev)
     bench_req *r = user;
     if (ev->kind == ENG_EV_TOKEN) r->tokens++;
     if (ev->kind == ENG_EV_DONE) r->done = 1;
+}
+
+/* The compute peak that bounds this model's matmuls, as GFLOP/s of the
+ * model's 2 x params a token: VDPBF16PS's on the avx512-bf16 level (the
+ * projections and the LM head both run on it), the F32 FMA's on the
+ * widening levels. q8 on avx512-vnni runs its projections on VPDPBUSD but
+ * its LM head (n_vocab x n_embd of the params) on the F32 FMA, so its
+ * bound is the rate at which both parts would take their least time:
+ * params / (rest / int8 peak + lm head / FMA peak). */
+static double bounding_peak(const eng_model *m, double fma, double bf16, double int8)
+{
+    const char *k = eng_model_kernels(m);
+    if (strcmp(k, "avx512-bf16") == 0) return bf16;
+    if (strcmp(k, "avx512-vnni") != 0 || int8 <= 0 || fma <= 0) return fma;
+    const eng_config *cfg = eng_model_config(m);
+    double all = (double)eng_model_params(m), lm = (double)cfg->n_vocab * (double)cfg->n_embd;
+    if (lm > all) lm = all;
+    return all / ((all - lm) / int8 + lm / fma);
 }
 
 static long peak_rss_kb(void)
@@ -374,10 +393,8 @@ int tool_bench(int argc, char **argv)
     double fma_peak = peak_rate(PEAK_FMA512, nthreads, 2);
     if (fma_peak == 0) fma_peak = peak_rate(PEAK_FMA256, nthreads, 2);
     double bf16_peak = peak_rate(PEAK_DPBF16, nthreads, 2);
-    /* The peak that bounds this model's matmuls: VDPBF16PS's for BF16 on the
-     * avx512-bf16 level, the F32 FMA's otherwise (q8 on avx512-vnni too:
-     * VPDPBUSD's peak is not measured yet, so its fraction reads high). */
-    double compute_peak = strcmp(eng_model_kernels(m), "avx512-bf16") == 0 ? bf16_peak : fma_peak;
+    double int8_peak = peak_rate(PEAK_DPBUSD, nthreads, 2);
+    double compute_peak = bounding_peak(m, fma_peak, bf16_peak, int8_peak);
     /* KV for the most sequences, of 32 + gen positions each. */
     size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
     size_t blocks_per_seq = (32 + (size_t)gen + block - 1) / block + 1;
@@ -413,9 +430,10 @@ int tool_bench(int argc, char **argv)
     printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
            "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f,\n"
            "    \"peaks\": {\"f32_fma_gflop_s\": %.1f, \"bf16_dot_gflop_s\": %.1f, "
+           "\"int8_dot_gop_s\": %.1f, "
            "\"amx_tile\": \"not built (no AMX machine to verify it on)\", "
            "\"bounding_compute_gflop_s\": %.1f}},\n",
-           nthreads, bw, bw_before, bw_after, gflops, fma_peak, bf16_peak, compute_peak);
+           nthreads, bw, bw_before, bw_after, gflops, fma_peak, bf16_peak, int8_peak, compute_peak);
     double prefill_gflops = prefill * 2.0 * (double)eng_model_params(m) / 1e9;
     printf("  \"prefill_512\": {\"tokens_per_s\": %.1f, \"gflop_s\": %.1f, "
            "\"fraction_of_compute_peak\": %.3f},\n",
