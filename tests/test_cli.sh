@@ -201,10 +201,18 @@ done
 case_convert_dtype() {
 need_numpy
 need_a
+# convert's last words say whether the server reads the file in place or,
+# on the matrix-unit levels (inspect's kernels line), a private copy too.
 for dt in f16 bf16 q8; do
-    "$gpt2d" convert "$dir/a.safetensors" "$dir/a_$dt.safetensors" --dtype "$dt" 2>/dev/null
+    "$gpt2d" convert "$dir/a.safetensors" "$dir/a_$dt.safetensors" --dtype "$dt" 2>"$dir/said"
     "$gpt2d" inspect "$dir/a_$dt.safetensors" > "$dir/insp"
     grep -q "^format      $dt " "$dir/insp" || fail "inspect does not say $dt"
+    kernels=$(sed -n 's/^kernels *\([^ ]*\) .*/\1/p' "$dir/insp")
+    case "$kernels" in
+    avx512-bf16 | avx512-vnni)
+        grep -q "its $kernels kernels read a private copy of the projections" "$dir/said" ;;
+    *) grep -q "reads its weights in place, without a copy in memory" "$dir/said" ;;
+    esac || fail "convert --dtype $dt on kernels '$kernels' said: $(cat "$dir/said")"
 done
 "$gpt2d" convert "$dir/a_bf16.safetensors" "$dir/a_back.safetensors" 2>/dev/null
 "$gpt2d" inspect "$dir/a_back.safetensors" > "$dir/insp"

@@ -38,6 +38,7 @@
  */
 #include "tools.h"
 
+#include "engine.h"
 #include "meta.h"
 #include "quantize.h"
 #include "safetensors.h"
@@ -194,12 +195,23 @@ int tool_convert(int argc, char **argv)
     free(om);
     if (ss != SFT_OK) goto fail;
     /* Plain words for what alignment buys: the server maps an aligned file
-     * and reads its weights in place; a misaligned one is copied at load. */
-    fprintf(stderr,
-            "gpt2d convert: wrote %s (%zu tensors, weights %s -> %s, layout %s -> %s); gpt2d "
-            "serve reads its weights in place, without a copy in memory",
+     * and reads its weights in place; a misaligned one is copied at load.
+     * On a CPU with matrix units, BF16 and q8 files are also served from a
+     * copy of their projections (and BF16's LM head) made at every start, in
+     * the order those kernels read (engine/op_matmul_bf16.c, op_matmul_q8.c). */
+    const char *kernels = eng_kernels_for(dtype ? dtype : from);
+    int copy = strcmp(kernels, "avx512-bf16") == 0 || strcmp(kernels, "avx512-vnni") == 0;
+    fprintf(stderr, "gpt2d convert: wrote %s (%zu tensors, weights %s -> %s, layout %s -> %s); ",
             out, set.n, from, dtype ? dtype : from, in_panel ? WF_LAYOUT_PANEL : "hf",
             out_panel ? WF_LAYOUT_PANEL : "hf");
+    if (copy)
+        fprintf(stderr,
+                "gpt2d serve maps it in place, and on this CPU its %s kernels read a private copy "
+                "of the projections%s, built at every start (GPT2D_KERNELS=avx512 serves "
+                "without it)",
+                kernels, strcmp(kernels, "avx512-bf16") == 0 ? " and the LM head" : "");
+    else
+        fprintf(stderr, "gpt2d serve reads its weights in place, without a copy in memory");
     if (sft_data_start(f) % 8 != 0)
         fprintf(stderr, " (it copies %s's into memory at every start)", in);
     fputc('\n', stderr);
