@@ -54,20 +54,23 @@ meson compile -C build-release
 
 [ "$quick" = 1 ] && exit 0
 
+# A sanitized build runs 3-10x slower, and CI's machine is shared: its
+# meson timeouts are doubled (the suites' own deadlines scale themselves).
 echo "== sanitizers (build-asan/)"
 [ -f build-asan/build.ninja ] ||
     meson setup build-asan --buildtype=debug -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    meson test -C build-asan --print-errorlogs --num-processes 2
+    meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 2
 no_skips build-asan
 
 echo "== ThreadSanitizer (build-tsan/): the worker pool, the scheduler, the server's threads"
 [ -f build-tsan/build.ninja ] ||
     CC=clang meson setup build-tsan --buildtype=debugoptimized -Dwerror=true -Db_sanitize=thread -Db_lundef=false
 meson compile -C build-tsan
-TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs engine engine-portable scheduler \
+TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs --timeout-multiplier 2 \
+    engine engine-portable scheduler \
     server-threads
 no_skips build-tsan
 

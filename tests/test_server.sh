@@ -565,7 +565,7 @@ grep -q '^: waiting$' "$dir/queued.txt" || fail "no keep-alive comment while que
 grep -q '^data: {"error"' "$dir/queued.txt" || fail "no error event for a stream that waited too long"
 tail -c 14 "$dir/queued.txt" | grep -q 'data: \[DONE\]' || fail "no [DONE] after the error event"
 wait "$long" || true
-python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"d","max_tokens":900,"ignore_eos":true,"timeout":1}')" <<'PY' || fail "deadline"
+python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"d","max_tokens":900,"ignore_eos":true,"timeout":3}')" <<'PY' || fail "deadline"
 import json, sys
 d = json.loads(sys.argv[1])
 c = d["choices"][0]

@@ -295,7 +295,9 @@ await tab.close();
 // A stream cut mid-way. The page is served through a proxy here (so that
 // its own origin is the proxy's) that passes everything on, but cuts the
 // connection of a stream after `cut.after` events when asked.
-const cut = { after: 0, sent: '' };
+// cut.after: events the proxy passes of the next POST's answer; cut.sent:
+// their text; cut.drop: set once they are written, it cuts both sockets.
+const cut = { after: 0, sent: '', drop: null };
 const target = new URL(base);
 const proxy = http.createServer((req, res) => {
   const headers = { ...req.headers, host: target.host };
@@ -320,9 +322,10 @@ const proxy = http.createServer((req, res) => {
           cut.sent += c.text ?? c.delta?.content ?? '';
         }
         const last = events === limit;
-        // The cut comes a moment after the last event: a browser drops what
-        // a stream has queued but not yet handed to the page when it errors.
-        res.write(event, () => { if (last) setTimeout(() => { ur.destroy(); res.socket.destroy(); }, 400); });
+        // The test cuts (cut.drop) once the page shows what was passed: a
+        // browser drops what a stream has queued but not yet handed to the
+        // page when it errors, so a cut on a timer could race the page.
+        res.write(event, () => { if (last) cut.drop = () => { ur.destroy(); res.socket.destroy(); }; });
       }
     });
   });
@@ -330,6 +333,17 @@ const proxy = http.createServer((req, res) => {
   req.pipe(up);
 });
 await new Promise((ok) => proxy.listen(0, '127.0.0.1', ok));
+// Once the proxy has written its events and the page shows their text
+// (shown(text) in the page), the connection is cut.
+const cutWhenShown = async (p, shown, what) => {
+  for (const t0 = Date.now(); !cut.drop; await new Promise((ok) => setTimeout(ok, 20))) {
+    if (Date.now() - t0 > 30000) await fail(browser, p, what + ': the proxy never passed its events');
+  }
+  await p.waitForFunction(shown, { timeout: 30000 }, cut.sent)
+    .catch(() => fail(browser, p, what + ': the page never showed ' + JSON.stringify(cut.sent)));
+  cut.drop();
+  cut.drop = null;
+};
 const via = 'http://127.0.0.1:' + proxy.address().port;
 const cutPage = await browser.newPage();
 await cutPage.goto(via + '/', { waitUntil: 'load', timeout: 20000 });
@@ -347,6 +361,10 @@ await field(cutPage, 'temperature', '0');
 cut.after = 6;  // the role chunk and five pieces of text
 await cutPage.type('#message', 'Hi');
 await cutPage.keyboard.press('Enter');
+await cutWhenShown(cutPage, (sent) => {
+  const ms = document.querySelectorAll('#messages .msg .text');
+  return ms.length >= 2 && ms[1].textContent === sent;
+}, 'the cut chat stream');
 await waitChat(cutPage, LOST, 'the cut chat stream');
 const lost = (await messages(cutPage))[1];
 if (!cut.sent || lost.text !== cut.sent || lost.note !== LOST) await fail(browser, cutPage, `cut chat: the page kept ${JSON.stringify(lost)}, the proxy passed ${JSON.stringify(cut.sent)}`);
@@ -359,6 +377,8 @@ await cutPage.$eval('#prompt', (e) => { e.value = 'The quick brown fox'; });
 await field(cutPage, 'n', '1');
 cut.after = 5;
 await cutPage.click('#run');
+await cutWhenShown(cutPage, (sent) => (document.querySelector('.choice .text') || {}).textContent
+  === 'The quick brown fox' + sent, 'the cut completion');
 await cutPage.waitForFunction((w) => document.getElementById('status').textContent === w, { timeout: 30000 }, LOST)
   .catch(async () => fail(browser, cutPage, 'the cut completion: status ' + await cutPage.$eval('#status', (e) => e.textContent)));
 const lostText = await cutPage.$eval('.choice .text', (e) => e.textContent);
