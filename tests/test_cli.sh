@@ -436,8 +436,11 @@ def bound(b):
 for b in (f32, bf16, q8):
     got, want = b["machine"]["peaks"]["bounding_compute_gflop_s"], bound(b)
     assert abs(got - want) <= 0.2 + 1e-3 * want, (got, want, b["model"], b["machine"])
-    frac = b["prefill_512"]["fraction_of_compute_peak"]
-    assert want == 0 or abs(frac - b["prefill_512"]["gflop_s"] / want) <= 2e-3 + 1e-3 * frac, b
+    # The fraction is of that peak: 2 x params a token (printed figures are
+    # rounded, the peaks to 0.1, so within 2 %).
+    pre = b["prefill_512"]
+    frac = pre["tokens_per_s"] * 2 * b["model"]["params"] / 1e9 / want if want > 0 else 0
+    assert abs(pre["fraction_of_compute_peak"] - frac) <= 2e-3 + 0.02 * frac, (frac, b)
 assert q8["model"]["format"] == "q8", q8["model"]
 assert f32["model"]["format"] == "f32" and bf16["model"]["format"] == "bf16", (f32, bf16)
 assert bf16["model"]["weight_bytes"] * 2 == f32["model"]["weight_bytes"], (f32, bf16)
