@@ -419,28 +419,37 @@ mkdir -p "$dir/bench8"
 python3 - "$dir/bench.json" "$dir/bench16.json" "$dir/bench8.json" <<'PY' || fail "gpt2d bench format"
 import json, sys
 f32, bf16, q8 = (json.load(open(p)) for p in sys.argv[1:4])
-# The bounding peak is the one of the kernel path each file runs on
-# (tools/bench.c): the F32 FMA's for widening kernels, VDPBF16PS's for BF16
-# on avx512-bf16, and for q8 on avx512-vnni the rate at which projections on
-# VPDPBUSD and the LM head (vocab x width of the params) on the FMA would
-# take their least time. Each run measures its own peaks.
-def bound(b):
-    pk, k = b["machine"]["peaks"], b["model"]["kernels"]
+# The work counted is the weight matmuls' (tools/bench.c): a prompt token
+# goes through the projections only (params less wte and wpe), a generated
+# one through the LM head (vocab x width) too. The bounding peaks are those
+# of the kernel path each file runs on: the F32 FMA's for widening kernels,
+# VDPBF16PS's for BF16 on avx512-bf16; q8 on avx512-vnni prefills on
+# VPDPBUSD and decodes on it and the FMA (the LM head): the rate at which
+# both parts would take their least time. Each run measures its own peaks.
+def bounds(b):
+    pk, k, md = b["machine"]["peaks"], b["model"]["kernels"], b["model"]
+    lm = md["vocab"] * md["width"]
+    proj = md["params"] - lm - md["context"] * md["width"]  # less wte and wpe
+    assert b["flop_per_token"] == {"prefill": 2 * proj, "decode": 2 * (proj + lm)}, b
     if k == "avx512-bf16":
-        return pk["bf16_dot_gflop_s"]
+        return pk["bf16_dot_gflop_s"], pk["bf16_dot_gflop_s"]
     if k == "avx512-vnni":
         assert pk["int8_dot_gop_s"] > 0, b
-        P, lm = b["model"]["params"], b["model"]["vocab"] * b["model"]["width"]
-        return P / ((P - lm) / pk["int8_dot_gop_s"] + lm / pk["f32_fma_gflop_s"])
-    return pk["f32_fma_gflop_s"]
+        return pk["int8_dot_gop_s"], (proj + lm) / (proj / pk["int8_dot_gop_s"] + lm / pk["f32_fma_gflop_s"])
+    return pk["f32_fma_gflop_s"], pk["f32_fma_gflop_s"]
+close = lambda got, want: abs(got - want) <= 0.2 + 1e-3 * want
 for b in (f32, bf16, q8):
-    got, want = b["machine"]["peaks"]["bounding_compute_gflop_s"], bound(b)
-    assert abs(got - want) <= 0.2 + 1e-3 * want, (got, want, b["model"], b["machine"])
-    # The fraction is of that peak: 2 x params a token (printed figures are
-    # rounded, the peaks to 0.1, so within 2 %).
-    pre = b["prefill_512"]
-    frac = pre["tokens_per_s"] * 2 * b["model"]["params"] / 1e9 / want if want > 0 else 0
-    assert abs(pre["fraction_of_compute_peak"] - frac) <= 2e-3 + 0.02 * frac, (frac, b)
+    pk, (pre_peak, dec_peak) = b["machine"]["peaks"], bounds(b)
+    assert close(pk["bounding_prefill_gflop_s"], pre_peak) and close(pk["bounding_decode_gflop_s"], dec_peak), \
+        (pre_peak, dec_peak, b["model"], b["machine"])
+    # Each fraction is of its peak (printed figures are rounded, the peaks
+    # to 0.1, so within 2 %).
+    for tps, fr, flop, peak in [(b["prefill_512"]["tokens_per_s"], b["prefill_512"]["fraction_of_compute_peak"],
+                                 b["flop_per_token"]["prefill"], pre_peak)] + \
+            [(d["tokens_per_s"], d["fraction_of_compute_peak"], b["flop_per_token"]["decode"], dec_peak)
+             for d in b["decode"]]:
+        want = tps * flop / 1e9 / peak if peak > 0 else 0
+        assert abs(fr - want) <= 2e-3 + 0.02 * want, (fr, want, b)
 assert q8["model"]["format"] == "q8", q8["model"]
 assert f32["model"]["format"] == "f32" and bf16["model"]["format"] == "bf16", (f32, bf16)
 assert bf16["model"]["weight_bytes"] * 2 == f32["model"]["weight_bytes"], (f32, bf16)

@@ -4,10 +4,10 @@
  *   - the machine: memory read bandwidth (all threads, 1 GiB), OpenBLAS's
  *     SGEMM rate (2048^3) and the compute peaks (F32 FMA, VDPBF16PS,
  *     VPDPBUSD; AMX tiles named as not built), measured in the same run;
- *     prefill and
- *     decode figures are given as fractions of the peak that bounds them
- *     (the compute peak of the model's kernel path; at one sequence, the
- *     bandwidth bound too);
+ *     prefill and decode figures are given as GFLOP/s of the weight
+ *     matmuls (flop_per_token, model_work below) and as fractions of the
+ *     peak that bounds them (the compute peak of the model's kernel path;
+ *     at one sequence, the bandwidth bound too);
  *   - prefill: tokens/s for one 512-token prompt;
  *   - decode at 1, 4, 16 and 64 concurrent sequences through the scheduler:
  *     aggregate tokens/s over pure-decode steps, median step time, and, at
@@ -172,22 +172,44 @@ static void on_event(void *user, const eng_event *ev)
     if (ev->kind == ENG_EV_DONE) r->done = 1;
 }
 
-/* The compute peak that bounds this model's matmuls, as GFLOP/s of the
- * model's 2 x params a token: VDPBF16PS's on the avx512-bf16 level (the
- * projections and the LM head both run on it), the F32 FMA's on the
- * widening levels. q8 on avx512-vnni runs its projections on VPDPBUSD but
- * its LM head (n_vocab x n_embd of the params) on the F32 FMA, so its
- * bound is the rate at which both parts would take their least time:
- * params / (rest / int8 peak + lm head / FMA peak). */
-static double bounding_peak(const eng_model *m, double fma, double bf16, double int8)
+/* The weight matmuls' work, in flops a token: 2 a weight of every matrix
+ * the token's row is multiplied by. A prompt token goes through the
+ * projections only (params less wte and wpe; the biases and layer norms
+ * among them are a fraction of a percent), since only a prompt's last row
+ * reaches the LM head; a generated token through the LM head too (wte,
+ * n_vocab x n_embd). Attention is not counted. */
+typedef struct {
+    double proj, lm;                  /* weights: projections, LM head */
+    double prefill_peak, decode_peak; /* the compute peaks that bound them */
+} work;
+
+/* The peaks come from the kernel path: VDPBF16PS's on the avx512-bf16
+ * level (projections and LM head), the F32 FMA's on the widening levels;
+ * q8 on avx512-vnni runs its projections on VPDPBUSD and its LM head on
+ * the F32 FMA, so a generated token's bound is the rate at which both
+ * parts would take their least time. */
+static work model_work(const eng_model *m, double fma, double bf16, double int8)
 {
-    const char *k = eng_model_kernels(m);
-    if (strcmp(k, "avx512-bf16") == 0) return bf16;
-    if (strcmp(k, "avx512-vnni") != 0 || int8 <= 0 || fma <= 0) return fma;
     const eng_config *cfg = eng_model_config(m);
-    double all = (double)eng_model_params(m), lm = (double)cfg->n_vocab * (double)cfg->n_embd;
-    if (lm > all) lm = all;
-    return all / ((all - lm) / int8 + lm / fma);
+    double all = (double)eng_model_params(m);
+    work w = {.lm = (double)cfg->n_vocab * (double)cfg->n_embd};
+    w.proj = all - w.lm - (double)cfg->n_ctx * (double)cfg->n_embd;
+    if (w.proj < 0) w.proj = 0;
+    const char *k = eng_model_kernels(m);
+    if (strcmp(k, "avx512-bf16") == 0) {
+        w.prefill_peak = w.decode_peak = bf16;
+    } else if (strcmp(k, "avx512-vnni") == 0 && int8 > 0 && fma > 0) {
+        w.prefill_peak = int8;
+        w.decode_peak = (w.proj + w.lm) / (w.proj / int8 + w.lm / fma);
+    } else {
+        w.prefill_peak = w.decode_peak = fma;
+    }
+    return w;
+}
+
+static double frac(double x, double peak)
+{
+    return peak > 0 ? x / peak : 0.0;
 }
 
 static long peak_rss_kb(void)
@@ -390,11 +412,13 @@ int tool_bench(int argc, char **argv)
      * engine runs, and the bound uses the higher reading. */
     double bw_before = bandwidth(nthreads);
     double gflops = sgemm_rate();
-    double fma_peak = peak_rate(PEAK_FMA512, nthreads, 2);
-    if (fma_peak == 0) fma_peak = peak_rate(PEAK_FMA256, nthreads, 2);
-    double bf16_peak = peak_rate(PEAK_DPBF16, nthreads, 2);
-    double int8_peak = peak_rate(PEAK_DPBUSD, nthreads, 2);
-    double compute_peak = bounding_peak(m, fma_peak, bf16_peak, int8_peak);
+    /* Best of 5: the CPUs may be hyperthreads of one core, and anything on
+     * the sibling halves a pass. */
+    double fma_peak = peak_rate(PEAK_FMA512, nthreads, 5);
+    if (fma_peak == 0) fma_peak = peak_rate(PEAK_FMA256, nthreads, 5);
+    double bf16_peak = peak_rate(PEAK_DPBF16, nthreads, 5);
+    double int8_peak = peak_rate(PEAK_DPBUSD, nthreads, 5);
+    work wk = model_work(m, fma_peak, bf16_peak, int8_peak);
     /* KV for the most sequences, of 32 + gen positions each. */
     size_t block = 16, per_block = cfg->n_layer * 2 * block * cfg->n_embd * sizeof(float);
     size_t blocks_per_seq = (32 + (size_t)gen + block - 1) / block + 1;
@@ -423,21 +447,24 @@ int tool_bench(int argc, char **argv)
     double bound = bw * 1e9 / weight_bytes;
     printf("{\n  \"model\": {\"format\": \"%s\", \"layout\": \"%s\", \"kernels\": \"%s\", "
            "\"layers\": %zu, "
-           "\"width\": %zu, \"vocab\": %zu, \"params\": %zu, \"weight_bytes\": %.0f, "
-           "\"pair_copy_bytes\": %zu},\n",
+           "\"width\": %zu, \"vocab\": %zu, \"context\": %zu, \"params\": %zu, "
+           "\"weight_bytes\": %.0f, \"pair_copy_bytes\": %zu},\n",
            eng_model_dtype(m), eng_model_layout(m), eng_model_kernels(m), cfg->n_layer, cfg->n_embd,
-           cfg->n_vocab, eng_model_params(m), weight_bytes, eng_model_pair_bytes(m));
+           cfg->n_vocab, cfg->n_ctx, eng_model_params(m), weight_bytes, eng_model_pair_bytes(m));
     printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
            "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f,\n"
            "    \"peaks\": {\"f32_fma_gflop_s\": %.1f, \"bf16_dot_gflop_s\": %.1f, "
            "\"int8_dot_gop_s\": %.1f, "
            "\"amx_tile\": \"not built (no AMX machine to verify it on)\", "
-           "\"bounding_compute_gflop_s\": %.1f}},\n",
-           nthreads, bw, bw_before, bw_after, gflops, fma_peak, bf16_peak, int8_peak, compute_peak);
-    double prefill_gflops = prefill * 2.0 * (double)eng_model_params(m) / 1e9;
+           "\"bounding_prefill_gflop_s\": %.1f, \"bounding_decode_gflop_s\": %.1f}},\n",
+           nthreads, bw, bw_before, bw_after, gflops, fma_peak, bf16_peak, int8_peak,
+           wk.prefill_peak, wk.decode_peak);
+    printf("  \"flop_per_token\": {\"prefill\": %.0f, \"decode\": %.0f},\n", 2 * wk.proj,
+           2 * (wk.proj + wk.lm));
+    double prefill_gflops = prefill * 2.0 * wk.proj / 1e9;
     printf("  \"prefill_512\": {\"tokens_per_s\": %.1f, \"gflop_s\": %.1f, "
            "\"fraction_of_compute_peak\": %.3f},\n",
-           prefill, prefill_gflops, compute_peak > 0 ? prefill_gflops / compute_peak : 0.0);
+           prefill, prefill_gflops, frac(prefill_gflops, wk.prefill_peak));
     printf("  \"decode_bandwidth_bound_tokens_per_s\": %.1f,\n  \"decode\": [\n", bound);
     double single = 0; /* vs_single: against the 1-sequence run, if there is one */
     for (size_t i = 0; i < nconc; i++)
@@ -454,10 +481,8 @@ int tool_bench(int argc, char **argv)
                res[i].seqs, res[i].tokens_per_s, res[i].step_ms, res[i].decode_steps,
                single > 0 ? res[i].tokens_per_s / single : 0.0,
                res[i].seqs == 1 ? res[i].tokens_per_s / bound : 0.0,
-               res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9,
-               compute_peak > 0
-                   ? res[i].tokens_per_s * 2.0 * (double)eng_model_params(m) / 1e9 / compute_peak
-                   : 0.0,
+               res[i].tokens_per_s * 2.0 * (wk.proj + wk.lm) / 1e9,
+               frac(res[i].tokens_per_s * 2.0 * (wk.proj + wk.lm) / 1e9, wk.decode_peak),
                t->matmul / total, t->attention / total, t->lm_head / total, t->other / total,
                t->sample / total, i + 1 < nconc ? "," : "");
     }
