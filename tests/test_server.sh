@@ -527,7 +527,10 @@ wait "${busy[@]}" 2> /dev/null || true
 # The queue's wait limit, keep-alive comments, and the per-request deadline.
 case_queue() {
 need_slow
-GPT2D_TEST_STEP_DELAY_MS=20 srv_start queue "$dir/slow" --max-running 1 --queue-timeout 1 --step-tokens 1
+# queue_timeout 2, not 1: the keep-alive comment and the timeout are both
+# checked on the 1 s tick, so a request that came just after a tick could
+# meet a 1 s limit at its first tick, with no comment before it.
+GPT2D_TEST_STEP_DELAY_MS=20 srv_start queue "$dir/slow" --max-running 1 --queue-timeout 2 --step-tokens 1
 # A client that disconnects mid-stream frees its sequence and KV blocks
 # (500 tokens take over 10 s here; the client leaves once its first token
 # has arrived, however long that took on a loaded or sanitized build).
@@ -552,7 +555,9 @@ done
 grep -q '^gpt2d_running_sequences 0$' <<< "$m" || fail "running sequences after disconnect"
 grep -q '^gpt2d_kv_blocks_used 0$' <<< "$m" || fail "KV blocks after disconnect"
 grep -q '^gpt2d_requests_aborted_total 1$' <<< "$m" || fail "the disconnect is not counted"
-curl -sN -m 60 "$base/v1/completions" -d '{"model":"gpt2","prompt":"a","max_tokens":150,"ignore_eos":true,"stream":true}' > /dev/null &
+# The long stream holds the one slot (1,000 tokens: 20 s or more) until it
+# is cut after the queued requests' checks.
+curl -sN -m 60 "$base/v1/completions" -d '{"model":"gpt2","prompt":"a","max_tokens":1000,"ignore_eos":true,"stream":true}' > /dev/null &
 long=$!
 wait_metric "gpt2d_running_sequences 1"
 curl -sN -m 60 "$base/v1/completions" -d '{"model":"gpt2","prompt":"b","max_tokens":5,"stream":true}' > "$dir/queued.txt" &
@@ -564,7 +569,9 @@ wait "$queued" || true
 grep -q '^: waiting$' "$dir/queued.txt" || fail "no keep-alive comment while queued: $(head -c 300 "$dir/queued.txt")"
 grep -q '^data: {"error"' "$dir/queued.txt" || fail "no error event for a stream that waited too long"
 tail -c 14 "$dir/queued.txt" | grep -q 'data: \[DONE\]' || fail "no [DONE] after the error event"
+kill "$long" 2> /dev/null || true
 wait "$long" || true
+wait_metric "gpt2d_running_sequences 0"
 python3 - "$(post /v1/completions '{"model":"gpt2","prompt":"d","max_tokens":900,"ignore_eos":true,"timeout":3}')" <<'PY' || fail "deadline"
 import json, sys
 d = json.loads(sys.argv[1])
