@@ -178,6 +178,9 @@ try:
     complete(port)
     wait_for(lambda: len(n.times("WATCHDOG=1")) >= 4, 10, "four WATCHDOG=1")
     stop(p, "notify")
+    # The messages are read off the socket by another thread: the last may
+    # not be in yet when the process has exited.
+    wait_for(lambda: any(m.startswith("STATUS=draining") for m in n.lines()), 5, "STATUS=draining")
     msgs = n.lines()
 
     def first(prefix):

@@ -192,6 +192,17 @@ class Server:
     def tail(self, n):
         return tail_of(self.log_path, n)
 
+    def wait_log(self, pattern, count=1, timeout=10):
+        """True once the log holds count matches of the regex pattern, False
+        after timeout seconds: what a test waits on after an asynchronous
+        action (a signal's reload) before it looks at the outcome."""
+        deadline = time.monotonic() + timeout
+        while len(re.findall(pattern, self.log())) < count:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def signal(self, sig):
         self.proc.send_signal(sig)
 
