@@ -260,6 +260,9 @@ void step_kick(srv *s);
 
 enum MHD_Result cmpl_route(srv_req *r);      /* POST /v1/completions      */
 enum MHD_Result cmpl_route_chat(srv_req *r); /* POST /v1/chat/completions */
+/* The 503 (with its metric) every generating route answers while the
+ * server drains. */
+enum MHD_Result cmpl_refuse_draining(srv_req *r);
 
 /* Continues a completion once its prompts are token ids (the continuation of
  * tokenizing). */

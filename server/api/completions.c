@@ -275,6 +275,13 @@ static enum MHD_Result after_worker_parse(srv_req *r)
     return cmpl_admit(r);
 }
 
+enum MHD_Result cmpl_refuse_draining(srv_req *r)
+{
+    met_count_refused(&r->s->met, MET_REFUSED_DRAINING);
+    return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
+                           "The server is shutting down; retry on another replica");
+}
+
 /* Both routes: the body parsed by the route's parser (chat's with the
  * template), then the served model, the prompts' ids, and tokenizing; a
  * large body is parsed with its tokenizing, off the loop thread. */
@@ -282,11 +289,7 @@ static enum MHD_Result route(srv_req *r, int chat)
 {
     assert(r->state == HTTP_REQ_BODY);
     srv *s = r->s;
-    if (s->draining) {
-        met_count_refused(&s->met, MET_REFUSED_DRAINING);
-        return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
-                               "The server is shutting down; retry on another replica");
-    }
+    if (s->draining) return cmpl_refuse_draining(r);
     const eng_config *mc = eng_model_config(s->model);
     r->kind = R_COMPLETIONS;
     if (cmpl_job_new(r) == NULL)

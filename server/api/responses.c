@@ -612,11 +612,7 @@ enum MHD_Result resp_route(srv_req *r)
 {
     assert(r->state == HTTP_REQ_BODY);
     srv *s = r->s;
-    if (s->draining) {
-        met_count_refused(&s->met, MET_REFUSED_DRAINING);
-        return http_send_error(r, 503, "server_error", "server_draining", NULL, "5",
-                               "The server is shutting down; retry on another replica");
-    }
+    if (s->draining) return cmpl_refuse_draining(r);
     if (!s->chat_on)
         return http_send_error(r, 400, "invalid_request_error", "chat_not_supported", NULL, NULL,
                                "This server has no chat template (chat_template = none), which "
