@@ -1,6 +1,6 @@
 /*
  * bench/bench_grammar.c VOCAB_DIR SCHEMA.json...: structured outputs' costs
- * (engine/include/grammar.h) over GPT-2's vocabulary.
+ * (structured/include/structured.h) over GPT-2's vocabulary.
  *
  * For each schema: the compile time (the fastest and the median of 20
  * compiles, no cache), then a walk of up to 200 steps, each a mask and a
@@ -16,7 +16,7 @@
  * Compare a mask with a decode step of `bench_decode DIR STEPS 0 16`
  * (docs/benchmarks.md). A benchmark, never a test.
  */
-#include "grammar.h"
+#include "structured.h"
 #include "tokenizer.h"
 
 #include <stdio.h>

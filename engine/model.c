@@ -10,9 +10,9 @@
  * logits of its F32 widening.
  */
 #include "internal.h"
+#include "hfconfig.h"
 #include "wformat.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,54 +239,37 @@ static eng_status bind_all(binder *b, eng_model *m)
     return ENG_OK;
 }
 
-/* Reads n_head (and layer_norm_epsilon) from config.json when present. */
+/* Reads n_head (and layer_norm_epsilon) from config.json when present,
+ * and checks the dimensions it names against the weights'. */
 static eng_status read_config(const char *dir, eng_config *c, char *err, size_t errlen)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *fp = fopen(path, "rb");
-    if (fp == NULL) return ENG_OK; /* optional */
-    json_error_t jerr;
-    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(fp);
-    if (root == NULL || !json_is_object(root)) {
-        json_decref(root);
-        return ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s: not a JSON object", path);
+    hfc_config hc;
+    if (hfc_read(path, &hc, err, errlen) != SFT_OK) return ENG_EFORMAT;
+    if (!hc.present) return ENG_OK; /* optional */
+    if (hc.n_head.kind != HFC_ABSENT) {
+        if (hc.n_head.kind != HFC_INT || hc.n_head.i <= 0 || c->n_embd % (size_t)hc.n_head.i != 0)
+            return ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
+                               "%s: n_head must be a positive divisor of the width %zu", path,
+                               c->n_embd);
+        c->n_head = (size_t)hc.n_head.i;
     }
-    eng_status rc = ENG_OK;
-    json_t *nh = json_object_get(root, "n_head");
-    json_t *eps = json_object_get(root, "layer_norm_epsilon");
-    if (nh != NULL) {
-        if (!json_is_integer(nh) || json_integer_value(nh) <= 0
-            || c->n_embd % (size_t)json_integer_value(nh) != 0) {
-            rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
-                             "%s: n_head must be a positive divisor of the width %zu", path,
-                             c->n_embd);
-            goto done;
-        }
-        c->n_head = (size_t)json_integer_value(nh);
-    }
-    if (eps != NULL) {
-        if (!json_is_number(eps) || json_number_value(eps) <= 0 || json_number_value(eps) > 1) {
-            rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s: bad layer_norm_epsilon", path);
-            goto done;
-        }
-        c->ln_eps = (float)json_number_value(eps);
+    const hfc_value *eps = &hc.layer_norm_epsilon;
+    if (eps->kind != HFC_ABSENT) {
+        if ((eps->kind != HFC_INT && eps->kind != HFC_REAL) || eps->x <= 0 || eps->x > 1)
+            return ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s: bad layer_norm_epsilon", path);
+        c->ln_eps = (float)eps->x;
     }
     static const char *const dims[] = {"n_layer", "n_embd", "vocab_size", "n_positions"};
+    const hfc_value *got[] = {&hc.n_layer, &hc.n_embd, &hc.vocab_size, &hc.n_positions};
     const size_t have[] = {c->n_layer, c->n_embd, c->n_vocab, c->n_ctx};
-    for (size_t i = 0; i < 4; i++) {
-        json_t *v = json_object_get(root, dims[i]);
-        if (v != NULL && (!json_is_integer(v) || (size_t)json_integer_value(v) != have[i])) {
-            rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
-                             "%s: %s does not match the weights (which say %zu)", path, dims[i],
-                             have[i]);
-            goto done;
-        }
-    }
-done:
-    json_decref(root);
-    return rc;
+    for (size_t i = 0; i < 4; i++)
+        if (got[i]->kind != HFC_ABSENT && (got[i]->kind != HFC_INT || (size_t)got[i]->i != have[i]))
+            return ERRBUF_FAIL(err, errlen, ENG_EFORMAT,
+                               "%s: %s does not match the weights (which say %zu)", path, dims[i],
+                               have[i]);
+    return ENG_OK;
 }
 
 eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t errlen)

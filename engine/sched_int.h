@@ -1,9 +1,11 @@
 /*
- * engine/sched_int.h: the scheduler's state, shared by its two files:
+ * engine/sched_int.h: the scheduler's state, shared by its three files:
  * scheduler.c (submit, the queue, fair admission, plan: the loop thread's
- * side) and sched_step.c (execute: the forward pass and sampling on the
- * step's threads; complete: events and retirement on the loop thread).
- * Internal to those two.
+ * side), sched_step.c (execute: the forward pass and sampling on the
+ * step's threads; complete: events and retirement on the loop thread;
+ * eng_sched_step, plan + execute + complete) and, below both,
+ * sched_seq.c (one sequence's end). Calls go one way: sched_step.c ->
+ * scheduler.c -> sched_seq.c. Internal to those three.
  */
 #ifndef GPT2D_ENGINE_SCHED_INT_H
 #define GPT2D_ENGINE_SCHED_INT_H
@@ -29,10 +31,10 @@ typedef struct {
     size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
     eng_rng rng;
     int cancelled;
-    int paused;           /* eng_sched_pause: no rows until resumed */
-    gram_matcher *gm;     /* structured outputs: the walk so far, or NULL */
-    int gram_stuck;       /* this step: the grammar allowed no token */
-    const char *gram_err; /* this step: the matcher passed a bound (gram_matcher_error) */
+    int paused; /* eng_sched_pause: no rows until resumed */
+    /* req.mask (eng_mask): the sequence's own constraint, or none. */
+    int mask_stuck;       /* this step: the mask allowed no token */
+    const char *mask_err; /* this step: the mask failed (eng_mask_ops.error) */
     int in_step;
     /* Fair admission. Waiting: the running sequences of its tenant and of
      * its group (counted by eng_sched_plan), and the admission number of
@@ -91,8 +93,10 @@ struct eng_sched {
     eng_sched_stats stats;
 };
 
-/* Monotonic seconds. */
+/* sched_seq.c, below both halves. Monotonic seconds. */
 double sch_now(void);
+/* Frees q: its KV blocks back to the pool, its copies, its mask. */
+void sch_seq_free(eng_sched *s, sch_seq *q);
 /* Removes q from the running set (order kept: admission order). */
 void sch_running_remove(eng_sched *s, sch_seq *q);
 /* Frees q and delivers its DONE event (why, message). */

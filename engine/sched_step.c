@@ -30,20 +30,21 @@ static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
                    .generated = q->tokens + q->req.nprompt,
                    .ngenerated = q->ntokens > q->req.nprompt ? q->ntokens - q->req.nprompt : 0,
                    .logprobs = q->req.logprobs};
-    if (q->gm != NULL) { /* structured outputs: this sequence's own mask */
+    const eng_mask *mk = &q->req.mask;
+    if (mk->ops != NULL) { /* this sequence's own constraint */
         size_t nallowed = 0;
-        sq.allow = gram_matcher_mask(q->gm, &nallowed);
+        sq.allow = mk->ops->allowed(mk->self, &nallowed);
         if (sq.allow == NULL || nallowed == 0) {
-            q->gram_stuck = 1;
-            q->gram_err = gram_matcher_error(q->gm);
+            q->mask_stuck = 1;
+            q->mask_err = mk->ops->error(mk->self);
             ev->token = BPE_EOT;
             return;
         }
     }
     samp_row(ev, &s->thr[tid], last, V, &sq, &q->rng);
-    if (q->gm != NULL && gram_matcher_feed(q->gm, ev->token) != 0) {
-        q->gram_stuck = 1;
-        q->gram_err = gram_matcher_error(q->gm);
+    if (mk->ops != NULL && mk->ops->accept(mk->self, ev->token) != 0) {
+        q->mask_stuck = 1;
+        q->mask_err = mk->ops->error(mk->self);
     }
 }
 
@@ -169,13 +170,13 @@ void eng_sched_complete(eng_sched *s)
             sch_finish(s, q, ENG_FINISH_ERROR, s->step_err);
             continue;
         }
-        if (q->gram_err != NULL) { /* a bound of the matcher: an error, never a quiet cut */
+        if (q->mask_err != NULL) { /* the mask failed: an error, never a quiet cut */
             sch_running_remove(s, q);
-            s->stats.grammar_bound_errors++;
-            sch_finish(s, q, ENG_FINISH_ERROR, q->gram_err);
+            s->stats.mask_errors++;
+            sch_finish(s, q, ENG_FINISH_ERROR, q->mask_err);
             continue;
         }
-        if (q->gram_stuck) { /* cut short, as max_tokens cuts: the output is not whole */
+        if (q->mask_stuck) { /* cut short, as max_tokens cuts: the output is not whole */
             sch_running_remove(s, q);
             sch_finish(s, q, ENG_FINISH_LENGTH, NULL);
             continue;
@@ -202,7 +203,7 @@ void eng_sched_complete(eng_sched *s)
                 q->tokens[q->ntokens++] = ev->token;
                 q->generated++;
                 s->stats.tokens_generated++;
-                if (ev->token == BPE_EOT && (!q->req.ignore_eos || q->gm != NULL)) {
+                if (ev->token == BPE_EOT && (!q->req.ignore_eos || q->req.mask.ops != NULL)) {
                     done = 1;
                     why = ENG_FINISH_EOS;
                 } else if (q->generated == q->req.max_tokens) {
@@ -223,4 +224,12 @@ void eng_sched_complete(eng_sched *s)
         }
     }
     s->nitems = 0;
+}
+
+int eng_sched_step(eng_sched *s)
+{
+    if (!eng_sched_plan(s)) return 0;
+    eng_sched_execute(s);
+    eng_sched_complete(s);
+    return 1;
 }

@@ -21,17 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Rows of prompt logits (echo) per step: bounds the logits buffer. */
 #define ECHO_ROWS 64
-
-double sch_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sched **out, char *err,
                          size_t errlen)
@@ -123,22 +115,11 @@ eng_kv *sch_kv(eng_sched *s)
     return s->kv;
 }
 
-static void seq_free(eng_sched *s, sch_seq *q)
-{
-    eng_kv_release(s->kv, &q->kv);
-    free(q->phash);
-    free(q->plp);
-    free(q->tokens);
-    free((void *)q->req.sampling.bias);
-    gram_matcher_free(q->gm);
-    free(q);
-}
-
 void eng_sched_free(eng_sched *s)
 {
     if (s == NULL) return;
-    for (size_t i = 0; i < s->nrunning; i++) seq_free(s, s->running[i]);
-    for (size_t i = 0; i < s->qlen; i++) seq_free(s, s->queue[(s->qhead + i) % s->o.max_queue]);
+    for (size_t i = 0; i < s->nrunning; i++) sch_seq_free(s, s->running[i]);
+    for (size_t i = 0; i < s->qlen; i++) sch_seq_free(s, s->queue[(s->qhead + i) % s->o.max_queue]);
     eng_workspace_free(s->ws);
     eng_kv_free(s->kv);
     free(s->running);
@@ -203,9 +184,15 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     if (r->logprobs > ENG_MAX_TOP)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
                            ENG_MAX_TOP);
-    if (r->grammar != NULL && (r->vocab == NULL || gram_vocab_size(r->vocab) != c->n_vocab))
+    const eng_mask_ops *mo = r->mask.ops;
+    if (mo != NULL
+        && (mo->allowed == NULL || mo->accept == NULL || mo->accepting == NULL || mo->error == NULL
+            || mo->free == NULL))
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "a mask provider lacks one of its operations");
+    if (mo != NULL && r->mask.n_vocab != c->n_vocab)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
-                           "a grammar needs the model's vocabulary (%zu tokens)", c->n_vocab);
+                           "a mask needs the model's vocabulary (%zu tokens, not %zu)", c->n_vocab,
+                           r->mask.n_vocab);
     size_t total = r->nprompt + r->max_tokens;
     if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
         return ERRBUF_FAIL(
@@ -227,10 +214,8 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     uint64_t *phash = nphash ? malloc(nphash * sizeof *phash) : NULL;
     int keep_lp = s->o.prefix_cache && r->echo;
     kv_lp *plp = keep_lp ? calloc(r->nprompt, sizeof *plp) : NULL;
-    gram_matcher *gm = r->grammar ? gram_matcher_new(r->grammar, r->vocab) : NULL;
     if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
-        || (nphash && phash == NULL) || (keep_lp && plp == NULL) || (r->grammar && gm == NULL)) {
-        gram_matcher_free(gm);
+        || (nphash && phash == NULL) || (keep_lp && plp == NULL)) {
         free(q);
         free(tokens);
         free(bias);
@@ -252,8 +237,7 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     q->req = *r;
     q->req.prompt = tokens;
     q->req.sampling.bias = bias;
-    q->req.grammar = NULL; /* the matcher holds the reference */
-    q->gm = gm;
+    /* q->req.mask: the sequence owns the mask from here (sch_seq_free) */
     q->tokens = tokens;
     q->ntokens = r->nprompt;
     eng_rng_seed(&q->rng, r->seed);
@@ -262,31 +246,6 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     s->qlen++;
     *id = q->id;
     return ENG_OK;
-}
-
-/* Removes q from the running set (order kept: admission order). */
-void sch_running_remove(eng_sched *s, sch_seq *q)
-{
-    for (size_t i = 0; i < s->nrunning; i++)
-        if (s->running[i] == q) {
-            memmove(s->running + i, s->running + i + 1, (s->nrunning - i - 1) * sizeof *s->running);
-            s->nrunning--;
-            return;
-        }
-}
-
-void sch_finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
-{
-    eng_event ev = {.kind = ENG_EV_DONE,
-                    .id = q->id,
-                    .finish = why,
-                    .message = message,
-                    .index = q->generated,
-                    .cached = q->cached};
-    eng_event_cb cb = q->req.on_event;
-    void *user = q->req.user;
-    seq_free(s, q);
-    cb(user, &ev);
 }
 
 /* The i-th waiting sequence (0: the earliest). */
@@ -542,14 +501,6 @@ int eng_sched_plan(eng_sched *s)
     }
     s->planned = s->nitems > 0;
     return s->planned;
-}
-
-int eng_sched_step(eng_sched *s)
-{
-    if (!eng_sched_plan(s)) return 0;
-    eng_sched_execute(s);
-    eng_sched_complete(s);
-    return 1;
 }
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out)

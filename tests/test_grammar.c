@@ -1,6 +1,6 @@
 /*
  * tests/test_grammar.c: structured outputs' compiler, matcher and mask
- * (engine/include/grammar.h) over GPT-2's real vocabulary.
+ * (structured/include/structured.h) over GPT-2's real vocabulary.
  *
  * Random walks: at every step a token drawn uniformly from the mask, so
  * every corner the mask allows is tried, not only the likely ones; a walk
@@ -8,8 +8,7 @@
  * the schema under the small validator below, written from the JSON Schema
  * spec, independently of the compiler. Refusals name their keyword.
  */
-#include "engine.h"
-#include "grammar.h"
+#include "structured.h"
 #include "tokenizer.h"
 
 #include <check.h>

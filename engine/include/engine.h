@@ -18,8 +18,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "grammar.h" /* structured outputs: eng_request.grammar */
-
 /* Status codes; never renumbered. */
 typedef enum {
     ENG_OK = 0,
@@ -216,12 +214,12 @@ typedef enum {
 } eng_event_kind;
 
 typedef enum {
-    ENG_FINISH_LENGTH = 0,    /* max_tokens generated, or a grammar's nesting
-                               * limit reached (GRAM_MAX_STACK) */
+    ENG_FINISH_LENGTH = 0,    /* max_tokens generated, or the sequence's mask
+                               * allowed no token (eng_mask) */
     ENG_FINISH_EOS = 1,       /* end of text (50256)   */
     ENG_FINISH_CANCELLED = 2, /* eng_sched_cancel      */
-    ENG_FINISH_ERROR = 3      /* the step failed, or the sequence's grammar
-                               * matcher passed a bound; see message */
+    ENG_FINISH_ERROR = 3      /* the step failed, or the sequence's mask
+                               * failed (eng_mask_ops.error); see message */
 } eng_finish;
 
 #define ENG_MAX_TOP 5
@@ -244,6 +242,40 @@ typedef struct {
  * event of a request; after DONE it is never called again for that id. */
 typedef void (*eng_event_cb)(void *user, const eng_event *ev);
 
+/*
+ * A sequence's mask provider: how a constraint reaches the sampler without
+ * the engine knowing what it is (structured outputs compile JSON Schema in
+ * their own module; the server wraps their matcher in these ops). One
+ * provider belongs to one sequence; the scheduler calls it from a step's
+ * worker thread, one call at a time, in token order:
+ *   allowed   the tokens allowed next: a bitset of (n_vocab + 63) / 64
+ *             words, bit i of word i / 64 for token i, valid until the next
+ *             call; end of text (50256) only where the output may end.
+ *             *nallowed: how many bits are set; 0 ends the sequence as
+ *             max_tokens does (ENG_FINISH_LENGTH). NULL: out of memory or
+ *             failed (error says why).
+ *   accept    the token the sampler chose: 0, or -1 when the provider
+ *             refuses it (then error says why, or the next allowed is 0).
+ *   accepting 1 when the output so far is complete (end of text allowed).
+ *   error     NULL, or why the provider failed: the sequence then ends
+ *             with ENG_FINISH_ERROR and this message, never with a
+ *             quietly narrowed output. The string lives as long as self.
+ *   free      releases self (the scheduler calls it once, at the end).
+ */
+typedef struct {
+    const uint64_t *(*allowed)(void *self, size_t *nallowed);
+    int (*accept)(void *self, int32_t token);
+    int (*accepting)(const void *self);
+    const char *(*error)(const void *self);
+    void (*free)(void *self);
+} eng_mask_ops;
+
+typedef struct {
+    const eng_mask_ops *ops; /* NULL: no mask */
+    void *self;
+    size_t n_vocab; /* the bitset's vocabulary: must be the model's */
+} eng_mask;
+
 typedef struct {
     const int32_t *prompt; /* copied at submit; at least one token */
     size_t nprompt;
@@ -261,13 +293,13 @@ typedef struct {
      * keyed hash of the API key and cache_salt); the results are the same
      * bits under any salt. */
     uint64_t cache_salt;
-    /* Structured outputs (grammar.h): with grammar, every sampled token is
-     * one the grammar allows after the tokens before it, and end of text
-     * only where the output is whole (whatever ignore_eos says); NULL:
-     * unconstrained, at no cost. The scheduler takes its own reference;
-     * vocab is borrowed and must outlive the request. */
-    gram *grammar;
-    const gram_vocab *vocab;
+    /* A constraint on what may be sampled (structured outputs, later tool
+     * calls): every sampled token is one the mask allows at that point,
+     * whatever the sampling parameters say (ignore_eos too). ops NULL:
+     * unconstrained, at no cost. On ENG_OK the scheduler owns the mask
+     * and frees it (ops->free) when the sequence ends; on an error the
+     * caller still owns it. */
+    eng_mask mask;
     /* Fair admission (above): opaque ids the caller picks; the engine only
      * compares them. tenant: whose request (the server: an API key's index
      * or the client's address, never the key). group: the submissions of
@@ -347,9 +379,9 @@ typedef struct {
     uint64_t prefix_hit_tokens; /* prompt tokens taken from the cache          */
     uint64_t prefix_evictions;  /* cached blocks given up for fresh ones       */
     size_t kv_blocks_cached;    /* registered blocks, held or not              */
-    /* Structured outputs: sequences ended because their matcher passed a
-     * bound (GRAM_MAX_THREADS, GRAM_MASK_BUDGET; grammar.h). */
-    uint64_t grammar_bound_errors;
+    /* Sequences ended because their mask failed (eng_mask_ops.error: for
+     * structured outputs, a matcher bound passed). */
+    uint64_t mask_errors;
 } eng_sched_stats;
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);

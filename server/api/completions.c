@@ -15,6 +15,7 @@
  * BODY -> (TOKENIZING ->) STREAMING -> FINISHED; any -> ABORTED.
  */
 #include "api/api.h"
+#include "errbuf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +143,52 @@ void cmpl_on_event(void *user, const eng_event *ev)
         http_resume(r);
     }
     if (ev->kind == ENG_EV_DONE) http_req_release(r); /* the sequence's reference */
+}
+
+/* ---- Structured outputs as the engine's mask (eng_mask) -------------------
+ * The engine knows only eng_mask_ops; here a structured-outputs matcher
+ * (structured.h) answers them for one sequence. */
+
+static const uint64_t *mask_allowed(void *self, size_t *nallowed)
+{
+    return gram_matcher_mask(self, nallowed);
+}
+
+static int mask_accept(void *self, int32_t token)
+{
+    return gram_matcher_feed(self, token);
+}
+
+static int mask_accepting(const void *self)
+{
+    return gram_matcher_accepting(self);
+}
+
+static const char *mask_error(const void *self)
+{
+    return gram_matcher_error(self);
+}
+
+static void mask_free(void *self)
+{
+    gram_matcher_free(self);
+}
+
+static const eng_mask_ops format_mask_ops = {
+    .allowed = mask_allowed,
+    .accept = mask_accept,
+    .accepting = mask_accepting,
+    .error = mask_error,
+    .free = mask_free,
+};
+
+/* A fresh walk of g for one sequence, as its mask; 0, or -1 out of memory. */
+static int format_mask_new(srv *s, gram *g, eng_mask *out)
+{
+    gram_matcher *m = gram_matcher_new(g, s->gvocab);
+    if (m == NULL) return -1;
+    *out = (eng_mask){.ops = &format_mask_ops, .self = m, .n_vocab = gram_vocab_size(s->gvocab)};
+    return 0;
 }
 
 int srv_grammar_init(srv *s)
@@ -450,8 +497,6 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                                         : -1,
         .echo = q->echo && q->logprobs >= 0,
         .cache_salt = salt,
-        .grammar = r->cmpl->grammar,
-        .vocab = r->s->gvocab,
         /* Fair admission: the request's tenant, and the request itself as
          * the group (unique while any of its sequences lives). */
         .tenant = r->tenant,
@@ -459,8 +504,13 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
         .on_event = cmpl_on_event,
         .user = c,
     };
+    if (r->cmpl->grammar != NULL && format_mask_new(r->s, r->cmpl->grammar, &er.mask) != 0)
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     eng_status st = eng_sched_submit(r->s->sched, &er, &c->id, err, errlen);
-    if (st != ENG_OK) return st;
+    if (st != ENG_OK) {
+        if (er.mask.ops != NULL) er.mask.ops->free(er.mask.self); /* still ours */
+        return st;
+    }
     c->live = 1;
     r->cmpl->nlive++;
     http_req_hold(r); /* released by its DONE event */

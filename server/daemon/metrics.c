@@ -228,7 +228,7 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
              "Cached blocks given up for fresh ones.", (unsigned long long)st->prefix_evictions);
     sample_u(m, "gpt2d_grammar_bound_errors_total", "counter",
              "Structured-output sequences ended because their matcher passed a bound.",
-             (unsigned long long)st->grammar_bound_errors);
+             (unsigned long long)st->mask_errors);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",

@@ -36,6 +36,7 @@
 #include "config.h"
 #include "daemon/metrics.h"
 #include "engine.h"
+#include "structured.h"
 #include "tokenizer.h"
 
 #include <assert.h>

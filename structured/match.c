@@ -1,5 +1,5 @@
 /*
- * engine/grammar_match.c: one sequence's walk through a compiled grammar,
+ * structured/match.c: one sequence's walk through a compiled grammar,
  * and the allowed-token mask from the vocabulary's trie.
  *
  * The matcher's state is the set of NFA threads alive after the bytes so
@@ -21,7 +21,7 @@
  * gram_compile explores the automaton first (gram_explore) and refuses
  * what it finds over the thread bound, so that is the rare case.
  */
-#include "grammar_int.h"
+#include "automaton.h"
 
 #include <stdlib.h>
 #include <string.h>

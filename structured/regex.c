@@ -1,6 +1,6 @@
 /*
- * engine/grammar_regex.c: structured outputs' regex subset (docs/api.md),
- * compiled onto the builder (grammar_build.h) by gb_regex: literals (UTF-8
+ * structured/regex.c: structured outputs' regex subset (docs/api.md),
+ * compiled onto the builder (build.h) by gb_regex: literals (UTF-8
  * too), `.`, classes `[...]` / `[^...]` of ASCII characters and ranges,
  * `\d \w \s \D \W \S` (`.`, `\s`, `\S` as ECMA-262 has them: JSON
  * Schema's dialect), escapes `\n \t \r \f \v \0 \xHH \uHHHH` (code points) and escaped
@@ -12,7 +12,7 @@
  * recursive descent, nested at most GRAM_MAX_DEPTH groups; a counted
  * repetition re-parses its atom for each copy (at most GB_MAX_COUNT).
  */
-#include "grammar_build.h"
+#include "build.h"
 
 #include <stddef.h>
 #include <stdint.h>

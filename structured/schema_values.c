@@ -1,5 +1,5 @@
 /*
- * engine/grammar_values.c: the checks on values a schema lists. enum and
+ * structured/schema_values.c: the checks on values a schema lists. enum and
  * const are written only for the values that satisfy their sibling
  * keywords (type, lengths, bounds and counts read directly; pattern,
  * format and the object and array keywords by a sub-schema compiled and
@@ -8,8 +8,8 @@
  * shared, or a required property's listed values none shared: the
  * discriminated union), proved within ONEOF_WORK steps a schema.
  */
-#include "grammar.h"
-#include "grammar_schema.h"
+#include "structured.h"
+#include "schema.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,7 +98,7 @@ static int checker_run(gs_ctx *c, checkers *k, int i, const json_t *s, const cha
                 return -1;
             }
             /* in this document: its $refs resolve, its oneOfs draw on this budget */
-            int rc = gb_compile_schema(c->root, sub, &c->work, &k->g[i], &e);
+            int rc = c->compile(c->root, sub, &c->work, &k->g[i], &e);
             json_decref(sub);
             if (rc != 0) {
                 char where[256]; /* the sub-schema's keys sit where they sit in s */

@@ -1,12 +1,20 @@
 /*
- * engine/grammar_int.h: the compiled grammar's layout, shared by the
- * compiler (grammar.c and the grammar_build.h files) and the matcher
- * (grammar_match.c). Internal.
+ * structured/automaton.h: the compiled grammar's layout, shared by the
+ * compiler (compile.c and the files of build.h), the matcher (match.c)
+ * and the cache; its lifetime in automaton.c. Internal.
+ *
+ * The module's files, top to bottom (each calls only files below it; the
+ * structure check, tests/check_modules.py, proves it): cache.c ->
+ * compile.c -> schema.c (JSON Schema) -> schema_values.c (enum, const,
+ * oneOf) -> schema_read.c; regex.c; build.c (the builder) -> match.c
+ * (the matcher, the vocabulary trie) -> automaton.c. The enum checks
+ * compile sub-schemas through a pointer compile.c hands down
+ * (schema.h, gs_compile_fn), not by name.
  */
-#ifndef GPT2D_ENGINE_GRAMMAR_INT_H
-#define GPT2D_ENGINE_GRAMMAR_INT_H
+#ifndef GPT2D_STRUCTURED_AUTOMATON_H
+#define GPT2D_STRUCTURED_AUTOMATON_H
 
-#include "grammar.h"
+#include "structured.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,7 +45,7 @@ struct gram {
 };
 
 /* Explores g's matcher from its start, byte class by byte class, largest
- * state first, within a budget of work (grammar_match.c): 1 when some
+ * state first, within a budget of work (match.c): 1 when some
  * state passes GRAM_MAX_THREADS (a prefix leads there), 0 when none was
  * found (the whole automaton seen, or the budget spent: inconclusive), -1
  * out of memory. *max_threads: the largest state seen. */

@@ -1,21 +1,21 @@
 /*
- * engine/grammar_schema.c: structured outputs' JSON Schema subset
- * (docs/api.md), walked onto the builder (grammar_build.h): gb_schema for
+ * structured/schema.c: structured outputs' JSON Schema subset
+ * (docs/api.md), walked onto the builder (build.h): gb_schema for
  * a response_format's schema, gb_json_object for any JSON object. The
  * output is compact JSON: an object's properties in the order written (an
  * optional one may be left out), arrays of bounded or open length, strings
- * of bounded length or of a pattern or format (grammar_regex.c), numbers
+ * of bounded length or of a pattern or format (regex.c), numbers
  * in bounded integer ranges written digit by digit, enum and const as
  * literals (those the schema's other keywords allow) and oneOf only where
- * no value satisfies two branches (both checked in grammar_values.c).
+ * no value satisfies two branches (both checked in schema_values.c).
  * Recursion ($ref, and the generic JSON value) goes through
  * rules, each $ref target built once, so the automaton is linear in the
  * schema except for bounded counts; schemas nest at most GRAM_MAX_DEPTH
  * deep, and anything outside the subset is refused, naming its keyword and
  * path.
  */
-#include "grammar.h"
-#include "grammar_schema.h"
+#include "structured.h"
+#include "schema.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -24,16 +24,6 @@
 #include <string.h>
 
 static frag sch(gs_ctx *c, const json_t *s, const char *path);
-
-/* path + "/" + key into out (cut to cap - 1 bytes). */
-void gs_subpath(char *out, size_t cap, const char *path, const char *key)
-{
-    size_t n = 0;
-    for (const char *s = path; *s != '\0' && n + 1 < cap; s++) out[n++] = *s;
-    if (n + 1 < cap) out[n++] = '/';
-    for (const char *s = key; *s != '\0' && n + 1 < cap; s++) out[n++] = *s;
-    out[n] = '\0';
-}
 
 static void subpath_index(char *out, size_t cap, const char *path, size_t i)
 {
@@ -145,62 +135,6 @@ static int known(const char *k)
     return annotation(k);
 }
 
-/* A JSON value's compact text as a literal. */
-frag gs_json_lit(gs_ctx *c, const json_t *v, const char *path, const char *kw)
-{
-    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (t == NULL) {
-        gb_fail(c->b, kw, path, "out of memory");
-        return gb_none(c->b);
-    }
-    frag f = gb_lit(c->b, t, strlen(t));
-    free(t);
-    return f;
-}
-
-const char *gs_type_of(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    default: return "null";
-    }
-}
-
-/* Whether value v is of type name s: an integer is a number, and a number
- * with no fraction (1.0) an integer, as JSON Schema counts them. */
-static int is_type(const char *s, const json_t *v)
-{
-    const char *t = gs_type_of(v);
-    if (strcmp(s, t) == 0) return 1;
-    if (strcmp(s, "number") == 0) return strcmp(t, "integer") == 0;
-    if (strcmp(s, "integer") == 0 && json_is_real(v)) {
-        double x = json_real_value(v);
-        return isfinite(x) && x == floor(x);
-    }
-    return 0;
-}
-
-/* Whether value v is of one of the schema's types (no type: yes). */
-int gs_type_allows(const json_t *types, const json_t *v)
-{
-    if (types == NULL) return 1;
-    const json_t *one;
-    size_t i;
-    if (json_is_string(types)) return is_type(json_string_value(types), v);
-    json_array_foreach(types, i, one)
-    {
-        const char *s = json_string_value(one);
-        if (s != NULL && is_type(s, v)) return 1;
-    }
-    return 0;
-}
-
 static int32_t ref_rule(gs_ctx *c, const char *ref, const char *path)
 {
     for (size_t i = 0; i < c->nrefs; i++)
@@ -218,37 +152,6 @@ static int32_t ref_rule(gs_ctx *c, const char *ref, const char *path)
     c->refs[c->nrefs].rule = gb_rule_new(c->b);
     c->refs[c->nrefs].done = 0;
     return c->refs[c->nrefs++].rule;
-}
-
-/* The schema a local reference names: "#", "#/$defs/x", "#/definitions/x"
- * or any JSON pointer into the document (~0 ~1 unescaped). */
-const json_t *gs_resolve(const json_t *root, const char *ref)
-{
-    if (ref[0] != '#') return NULL;
-    const json_t *at = root;
-    const char *p = ref + 1;
-    while (*p == '/' && at != NULL) {
-        p++;
-        char key[256];
-        size_t k = 0;
-        while (*p != '\0' && *p != '/' && k + 1 < sizeof key) {
-            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) {
-                key[k++] = p[1] == '0' ? '~' : '/';
-                p += 2;
-            } else
-                key[k++] = *p++;
-        }
-        key[k] = '\0';
-        if (json_is_object(at))
-            at = json_object_get(at, key);
-        else if (json_is_array(at)) {
-            char *end;
-            unsigned long idx = strtoul(key, &end, 10);
-            at = *end == '\0' ? json_array_get(at, idx) : NULL;
-        } else
-            at = NULL;
-    }
-    return *p == '\0' ? at : NULL;
 }
 
 /* A numeric bound of the schema: 0 absent, 1 read (*v), -1 failed. */
@@ -435,7 +338,7 @@ static frag sch_string(gs_ctx *c, const json_t *s, const char *path)
         for (long long k = 0; k < lo && !b->failed; k++) body = gb_seq(b, body, f_json_char(b));
         if (hi < 0)
             body = gb_seq(b, body, gb_star(b, f_json_char(b)));
-        else { /* nested optional copies: (c(c(c)?)?)? (see rx_concat, grammar_regex.c) */
+        else { /* nested optional copies: (c(c(c)?)?)? (see rx_concat, regex.c) */
             frag tail = gb_eps(b);
             for (long long k = lo; k < hi && !b->failed; k++)
                 tail = gb_opt(b, gb_seq(b, f_json_char(b), tail));
@@ -770,9 +673,10 @@ static frag sch(gs_ctx *c, const json_t *s, const char *path)
 
 /* ---- Entries ------------------------------------------------------------------- */
 
-frag gb_schema(gb *b, const json_t *doc, const json_t *at, long *work)
+frag gb_schema(gb *b, const json_t *doc, const json_t *at, long *work, gs_compile_fn compile)
 {
     gs_ctx c = {.b = b,
+                .compile = compile,
                 .root = doc,
                 .r_value = -1,
                 .r_object = -1,

@@ -1,5 +1,5 @@
 /*
- * engine/include/grammar.h: structured outputs. A JSON Schema (a documented
+ * structured/include/structured.h: structured outputs. A JSON Schema (a documented
  * subset, docs/api.md "Structured outputs"), a regular expression or a list
  * of choices compiles once into a grammar over bytes (a recursive
  * transition network: NFA fragments that call rules, so $ref recursion and
@@ -17,8 +17,8 @@
  * locked inside; a gram_matcher belongs to one sequence, used by one
  * thread at a time.
  */
-#ifndef GPT2D_ENGINE_GRAMMAR_H
-#define GPT2D_ENGINE_GRAMMAR_H
+#ifndef GPT2D_STRUCTURED_H
+#define GPT2D_STRUCTURED_H
 
 #include <stddef.h>
 #include <stdint.h>

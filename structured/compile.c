@@ -1,15 +1,15 @@
 /*
- * engine/grammar.c: structured outputs' compiler (grammar.h). A JSON Schema
- * (subset, grammar_schema.c), a regex (subset, grammar_regex.c) or a list
+ * structured/compile.c: structured outputs' compiler (structured.h). A JSON Schema
+ * (subset, schema.c), a regex (subset, regex.c) or a list
  * of choices becomes a recursive transition network over bytes, built by
- * grammar_build.c; here the finished automaton is checked (every rule can
+ * build.c; here the finished automaton is checked (every rule can
  * finish, no left recursion) and each node marked live when its rule's end
  * can still be reached, then handed over as a gram, shared by reference
- * count. Nothing backtracks: the matcher (grammar_match.c) runs every
+ * count. Nothing backtracks: the matcher (match.c) runs every
  * thread of the NFA at once. Also the cache of compiled grammars, by
  * source.
  */
-#include "grammar_build.h"
+#include "schema.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -173,9 +173,13 @@ out:
 
 /* ---- Compile ---------------------------------------------------------------- */
 
+/* An enum checker's sub-schema (schema.h, gs_compile_fn). */
+static int compile_sub(const json_t *doc, const json_t *at, long *work, gram **out,
+                       gram_error *err);
+
 /* A source's compile (root_doc NULL), or, for the schema walker, the
  * schema at of the parsed document root_doc, drawing on *work
- * (grammar_build.h). */
+ * (build.h). */
 static int compile(gram_kind kind, const char *src, size_t len, const json_t *root_doc,
                    const json_t *at, long *work, gram **out, gram_error *err)
 {
@@ -204,8 +208,8 @@ static int compile(gram_kind kind, const char *src, size_t len, const json_t *ro
     if (!b.failed) {
         frag f = gb_none(&b);
         if (kind == GRAM_SCHEMA)
-            f = root_doc != NULL ? gb_schema(&b, root_doc, at, work)
-                                 : gb_schema(&b, doc, doc, NULL);
+            f = root_doc != NULL ? gb_schema(&b, root_doc, at, work, compile_sub)
+                                 : gb_schema(&b, doc, doc, NULL, compile_sub);
         else if (kind == GRAM_JSON_OBJECT)
             f = gb_json_object(&b);
         else if (kind == GRAM_REGEX)
@@ -275,7 +279,7 @@ static int compile(gram_kind kind, const char *src, size_t len, const json_t *ro
     g->root = root;
     g->live = live;
     /* The matcher's thread bound, checked here rather than met at run time
-     * (grammar_match.c): a state found over it refuses the grammar. */
+     * (match.c): a state found over it refuses the grammar. */
     size_t widest;
     int ex = gram_explore(g, &widest);
     if (ex != 0) {
@@ -301,130 +305,7 @@ int gram_compile(gram_kind kind, const char *src, size_t len, gram **out, gram_e
     return compile(kind, src, len, NULL, NULL, NULL, out, err);
 }
 
-int gb_compile_schema(const json_t *doc, const json_t *at, long *work, gram **out, gram_error *err)
+static int compile_sub(const json_t *doc, const json_t *at, long *work, gram **out, gram_error *err)
 {
     return compile(GRAM_SCHEMA, "", 0, doc, at, work, out, err);
-}
-
-gram *gram_ref(gram *g)
-{
-    atomic_fetch_add(&g->refs, 1);
-    return g;
-}
-
-void gram_unref(gram *g)
-{
-    if (g == NULL || atomic_fetch_sub(&g->refs, 1) != 1) return;
-    free(g->n);
-    free(g->cls);
-    free(g->rule_start);
-    free(g->live);
-    free(g);
-}
-
-size_t gram_nodes(const gram *g)
-{
-    return g->nn;
-}
-
-/* ---- The cache -------------------------------------------------------------- */
-
-typedef struct {
-    uint64_t hash;
-    gram_kind kind;
-    char *src;
-    size_t len;
-    gram *g;
-    uint64_t used;
-} centry;
-
-struct gram_cache {
-    pthread_mutex_t mu;
-    centry *e;
-    size_t cap, n;
-    uint64_t clock, hits, misses;
-};
-
-gram_cache *gram_cache_new(size_t capacity)
-{
-    gram_cache *c = calloc(1, sizeof *c);
-    if (c == NULL) return NULL;
-    c->cap = capacity ? capacity : 1;
-    c->e = calloc(c->cap, sizeof *c->e);
-    if (c->e == NULL) {
-        free(c);
-        return NULL;
-    }
-    pthread_mutex_init(&c->mu, NULL);
-    return c;
-}
-
-void gram_cache_free(gram_cache *c)
-{
-    if (c == NULL) return;
-    for (size_t i = 0; i < c->n; i++) {
-        free(c->e[i].src);
-        gram_unref(c->e[i].g);
-    }
-    free(c->e);
-    pthread_mutex_destroy(&c->mu);
-    free(c);
-}
-
-static uint64_t fnv(gram_kind kind, const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)kind;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
-
-int gram_cache_get(gram_cache *c, gram_kind kind, const char *src, size_t len, gram **out,
-                   gram_error *err)
-{
-    uint64_t h = fnv(kind, src, len);
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n; i++) {
-        centry *e = &c->e[i];
-        if (e->hash == h && e->kind == kind && e->len == len && memcmp(e->src, src, len) == 0) {
-            e->used = ++c->clock;
-            c->hits++;
-            *out = gram_ref(e->g);
-            pthread_mutex_unlock(&c->mu);
-            return 0;
-        }
-    }
-    c->misses++;
-    pthread_mutex_unlock(&c->mu);
-    /* Compiled outside the lock: two threads may compile one source at once;
-     * the second insert finds the first and keeps it. */
-    gram *g;
-    if (gram_compile(kind, src, len, &g, err) != 0) return -1;
-    char *copy = malloc(len + 1);
-    if (copy == NULL) {
-        *out = g;
-        return 0;
-    }
-    memcpy(copy, src, len);
-    pthread_mutex_lock(&c->mu);
-    size_t slot = c->n;
-    if (c->n == c->cap) {
-        slot = 0;
-        for (size_t i = 1; i < c->n; i++)
-            if (c->e[i].used < c->e[slot].used) slot = i;
-        free(c->e[slot].src);
-        gram_unref(c->e[slot].g);
-    } else
-        c->n++;
-    c->e[slot] = (centry){h, kind, copy, len, gram_ref(g), ++c->clock};
-    pthread_mutex_unlock(&c->mu);
-    *out = g;
-    return 0;
-}
-
-void gram_cache_stats(gram_cache *c, uint64_t *hits, uint64_t *misses)
-{
-    pthread_mutex_lock(&c->mu);
-    *hits = c->hits;
-    *misses = c->misses;
-    pthread_mutex_unlock(&c->mu);
 }

@@ -1,6 +1,6 @@
 /*
- * engine/grammar_build.c: the builder of structured outputs' automaton (the
- * gb_ calls of grammar_build.h). A recursive transition network over bytes:
+ * structured/build.c: the builder of structured outputs' automaton (the
+ * gb_ calls of build.h). A recursive transition network over bytes:
  * NFA nodes (a byte class, an epsilon split, a call of a rule, a rule's end)
  * in one array, built by Thompson's construction (fragments with one entry
  * and one open exit). Repetition re-emits its operand, recursion goes
@@ -9,7 +9,7 @@
  * characters (escaped as JSON writes them inside a string), one literal
  * character.
  */
-#include "grammar_build.h"
+#include "build.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,24 +1,22 @@
 /*
- * engine/grammar_build.h: what the structured-outputs compiler's files
+ * structured/build.h: what the structured-outputs compiler's files
  * share (gb_): the builder of the recursive transition network
- * (grammar_build.c) and the two front ends that drive it, the regex subset
- * (grammar_regex.c) and the JSON Schema walker (grammar_schema.c);
- * grammar.c checks the finished automaton and owns the compile. Internal.
+ * (build.c) and the two front ends that drive it, the regex subset
+ * (regex.c) and the JSON Schema walker (schema.c);
+ * compile.c checks the finished automaton and owns the compile. Internal.
  *
  * A build is one gb on the caller's stack. Every call takes it and, once
  * it has failed (b->failed, the message in *b->err), does nothing harmful:
  * nodes go to the dead sink, node 0, so the front ends need not check
  * after every call. Thread: a gb belongs to one thread.
  */
-#ifndef GPT2D_ENGINE_GRAMMAR_BUILD_H
-#define GPT2D_ENGINE_GRAMMAR_BUILD_H
+#ifndef GPT2D_STRUCTURED_BUILD_H
+#define GPT2D_STRUCTURED_BUILD_H
 
-#include "grammar_int.h"
+#include "automaton.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-struct json_t; /* jansson's */
 
 /* The largest count the front ends write out: a regex {m,n}, minLength and
  * maxLength, minItems and maxItems, prefixItems. */
@@ -81,22 +79,11 @@ frag gb_call(gb *b, int32_t rule);
 frag gb_chars(gb *b, const uint64_t ascii[2], int nonascii, int json);
 frag gb_char_lit(gb *b, const unsigned char *s, size_t n, int json);
 
-/* The front ends. gb_regex: the regex p[0..n) matching the whole output
- * (json: inside a JSON string); a refusal names kw and path.
- * gb_schema: the schema at of the JSON Schema document doc (both
- * borrowed; at is doc but for a checker), with a rule for each schema it
- * references; work: what proving oneOf's branches apart may still cost,
- * drawn on and written back (NULL: a fresh budget). gb_json_object: any
- * JSON object (compact). */
+/* The regex front end (regex.c), which the schema walker uses too: the
+ * regex p[0..n) matching the whole output (json: inside a JSON string); a
+ * refusal names kw and path. The schema walker's entry points are in
+ * schema.h. */
 frag gb_regex(gb *b, const char *p, size_t n, int json, const char *kw, const char *path);
-frag gb_schema(gb *b, const struct json_t *doc, const struct json_t *at, long *work);
-frag gb_json_object(gb *b);
-
-/* grammar.c's compile of the schema at of the parsed document doc (its
- * $refs resolved in doc), as gram_compile: the schema walker's checkers of
- * enum values; work as gb_schema's. */
-int gb_compile_schema(const struct json_t *doc, const struct json_t *at, long *work,
-                      struct gram **out, gram_error *err);
 
 #define INT_LIMIT 9999999999999999LL /* 16 digits: the generated integers' bound */
 

@@ -1,0 +1,54 @@
+/*
+ * engine/sched_seq.c: what both halves of the scheduler do to one sequence
+ * (scheduler.c: submit, cancel, plan; sched_step.c: execute, complete):
+ * free it, take it out of the running set, end it with its DONE event; and
+ * the clock both read. Below both, so that neither calls into the other.
+ */
+#include "sched_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double sch_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void sch_seq_free(eng_sched *s, sch_seq *q)
+{
+    eng_kv_release(s->kv, &q->kv);
+    free(q->phash);
+    free(q->plp);
+    free(q->tokens);
+    free((void *)q->req.sampling.bias);
+    if (q->req.mask.ops != NULL) q->req.mask.ops->free(q->req.mask.self);
+    free(q);
+}
+
+/* Removes q from the running set (order kept: admission order). */
+void sch_running_remove(eng_sched *s, sch_seq *q)
+{
+    for (size_t i = 0; i < s->nrunning; i++)
+        if (s->running[i] == q) {
+            memmove(s->running + i, s->running + i + 1, (s->nrunning - i - 1) * sizeof *s->running);
+            s->nrunning--;
+            return;
+        }
+}
+
+void sch_finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
+{
+    eng_event ev = {.kind = ENG_EV_DONE,
+                    .id = q->id,
+                    .finish = why,
+                    .message = message,
+                    .index = q->generated,
+                    .cached = q->cached};
+    eng_event_cb cb = q->req.on_event;
+    void *user = q->req.user;
+    sch_seq_free(s, q);
+    cb(user, &ev);
+}
