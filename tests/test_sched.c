@@ -665,6 +665,174 @@ static void run_all(eng_sched *s)
 }
 
 /* The same request alone, on a fresh scheduler without the cache. */
+/* ---- The mask provider (eng_mask) ------------------------------------------------ */
+
+/* A mask that allows the tokens t with t % 7 == rem, and records what the
+ * scheduler told it: the accepted tokens in order and how often it was
+ * freed. stuck_after: past that many tokens it allows none; fail_after:
+ * past that many it fails (error). 0: never. */
+typedef struct {
+    uint64_t bits[(600 + 63) / 64];
+    int32_t rem;
+    int32_t accepted[64];
+    size_t naccepted, stuck_after, fail_after;
+    int frees, refused;
+} test_mask;
+
+static const uint64_t *tm_allowed(void *self, size_t *nallowed)
+{
+    test_mask *m = self;
+    *nallowed = 0;
+    if (m->fail_after && m->naccepted >= m->fail_after) return NULL;
+    memset(m->bits, 0, sizeof m->bits);
+    if (m->stuck_after && m->naccepted >= m->stuck_after) return m->bits;
+    for (int32_t t = 0; t < 600; t++)
+        if (t % 7 == m->rem) {
+            m->bits[t / 64] |= 1ull << (t % 64);
+            ++*nallowed;
+        }
+    return m->bits;
+}
+
+static int tm_accept(void *self, int32_t token)
+{
+    test_mask *m = self;
+    if (token % 7 != m->rem) {
+        m->refused++;
+        return -1;
+    }
+    m->accepted[m->naccepted++] = token;
+    return 0;
+}
+
+static int tm_accepting(const void *self)
+{
+    (void)self;
+    return 1;
+}
+
+static const char *tm_error(const void *self)
+{
+    const test_mask *m = self;
+    return m->fail_after && m->naccepted >= m->fail_after ? "the test mask failed" : NULL;
+}
+
+static void tm_free(void *self)
+{
+    ((test_mask *)self)->frees++;
+}
+
+static const eng_mask_ops tm_ops = {.allowed = tm_allowed,
+                                    .accept = tm_accept,
+                                    .accepting = tm_accepting,
+                                    .error = tm_error,
+                                    .free = tm_free};
+
+static eng_status submit_masked(eng_sched *s, rec *r, test_mask *m, size_t n_vocab,
+                                size_t max_tokens, unsigned salt)
+{
+    int32_t p[8];
+    prompt_of(p, 8, salt);
+    eng_request q = {.prompt = p,
+                     .nprompt = 8,
+                     .max_tokens = max_tokens,
+                     .sampling = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f},
+                     .seed = salt,
+                     .ignore_eos = 1,
+                     .logprobs = 0,
+                     .on_event = on_event,
+                     .user = r};
+    if (m != NULL) q.mask = (eng_mask){.ops = &tm_ops, .self = m, .n_vocab = n_vocab};
+    char err[256];
+    r->s = s;
+    return eng_sched_submit(s, &q, &r->id, err, sizeof err);
+}
+
+START_TEST(sched_mask_constrains_its_sequence_only_and_is_freed_once)
+{
+    /* Alone, unmasked: the reference for the neighbour below. */
+    eng_sched *s = make_sched(64, 8, 8, 64);
+    static rec ref, masked, plain, stuck, failing, cancelled, queued;
+    memset(&ref, 0, sizeof ref);
+    ck_assert_int_eq(submit_masked(s, &ref, NULL, 0, 12, 5), ENG_OK);
+    run_all(s);
+    assert_idle(s);
+
+    /* A masked sequence beside the same unmasked one: every token of the
+     * masked one is allowed and was accepted in order; the neighbour's
+     * tokens and logprobs are the reference's, bit for bit. */
+    test_mask mk = {.rem = 3}, mst = {.rem = 1, .stuck_after = 4}, mf = {.rem = 2, .fail_after = 2};
+    memset(&masked, 0, sizeof masked);
+    memset(&plain, 0, sizeof plain);
+    memset(&stuck, 0, sizeof stuck);
+    memset(&failing, 0, sizeof failing);
+    ck_assert_int_eq(submit_masked(s, &masked, &mk, 600, 12, 6), ENG_OK);
+    ck_assert_int_eq(submit_masked(s, &plain, NULL, 0, 12, 5), ENG_OK);
+    ck_assert_int_eq(submit_masked(s, &stuck, &mst, 600, 12, 7), ENG_OK);
+    ck_assert_int_eq(submit_masked(s, &failing, &mf, 600, 12, 8), ENG_OK);
+    run_all(s);
+    ck_assert_uint_eq(masked.n, 12);
+    ck_assert_int_eq(masked.finish, ENG_FINISH_LENGTH);
+    ck_assert_uint_eq(mk.naccepted, 12);
+    ck_assert_int_eq(mk.refused, 0);
+    for (size_t k = 0; k < 12; k++) {
+        ck_assert_int_eq(masked.tokens[k] % 7, 3);
+        ck_assert_int_eq(mk.accepted[k], masked.tokens[k]);
+    }
+    ck_assert_int_eq(mk.frees, 1);
+    ck_assert_uint_eq(plain.n, ref.n);
+    for (size_t k = 0; k < ref.n; k++) {
+        ck_assert_int_eq(plain.tokens[k], ref.tokens[k]);
+        ck_assert(memcmp(&plain.logprobs[k], &ref.logprobs[k], sizeof(float)) == 0);
+    }
+    /* Nothing allowed: cut short as max_tokens cuts, no error. */
+    ck_assert_uint_eq(stuck.n, 4);
+    ck_assert_int_eq(stuck.finish, ENG_FINISH_LENGTH);
+    ck_assert_int_eq(mst.frees, 1);
+    /* A failing mask: an error with its message, counted. */
+    ck_assert_uint_eq(failing.n, 2);
+    ck_assert_int_eq(failing.finish, ENG_FINISH_ERROR);
+    ck_assert_int_eq(mf.frees, 1);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_eq(st.mask_errors, 1);
+    assert_idle(s);
+
+    /* Refused at submit: the caller keeps the mask (not freed). */
+    test_mask wrong = {.rem = 0};
+    rec dummy = {0};
+    ck_assert_int_eq(submit_masked(s, &dummy, &wrong, 599, 4, 9), ENG_EINVAL);
+    ck_assert_int_eq(wrong.frees, 0);
+    eng_mask_ops partial = tm_ops;
+    partial.accepting = NULL;
+    int32_t p1[1] = {1};
+    eng_request q = {.prompt = p1,
+                     .nprompt = 1,
+                     .max_tokens = 1,
+                     .logprobs = -1,
+                     .mask = {.ops = &partial, .self = &wrong, .n_vocab = 600},
+                     .on_event = on_event,
+                     .user = &dummy};
+    char err[256];
+    uint64_t id;
+    ck_assert_int_eq(eng_sched_submit(s, &q, &id, err, sizeof err), ENG_EINVAL);
+    ck_assert_int_eq(wrong.frees, 0);
+
+    /* Cancelled while waiting, and still queued when the scheduler is
+     * freed: freed once each. */
+    test_mask mc = {.rem = 4}, mq = {.rem = 5};
+    memset(&cancelled, 0, sizeof cancelled);
+    memset(&queued, 0, sizeof queued);
+    ck_assert_int_eq(submit_masked(s, &cancelled, &mc, 600, 8, 10), ENG_OK);
+    eng_sched_cancel(s, cancelled.id);
+    ck_assert_int_eq(cancelled.finish, ENG_FINISH_CANCELLED);
+    ck_assert_int_eq(mc.frees, 1);
+    ck_assert_int_eq(submit_masked(s, &queued, &mq, 600, 8, 11), ENG_OK);
+    eng_sched_free(s);
+    ck_assert_int_eq(mq.frees, 1);
+}
+END_TEST
+
 static void reference_lp(rec *r, const int32_t *p, size_t n, size_t max_tokens, uint64_t seed,
                          float temperature, int echo, int logprobs)
 {
@@ -1618,6 +1786,7 @@ int main(void)
     tcase_add_test(tc, sched_chunked_prefill_keeps_decoders_flowing);
     tcase_add_test(tc, sched_echo_logprobs_bias_and_penalties);
     tcase_add_test(tc, sched_end_of_text_ends_unless_ignored);
+    tcase_add_test(tc, sched_mask_constrains_its_sequence_only_and_is_freed_once);
     tcase_add_test(tc, sched_prefix_cache_same_bits_cached_partly_cached_or_not);
     tcase_add_test(tc, sched_prefix_cache_same_bits_batched_with_shared_prefixes);
     tcase_add_test(tc, sched_prefix_cache_choices_of_one_prompt_compute_it_once);
