@@ -9,14 +9,14 @@ For each module, two graphs between its files:
   - includes: A -> B when A (a .c or .h under the module's folder) has
     #include "B" that resolves to a file of the module (beside A, from the
     module's folder, or by a name only one of its files has).
-A node is a file without its extension: X.c and X.h beside it are one (and
-a header under include/ is one with the only X.c of the module, when there
-is one). Any strongly connected component of more than one node in the two
-graphs together is a failure: calls alone (A calls B, B calls A), includes
-alone (two headers including each other), or both (A calls B and B includes
-A's header: an include upward). There is no exemption for a group of files
-X_*.c beside X.c: such a group is ordered one way too. Calls through a
-function pointer are no edge: that is how news comes back up.
+A node is a file without its extension: X.c and the X.h beside it are one
+(a public header under include/ is a node of its own). Any strongly
+connected component of more than one node in the two graphs together is a
+failure: calls alone (A calls B, B calls A), includes alone (two headers
+including each other), or both (A calls B and B includes A's header: an
+include upward). There is no exemption for a group of files X_*.c beside
+X.c: such a group is ordered one way too. Calls through a function pointer
+are no edge: that is how news comes back up.
 
   check_modules.py NAME=SRCDIR:INPUT[,INPUT...] ...
 
@@ -118,20 +118,11 @@ def sources(root):
 
 def node_namer(files):
     """A function from a file (relative path) to its node: the path without
-    its extension, so that X.c and X.h beside it are one; a header with no
-    X.c beside it (include/X.h) joins the module's only X.c, if it has one."""
-    stems = {os.path.splitext(f)[0] for f in files if f.endswith('.c')}
-    by_base = {}
-    for s in stems:
-        by_base.setdefault(os.path.basename(s), []).append(s)
-
+    its extension, so that X.c and the X.h beside it are one. A header in
+    another folder (include/X.h, the module's public API) is a node of its
+    own: it declares the whole module's functions, not X.c's alone."""
     def node(rel):
-        stem = os.path.splitext(rel)[0]
-        if rel.endswith('.h') and stem not in stems:
-            same = by_base.get(os.path.basename(stem), [])
-            if len(same) == 1:
-                return same[0]
-        return stem
+        return os.path.splitext(rel)[0]
     return node
 
 
