@@ -7,7 +7,10 @@ in a meson executable's object folder exit 1 and print the edge with its
 symbol or header; the same trees made one-way exit 0; an input that is not
 built exits 2.
 
-  test_check_modules.py CHECK_MODULES.PY CC
+  test_check_modules.py CHECK_MODULES.PY CC [CC_ARG...]
+
+(the C compiler as meson runs it: cc.cmd_array(), a ccache wrapper
+included)
 """
 import os
 import subprocess
@@ -25,7 +28,7 @@ def write(root, rel, text):
 def compile_c(cc, root, rel, obj):
     """rel compiled to obj (under root), as meson would name it."""
     os.makedirs(os.path.dirname(os.path.join(root, obj)), exist_ok=True)
-    subprocess.run([cc, '-c', '-o', os.path.join(root, obj), os.path.join(root, rel)], check=True)
+    subprocess.run(cc + ['-c', '-o', os.path.join(root, obj), os.path.join(root, rel)], check=True)
     return os.path.join(root, obj)
 
 
@@ -66,10 +69,10 @@ def tree_calls(cc, root, cyclic):
 
 
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
-    t = Case(argv[1], argv[2])
+    t = Case(argv[1], argv[2:])
     with tempfile.TemporaryDirectory() as tmp:
         # A call cycle in a static library: the edge both ways, with its symbol.
         src, lib = tree_calls(t.cc, os.path.join(tmp, 'calls'), True)
