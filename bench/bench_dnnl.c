@@ -52,7 +52,8 @@
  * Built only where oneDNN (Debian's libdnnl-dev, a benchmark-only
  * dependency, like OpenBLAS) is found: bench/meson.build.
  */
-#include "bench_dnnl.h"
+#include "bench_dnnl_child.h"
+#include "bench_dnnl_onednn.h"
 #include "engine.h"
 
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -84,7 +85,7 @@ static const bd_shape shapes[] = {{"qkv", 768, 2304, 0},
                                   {"fc2", 3072, 768, 0},
                                   {"lm", 768, 50257, 1}};
 #define NSHAPES (sizeof shapes / sizeof shapes[0])
-_Static_assert(NSHAPES == BD_NSHAPES, "bench_dnnl.h counts the shapes");
+_Static_assert(NSHAPES == BD_NSHAPES, "bench_dnnl_shared.h counts the shapes");
 
 /* The five implementations, in the order each round runs them. */
 enum { G_F32, D_F32, G_BF16, G_BF16DP, D_BF16, NIMPL };
@@ -109,19 +110,6 @@ static void *arena_take(bd_arena *a, size_t bytes)
 
 /* ---- Data ---------------------------------------------------------------- */
 
-static float unit(unsigned *seed)
-{
-    *seed = *seed * 1103515245u + 12345u;
-    return (float)(*seed >> 9) / (float)(1u << 22) - 1.0f; /* [-1, 1) */
-}
-
-void gen_plain(float *w, const bd_shape *s, size_t c)
-{
-    unsigned seed = 1000u + 17u * (unsigned)c + (unsigned)s->K + 3u * (unsigned)s->N;
-    float scale = 1.0f / sqrtf((float)s->K);
-    for (size_t i = 0; i < s->K * s->N; i++) w[i] = unit(&seed) * scale;
-}
-
 /* gpt2d's array from the plain one: panel64 (kernels.h, op_w) for a
  * projection, wte as it is for the LM head. */
 static void to_gpt2d(float *dst, const float *plain, const bd_shape *s)
@@ -135,27 +123,7 @@ static void to_gpt2d(float *dst, const float *plain, const bd_shape *s)
             dst[((n / OP_PANEL) * s->K + k) * OP_PANEL + n % OP_PANEL] = plain[k * s->N + n];
 }
 
-void to_bf16(uint16_t *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] = op_f32_to_bf16_dp(src[i]);
-}
-
-/* ---- Clocks ---------------------------------------------------------------- */
-
-bd_time bd_now(void)
-{
-    struct timespec w, c;
-    clock_gettime(CLOCK_MONOTONIC, &w);
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c);
-    return (bd_time){(double)w.tv_sec + (double)w.tv_nsec / 1e9,
-                     (double)c.tv_sec + (double)c.tv_nsec / 1e9};
-}
-
-bd_time bd_since(bd_time t0)
-{
-    bd_time t1 = bd_now();
-    return (bd_time){t1.wall - t0.wall, t1.cpu - t0.cpu};
-}
+/* ---- Between rounds -------------------------------------------------------- */
 
 /* With several threads, the workers of the implementation that ran last
  * (OpenMP's spin for a while, gpt2d's pool's briefly) would take the
@@ -386,7 +354,7 @@ int main(int argc, char **argv)
     plain = malloc(KNmax * sizeof(float));
     if (plain == NULL) goto out;
     unsigned seed = 7;
-    for (size_t i = 0; i < Mmax * Kmax; i++) x[i] = unit(&seed);
+    for (size_t i = 0; i < Mmax * Kmax; i++) x[i] = bd_unit(&seed);
     for (size_t i = 0; i < NSHAPES; i++) {
         if (!sel[i]) continue;
         bd_data *d = &data[i];
@@ -402,7 +370,7 @@ int main(int argc, char **argv)
         }
         if (!d->s->lm) {
             d->bias = arena_take(&arena, d->s->N * sizeof(float));
-            for (size_t n = 0; n < d->s->N; n++) d->bias[n] = 0.1f * unit(&seed);
+            for (size_t n = 0; n < d->s->N; n++) d->bias[n] = 0.1f * bd_unit(&seed);
         }
     }
     size_t scratch_floats = op_matmul_scratch_floats(threads, mmK ? mmK : 1, mmN ? mmN : 1);

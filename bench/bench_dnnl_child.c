@@ -1,9 +1,9 @@
 /*
  * bench/bench_dnnl_child.c: gpt2d's side of bench_dnnl: one round of
  * op_matmul / op_lm_head over a shape's weight copies, and the child
- * process that runs them at the "avx512-bf16" level (bench_dnnl.h).
+ * process that runs them at the "avx512-bf16" level (bench_dnnl_child.h).
  */
-#include "bench_dnnl.h"
+#include "bench_dnnl_child.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /*
  * bench/bench_dnnl_onednn.c: oneDNN's side of bench_dnnl: its matmul
  * primitive over weights reordered once into the format it picks
- * (bench_dnnl.h). Every call's status is checked and reported.
+ * (bench_dnnl_onednn.h). Every call's status is checked and reported.
  */
-#include "bench_dnnl.h"
+#include "bench_dnnl_onednn.h"
 
 #include <oneapi/dnnl/dnnl_debug.h>
 
