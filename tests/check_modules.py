@@ -10,7 +10,11 @@ For each module, two graphs between its files:
     #include "B" that resolves to a file of the module (beside A, from the
     module's folder, or by a name only one of its files has).
 A node is a file without its extension: X.c and the X.h beside it are one
-(a public header under include/ is a node of its own). Any strongly
+when X.h is X.c's own header, declaring nothing that another file of the
+module defines. A header that declares several files' functions (a layer's
+shared header, such as server/http/http.h, or a public header under
+include/) is a node of its own: including it says nothing about which of
+those files one depends on. Any strongly
 connected component of more than one node in the two graphs together is a
 failure: calls alone (A calls B, B calls A), includes alone (two headers
 including each other), or both (A calls B and B includes A's header: an
@@ -116,14 +120,53 @@ def sources(root):
     return out
 
 
-def node_namer(files):
+def node_namer(files, own=None):
     """A function from a file (relative path) to its node: the path without
-    its extension, so that X.c and the X.h beside it are one. A header in
-    another folder (include/X.h, the module's public API) is a node of its
-    own: it declares the whole module's functions, not X.c's alone."""
+    its extension, so that X.c and the X.h beside it are one, when own
+    (the set of such headers that are X.c's own, below) holds X.h or own is
+    None. A header in another folder (include/X.h, the module's public API)
+    is a node of its own: it declares the whole module's functions."""
     def node(rel):
-        return os.path.splitext(rel)[0]
+        stem = os.path.splitext(rel)[0]
+        if rel.endswith('.h') and own is not None and rel not in own:
+            return rel
+        return stem
     return node
+
+
+COMMENT = re.compile(r'/\*.*?\*/|//[^\n]*', re.S)
+IDENT = re.compile(r'\b[A-Za-z_]\w*\b')
+
+
+def own_headers(root, files, defined):
+    """The headers X.h beside an X.c that are X.c's own: of the symbols the
+    module's objects define (defined: {source .c: symbols}), X.h names
+    (outside comments) only X.c's."""
+    everywhere = set().union(*defined.values()) if defined else set()
+    present = set(files)
+    out = set()
+    for rel in files:
+        if not rel.endswith('.h'):
+            continue
+        c = os.path.splitext(rel)[0] + '.c'
+        if c not in present:
+            continue
+        with open(os.path.join(root, rel), encoding='utf-8', errors='replace') as f:
+            names = set(IDENT.findall(COMMENT.sub(' ', f.read()))) & everywhere
+        if names <= defined.get(c, set()):
+            out.add(rel)
+    return out
+
+
+def defined_by_source(inputs, files):
+    """{source .c: the symbols its objects define}, over every input."""
+    source = object_namer(files)
+    out = {}
+    for inp in inputs:
+        for archive, obj in expand(inp):
+            for member, (defined, _) in nm_symbols(archive, obj).items():
+                out.setdefault(source(member), set()).update(defined)
+    return out
 
 
 def expand(inp):
@@ -273,7 +316,7 @@ def check_module(name, root, inputs, out=print):
     """Prints the module's cycles (or its ok line) with out; returns the
     number of cycles. Raises ValueError for an input with no objects."""
     files = sources(root)
-    node = node_namer(files)
+    node = node_namer(files, own_headers(root, files, defined_by_source(inputs, files)))
     calls, call_why = call_graph(inputs, files, node)
     includes, inc_why = include_graph(root, files, node)
     both = {}

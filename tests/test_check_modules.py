@@ -90,7 +90,7 @@ def main(argv):
         write(inc, 'src/main.c', '#include "x.h"\nint m_main(void);\nint m_main(void) { return 0; }\n')
         obj = compile_c(t.cc, inc, 'src/main.c', 'build/prog.p/main.c.o')
         t.run('include cycle', [f'm={inc}/src:{inc}/build/prog'], 1,
-              want=['(includes alone)', 'x -> y: x.h includes y.h', 'y -> x: y.h includes x.h'])
+              want=['(includes alone)', 'x.h -> y.h: x.h includes y.h', 'y.h -> x.h: y.h includes x.h'])
         write(inc, 'src/y.h', '/* includes nothing */\n')
         t.run('one-way includes', [f'm={inc}/src:{obj}'], 0, want=['ok m: 3 files'])
 
@@ -111,6 +111,27 @@ def main(argv):
                     'low -> top: low.c includes top.h'])
         write(up, 'src/low.c', '#include "low.h"\nint low_work(void) { return 1; }\n')
         t.run('no include upward', [f'u={up}/src:{lib}'], 0, want=['ok u:'])
+
+        # A layer's shared header: layer.h declares layer.c's and peer.c's
+        # functions, layer.c calls peer.c and both include layer.h. The
+        # header is a node of its own (it is not layer.c's alone), so no
+        # cycle; when it declares only layer.c's, it is layer.c's, and the
+        # same include from peer.c is upward.
+        sh = os.path.join(tmp, 'shared')
+        write(sh, 'src/layer.h', 'int layer_run(void);\nint peer_work(void);\n')
+        write(sh, 'src/layer.c', '#include "layer.h"\nint layer_run(void) { return peer_work(); }\n')
+        write(sh, 'src/peer.c', '#include "layer.h"\nint peer_work(void) { return 2; }\n')
+        objs = [compile_c(t.cc, sh, f'src/{f}', f'build/libs.a.p/{f}.o') for f in ('layer.c', 'peer.c')]
+        lib = archive(sh, 'build/libs.a', objs)
+        t.run('shared header', [f's={sh}/src:{lib}'], 0, want=['ok s:'])
+        write(sh, 'src/layer.h', 'int layer_run(void);\n')
+        write(sh, 'src/layer.c', '#include "layer.h"\nint peer_work(void);\n'
+              'int layer_run(void) { return peer_work(); }\n')
+        write(sh, 'src/peer.c', '#include "layer.h"\nint peer_work(void);\nint peer_work(void) { return 2; }\n')
+        objs = [compile_c(t.cc, sh, f'src/{f}', f'build/libs.a.p/{f}.o') for f in ('layer.c', 'peer.c')]
+        lib = archive(sh, 'build/libs.a', objs)
+        t.run('own header included upward', [f's={sh}/src:{lib}'], 1,
+              want=['layer -> peer: calls peer_work', 'peer -> layer: peer.c includes layer.h'])
 
         # A cycle across two libraries of one module (server's http and oai
         # link together), the objects named as meson names them in a
