@@ -84,7 +84,7 @@ typedef struct {
     char format_param[48];
 } oai_request;
 
-/* What the output must be (the values of engine/include/grammar.h's
+/* What the output must be (the values of structured/include/structured.h's
  * gram_kind, plus none; the server maps them). */
 typedef enum {
     OAI_FORMAT_NONE = -1,
@@ -166,7 +166,7 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
  * beside "type" ({"type": "json_schema", "name", "schema", "strict"}), is
  * read too. param names the field in errors ("response_format",
  * "text.format"). 0, or -1 with the 400 in err. Whether the schema is in
- * the subset is decided when it compiles (engine/include/grammar.h).
+ * the subset is decided when it compiles (structured/include/structured.h).
  */
 struct json_t;
 int oai_parse_format(const struct json_t *f, const char *param, oai_request *r, oai_error *err);
