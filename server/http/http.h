@@ -35,7 +35,7 @@
  *
  * Thread: the loop thread.
  *
- * Prefixes: srv_ (the shared server object), http_ (requests, routing,
+ * Prefixes: srv_ (this layer's state, srv_req), http_ (requests, routing,
  * responses), conn_ (connections), loop_ (libmicrohttpd in libuv), log_,
  * tls_ (HTTPS), met_ (the counters).
  */
