@@ -15,14 +15,13 @@ the way down) are no edge: that is how news comes back up.
   check_server_layers.py SERVER_DIR LIB.a...
 
 Besides, the layers' order: a file of a lower layer (http/ below api/
-below daemon/) neither calls nor includes one of a higher layer, so the
-layers read top-down (daemon -> api -> http) with no edge upward, even one
-that closes no cycle. A leaf (a file that calls and includes no other
-server/ file: the pure parsers oai.c and sse.c, metrics.c's counters,
-systemd.c's protocol) is a library below every layer, wherever its folder
-puts it, and any file may use it. A module split over files counts as one:
-X.c, X.h and X_*.c / X_*.h beside them (oai.c, oai_chat.c, oai_resp.c and
-their private oai_int.h call and include only each other: one leaf).
+below daemon/) neither calls nor includes one in a higher layer's folder,
+so the layers read top-down (daemon -> api -> http) with no edge upward,
+even one that closes no cycle, and even to a leaf (a file that calls and
+includes no other server/ file): what a lower layer uses lives in its
+folder or below it (the JSON error body is http/error_json.c, the HTTP
+layer's counters http/counters.c), so that a header's folder says which
+layers may include it (issue 33).
 
 Prints every cycle and upward edge found (one per strongly connected component, as a path)
 and exits 1, or prints how many objects and files it read and exits 0.
@@ -195,38 +194,11 @@ def layer_of(rel):
     return LAYERS.get(top) if '/' in rel else None
 
 
-def module_of(rel, stems):
-    """A file's module: its path without the extension (a .c and its .h are
-    one), or X where it is X_something beside an X.c or X.h (a module split
-    over files, with its private header)."""
-    stem = os.path.splitext(rel)[0]
-    folder, base = os.path.split(stem)
-    head = base.split('_', 1)[0]
-    if head != base and os.path.join(folder, head) in stems:
-        return os.path.join(folder, head)
-    return stem
-
-
-def leaves_of(calls, includes):
-    """Modules (module_of) with no edge out in either graph: a header's
-    include of its own leaf's types, or a call between the files of one
-    module, is no edge out."""
-    stems = {os.path.splitext(f)[0] for g in (calls, includes) for f in g}
-    out = {}
-    for g in (calls, includes):
-        for a, bs in g.items():
-            mod = module_of(a, stems)
-            out.setdefault(mod, set()).update(module_of(b, stems) for b in bs)
-    return {mod for mod, bs in out.items() if not (bs - {mod})}, stems
-
-
-def report_upward(kind, graph, why=None, leaves=frozenset(), stems=frozenset()):
+def report_upward(kind, graph, why=None):
     bad = 0
     for a in sorted(graph):
         for b in sorted(graph[a]):
             la, lb = layer_of(a), layer_of(b)
-            if module_of(b, stems) in leaves:
-                continue
             if la is not None and lb is not None and lb < la:
                 what = f': {", ".join(sorted(why.get((a, b), ())))}' if why else ''
                 print(f'{kind} edge upward, from the {a.split("/")[0]} layer to the '
@@ -245,9 +217,7 @@ def main(argv):
     calls, why = call_graph(libs)
     includes = include_graph(root)
     n = report('call', calls, why) + report('include', includes)
-    leaves, stems = leaves_of(calls, includes)
-    n += (report_upward('call', calls, why, leaves, stems)
-          + report_upward('include', includes, None, leaves, stems))
+    n += report_upward('call', calls, why) + report_upward('include', includes)
     if n:
         print(f'FAIL: {n} cycle(s) or upward edge(s); a file that calls into a file that called it shows a concern in '
               'the wrong file (STYLE.md Part 3)')

@@ -646,8 +646,9 @@ static int has_line(const char *page, const char *line)
 
 START_TEST(met_render_counters_and_histograms_prometheus)
 {
-    srv_metrics m;
-    met_init(&m);
+    http_metrics m;   /* the HTTP layer's counters */
+    cmpl_metrics api; /* the API layer's */
+    met_init(&m, &api);
     met_count_request(&m, "/health", 200, 0);
     met_count_request(&m, "/health", 200, 0);
     met_count_request(&m, "/v1/completions", 429, 0);
@@ -660,9 +661,9 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     met_count_request(&m, "/v1/responses/resp_1", 404, 0);
     met_count_request(&m, "/v1/responses/resp_2/input_items", 404, 0);
     met_count_request(&m, "/v1/responses/", 404, 0); /* no id: another route */
-    met_observe(&m.ttft, 0.003);
-    met_observe(&m.ttft, 0.2);
-    met_observe(&m.ttft, 1000); /* past the last bucket: only +Inf */
+    met_observe(&api.ttft, 0.003);
+    met_observe(&api.ttft, 0.2);
+    met_observe(&api.ttft, 1000); /* past the last bucket: only +Inf */
     m.prompt_tokens = 7;
     eng_sched_stats st;
     memset(&st, 0, sizeof st);
@@ -684,7 +685,7 @@ START_TEST(met_render_counters_and_histograms_prometheus)
                      .virtual_bytes = -1, /* unknown: left out */
                      .open_fds = 7,
                      .max_fds = 1024};
-    ck_assert_int_eq(met_render(&m, &st, &info, &page, &len), 0);
+    ck_assert_int_eq(met_render(&m, &api, &st, &info, &page, &len), 0);
     ck_assert_uint_eq(strlen(page), len);
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/health\",status=\"200\"} 2"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/completions\",status=\"429\"} 1"));

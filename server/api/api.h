@@ -15,7 +15,7 @@
  *                  parser its caller gives); /tokenize and /detokenize
  *   tokpool.c      the tokenizer threads (low priority)
  *   step.c         the engine step driver: one step at a time on the
- *                  libuv work queue, then the srv's after-step hook
+ *                  libuv work queue, then the srv_api's after-step hook
  *   responses.c    /v1/responses: a Responses request onto the chat
  *                  completion (its template, job, SSE writer), the
  *                  response object and its semantic stream events;
@@ -29,12 +29,17 @@
  *   chat_template.c the chat template (pure)
  *   sse.c          SSE framing (pure)
  *
+ * This layer's state is struct srv_api (below): the daemon makes it and
+ * links it to the srv (srv.api), so that a route finds it through its
+ * request (r->s->api); the HTTP layer holds it only as an opaque pointer.
+ *
  * Thread: the loop thread, except tokenize's job (on tokpool.c's threads)
  * and the step (eng_sched_execute, on the libuv work queue).
  *
  * Prefixes: cmpl_ (completions), lp_ (logprobs), tok_ (the tokenizer
  * job), tpool_ (its threads), step_ (the step driver), oai_, sse_, resp_
- * (the Responses route), rs_ (its store).
+ * (the Responses route), rs_ (its store), srv_api (the state), met_ (the
+ * counters' reasons).
  */
 #ifndef GPT2D_SERVER_API_H
 #define GPT2D_SERVER_API_H
@@ -42,6 +47,8 @@
 #include "api/oai.h"
 #include "api/sse.h"
 #include "http/http.h"
+#include "structured.h"
+#include "tokenizer.h"
 
 /* The longest stop string a request may give; the stop matcher holds back
  * less than this, so its output fits on the stack. */
@@ -58,6 +65,69 @@ typedef struct tokpool tokpool;
 typedef struct tok_job tok_job;
 typedef struct cmpl_job cmpl_job;
 typedef struct resp_store resp_store;
+typedef struct srv_api srv_api;
+
+/* ---- The API layer's state -------------------------------------------------- */
+
+/* Why a request's generation was cancelled before it finished
+ * (gpt2d_requests_cancelled_total{reason}); each request counts once. */
+typedef enum {
+    MET_CANCEL_CLIENT_CLOSED,  /* its client closed the connection */
+    MET_CANCEL_QUEUE_TIMEOUT,  /* it waited longer than queue_timeout */
+    MET_CANCEL_TIMEOUT,        /* its own timeout passed */
+    MET_CANCEL_STREAM_STALLED, /* its stream stayed unread (stream_stall_timeout) */
+    MET_CANCEL_SHUTDOWN,       /* the drain's end */
+    MET_CANCEL_RESPONSE_BYTES, /* its answer outgrew max_response_bytes */
+    MET_CANCEL_REASONS
+} met_cancel_reason;
+
+/* What this layer counts for /metrics (the daemon renders it beside the
+ * HTTP layer's http_metrics); loop thread only. */
+typedef struct {
+    uint64_t cancelled[MET_CANCEL_REASONS];
+    met_hist ttft, itl;               /* completions.c: a choice's tokens' times */
+    met_hist step_seconds, step_rows; /* step.c: each engine step */
+} cmpl_metrics;
+
+struct srv_api {
+    /* The served model, its tokenizer and chat template (chat_on 0 when
+     * chat_template is "none"); the daemon loads them. The scheduler is
+     * srv.sched. */
+    eng_model *model;
+    bpe *tok;
+    oai_template chat;
+    int chat_on;
+    char fingerprint[32]; /* system_fingerprint */
+    /* Structured outputs: the trie of the vocabulary's token bytes, and the
+     * compiled grammars by a hash of their source (bounded, locked inside:
+     * the tokenizer threads compile). */
+    gram_vocab *gvocab;
+    gram_cache *gcache;
+    /* tokenize.c, tokpool.c: the tokenizer threads, the requests on them,
+     * and those waiting for a tokenize slot (tokenize_concurrency), oldest
+     * first; at most max_queue of them. */
+    tokpool *tokpool;
+    size_t tokenizing;
+    srv_req *tok_wait_head, *tok_wait_tail;
+    size_t tok_nwait;
+    /* step.c: the step in flight on the work queue, and when it started
+     * (the daemon's watchdog reads it). */
+    uv_work_t work;
+    int in_flight;
+    double step_started;
+    unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
+    /* The hook the completions register on the way down (daemon.c):
+     * after each engine step's events are delivered (step.c, which
+     * completions.c calls, so it cannot call back by name). */
+    void (*after_step)(srv *s);
+    srv_req *cmpl_list;     /* requests with engine work, newest first (cmpl_job.c) */
+    resp_store *resp_store; /* stored responses (resp_store.c; NULL: none yet) */
+    /* The daemon's drain, as the routes see it (lifecycle.c sets them):
+     * draining, new completions get 503; cut, the drain is over and what
+     * still ran was ended (a final event, or 503). */
+    int draining, cut;
+    cmpl_metrics met;
+};
 
 /* ---- The jobs ------------------------------------------------------------- */
 
@@ -77,7 +147,7 @@ struct tok_job {
     /* Where it is: */
     srv_req *qnext; /* tokpool.c's queues */
     int on_thread;  /* a tokenizer thread holds it (and a reference to r) */
-    int waiting;    /* in the srv's tokenize wait list (wprev, wnext) */
+    int waiting;    /* in the srv_api's tokenize wait list (wprev, wnext) */
     srv_req *wprev, *wnext;
     /* What it made: */
     json_t *tokenize_body; /* /tokenize: the parsed body, which holds the text */
@@ -172,7 +242,7 @@ struct cmpl_job {
     int error_status;
     char error_msg[256];
     const char *error_code;  /* its OpenAI error code, or NULL */
-    srv_req *prev, *next;    /* the srv's list of requests with engine work */
+    srv_req *prev, *next;    /* the srv_api's list of requests with engine work */
     int cancel_counted;      /* gpt2d_requests_cancelled_total counted it */
     size_t answer_bytes;     /* what the answer holds so far (max_response_bytes) */
     const cmpl_shape *shape; /* NULL: completions' or chat's own */
@@ -199,7 +269,7 @@ struct cmpl_job {
 
 /* ---- Structured outputs (completions.c) -------------------------------------- */
 
-/* The vocabulary's trie and the grammar cache of s (GRAM_CACHE_ENTRIES),
+/* The vocabulary's trie and the grammar cache of s->api (GRAM_CACHE_ENTRIES),
  * from its tokenizer. 0, or -1 (out of memory). */
 #define GRAM_CACHE_ENTRIES 64
 int srv_grammar_init(srv *s);
@@ -246,14 +316,14 @@ static inline size_t cmpl_lp_bytes(size_t ntop)
  * with a 400 naming the fields (an error event for a stream) and cancels
  * what still generates. */
 void cmpl_grow(srv_req *r, size_t bytes);
-/* Puts r on, and takes it off, the srv's list of requests with engine
+/* Puts r on, and takes it off, the srv_api's list of requests with engine
  * work (the tick's). */
 void cmpl_list_add(srv_req *r);
 
 /* ---- step.c ---------------------------------------------------------------- */
 
 /* Starts an engine step on the work queue if one is planned and none runs;
- * after it, the events are delivered (cmpl_on_event), then s->after_step. */
+ * after it, the events are delivered (cmpl_on_event), then s->api->after_step. */
 void step_kick(srv *s);
 
 /* ---- completions.c --------------------------------------------------------- */
@@ -282,7 +352,7 @@ int cmpl_compile_format(srv_req *r);
  * 503), its own timeout, a stalled stream's cancel, a waiting stream's
  * ": waiting" comment; then the tokenizer's wait list. */
 void cmpl_tick(srv *s, double now);
-/* After each step (srv.after_step): streams whose clients fell behind sit
+/* After each step (srv_api.after_step): streams whose clients fell behind sit
  * out the next step. */
 void cmpl_after_step(srv *s);
 /* The drain's end (lifecycle.c): every completion still generating ends
@@ -308,6 +378,8 @@ void cmpl_chat_open(srv_req *r);
 void cmpl_finish_stream(srv_req *r);
 /* The non-streaming answer (the continuation of a suspended completion). */
 enum MHD_Result cmpl_send(srv_req *r);
+/* The answer of an OpenAI error e (a parse's or a format's: its status). */
+enum MHD_Result cmpl_send_oai_error(srv_req *r, const oai_error *e);
 /* Queues the SSE response of r. */
 enum MHD_Result cmpl_start_stream(srv_req *r);
 /* best_of: one prompt's best_of candidates (mean token logprob mean_lp[j])
@@ -425,9 +497,9 @@ void tok_closed(srv_req *r);
  * (NULL: none) is run first, where the tokenizing runs: a body that is
  * the work (parse sets the job's texts; -1 sets parse_failed). */
 enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then);
-/* Starts s->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
+/* Starts s->api->tokpool with tokenize_concurrency threads. 0, or -1 with err. */
 int tok_pool_start(srv *s, char *err, size_t errlen);
-/* Stops s->tokpool's threads (after uv_run returned) and frees the
+/* Stops s->api->tokpool's threads (after uv_run returned) and frees the
  * requests they held, whose connections libmicrohttpd has closed. */
 void tok_pool_free(srv *s);
 /* The 1 s tick: waiting bodies past queue_timeout get 503. */

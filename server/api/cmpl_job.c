@@ -2,7 +2,7 @@
  * server/api/cmpl_job.c: the completion job of a request (struct cmpl_job,
  * api.h): made with its tokenizer job when a completion route takes the
  * request, freed with the request by the free hook registered here; its
- * token counts; cancelling what it runs; the srv's list of requests with
+ * token counts; cancelling what it runs; the srv_api's list of requests with
  * engine work, which the tick and the after-step hook walk.
  */
 #include "api/api.h"
@@ -16,8 +16,8 @@ static void list_remove(srv_req *r)
     cmpl_job *j = r->cmpl;
     if (j->prev)
         j->prev->cmpl->next = j->next;
-    else if (r->s->cmpl_list == r)
-        r->s->cmpl_list = j->next;
+    else if (r->s->api->cmpl_list == r)
+        r->s->api->cmpl_list = j->next;
     if (j->next) j->next->cmpl->prev = j->prev;
     j->prev = j->next = NULL;
 }
@@ -25,9 +25,9 @@ static void list_remove(srv_req *r)
 void cmpl_list_add(srv_req *r)
 {
     srv *s = r->s;
-    r->cmpl->next = s->cmpl_list;
-    if (s->cmpl_list) s->cmpl_list->cmpl->prev = r;
-    s->cmpl_list = r;
+    r->cmpl->next = s->api->cmpl_list;
+    if (s->api->cmpl_list) s->api->cmpl_list->cmpl->prev = r;
+    s->api->cmpl_list = r;
 }
 
 size_t cmpl_completion_tokens(const srv_req *r)
@@ -49,7 +49,7 @@ void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
 {
     if (r->cmpl->nlive > 0 && !r->cmpl->cancel_counted) {
         r->cmpl->cancel_counted = 1;
-        met_count_cancelled(&r->s->met, why);
+        if ((unsigned)why < MET_CANCEL_REASONS) r->s->api->met.cancelled[why]++;
     }
     cmpl_cancel_all(r);
 }

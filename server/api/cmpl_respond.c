@@ -17,7 +17,7 @@ json_t *cmpl_base(const srv_req *r)
                                                 : "chat.completion";
     return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", object, "created",
                      (json_int_t)r->created, "model", r->s->cfg.model_name, "system_fingerprint",
-                     r->s->fingerprint);
+                     r->s->api->fingerprint);
 }
 
 /* One streamed choice: completions {text, index, logprobs, finish_reason},
@@ -177,8 +177,8 @@ static json_t *choice_text_json(srv_req *r, size_t pi, const srv_choice *c, char
     if (!r->cmpl->oreq.echo) return json_stringn(c->text ? c->text : "", c->text_len);
     char *pt;
     size_t plen;
-    if (tok_ids_text(r->s->tok, r->tok->prompt_ids[pi], r->tok->prompt_len[pi], &pt, &plen, err,
-                     errlen)
+    if (tok_ids_text(r->s->api->tok, r->tok->prompt_ids[pi], r->tok->prompt_len[pi], &pt, &plen,
+                     err, errlen)
         != BPE_OK)
         return NULL;
     char *joined = realloc(pt, plen + c->text_len + 1);
@@ -449,5 +449,13 @@ enum MHD_Result cmpl_start_stream(srv_req *r)
     http_resp_headers(r, resp, 200);
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
+    return rc;
+}
+
+enum MHD_Result cmpl_send_oai_error(srv_req *r, const oai_error *e)
+{
+    char *js = oai_error_json(e);
+    enum MHD_Result rc = http_send_json(r, (unsigned)e->status, js ? js : "{}", NULL);
+    free(js);
     return rc;
 }

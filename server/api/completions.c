@@ -21,6 +21,10 @@
 #include <string.h>
 #include <time.h>
 
+/* The HTTP layer's http_cache_salt reads at most HTTP_MAX_CACHE_SALT bytes
+ * of the cache_salt oai.c accepts. */
+_Static_assert(OAI_MAX_CACHE_SALT == HTTP_MAX_CACHE_SALT, "cache_salt bounds disagree");
+
 void cmpl_choice_text(srv_choice *c, const char *p, size_t n)
 {
     while (c->trim && n > 0 && *p == ' ') { /* chat: the reply starts at its first word */
@@ -60,9 +64,9 @@ static void on_token(srv_choice *c, const eng_event *ev)
     double t = log_now();
     if (r->t_first == 0) r->t_first = t;
     if (c->tokens == 0)
-        met_observe(&r->s->met.ttft, t - r->t_start);
+        met_observe(&r->s->api->met.ttft, t - r->t_start);
     else
-        met_observe(&r->s->met.itl, t - c->t_last);
+        met_observe(&r->s->api->met.itl, t - c->t_last);
     c->t_last = t;
     c->tokens++;
     c->lp_sum += ev->logprob;
@@ -78,7 +82,7 @@ static void on_token(srv_choice *c, const eng_event *ev)
         if (!c->stopped) lp_add(c, ev->token, ev, off);
     }
     size_t len;
-    const char *b = eot ? NULL : bpe_token_bytes(r->s->tok, ev->token, &len);
+    const char *b = eot ? NULL : bpe_token_bytes(r->s->api->tok, ev->token, &len);
     if (b != NULL) {
         char buf[UTF8_STREAM_MAX_OUT(SRV_MAX_TOKEN_BYTES)];
         if (len > SRV_MAX_TOKEN_BYTES) len = SRV_MAX_TOKEN_BYTES;
@@ -185,25 +189,26 @@ static const eng_mask_ops format_mask_ops = {
 /* A fresh walk of g for one sequence, as its mask; 0, or -1 out of memory. */
 static int format_mask_new(srv *s, gram *g, eng_mask *out)
 {
-    gram_matcher *m = gram_matcher_new(g, s->gvocab);
+    gram_matcher *m = gram_matcher_new(g, s->api->gvocab);
     if (m == NULL) return -1;
-    *out = (eng_mask){.ops = &format_mask_ops, .self = m, .n_vocab = gram_vocab_size(s->gvocab)};
+    *out =
+        (eng_mask){.ops = &format_mask_ops, .self = m, .n_vocab = gram_vocab_size(s->api->gvocab)};
     return 0;
 }
 
 int srv_grammar_init(srv *s)
 {
-    size_t V = bpe_vocab_size(s->tok);
+    size_t V = bpe_vocab_size(s->api->tok);
     const char **tok = malloc(V * sizeof *tok);
     size_t *len = malloc(V * sizeof *len);
     int rc = -1;
     if (tok != NULL && len != NULL) {
-        for (size_t i = 0; i < V; i++) tok[i] = bpe_token_bytes(s->tok, (int32_t)i, &len[i]);
-        rc = gram_vocab_new(tok, len, V, BPE_EOT, &s->gvocab);
+        for (size_t i = 0; i < V; i++) tok[i] = bpe_token_bytes(s->api->tok, (int32_t)i, &len[i]);
+        rc = gram_vocab_new(tok, len, V, BPE_EOT, &s->api->gvocab);
     }
     free(tok);
     free(len);
-    if (rc == 0 && (s->gcache = gram_cache_new(GRAM_CACHE_ENTRIES)) == NULL) rc = -1;
+    if (rc == 0 && (s->api->gcache = gram_cache_new(GRAM_CACHE_ENTRIES)) == NULL) rc = -1;
     return rc;
 }
 
@@ -215,7 +220,7 @@ int cmpl_compile_format(srv_req *r)
     cmpl_job *j = r->cmpl;
     const oai_request *q = &j->oreq;
     gram_error ge;
-    if (gram_cache_get(r->s->gcache, (gram_kind)q->format, q->format_src ? q->format_src : "",
+    if (gram_cache_get(r->s->api->gcache, (gram_kind)q->format, q->format_src ? q->format_src : "",
                        q->format_len, &j->grammar, &ge)
         != 0) {
         j->format_failed = 1;
@@ -237,7 +242,7 @@ int cmpl_parse(srv_req *r)
     oai_error *e = &r->cmpl->parse_err;
     const char *body = r->body ? r->body : "";
     if ((r->cmpl->chat
-             ? oai_parse_chat(body, r->body_len, &r->cmpl->lim, &s->chat, &r->cmpl->oreq, e)
+             ? oai_parse_chat(body, r->body_len, &r->cmpl->lim, &s->api->chat, &r->cmpl->oreq, e)
              : oai_parse_completion(body, r->body_len, &r->cmpl->lim, &r->cmpl->oreq, e))
         != 0)
         return -1;
@@ -316,7 +321,7 @@ static int parsed_ok(srv_req *r, enum MHD_Result *rc)
 static enum MHD_Result after_worker_parse(srv_req *r)
 {
     assert(r->state == HTTP_REQ_TOKENIZING);
-    if (r->tok->parse_failed) return http_send_oai_error(r, &r->cmpl->parse_err);
+    if (r->tok->parse_failed) return cmpl_send_oai_error(r, &r->cmpl->parse_err);
     enum MHD_Result rc;
     if (!parsed_ok(r, &rc)) return rc;
     return cmpl_admit(r);
@@ -336,8 +341,8 @@ static enum MHD_Result route(srv_req *r, int chat)
 {
     assert(r->state == HTTP_REQ_BODY);
     srv *s = r->s;
-    if (s->draining) return cmpl_refuse_draining(r);
-    const eng_config *mc = eng_model_config(s->model);
+    if (s->api->draining) return cmpl_refuse_draining(r);
+    const eng_config *mc = eng_model_config(s->api->model);
     r->kind = R_COMPLETIONS;
     if (cmpl_job_new(r) == NULL)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
@@ -351,7 +356,7 @@ static enum MHD_Result route(srv_req *r, int chat)
                                 .chat_max_tokens = s->cfg.chat_max_tokens};
     if (r->body_len >= SRV_TOKENIZE_INLINE_BYTES) /* parsed where it is tokenized */
         return tok_prompts(r, cmpl_parse, after_worker_parse);
-    if (cmpl_parse(r) != 0) return http_send_oai_error(r, &r->cmpl->parse_err);
+    if (cmpl_parse(r) != 0) return cmpl_send_oai_error(r, &r->cmpl->parse_err);
     enum MHD_Result rc;
     if (!parsed_ok(r, &rc)) return rc;
     return tok_prompts(r, NULL, cmpl_admit);
@@ -364,7 +369,7 @@ enum MHD_Result cmpl_route(srv_req *r)
 
 enum MHD_Result cmpl_route_chat(srv_req *r)
 {
-    if (!r->s->chat_on)
+    if (!r->s->api->chat_on)
         return http_send_error(r, 400, "invalid_request_error", "chat_not_supported", NULL, NULL,
                                "This server has no chat template (chat_template = none): send "
                                "the text to continue to /v1/completions");
@@ -375,7 +380,7 @@ enum MHD_Result cmpl_route_chat(srv_req *r)
 static int prompts_fit(srv_req *r, enum MHD_Result *rc)
 {
     srv *s = r->s;
-    const eng_config *mc = eng_model_config(s->model);
+    const eng_config *mc = eng_model_config(s->api->model);
     oai_request *q = &r->cmpl->oreq;
     for (size_t i = 0; i < q->nprompts; i++) {
         if (r->tok->prompt_len[i] == 0) { /* "": the text starts, as with no prompt */
@@ -477,7 +482,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
     }
     if (q->nstop > 0 && (c->stop = stop_new(stops, q->stop_len, q->nstop)) == NULL)
         return ENG_ENOMEM;
-    c->trim = q->chat && r->s->chat.trim_reply;
+    c->trim = q->chat && r->s->api->chat.trim_reply;
     eng_request er = {
         .prompt = r->tok->prompt_ids[c->prompt],
         .nprompt = r->tok->prompt_len[c->prompt],
@@ -543,9 +548,9 @@ enum MHD_Result cmpl_admit(srv_req *r)
         return http_send_status(r, HTTP_SRC_BPE, (int)r->tok->status, "prompt", r->tok->err);
     if (r->cmpl->format_failed) {
         log_line("info", "%s: %s refused: %s", r->id, q->format_param, r->cmpl->format_err.message);
-        return http_send_oai_error(r, &r->cmpl->format_err);
+        return cmpl_send_oai_error(r, &r->cmpl->format_err);
     }
-    if (s->cut) /* tokenized while the drain ended */
+    if (s->api->cut) /* tokenized while the drain ended */
         return http_send_error(r, 503, "server_error", "server_shutting_down", NULL, "5",
                                "The server is shutting down; retry on another replica");
     if (!prompts_fit(r, &rc)) return rc;
@@ -589,8 +594,8 @@ enum MHD_Result cmpl_admit(srv_req *r)
             srv_choice *c = &r->cmpl->choices[i];
             char *t, err[64];
             size_t tn;
-            if (tok_ids_text(s->tok, r->tok->prompt_ids[c->prompt], r->tok->prompt_len[c->prompt],
-                             &t, &tn, err, sizeof err)
+            if (tok_ids_text(s->api->tok, r->tok->prompt_ids[c->prompt],
+                             r->tok->prompt_len[c->prompt], &t, &tn, err, sizeof err)
                 != BPE_OK) {
                 cmpl_fail_oom(r); /* the ids were checked: only memory can fail */
                 break;
@@ -612,7 +617,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
 void cmpl_tick(srv *s, double now)
 {
     srv_req *next;
-    for (srv_req *r = s->cmpl_list; r != NULL; r = next) {
+    for (srv_req *r = s->api->cmpl_list; r != NULL; r = next) {
         next = r->cmpl->next;
         if (r->conn == NULL || r->cmpl->nlive == 0) continue;
         double age = now - r->t_start;
@@ -660,14 +665,14 @@ void cmpl_tick(srv *s, double now)
 
 void cmpl_after_step(srv *s)
 {
-    for (srv_req *r = s->cmpl_list; r != NULL; r = r->cmpl->next) cmpl_backlog(r);
+    for (srv_req *r = s->api->cmpl_list; r != NULL; r = r->cmpl->next) cmpl_backlog(r);
 }
 
 size_t cmpl_cut_all(srv *s, const char *why)
 {
     size_t n = 0;
     srv_req *next;
-    for (srv_req *r = s->cmpl_list; r != NULL; r = next) {
+    for (srv_req *r = s->api->cmpl_list; r != NULL; r = next) {
         next = r->cmpl->next;
         if (r->conn == NULL || r->cmpl->nlive == 0) continue;
         /* Its DONE events (now, or when the step in flight is back) end the

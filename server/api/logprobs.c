@@ -27,7 +27,7 @@ size_t lp_count(const json_t *lp)
 static json_t *token_json(const srv *s, int32_t id)
 {
     size_t len;
-    const char *b = bpe_token_bytes(s->tok, id, &len);
+    const char *b = bpe_token_bytes(s->api->tok, id, &len);
     if (b == NULL) return json_string("");
     if (utf8_valid(b, len)) return json_stringn(b, len);
     char buf[6 + 4 * 256 + 1];
@@ -42,7 +42,7 @@ static json_t *token_json(const srv *s, int32_t id)
 static json_t *token_bytes(const srv *s, int32_t id)
 {
     size_t len;
-    const char *b = bpe_token_bytes(s->tok, id, &len);
+    const char *b = bpe_token_bytes(s->api->tok, id, &len);
     json_t *a = json_array();
     for (size_t i = 0; b != NULL && i < len; i++)
         json_array_append_new(a, json_integer((unsigned char)b[i]));
@@ -52,7 +52,7 @@ static json_t *token_bytes(const srv *s, int32_t id)
 size_t lp_offset_feed(srv_choice *c, int32_t id)
 {
     size_t before = c->off_chars, len;
-    const char *b = bpe_token_bytes(c->req->s->tok, id, &len);
+    const char *b = bpe_token_bytes(c->req->s->api->tok, id, &len);
     if (b == NULL) return before;
     char out[UTF8_STREAM_MAX_OUT(256)];
     size_t n = utf8_stream_feed(&c->off_utf8, b, len > 256 ? 256 : len, out);

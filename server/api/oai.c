@@ -7,6 +7,7 @@
  * was expected and what came, as OpenAI's own 400s do.
  */
 #include "oai_int.h"
+#include "http/error_json.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -17,32 +18,6 @@
 #include <string.h>
 
 #define INVALID "invalid_request_error"
-
-/* Messages may quote the client's bytes (jansson's "near '...'") and may be
- * cut mid-character by the buffer: every byte that is not part of valid
- * UTF-8 becomes '?', so the error body is always valid JSON. */
-static void sanitize(char *p)
-{
-    unsigned char *u = (unsigned char *)p;
-    size_t n = strlen(p), i = 0;
-    while (i < n) {
-        unsigned c = u[i];
-        size_t len = c < 0x80                 ? 1
-                     : c >= 0xC2 && c <= 0xDF ? 2
-                     : c >= 0xE0 && c <= 0xEF ? 3
-                     : c >= 0xF0 && c <= 0xF4 ? 4
-                                              : 0;
-        int ok = len > 0 && i + len <= n;
-        for (size_t k = 1; ok && k < len; k++) ok = (u[i + k] & 0xC0) == 0x80;
-        if (ok && len == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0) && !(c == 0xED && u[i + 1] > 0x9F);
-        if (ok && len == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);
-        if (!ok) {
-            u[i++] = '?';
-            continue;
-        }
-        i += len;
-    }
-}
 
 void oai_error_set(oai_error *err, int status, const char *type, const char *code,
                    const char *param, const char *fmt, ...)
@@ -55,20 +30,13 @@ void oai_error_set(oai_error *err, int status, const char *type, const char *cod
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
-    sanitize(err->message);
-    sanitize(err->param);
+    http_error_sanitize(err->message);
+    http_error_sanitize(err->param);
 }
 
 char *oai_error_json(const oai_error *err)
 {
-    json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", err->message, "type",
-                          err->type ? err->type : "server_error", "param",
-                          err->param[0] ? json_string(err->param) : json_null(), "code",
-                          err->code ? json_string(err->code) : json_null());
-    if (e == NULL) return NULL;
-    char *s = json_dumps(e, JSON_COMPACT);
-    json_decref(e);
-    return s;
+    return http_error_json(err->type, err->code, err->param, err->message);
 }
 
 void oai_request_free(oai_request *r)
@@ -98,7 +66,7 @@ int oai_bad(oai_error *err, const char *param, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
-    sanitize(err->message);
+    http_error_sanitize(err->message);
     return -1;
 }
 

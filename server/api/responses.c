@@ -179,7 +179,7 @@ static void store_put(srv_req *r, json_t *response, const char *text, size_t len
     resp_job *j = job_of(r);
     srv *s = r->s;
     if (!j->rq.store) return;
-    if (s->resp_store == NULL && (s->resp_store = rs_new()) == NULL) goto oom;
+    if (s->api->resp_store == NULL && (s->api->resp_store = rs_new()) == NULL) goto oom;
     rs_entry *e = calloc(1, sizeof *e);
     if (e == NULL) goto oom;
     snprintf(e->id, sizeof e->id, "%s", r->id);
@@ -205,7 +205,7 @@ static void store_put(srv_req *r, json_t *response, const char *text, size_t len
         e->conv[i].len = n;
         e->nconv = i + 1;
     }
-    if (!rs_put(s->resp_store, e, s->cfg.responses_store_max, s->cfg.responses_store_bytes))
+    if (!rs_put(s->api->resp_store, e, s->cfg.responses_store_max, s->cfg.responses_store_bytes))
         log_line("info", "%s: not stored: over responses_store_max or responses_store_bytes",
                  r->id);
     return;
@@ -371,7 +371,7 @@ static int render(const srv_req *r, char **out, size_t *len)
     if (j->rq.instructions != NULL)
         m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
     for (size_t i = j->dropped; i < j->nconv; i++) m[k++] = j->conv[i];
-    int rc = oai_render(&r->s->chat, m, k, out, len);
+    int rc = oai_render(&r->s->api->chat, m, k, out, len);
     free(m); /* the texts are j's */
     return rc;
 }
@@ -381,7 +381,7 @@ static int render(const srv_req *r, char **out, size_t *len)
  * any room left: the reply is cut to what fits). */
 static int prompt_fits(const srv_req *r, size_t n)
 {
-    const eng_config *mc = eng_model_config(r->s->model);
+    const eng_config *mc = eng_model_config(r->s->api->model);
     const oai_request *q = &r->cmpl->oreq;
     if (n > r->s->cfg.max_prompt_tokens) return 0;
     return q->max_tokens_auto ? n < mc->n_ctx : n + q->max_tokens <= mc->n_ctx;
@@ -392,7 +392,7 @@ static int prompt_fits(const srv_req *r, size_t n)
  * half the context, whichever is less). */
 static size_t prompt_budget(const srv_req *r)
 {
-    const eng_config *mc = eng_model_config(r->s->model);
+    const eng_config *mc = eng_model_config(r->s->api->model);
     const oai_request *q = &r->cmpl->oreq;
     size_t out = q->max_tokens;
     if (q->max_tokens_auto && out > mc->n_ctx / 2) out = mc->n_ctx / 2;
@@ -425,8 +425,8 @@ static size_t count_tokens(const bpe *tok, const oai_template *t, const oai_msg 
 static int truncate_auto(srv_req *r, size_t budget)
 {
     resp_job *j = job_of(r);
-    const bpe *tok = r->s->tok;
-    const oai_template *t = &r->s->chat;
+    const bpe *tok = r->s->api->tok;
+    const oai_template *t = &r->s->api->chat;
     size_t *count = calloc(j->nconv, sizeof *count);
     if (count == NULL) return -1;
     /* The fixed part: begin, the instructions, generation; each message's
@@ -481,7 +481,7 @@ static enum MHD_Result after_tokenize(srv_req *r)
     int too_long = r->tok->failed || !prompt_fits(r, r->tok->prompt_len[0]);
     if (too_long && j->rq.truncation_auto && truncate_auto(r, budget) == 0) too_long = 0;
     if (too_long) {
-        const eng_config *mc = eng_model_config(r->s->model);
+        const eng_config *mc = eng_model_config(r->s->api->model);
         return http_send_error(
             r, 400, "invalid_request_error", "context_length_exceeded", "input", NULL,
             "The input is %s%zu tokens in the chat template; this model's "
@@ -536,7 +536,7 @@ static int resolve_ref(srv_req *r, oai_msg *m, size_t i, enum MHD_Result *rc)
     const rs_entry *e = NULL;
     if (hex != NULL && hn > 0 && hn + 6 < sizeof rid) {
         snprintf(rid, sizeof rid, "resp_%.*s", (int)hn, hex);
-        e = rs_get(r->s->resp_store, rid, r->key_id);
+        e = rs_get(r->s->api->resp_store, rid, r->key_id);
     }
     size_t nin = e ? json_array_size(e->input_items) : 0;
     const oai_msg *src = e == NULL || e->nconv < nin + 1 ? NULL
@@ -571,7 +571,7 @@ static int build_conv(srv_req *r, enum MHD_Result *rc)
     resp_job *j = job_of(r);
     const rs_entry *prev = NULL;
     if (j->rq.previous_id != NULL) {
-        prev = rs_get(r->s->resp_store, j->rq.previous_id, r->key_id);
+        prev = rs_get(r->s->api->resp_store, j->rq.previous_id, r->key_id);
         if (prev == NULL) {
             *rc = http_send_error(r, 404, "invalid_request_error", "previous_response_not_found",
                                   "previous_response_id", NULL,
@@ -612,13 +612,13 @@ enum MHD_Result resp_route(srv_req *r)
 {
     assert(r->state == HTTP_REQ_BODY);
     srv *s = r->s;
-    if (s->draining) return cmpl_refuse_draining(r);
-    if (!s->chat_on)
+    if (s->api->draining) return cmpl_refuse_draining(r);
+    if (!s->api->chat_on)
         return http_send_error(r, 400, "invalid_request_error", "chat_not_supported", NULL, NULL,
                                "This server has no chat template (chat_template = none), which "
                                "/v1/responses needs: send the text to continue to "
                                "/v1/completions");
-    const eng_config *mc = eng_model_config(s->model);
+    const eng_config *mc = eng_model_config(s->api->model);
     r->kind = R_COMPLETIONS;
     if (cmpl_job_new(r) == NULL)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
@@ -635,10 +635,10 @@ enum MHD_Result resp_route(srv_req *r)
                                 .max_stop_bytes = SRV_MAX_STOP_BYTES,
                                 .max_prompts = 1,
                                 .chat_max_tokens = s->cfg.chat_max_tokens};
-    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &s->chat, &j->rq,
-                            &r->cmpl->parse_err)
+    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &s->api->chat,
+                            &j->rq, &r->cmpl->parse_err)
         != 0)
-        return http_send_oai_error(r, &r->cmpl->parse_err);
+        return cmpl_send_oai_error(r, &r->cmpl->parse_err);
     r->cmpl->oreq = j->rq.req; /* moved: the job frees it */
     memset(&j->rq.req, 0, sizeof j->rq.req);
     oai_request *q = &r->cmpl->oreq;
@@ -738,7 +738,7 @@ enum MHD_Result resp_route_get(srv_req *r)
     if (path_id(r, id, sizeof id, &items) != 0)
         return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
                                "Unknown route %s %s", r->method, r->url);
-    const rs_entry *e = rs_get(r->s->resp_store, id, r->key_id);
+    const rs_entry *e = rs_get(r->s->api->resp_store, id, r->key_id);
     if (e == NULL) return not_found(r, id);
     if (items) return send_items(r, e);
     return http_send_obj(r, json_incref(e->response));
@@ -751,7 +751,7 @@ enum MHD_Result resp_route_delete(srv_req *r)
     if (path_id(r, id, sizeof id, &items) != 0 || items)
         return http_send_error(r, 404, "invalid_request_error", NULL, NULL, NULL,
                                "Unknown route %s %s", r->method, r->url);
-    if (rs_delete(r->s->resp_store, id, r->key_id) != 0) return not_found(r, id);
+    if (rs_delete(r->s->api->resp_store, id, r->key_id) != 0) return not_found(r, id);
     return http_send_obj(
         r, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1));
 }

@@ -170,7 +170,8 @@ static void detokenize_run(srv_req *r)
     }
     char *text;
     size_t tn;
-    bpe_status st = tok_ids_text(r->s->tok, ids, n, &text, &tn, r->tok->err, sizeof r->tok->err);
+    bpe_status st =
+        tok_ids_text(r->s->api->tok, ids, n, &text, &tn, r->tok->err, sizeof r->tok->err);
     if (st != BPE_OK) {
         r->tok->failed = 1;
         r->tok->status = st;
@@ -240,7 +241,7 @@ static void tokenize_run(srv_req *r)
          * prompt costs the work of its first tokens, not of all of them. */
         size_t max = r->tok->max_prompt_tokens;
         bpe_status st =
-            bpe_encode_special_max(r->s->tok, text, len, max, &r->tok->prompt_ids[i],
+            bpe_encode_special_max(r->s->api->tok, text, len, max, &r->tok->prompt_ids[i],
                                    &r->tok->prompt_len[i], r->tok->err, sizeof r->tok->err);
         if (st == BPE_ETOOBIG && max != SIZE_MAX)
             snprintf(r->tok->err, sizeof r->tok->err,
@@ -259,8 +260,8 @@ static void tok_start(srv_req *r)
 {
     http_req_hold(r); /* the thread's reference, released by tok_done */
     r->tok->on_thread = 1;
-    r->s->tokenizing++;
-    tpool_submit(r->s->tokpool, r);
+    r->s->api->tokenizing++;
+    tpool_submit(r->s->api->tokpool, r);
 }
 
 static void tok_unwait(srv_req *r)
@@ -270,21 +271,21 @@ static void tok_unwait(srv_req *r)
     if (r->tok->wprev)
         r->tok->wprev->tok->wnext = r->tok->wnext;
     else
-        s->tok_wait_head = r->tok->wnext;
+        s->api->tok_wait_head = r->tok->wnext;
     if (r->tok->wnext)
         r->tok->wnext->tok->wprev = r->tok->wprev;
     else
-        s->tok_wait_tail = r->tok->wprev;
+        s->api->tok_wait_tail = r->tok->wprev;
     r->tok->wprev = r->tok->wnext = NULL;
     r->tok->waiting = 0;
-    s->tok_nwait--;
+    s->api->tok_nwait--;
 }
 
 /* Starts waiting bodies while slots are free. */
 static void tok_admit_waiting(srv *s)
 {
-    while (s->tokenizing < s->cfg.tokenize_concurrency && s->tok_wait_head != NULL) {
-        srv_req *r = s->tok_wait_head;
+    while (s->api->tokenizing < s->cfg.tokenize_concurrency && s->api->tok_wait_head != NULL) {
+        srv_req *r = s->api->tok_wait_head;
         tok_unwait(r);
         tok_start(r);
     }
@@ -304,7 +305,7 @@ static enum MHD_Result tok_expired(srv_req *r)
 void tok_tick(srv *s, double now)
 {
     srv_req *next;
-    for (srv_req *r = s->tok_wait_head; r != NULL; r = next) {
+    for (srv_req *r = s->api->tok_wait_head; r != NULL; r = next) {
         next = r->tok->wnext;
         if (now - r->t_start <= s->cfg.queue_timeout_s) break; /* oldest first */
         tok_unwait(r);
@@ -316,7 +317,7 @@ void tok_tick(srv *s, double now)
 /* A tokenizer thread is done with r (loop thread). */
 static void tok_done(srv_req *r)
 {
-    r->s->tokenizing--;
+    r->s->api->tokenizing--;
     r->tok->on_thread = 0;
     srv *s = r->s;
     tok_admit_waiting(s);
@@ -327,8 +328,8 @@ static void tok_done(srv_req *r)
 
 int tok_pool_start(srv *s, char *err, size_t errlen)
 {
-    return tpool_new(s->loop, s->cfg.tokenize_concurrency, tokenize_run, tok_done, &s->tokpool, err,
-                     errlen);
+    return tpool_new(s->loop, s->cfg.tokenize_concurrency, tokenize_run, tok_done, &s->api->tokpool,
+                     err, errlen);
 }
 
 /* A request the tokenizer threads held when the server stopped. */
@@ -340,8 +341,8 @@ static void tok_drop(srv_req *r)
 
 void tok_pool_free(srv *s)
 {
-    tpool_free(s->tokpool, tok_drop);
-    s->tokpool = NULL;
+    tpool_free(s->api->tokpool, tok_drop);
+    s->api->tokpool = NULL;
 }
 
 void tok_closed(srv_req *r)
@@ -364,22 +365,22 @@ enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then
     if (r->tok->heavy) bytes = SRV_TOKENIZE_INLINE_BYTES; /* off the loop thread */
     srv *s = r->s;
     if (bytes >= SRV_TOKENIZE_INLINE_BYTES) {
-        if (s->tokenizing < s->cfg.tokenize_concurrency) {
+        if (s->api->tokenizing < s->cfg.tokenize_concurrency) {
             http_req_set_state(r, HTTP_REQ_TOKENIZING);
             http_suspend(r, then);
             tok_start(r);
             return MHD_YES;
-        } else if (s->tok_nwait < s->cfg.max_queue) {
+        } else if (s->api->tok_nwait < s->cfg.max_queue) {
             /* Wait for a slot: a tokenizer on every core would hold up the
              * engine's steps (and every stream's next token). */
             r->tok->waiting = 1;
-            r->tok->wprev = s->tok_wait_tail;
-            if (s->tok_wait_tail)
-                s->tok_wait_tail->tok->wnext = r;
+            r->tok->wprev = s->api->tok_wait_tail;
+            if (s->api->tok_wait_tail)
+                s->api->tok_wait_tail->tok->wnext = r;
             else
-                s->tok_wait_head = r;
-            s->tok_wait_tail = r;
-            s->tok_nwait++;
+                s->api->tok_wait_head = r;
+            s->api->tok_wait_tail = r;
+            s->api->tok_nwait++;
             http_req_set_state(r, HTTP_REQ_TOKENIZING);
             http_suspend(r, then);
             return MHD_YES;
@@ -389,7 +390,7 @@ enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then
             return http_send_error(r, 429, "rate_limit_exceeded", "rate_limit_exceeded", NULL, ra,
                                    "The server is busy (%zu request bodies wait to be tokenized); "
                                    "retry after %s s",
-                                   s->tok_nwait, ra);
+                                   s->api->tok_nwait, ra);
         }
     }
     tokenize_run(r);

@@ -87,9 +87,9 @@ static int address_free(const struct sockaddr_storage *ss, char *err, size_t err
  * name, owner and description; random weights are a warning. */
 static void model_lines(const srv *s)
 {
-    const eng_about *a = eng_model_about(s->model);
+    const eng_about *a = eng_model_about(s->api->model);
     char d[sizeof a->description + 64];
-    srv_model_description(s->model, d, sizeof d);
+    srv_model_description(s->api->model, d, sizeof d);
     log_line("info", "model: %s, owned by %s%s%s", s->cfg.model_name,
              a->owned_by[0] != '\0' ? a->owned_by : "gpt2d", d[0] != '\0' ? ": " : "",
              d[0] != '\0' ? d : "(the checkpoint does not describe itself)");
@@ -190,17 +190,25 @@ int srv_main(int argc, char **argv)
     }
     srv_sd_init();
     log_set_journal(srv_sd_journal());
+    /* Each layer's state (http.h, api.h, daemon.h), linked: the upper
+     * layers' code finds its own through the srv (s->api, s->daemon). */
     srv s;
+    srv_api a;
+    srv_daemon d;
     memset(&s, 0, sizeof s);
+    memset(&a, 0, sizeof a);
+    memset(&d, 0, sizeof d);
+    s.api = &a;
+    s.daemon = &d;
     char err[1024];
-    met_init(&s.met);
+    met_init(&s.met, &a.met);
     /* The prefix cache salts' key (http/router.c): new at every start. */
     if (getrandom(s.salt_secret, sizeof s.salt_secret, 0) != (ssize_t)sizeof s.salt_secret) {
         log_fatal("getrandom: no random bytes for the prefix cache salts");
         return 1;
     }
-    s.argc = argc;
-    s.argv = argv;
+    d.argc = argc;
+    d.argv = argv;
     if (srv_config_read(&s.cfg, argc, argv, err, sizeof err) != CFG_OK) {
         log_fatal(err);
         if (strncmp(err, "unknown option", 14) == 0) serve_usage(stderr);
@@ -209,34 +217,34 @@ int srv_main(int argc, char **argv)
     {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
-        s.started_wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+        d.started_wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
     }
     /* The chat template: built in, none, or an operator's file. */
     if (strcmp(s.cfg.chat_template, "none") == 0) {
-        s.chat_on = 0;
+        a.chat_on = 0;
     } else if (strcmp(s.cfg.chat_template, "default") == 0) {
-        if (oai_template_default(&s.chat) != 0) {
+        if (oai_template_default(&a.chat) != 0) {
             log_fatal("out of memory");
             return 1;
         }
-        s.chat_on = 1;
+        a.chat_on = 1;
     } else {
         char terr[512];
-        if (oai_template_load(s.cfg.chat_template, &s.chat, terr, sizeof terr) != 0) {
+        if (oai_template_load(s.cfg.chat_template, &a.chat, terr, sizeof terr) != 0) {
             snprintf(err, sizeof err, "chat_template: %s", terr);
             log_fatal(err);
             return 2;
         }
-        s.chat_on = 1;
+        a.chat_on = 1;
     }
     log_set_level(s.cfg.log_level);
     const char *delay = getenv("GPT2D_TEST_STEP_DELAY_MS");
     if (delay != NULL && atoi(delay) > 0) {
-        s.step_delay_ms = (unsigned)atoi(delay);
+        a.step_delay_ms = (unsigned)atoi(delay);
         log_line("warn",
                  "GPT2D_TEST_STEP_DELAY_MS: every step sleeps %u ms (a test of a wedged "
                  "engine; never set it in production)",
-                 s.step_delay_ms);
+                 a.step_delay_ms);
     }
     int rc = 1;
     /* Listen on the socket systemd passed (gpt2d.socket), else bind host:port.
@@ -277,8 +285,8 @@ int srv_main(int argc, char **argv)
     log_line("info", "loading %s", s.cfg.model_dir);
     srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
     srv_model_watch_init(&s); /* the file's identity before it is read */
-    if (bpe_load_dir(s.cfg.model_dir, &s.tok, err, sizeof err) != BPE_OK
-        || eng_model_load(s.cfg.model_dir, &s.model, err, sizeof err) != ENG_OK) {
+    if (bpe_load_dir(s.cfg.model_dir, &a.tok, err, sizeof err) != BPE_OK
+        || eng_model_load(s.cfg.model_dir, &a.model, err, sizeof err) != ENG_OK) {
         log_fatal(err);
         goto done;
     }
@@ -287,23 +295,23 @@ int srv_main(int argc, char **argv)
         goto done;
     }
     log_line("info", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
-             eng_model_dtype(s.model), eng_model_layout(s.model),
-             (double)eng_model_weight_bytes(s.model) / 1e6, eng_model_kernels(s.model));
-    if (eng_model_pair_bytes(s.model) > 0) {
-        int q8 = strcmp(eng_model_dtype(s.model), "q8") == 0;
+             eng_model_dtype(a.model), eng_model_layout(a.model),
+             (double)eng_model_weight_bytes(a.model) / 1e6, eng_model_kernels(a.model));
+    if (eng_model_pair_bytes(a.model) > 0) {
+        int q8 = strcmp(eng_model_dtype(a.model), "q8") == 0;
         log_line("info",
                  "built the %s copy for the %s kernels: %.1f MB private (GPT2D_KERNELS=avx512 "
                  "reads the file's pages instead)",
                  q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
-                 q8 ? "avx512-vnni" : "avx512-bf16", (double)eng_model_pair_bytes(s.model) / 1e6);
+                 q8 ? "avx512-vnni" : "avx512-bf16", (double)eng_model_pair_bytes(a.model) / 1e6);
     }
-    srv_model_names(&s.cfg, s.model);
+    srv_model_names(&s.cfg, a.model);
     model_lines(&s);
-    if (eng_model_copied_bytes(s.model) > 0)
+    if (eng_model_copied_bytes(a.model) > 0)
         log_line("warn",
                  "copied %.1f MB of misaligned weights; "
                  "`gpt2d convert` writes a file that maps without copying",
-                 (double)eng_model_copied_bytes(s.model) / 1e6);
+                 (double)eng_model_copied_bytes(a.model) / 1e6);
     eng_sched_opts so = {.kv_bytes = s.cfg.kv_cache_mb << 20,
                          .block_len = s.cfg.kv_block,
                          .max_running = s.cfg.max_running,
@@ -311,7 +319,7 @@ int srv_main(int argc, char **argv)
                          .step_tokens = s.cfg.step_tokens,
                          .threads = s.cfg.threads,
                          .prefix_cache = s.cfg.prefix_cache};
-    if (eng_sched_new(s.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
+    if (eng_sched_new(a.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
         log_fatal(err);
         goto done;
     }
@@ -321,7 +329,7 @@ int srv_main(int argc, char **argv)
         goto done;
     }
     log_line("info", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
-    const eng_config *mc = eng_model_config(s.model);
+    const eng_config *mc = eng_model_config(a.model);
     /* system_fingerprint: changes with the build and with the weights file. */
     {
         char path[CFG_STR_MAX + 32];
@@ -335,7 +343,7 @@ int srv_main(int argc, char **argv)
                                  (uint64_t)st.st_ino};
             for (int i = 0; i < 3; i++) h = (h ^ parts[i]) * 0x100000001B3ull;
         }
-        snprintf(s.fingerprint, sizeof s.fingerprint, "fp_%012llx",
+        snprintf(a.fingerprint, sizeof a.fingerprint, "fp_%012llx",
                  (unsigned long long)(h & 0xFFFFFFFFFFFFull));
     }
     http_route routes[SRV_MAX_ROUTES];
@@ -399,21 +407,21 @@ int srv_main(int argc, char **argv)
     uv_poll_start(&s.poll, UV_READABLE, loop_on_poll);
     uv_timer_init(s.loop, &s.timer);
     s.timer.data = &s;
-    uv_timer_init(s.loop, &s.drain_timer);
-    s.drain_timer.data = &s;
+    uv_timer_init(s.loop, &d.drain_timer);
+    d.drain_timer.data = &s;
     /* The hook the completions register on the way down: their
      * back-pressure after each step (the 1 s tick calls cmpl_tick itself). */
-    s.after_step = cmpl_after_step;
-    uv_timer_init(s.loop, &s.tick);
-    s.tick.data = &s;
-    uv_timer_start(&s.tick, srv_on_tick, 1000, 1000);
+    a.after_step = cmpl_after_step;
+    uv_timer_init(s.loop, &d.tick);
+    d.tick.data = &s;
+    uv_timer_start(&d.tick, srv_on_tick, 1000, 1000);
     uv_timer_init(s.loop, &s.sweep);
     s.sweep.data = &s;
     uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
     srv_signals_start(&s);
     srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
-    int random = strcmp(eng_model_about(s.model)->weights, "random") == 0;
+    int random = strcmp(eng_model_about(a.model)->weights, "random") == 0;
     if (lfd >= 0)
         log_line("info",
                  "serving %s (%zu layers, width %zu%s) on the socket systemd passed (port %u, %s)",
@@ -427,18 +435,18 @@ int srv_main(int argc, char **argv)
         log_line("info", "HTTPS with %s (key %s); SIGHUP reads them again", s.cfg.tls_cert_file,
                  s.cfg.tls_key_file);
     try_lines(&s.cfg, scheme, pi ? pi->port : s.cfg.port);
-    uv_timer_init(s.loop, &s.watchdog);
-    s.watchdog.data = &s;
-    uv_timer_init(s.loop, &s.info_timer);
-    s.info_timer.data = &s;
-    s.info_last = log_now();
+    uv_timer_init(s.loop, &d.watchdog);
+    d.watchdog.data = &s;
+    uv_timer_init(s.loop, &d.info_timer);
+    d.info_timer.data = &s;
+    d.info_last = log_now();
     if (s.cfg.info_interval_s > 0) {
         uint64_t ms = (uint64_t)(s.cfg.info_interval_s * 1000);
-        uv_timer_start(&s.info_timer, srv_on_info, ms > 0 ? ms : 1, ms > 0 ? ms : 1);
+        uv_timer_start(&d.info_timer, srv_on_info, ms > 0 ? ms : 1, ms > 0 ? ms : 1);
     }
     if (srv_sd_watchdog_usec() > 0) {
         uint64_t ms = srv_sd_watchdog_usec() / 2000;
-        uv_timer_start(&s.watchdog, srv_on_watchdog, 0, ms > 0 ? ms : 1);
+        uv_timer_start(&d.watchdog, srv_on_watchdog, 0, ms > 0 ? ms : 1);
     }
     /* Ready only now: the model is loaded and the socket is listening. */
     srv_sd_notify("READY=1");
@@ -451,20 +459,20 @@ int srv_main(int argc, char **argv)
     conn_resume_all(&s);
     MHD_stop_daemon(s.mhd);
     s.mhd = NULL;
-    rc = s.exit_code;
+    rc = d.exit_code;
     log_line("info", "stopped (exit status %d)", rc);
 done:
     /* The loop's end (close_all) closed the pool; a start-up failure did not. */
-    if (!s.closed) tpool_close(s.tokpool);
+    if (!s.closed) tpool_close(a.tokpool);
     tok_pool_free(&s);
-    rs_free(s.resp_store); /* nothing stored outlives the process */
+    rs_free(a.resp_store); /* nothing stored outlives the process */
     tls_close(&s);         /* after MHD_stop_daemon: no handshake is left */
-    oai_template_free(&s.chat);
+    oai_template_free(&a.chat);
     eng_sched_free(s.sched);
-    eng_model_free(s.model);
-    gram_cache_free(s.gcache);
-    gram_vocab_free(s.gvocab);
-    bpe_free(s.tok);
+    eng_model_free(a.model);
+    gram_cache_free(a.gcache);
+    gram_vocab_free(a.gvocab);
+    bpe_free(a.tok);
     if (s.loop != NULL) uv_loop_close(s.loop);
     return rc;
 }

@@ -16,14 +16,66 @@
  *   metrics.c     counters, histograms, the Prometheus page (a leaf)
  *   systemd.c     sd_notify, the watchdog interval, the journal (a leaf)
  *
+ * Its state is struct srv_daemon (below): srv_main makes it beside the
+ * HTTP layer's srv and the API layer's srv_api, and links the three
+ * (srv.api, srv.daemon); the layers below see it only as an opaque
+ * pointer.
+ *
  * Thread: the loop thread (modelwatch.c's SIGBUS handler aside).
  *
- * Prefixes: srv_ (daemon), probe_, ui_, met_.
+ * Prefixes: srv_ (daemon), probe_, ui_, met_ (the /metrics page).
  */
 #ifndef GPT2D_SERVER_DAEMON_H
 #define GPT2D_SERVER_DAEMON_H
 
 #include "api/api.h"
+#include "daemon/metrics.h"
+
+/* ---- The daemon's state (srv_main makes it) -------------------------------- */
+
+/* What identifies a file's contents cheaply: a copy over it changes the
+ * size or the modification time, a rename over it the inode. */
+typedef struct {
+    int exists;
+    uint64_t dev, ino, size;
+    int64_t mtime_s, mtime_ns;
+} srv_file_id;
+/* Words of the model file's digest (modelwatch.c): four lanes and the
+ * length. */
+#define SRV_DIGEST_WORDS 5
+
+typedef struct srv_daemon srv_daemon;
+struct srv_daemon {
+    /* lifecycle.c: the signals, the drain (its timer and start) and its
+     * end; exit_code is srv_main's status once the loop ends. */
+    uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
+    uv_timer_t drain_timer;
+    double drain_started;
+    double cut_at;
+    int exit_code;
+    /* reload.c: the command line, read again on SIGHUP. */
+    int argc;
+    char **argv;
+    /* timers.c: the 1 s tick; systemd's watchdog and the last STATUS= line
+     * sent; the periodic info line (when it was last written, and the
+     * token counters then). */
+    uv_timer_t tick;
+    uv_timer_t watchdog;
+    char sd_status[160];
+    uv_timer_t info_timer;
+    double info_last;
+    uint64_t info_prompt, info_completion;
+    double started_wall; /* Unix seconds at start-up (process_start_time_seconds) */
+    /* modelwatch.c: the served weights file as it was loaded. */
+    uv_timer_t model_timer;
+    char model_path[CFG_STR_MAX + 32];
+    srv_file_id model_id;
+    /* The digest of its bytes as loaded (model_digest_ok once known), and
+     * the digest job in flight on the work queue (NULL: none). */
+    uint64_t model_digest[SRV_DIGEST_WORDS];
+    int model_digest_ok;
+    struct mw_job *model_job;
+};
 
 /* ---- lifecycle.c, reload.c, modelwatch.c ---------------------------------- */
 

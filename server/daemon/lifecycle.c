@@ -21,7 +21,7 @@
  *
  * Stopping the loop closes its handles; uv_run returns once the step in
  * flight (if any) is back, and srv_main stops libmicrohttpd, which closes
- * whatever connection is left, and returns s->exit_code.
+ * whatever connection is left, and returns s->daemon->exit_code.
  *
  *   serving -> draining -> (cut ->) closed
  *
@@ -48,14 +48,22 @@ static void close_all(srv *s)
     s->closed = 1;
     conn_close_unanswered(s); /* a request still unanswered gets a 503, not a bare close */
     uv_handle_t *handles[] = {
-        (uv_handle_t *)&s->tick,     (uv_handle_t *)&s->drain_timer, (uv_handle_t *)&s->timer,
-        (uv_handle_t *)&s->watchdog, (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->sigterm,
-        (uv_handle_t *)&s->sigint,   (uv_handle_t *)&s->sighup,      (uv_handle_t *)&s->sigusr1,
-        (uv_handle_t *)&s->sigusr2,  (uv_handle_t *)&s->model_timer, (uv_handle_t *)&s->info_timer,
+        (uv_handle_t *)&s->daemon->tick,
+        (uv_handle_t *)&s->daemon->drain_timer,
+        (uv_handle_t *)&s->timer,
+        (uv_handle_t *)&s->daemon->watchdog,
+        (uv_handle_t *)&s->poll,
+        (uv_handle_t *)&s->daemon->sigterm,
+        (uv_handle_t *)&s->daemon->sigint,
+        (uv_handle_t *)&s->daemon->sighup,
+        (uv_handle_t *)&s->daemon->sigusr1,
+        (uv_handle_t *)&s->daemon->sigusr2,
+        (uv_handle_t *)&s->daemon->model_timer,
+        (uv_handle_t *)&s->daemon->info_timer,
         (uv_handle_t *)&s->sweep,
     };
     for (size_t i = 0; i < sizeof handles / sizeof handles[0]; i++) close_handle(handles[i]);
-    tpool_close(s->tokpool);
+    tpool_close(s->api->tokpool);
 }
 
 /* Nothing generates, waits or tokenizes, and every request's response is
@@ -64,8 +72,8 @@ static int all_answered(const srv *s)
 {
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
-    return st.running == 0 && st.queued == 0 && !s->in_flight && s->tokenizing + s->tok_nwait == 0
-           && s->active == 0;
+    return st.running == 0 && st.queued == 0 && !s->api->in_flight
+           && s->api->tokenizing + s->api->tok_nwait == 0 && s->active == 0;
 }
 
 static void drain_check(uv_timer_t *t)
@@ -77,9 +85,9 @@ static void drain_check(uv_timer_t *t)
         return;
     }
     double now = log_now();
-    if (!s->cut && now - s->drain_started >= s->cfg.shutdown_timeout_s) {
+    if (!s->api->cut && now - s->daemon->drain_started >= s->cfg.shutdown_timeout_s) {
         srv_drain_cut(s, "shutdown_timeout");
-    } else if (s->cut && now - s->cut_at >= SRV_CUT_GRACE_S) {
+    } else if (s->api->cut && now - s->daemon->cut_at >= SRV_CUT_GRACE_S) {
         log_line("warn",
                  "%zu requests not answered %.1f s after the drain's end; closing their "
                  "connections",
@@ -90,23 +98,23 @@ static void drain_check(uv_timer_t *t)
 
 void srv_drain_begin(srv *s, int exit_code, const char *why)
 {
-    if (s->exit_code == 0) s->exit_code = exit_code;
-    if (s->draining) return;
-    s->draining = 1;
-    s->drain_started = log_now();
+    if (s->daemon->exit_code == 0) s->daemon->exit_code = exit_code;
+    if (s->api->draining) return;
+    s->api->draining = 1;
+    s->daemon->drain_started = log_now();
     srv_sd_notify("STOPPING=1");
     srv_sd_status(s);
     log_line("info", "%s: draining (shutdown_timeout %.0f s; a second SIGTERM ends it now)", why,
              s->cfg.shutdown_timeout_s);
-    uv_timer_start(&s->drain_timer, drain_check, 0, 50);
+    uv_timer_start(&s->daemon->drain_timer, drain_check, 0, 50);
 }
 
 void srv_drain_cut(srv *s, const char *why)
 {
-    assert(s->draining);
-    if (s->cut || s->closed) return;
-    s->cut = 1;
-    s->cut_at = log_now();
+    assert(s->api->draining);
+    if (s->api->cut || s->closed) return;
+    s->api->cut = 1;
+    s->daemon->cut_at = log_now();
     size_t n = cmpl_cut_all(s, why);
     log_line("info", "drain ended (%s): %zu requests still generating are cut short", why, n);
     loop_mhd_run(s); /* write what the cancellations queued */
@@ -117,7 +125,7 @@ static void on_stop_signal(uv_signal_t *h, int signum)
     srv *s = h->data;
     const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
     /* Ctrl-C in a terminal: say it in a terminal user's words. */
-    if (signum == SIGINT && !s->draining && isatty(STDERR_FILENO)) {
+    if (signum == SIGINT && !s->api->draining && isatty(STDERR_FILENO)) {
         eng_sched_stats st;
         eng_sched_stats_get(s->sched, &st);
         log_line("info",
@@ -125,9 +133,9 @@ static void on_stop_signal(uv_signal_t *h, int signum)
                  "press Ctrl-C again to stop at once",
                  st.running + st.queued, s->cfg.shutdown_timeout_s);
     }
-    if (!s->draining) {
+    if (!s->api->draining) {
         srv_drain_begin(s, 0, name);
-    } else if (!s->cut) {
+    } else if (!s->api->cut) {
         log_line("info", "%s during the drain: ending it now", name);
         srv_drain_cut(s, "a second signal");
     } else {
@@ -156,9 +164,11 @@ void srv_signals_start(srv *s)
         uv_signal_cb cb;
         int signum;
     } sigs[] = {
-        {&s->sigterm, on_stop_signal, SIGTERM}, {&s->sigint, on_stop_signal, SIGINT},
-        {&s->sighup, on_reload_signal, SIGHUP}, {&s->sigusr1, on_user_signal, SIGUSR1},
-        {&s->sigusr2, on_user_signal, SIGUSR2},
+        {&s->daemon->sigterm, on_stop_signal, SIGTERM},
+        {&s->daemon->sigint, on_stop_signal, SIGINT},
+        {&s->daemon->sighup, on_reload_signal, SIGHUP},
+        {&s->daemon->sigusr1, on_user_signal, SIGUSR1},
+        {&s->daemon->sigusr2, on_user_signal, SIGUSR2},
     };
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
         uv_signal_init(s->loop, sigs[i].h);

@@ -1,6 +1,7 @@
 /*
- * server/daemon/metrics.c: the counters and histograms of /metrics, and the
- * Prometheus text page. Pure (no I/O but a memory stream); loop thread.
+ * server/daemon/metrics.c: the Prometheus text page of /metrics, from the
+ * HTTP layer's and the API layer's counters (http/counters.c counts the
+ * former). Pure (no I/O but a memory stream); loop thread.
  */
 #include "daemon/metrics.h"
 
@@ -13,30 +14,6 @@ static const double met_seconds[MET_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0
 static const double met_rows[MET_BUCKETS] = {1,   2,   4,   8,    16,   32,   64,
                                              128, 256, 512, 1024, 2048, 4096, 8192};
 
-static const char *const met_routes[MET_ROUTES] = {"/v1/completions",
-                                                   "/v1/chat/completions",
-                                                   "/v1/models",
-                                                   "/v1/models/{id}",
-                                                   "/v1/responses",
-                                                   "/v1/responses/{id}",
-                                                   "/health",
-                                                   "/ready",
-                                                   "/metrics",
-                                                   "/tokenize",
-                                                   "/detokenize",
-                                                   "/version",
-                                                   "/",
-                                                   "other"};
-/* Every status gpt2d writes (204: a preflight; 403: a refused Origin;
- * 421: a Host not allowed; 414/431/501: refused heads), then "other". */
-static const unsigned met_statuses[MET_STATUSES] = {200, 204, 400, 401, 403, 404, 405, 408, 413,
-                                                    414, 421, 429, 431, 500, 501, 503, 0};
-
-/* The label of each reason, by its enum (metrics.h). */
-static const char *const met_refused_names[MET_REFUSED_N] = {
-    [MET_REFUSED_PER_IP] = "per_ip",     [MET_REFUSED_MAX_CONNECTIONS] = "max_connections",
-    [MET_REFUSED_DRAINING] = "draining", [MET_REFUSED_SHUTDOWN] = "shutdown",
-    [MET_REFUSED_TIMEOUT] = "timeout",   [MET_REFUSED_HOST] = "host"};
 static const char *const met_cancel_names[MET_CANCEL_REASONS] = {
     [MET_CANCEL_CLIENT_CLOSED] = "client_closed",
     [MET_CANCEL_QUEUE_TIMEOUT] = "queue_timeout",
@@ -45,37 +22,12 @@ static const char *const met_cancel_names[MET_CANCEL_REASONS] = {
     [MET_CANCEL_SHUTDOWN] = "shutdown",
     [MET_CANCEL_RESPONSE_BYTES] = "response_bytes"};
 
-void met_count_cancelled(srv_metrics *m, met_cancel_reason why)
+void met_init(http_metrics *h, cmpl_metrics *c)
 {
-    if ((unsigned)why < MET_CANCEL_REASONS) m->cancelled[why]++;
-}
-
-void met_count_refused(srv_metrics *m, met_refused why)
-{
-    if ((unsigned)why < MET_REFUSED_N) m->refused[why]++;
-}
-
-const char *met_refused_name(met_refused why)
-{
-    return (unsigned)why < MET_REFUSED_N ? met_refused_names[why] : "other";
-}
-
-void met_init(srv_metrics *m)
-{
-    memset(m, 0, sizeof *m);
-    m->ttft.bounds = m->itl.bounds = m->duration.bounds = m->step_seconds.bounds = met_seconds;
-    m->step_rows.bounds = met_rows;
-}
-
-void met_observe(met_hist *h, double v)
-{
-    for (size_t i = 0; i < MET_BUCKETS; i++)
-        if (v <= h->bounds[i]) {
-            h->counts[i]++;
-            break;
-        }
-    h->count++;
-    h->sum += v;
+    memset(h, 0, sizeof *h);
+    memset(c, 0, sizeof *c);
+    c->ttft.bounds = c->itl.bounds = h->duration.bounds = c->step_seconds.bounds = met_seconds;
+    c->step_rows.bounds = met_rows;
 }
 
 static void met_print(FILE *m, const char *name, const char *help, const met_hist *h)
@@ -88,24 +40,6 @@ static void met_print(FILE *m, const char *name, const char *help, const met_his
     }
     fprintf(m, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
             (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
-}
-
-void met_count_request(srv_metrics *m, const char *url, unsigned status, int aborted)
-{
-    size_t ri = MET_ROUTES - 1, si = MET_STATUSES - 1;
-    static const char models[] = "/v1/models/";
-    for (size_t i = 0; i + 1 < MET_ROUTES; i++)
-        if (strcmp(url, met_routes[i]) == 0) ri = i;
-    if (strncmp(url, models, sizeof models - 1) == 0 && url[sizeof models - 1] != '\0')
-        ri = 3; /* "/v1/models/{id}": one series for every id */
-    static const char responses[] = "/v1/responses/";
-    if (strncmp(url, responses, sizeof responses - 1) == 0 && url[sizeof responses - 1] != '\0')
-        for (size_t i = 0; i + 1 < MET_ROUTES; i++) /* one series for every id, input_items too */
-            if (strcmp(met_routes[i], "/v1/responses/{id}") == 0) ri = i;
-    for (size_t i = 0; i + 1 < MET_STATUSES; i++)
-        if (status == met_statuses[i]) si = i;
-    m->requests[ri][si]++;
-    if (aborted) m->aborted++;
 }
 
 /* A label value: backslash, quote and newline escaped (the text format). */
@@ -140,8 +74,8 @@ static void sample_d(FILE *m, const char *name, const char *type, const char *he
     fprintf(m, "%s %.6f\n", name, v);
 }
 
-int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *info, char **out,
-               size_t *len)
+int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_stats *st,
+               const met_info *info, char **out, size_t *len)
 {
     char *buf = NULL;
     size_t n = 0;
@@ -169,41 +103,41 @@ int met_render(const srv_metrics *s, const eng_sched_stats *st, const met_info *
     family(m, "gpt2d_requests_total", "counter", "HTTP requests by route and status.");
     for (size_t ri = 0; ri < MET_ROUTES; ri++)
         for (size_t si = 0; si < MET_STATUSES; si++) {
-            if (s->requests[ri][si] == 0) continue;
+            if (h->requests[ri][si] == 0) continue;
             char code[16];
             if (met_statuses[si] == 0)
                 snprintf(code, sizeof code, "other");
             else
                 snprintf(code, sizeof code, "%u", met_statuses[si]);
             fprintf(m, "gpt2d_requests_total{route=\"%s\",status=\"%s\"} %llu\n", met_routes[ri],
-                    code, (unsigned long long)s->requests[ri][si]);
+                    code, (unsigned long long)h->requests[ri][si]);
         }
     family(m, "gpt2d_connections_refused_total", "counter",
            "Connections and requests refused before a route ran, by reason.");
     for (size_t i = 0; i < MET_REFUSED_N; i++)
-        fprintf(m, "gpt2d_connections_refused_total{reason=\"%s\"} %llu\n", met_refused_names[i],
-                (unsigned long long)s->refused[i]);
+        fprintf(m, "gpt2d_connections_refused_total{reason=\"%s\"} %llu\n",
+                met_refused_name((met_refused)i), (unsigned long long)h->refused[i]);
     sample_u(m, "gpt2d_requests_aborted_total", "counter",
              "Requests whose client went away before the answer was complete.",
-             (unsigned long long)s->aborted);
+             (unsigned long long)h->aborted);
     family(m, "gpt2d_requests_cancelled_total", "counter",
            "Requests whose generation was cancelled before it finished, by reason.");
     for (size_t i = 0; i < MET_CANCEL_REASONS; i++)
         fprintf(m, "gpt2d_requests_cancelled_total{reason=\"%s\"} %llu\n", met_cancel_names[i],
-                (unsigned long long)s->cancelled[i]);
+                (unsigned long long)c->cancelled[i]);
     sample_u(m, "gpt2d_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-             (unsigned long long)s->prompt_tokens);
+             (unsigned long long)h->prompt_tokens);
     sample_u(m, "gpt2d_completion_tokens_total", "counter", "Tokens generated.",
-             (unsigned long long)s->completion_tokens);
+             (unsigned long long)h->completion_tokens);
     met_print(m, "gpt2d_time_to_first_token_seconds", "From the request to its first token.",
-              &s->ttft);
+              &c->ttft);
     met_print(m, "gpt2d_inter_token_latency_seconds", "Between consecutive tokens of a choice.",
-              &s->itl);
+              &c->itl);
     met_print(m, "gpt2d_request_duration_seconds", "Completion requests, start to end.",
-              &s->duration);
+              &h->duration);
     met_print(m, "gpt2d_step_duration_seconds", "One engine step: forward and sampling.",
-              &s->step_seconds);
-    met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &s->step_rows);
+              &c->step_seconds);
+    met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &c->step_rows);
     sample_u(m, "gpt2d_steps_total", "counter", "Engine steps run.", (unsigned long long)st->steps);
     sample_u(m, "gpt2d_running_sequences", "gauge", "Sequences in the running batch.",
              (unsigned long long)st->running);

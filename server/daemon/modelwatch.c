@@ -161,13 +161,14 @@ static void mw_job_run(uv_work_t *w)
 /* The file changed: one line, the drain, and the cut when it changed in place. */
 static void model_changed(srv *s, const srv_file_id *now, const char *what)
 {
-    uv_timer_stop(&s->model_timer);
-    int in_place = now->exists && now->dev == s->model_id.dev && now->ino == s->model_id.ino;
+    uv_timer_stop(&s->daemon->model_timer);
+    int in_place =
+        now->exists && now->dev == s->daemon->model_id.dev && now->ino == s->daemon->model_id.ino;
     log_line("error",
              "the model file %s changed under the running server: %s; draining, then exiting "
              "with status %d so that it restarts on the new file (replace the file with a "
              "rename: docs/operations.md)",
-             s->model_path, what, SRV_EXIT_MODEL_CHANGED);
+             s->daemon->model_path, what, SRV_EXIT_MODEL_CHANGED);
     srv_drain_begin(s, SRV_EXIT_MODEL_CHANGED, "the model file changed");
     if (in_place) srv_drain_cut(s, "the model file changed in place");
 }
@@ -176,9 +177,9 @@ static void mw_job_done(uv_work_t *w, int status)
 {
     mw_job *j = w->data;
     srv *s = j->s;
-    s->model_job = NULL;
+    s->daemon->model_job = NULL;
     int settled = status == 0 && j->ok && srv_file_id_same(&j->before, &j->after);
-    if (s->closed || s->draining) {
+    if (s->closed || s->api->draining) {
         free(j);
         return;
     }
@@ -186,9 +187,9 @@ static void mw_job_done(uv_work_t *w, int status)
         /* The bytes as loaded only if the file is still the one loaded;
          * otherwise the digest stays unknown and the next tick calls any
          * difference a change. */
-        if (settled && srv_file_id_same(&j->before, &s->model_id)) {
-            memcpy(s->model_digest, j->digest, sizeof s->model_digest);
-            s->model_digest_ok = 1;
+        if (settled && srv_file_id_same(&j->before, &s->daemon->model_id)) {
+            memcpy(s->daemon->model_digest, j->digest, sizeof s->daemon->model_digest);
+            s->daemon->model_digest_ok = 1;
         }
         free(j);
         return;
@@ -197,21 +198,21 @@ static void mw_job_done(uv_work_t *w, int status)
         free(j); /* still being written: the next tick looks again */
         return;
     }
-    if (memcmp(j->digest, s->model_digest, sizeof s->model_digest) == 0) {
+    if (memcmp(j->digest, s->daemon->model_digest, sizeof s->daemon->model_digest) == 0) {
         log_line("info",
                  "the model file %s was %s with the same bytes; still serving it (no restart)",
-                 s->model_path,
-                 j->after.ino != s->model_id.ino || j->after.dev != s->model_id.dev
+                 s->daemon->model_path,
+                 j->after.ino != s->daemon->model_id.ino || j->after.dev != s->daemon->model_id.dev
                      ? "replaced"
                      : "touched or rewritten");
-        s->model_id = j->after;
+        s->daemon->model_id = j->after;
         free(j);
         return;
     }
     srv_file_id now = j->after;
     free(j);
     char what[160];
-    if (now.dev != s->model_id.dev || now.ino != s->model_id.ino)
+    if (now.dev != s->daemon->model_id.dev || now.ino != s->daemon->model_id.ino)
         snprintf(what, sizeof what, "another file with other bytes was put in its place");
     else
         snprintf(what, sizeof what, "its bytes were rewritten in place");
@@ -221,19 +222,19 @@ static void mw_job_done(uv_work_t *w, int status)
 /* Starts a digest of the file (one at a time); 0, or -1 when it cannot. */
 static int mw_job_start(srv *s, int at_load, const srv_file_id *expect)
 {
-    if (s->model_job != NULL) return 0;
+    if (s->daemon->model_job != NULL) return 0;
     mw_job *j = calloc(1, sizeof *j);
     if (j == NULL) return -1;
     j->s = s;
     j->at_load = at_load;
     j->expect = *expect;
     j->work.data = j;
-    memcpy(j->path, s->model_path, sizeof j->path);
+    memcpy(j->path, s->daemon->model_path, sizeof j->path);
     if (uv_queue_work(s->loop, &j->work, mw_job_run, mw_job_done) != 0) {
         free(j);
         return -1;
     }
-    s->model_job = j;
+    s->daemon->model_job = j;
     return 0;
 }
 
@@ -241,16 +242,16 @@ static void on_model_timer(uv_timer_t *t)
 {
     srv *s = t->data;
     srv_file_id now;
-    srv_file_id_get(s->model_path, &now);
-    if (srv_file_id_same(&now, &s->model_id)) return;
-    if (s->model_job != NULL) return; /* a digest runs: its answer first */
+    srv_file_id_get(s->daemon->model_path, &now);
+    if (srv_file_id_same(&now, &s->daemon->model_id)) return;
+    if (s->daemon->model_job != NULL) return; /* a digest runs: its answer first */
     /* Only the same bytes are no change: a file of another size, or gone,
      * or one whose bytes at load are unknown, is a change at once. */
-    if (now.exists && now.size == s->model_id.size && s->model_digest_ok
+    if (now.exists && now.size == s->daemon->model_id.size && s->daemon->model_digest_ok
         && mw_job_start(s, 0, &now) == 0)
         return;
     char what[128];
-    describe_change(&s->model_id, &now, what, sizeof what);
+    describe_change(&s->daemon->model_id, &now, what, sizeof what);
     model_changed(s, &now, what);
 }
 
@@ -268,13 +269,14 @@ static void on_sigbus(int signum)
 
 void srv_model_watch_init(srv *s)
 {
-    snprintf(s->model_path, sizeof s->model_path, "%s/model.safetensors", s->cfg.model_dir);
-    srv_file_id_get(s->model_path, &s->model_id);
+    snprintf(s->daemon->model_path, sizeof s->daemon->model_path, "%s/model.safetensors",
+             s->cfg.model_dir);
+    srv_file_id_get(s->daemon->model_path, &s->daemon->model_id);
     int n = snprintf(sigbus_line, sizeof sigbus_line,
                      "%sgpt2d serve: SIGBUS reading the mapped model file %s: it was truncated "
                      "or overwritten while served (replace it with a rename); exiting with "
                      "status %d\n",
-                     srv_sd_journal() ? "<2>" : "", s->model_path, SRV_EXIT_MODEL_CHANGED);
+                     srv_sd_journal() ? "<2>" : "", s->daemon->model_path, SRV_EXIT_MODEL_CHANGED);
     sigbus_len = n < 0 ? 0 : (size_t)n < sizeof sigbus_line ? (size_t)n : sizeof sigbus_line - 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -285,10 +287,10 @@ void srv_model_watch_init(srv *s)
 
 void srv_model_watch_start(srv *s)
 {
-    uv_timer_init(s->loop, &s->model_timer);
-    s->model_timer.data = s;
-    uv_timer_start(&s->model_timer, on_model_timer, 1000, 1000);
-    if (mw_job_start(s, 1, &s->model_id) != 0)
+    uv_timer_init(s->loop, &s->daemon->model_timer);
+    s->daemon->model_timer.data = s;
+    uv_timer_start(&s->daemon->model_timer, on_model_timer, 1000, 1000);
+    if (mw_job_start(s, 1, &s->daemon->model_id) != 0)
         log_line("warn", "cannot take the digest of %s: any change to it restarts the server",
-                 s->model_path);
+                 s->daemon->model_path);
 }

@@ -51,14 +51,14 @@ enum MHD_Result probe_health(srv_req *r)
 
 enum MHD_Result probe_ready(srv_req *r)
 {
-    return r->s->draining ? http_send_json(r, 503, "{\"status\":\"draining\"}", NULL)
-                          : http_send_json(r, 200, "{\"status\":\"ready\"}", NULL);
+    return r->s->api->draining ? http_send_json(r, 503, "{\"status\":\"draining\"}", NULL)
+                               : http_send_json(r, 200, "{\"status\":\"ready\"}", NULL);
 }
 
 /* Who made the served model: the checkpoint's gpt2d.owned_by, else gpt2d. */
 static const char *model_owner(const srv *s)
 {
-    const char *o = eng_model_about(s->model)->owned_by;
+    const char *o = eng_model_about(s->api->model)->owned_by;
     return o[0] != '\0' ? o : "gpt2d";
 }
 
@@ -68,13 +68,13 @@ static const char *model_owner(const srv *s)
  * (srv_model_description); id is the name asked for. */
 static json_t *model_json(const srv *s, const char *id)
 {
-    char d[sizeof eng_model_about(s->model)->description + 64];
-    srv_model_description(s->model, d, sizeof d);
+    char d[sizeof eng_model_about(s->api->model)->description + 64];
+    srv_model_description(s->api->model, d, sizeof d);
     return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "object", "model",
                      "created", (json_int_t)0, "owned_by", model_owner(s), "dtype",
-                     eng_model_dtype(s->model), "layout", eng_model_layout(s->model), "kernels",
-                     eng_model_kernels(s->model), "weights", eng_model_about(s->model)->weights,
-                     "description", d);
+                     eng_model_dtype(s->api->model), "layout", eng_model_layout(s->api->model),
+                     "kernels", eng_model_kernels(s->api->model), "weights",
+                     eng_model_about(s->api->model)->weights, "description", d);
 }
 
 enum MHD_Result probe_models(srv_req *r)
@@ -122,15 +122,16 @@ enum MHD_Result probe_model(srv_req *r)
 enum MHD_Result probe_version(srv_req *r)
 {
     const srv *s = r->s;
-    char d[sizeof eng_model_about(s->model)->description + 64];
-    srv_model_description(s->model, d, sizeof d);
-    json_t *o = json_pack(
-        "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version",
-        srv_version(), "commit", srv_commit(), "buildtype", srv_buildtype(), "sanitize",
-        GPT2D_BUILD_SANITIZE, "kernels", eng_model_kernels(s->model), "model", s->cfg.model_name,
-        "dtype", eng_model_dtype(s->model), "layout", eng_model_layout(s->model), "tls",
-        tls_built() ? "gnutls" : "none", "scheme", s->tls != NULL ? "https" : "http", "owned_by",
-        model_owner(s), "weights", eng_model_about(s->model)->weights, "description", d);
+    char d[sizeof eng_model_about(s->api->model)->description + 64];
+    srv_model_description(s->api->model, d, sizeof d);
+    json_t *o =
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version",
+                  srv_version(), "commit", srv_commit(), "buildtype", srv_buildtype(), "sanitize",
+                  GPT2D_BUILD_SANITIZE, "kernels", eng_model_kernels(s->api->model), "model",
+                  s->cfg.model_name, "dtype", eng_model_dtype(s->api->model), "layout",
+                  eng_model_layout(s->api->model), "tls", tls_built() ? "gnutls" : "none", "scheme",
+                  s->tls != NULL ? "https" : "http", "owned_by", model_owner(s), "weights",
+                  eng_model_about(s->api->model)->weights, "description", d);
     return http_send_obj(r, o);
 }
 
@@ -140,12 +141,12 @@ static void process_info(const srv *s, met_info *info)
     info->version = srv_version();
     info->commit = srv_commit();
     info->buildtype = srv_buildtype();
-    info->kernels = eng_model_kernels(s->model);
+    info->kernels = eng_model_kernels(s->api->model);
     info->tls = tls_built() ? "gnutls" : "none";
     info->model = s->cfg.model_name;
-    info->dtype = eng_model_dtype(s->model);
-    info->layout = eng_model_layout(s->model);
-    info->start_time = s->started_wall;
+    info->dtype = eng_model_dtype(s->api->model);
+    info->layout = eng_model_layout(s->api->model);
+    info->start_time = s->daemon->started_wall;
     struct rusage ru;
     info->cpu_seconds = getrusage(RUSAGE_SELF, &ru) == 0
                             ? (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6
@@ -185,7 +186,7 @@ enum MHD_Result probe_metrics(srv_req *r)
     process_info(r->s, &info);
     char *buf;
     size_t len;
-    if (met_render(&r->s->met, &st, &info, &buf, &len) != 0)
+    if (met_render(&r->s->met, &r->s->api->met, &st, &info, &buf, &len) != 0)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     http_req_set_state(r, HTTP_REQ_FINISHED);
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);

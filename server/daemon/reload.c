@@ -91,7 +91,7 @@ void srv_reload(srv *s)
     srv_sd_notify("RELOADING=1");
     cfg_config next;
     char err[1024];
-    if (srv_config_read(&next, s->argc, s->argv, err, sizeof err) != CFG_OK) {
+    if (srv_config_read(&next, s->daemon->argc, s->daemon->argv, err, sizeof err) != CFG_OK) {
         log_line("error", "SIGHUP: reload refused, the configuration is unchanged: %s", err);
         srv_sd_notify("READY=1");
         return;
@@ -127,7 +127,7 @@ void srv_reload(srv *s)
         snprintf(s->cfg.tls_cert_file, sizeof s->cfg.tls_cert_file, "%s", cert);
         snprintf(s->cfg.tls_key_file, sizeof s->cfg.tls_key_file, "%s", key);
     }
-    srv_model_names(&next, s->model); /* as at start-up: the same model */
+    srv_model_names(&next, s->api->model); /* as at start-up: the same model */
     size_t old_queue = s->cfg.max_queue;
     char changed[512], kept[512];
     size_t n = cfg_apply_reload(&s->cfg, &next, changed, sizeof changed, kept, sizeof kept);
@@ -139,7 +139,7 @@ void srv_reload(srv *s)
     }
     /* Lowered store bounds apply now, not at the next stored response. */
     size_t dropped =
-        rs_trim(s->resp_store, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
+        rs_trim(s->api->resp_store, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
     if (dropped > 0)
         log_line("info",
                  "SIGHUP: %zu stored responses dropped to fit responses_store_max %zu and "

@@ -14,12 +14,12 @@ void srv_sd_status(srv *s)
 {
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
-    char line[sizeof s->sd_status];
+    char line[sizeof s->daemon->sd_status];
     snprintf(line, sizeof line, "%s: %zu running, %zu queued, KV blocks %zu/%zu",
-             s->draining ? "draining" : "serving", st.running, st.queued, st.kv_blocks_used,
+             s->api->draining ? "draining" : "serving", st.running, st.queued, st.kv_blocks_used,
              st.kv_blocks_total);
-    if (strcmp(line, s->sd_status) == 0) return;
-    memcpy(s->sd_status, line, sizeof line);
+    if (strcmp(line, s->daemon->sd_status) == 0) return;
+    memcpy(s->daemon->sd_status, line, sizeof line);
     srv_sd_notify("STATUS=%s", line);
 }
 
@@ -32,9 +32,9 @@ void srv_on_watchdog(uv_timer_t *t)
 {
     srv *s = t->data;
     double half = (double)srv_sd_watchdog_usec() / 2e6;
-    if (s->in_flight && log_now() - s->step_started > half) {
+    if (s->api->in_flight && log_now() - s->api->step_started > half) {
         log_line("error", "watchdog: a step has run for %.1f s; not pinging",
-                 log_now() - s->step_started);
+                 log_now() - s->api->step_started);
         return;
     }
     srv_sd_notify("WATCHDOG=1");
@@ -51,18 +51,18 @@ void srv_on_tick(uv_timer_t *t)
 void srv_on_info(uv_timer_t *t)
 {
     srv *s = t->data;
-    double now = log_now(), dt = now - s->info_last;
+    double now = log_now(), dt = now - s->daemon->info_last;
     eng_sched_stats st;
     eng_sched_stats_get(s->sched, &st);
     /* The engine's counters move with every step (prompt positions
      * computed, tokens sampled), so the rates are of this interval even
      * while long requests run; the request counters (met) count only when
      * a request ends. */
-    uint64_t dp = st.prompt_computed - s->info_prompt;
-    uint64_t dc = st.tokens_generated - s->info_completion;
-    s->info_last = now;
-    s->info_prompt = st.prompt_computed;
-    s->info_completion = st.tokens_generated;
+    uint64_t dp = st.prompt_computed - s->daemon->info_prompt;
+    uint64_t dc = st.tokens_generated - s->daemon->info_completion;
+    s->daemon->info_last = now;
+    s->daemon->info_prompt = st.prompt_computed;
+    s->daemon->info_completion = st.tokens_generated;
     if (dp == 0 && dc == 0 && st.running == 0 && st.queued == 0) return; /* idle: silent */
     log_line("info",
              "running %zu, queued %zu; prompt %.1f tokens/s, generation %.1f tokens/s; KV "

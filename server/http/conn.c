@@ -37,6 +37,7 @@
  * GnuTLS's records, which only libmicrohttpd writes: those refusals close
  * the connection without an answer (their log line and metric stay).
  */
+#include "http/error_json.h"
 #include "http/http.h"
 
 #include <arpa/inet.h>
@@ -152,12 +153,13 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
         if (!quiet) log_access_conn(id, (unsigned)status, log_now() - since);
         met_count_request(&s->met, "-", (unsigned)status, 0);
     }
-    oai_error e;
     const char *type = status == 503   ? "server_error"
                        : status == 429 ? "rate_limit_exceeded"
                                        : "invalid_request_error";
-    oai_error_set(&e, status, type, code, NULL, "%s", msg);
-    char *js = oai_error_json(&e);
+    char text[512]; /* api/oai.h's oai_error.message: the same cut */
+    snprintf(text, sizeof text, "%s", msg);
+    http_error_sanitize(text);
+    char *js = http_error_json(type, code, "", text);
     if (js == NULL) return;
     if (s->tls != NULL) { /* plaintext bytes would break the TLS stream */
         free(js);

@@ -17,27 +17,33 @@
  *   tls.c      HTTPS: the certificate each handshake gets, swapped on
  *              SIGHUP, a retired one freed once no connection can hold it
  *   log.c      log lines and the access log
+ *   counters.c what this layer counts for /metrics (the daemon renders it)
+ *   error_json.c the JSON error body (error_json.h; the API layer's
+ *              oai_error writes it too)
  *
  * The API layer (server/api/) sits above: it calls respond.c and req.c,
  * and hears from this layer only through what it registered on the way
  * down: the route table's handlers, a request's continuation (http_cont)
- * and its hooks (srv_req_ops), the srv's tick and after-step hooks.
+ * and its hooks (srv_req_ops).
+ *
+ * Each layer owns its state: struct srv (below) holds only what this
+ * layer needs; the API layer's is struct srv_api (api/api.h), the
+ * daemon's struct srv_daemon (daemon/daemon.h). srv points up to them
+ * only as opaque pointers (srv.api, srv.daemon), and this header
+ * includes nothing from api/ or daemon/ (tests/check_server_layers.py
+ * fails on such an include).
  *
  * Thread: the loop thread.
  *
- * Prefixes: srv_ (the shared server object), http_ (requests, routing,
+ * Prefixes: srv_ (this layer's state, srv_req), http_ (requests, routing,
  * responses), conn_ (connections), loop_ (libmicrohttpd in libuv), log_,
- * tls_ (HTTPS).
+ * tls_ (HTTPS), met_ (the counters).
  */
 #ifndef GPT2D_SERVER_HTTP_H
 #define GPT2D_SERVER_HTTP_H
 
-#include "api/oai.h"
 #include "config.h"
-#include "daemon/metrics.h"
 #include "engine.h"
-#include "structured.h"
-#include "tokenizer.h"
 
 #include <assert.h>
 #include <jansson.h>
@@ -57,9 +63,66 @@
 #define SRV_MAX_TARGET (8u * 1024u)
 #define SRV_MAX_HEAD (32u * 1024u)
 #define SRV_CONN_POOL_BYTES (128u * 1024u)
+/* The longest cache_salt a request may give: api/oai.h's
+ * OAI_MAX_CACHE_SALT, which its parser enforces (completions.c asserts
+ * that the two agree); http_cache_salt reads no more. */
+#define HTTP_MAX_CACHE_SALT 256
 
 typedef struct srv srv;
 typedef struct srv_req srv_req;
+/* The state of the layers above (api/api.h, daemon/daemon.h): opaque here. */
+struct srv_api;
+struct srv_daemon;
+
+/* ---- counters.c: what this layer counts for /metrics ---------------------- */
+
+/* The daemon renders these (daemon/metrics.c), beside the API layer's
+ * (api.h's cmpl_metrics). Pure; loop thread only. */
+#define MET_BUCKETS 14
+#define MET_ROUTES 14   /* met_routes, and "other" */
+#define MET_STATUSES 17 /* met_statuses, and "other" */
+
+typedef struct {
+    const double *bounds;
+    uint64_t counts[MET_BUCKETS]; /* non-cumulative; printed cumulative */
+    uint64_t count;
+    double sum;
+} met_hist;
+
+/* Why a connection or request was refused before any route ran
+ * (gpt2d_connections_refused_total{reason}): met_refused_name's labels in
+ * this order. */
+typedef enum {
+    MET_REFUSED_PER_IP,          /* over max_connections_per_ip: 429           */
+    MET_REFUSED_MAX_CONNECTIONS, /* over max_connections, none idle: 503       */
+    MET_REFUSED_DRAINING,        /* a completion while the server drains: 503  */
+    MET_REFUSED_SHUTDOWN,        /* unanswered when the drain ended: 503       */
+    MET_REFUSED_TIMEOUT,         /* a head or body past its deadline: 408      */
+    MET_REFUSED_HOST,            /* a Host not in allowed_hosts: 421           */
+    MET_REFUSED_N
+} met_refused;
+
+/* The requests by route and status, the refusals, the tokens of finished
+ * requests (their usage hook) and the completions' durations. */
+typedef struct {
+    uint64_t requests[MET_ROUTES][MET_STATUSES]; /* the last column: others */
+    uint64_t refused[MET_REFUSED_N];
+    uint64_t prompt_tokens, completion_tokens, aborted;
+    met_hist duration;
+} http_metrics;
+
+/* The route label of requests' first index ("other" last), and the status
+ * of its second (0 last: "other"). */
+extern const char *const met_routes[MET_ROUTES];
+extern const unsigned met_statuses[MET_STATUSES];
+
+void met_observe(met_hist *h, double v);
+/* Counts one finished request by route (its URL) and HTTP status. */
+void met_count_request(http_metrics *m, const char *url, unsigned status, int aborted);
+/* Counts one refusal. */
+void met_count_refused(http_metrics *m, met_refused why);
+/* The label value of why ("per_ip", ...). */
+const char *met_refused_name(met_refused why);
 
 /* The refusals of one address (conn.c): the first is logged at once, the
  * rest summed up in one line per CONN_REFUSE_LOG_S (no log flood). family
@@ -77,8 +140,6 @@ typedef struct srv_conn srv_conn;
 typedef struct tls_state tls_state;
 struct tok_job;
 struct cmpl_job;
-struct tokpool;
-struct resp_store;
 
 /* ---- log.c --------------------------------------------------------------- */
 
@@ -187,7 +248,7 @@ uint64_t http_siphash(const uint64_t k[2], const void *p, size_t n);
 uint64_t http_key_salt(const uint64_t secret[2], const char *key);
 /* The engine's cache_salt of a request: tenant (http_key_salt, or 0 for
  * the common partition) alone when salt is NULL, else mixed with the
- * request's cache_salt salt[0..n) (at most OAI_MAX_CACHE_SALT bytes;
+ * request's cache_salt salt[0..n) (at most HTTP_MAX_CACHE_SALT bytes;
  * never 0). */
 uint64_t http_cache_salt(const uint64_t secret[2], uint64_t tenant, const char *salt, size_t n);
 /* Whether origin (an Origin header) is in list (cors_origins: origins
@@ -242,7 +303,6 @@ enum MHD_Result http_send_status(srv_req *r, http_src src, int code, const char 
                                  const char *msg);
 /* A 200 with obj as compact JSON; takes obj's reference (NULL: 500). */
 enum MHD_Result http_send_obj(srv_req *r, json_t *obj);
-enum MHD_Result http_send_oai_error(srv_req *r, const oai_error *e);
 /* Retry-After for 429/503 from the scheduler's step rate. */
 void http_retry_after(const srv *s, char *buf, size_t len);
 /* ---- The request --------------------------------------------------------- */
@@ -346,19 +406,12 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
  * an access line. */
 void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *conn);
 
-/* ---- The server object every layer shares (daemon.c makes it) ------------- */
+/* ---- The HTTP layer's state (daemon.c makes it) ----------------------------- */
 
-/* What identifies a file's contents cheaply: a copy over it changes the
- * size or the modification time, a rename over it the inode. */
-typedef struct {
-    int exists;
-    uint64_t dev, ino, size;
-    int64_t mtime_s, mtime_ns;
-} srv_file_id;
-/* Words of the model file's digest (daemon/modelwatch.c): four lanes and
- * the length. */
-#define SRV_DIGEST_WORDS 5
-
+/* The daemon makes this, the API layer's struct srv_api and its own
+ * struct srv_daemon, and links them: api and daemon point up, opaque here
+ * (this layer never looks into them); they are how an upper layer's code,
+ * given a request or the srv, finds its own state (r->s->api). */
 struct srv {
     cfg_config cfg;
     uv_loop_t *loop;
@@ -368,38 +421,14 @@ struct srv {
     /* loop.c: when libmicrohttpd's timer was last armed with 0 (uv_now). */
     uint64_t mhd_zero_at;
     int mhd_zero_armed;
-    uv_signal_t sigterm, sigint;
-    uv_timer_t drain_timer;
-    uv_work_t work;
-    int in_flight, draining;
-    size_t tokenizing; /* requests tokenizing on the tokenizer threads */
-    struct tokpool *tokpool;
-    /* Requests waiting for a tokenize slot (tokenize_concurrency), oldest
-     * first; at most max_queue of them. */
-    srv_req *tok_wait_head, *tok_wait_tail;
-    size_t tok_nwait;
-    double drain_started;
-    bpe *tok;
-    /* Structured outputs: the trie of the vocabulary's token bytes, and the
-     * compiled grammars by a hash of their source (bounded, locked inside:
-     * the tokenizer threads compile). */
-    gram_vocab *gvocab;
-    gram_cache *gcache;
-    eng_model *model;
+    /* The engine's scheduler: the API layer's requests go to it; this
+     * layer reads its step rate for Retry-After (respond.c). */
     eng_sched *sched;
-    char fingerprint[32];
     uint64_t next_id;
     /* The key of the prefix cache salts (router.c), random at start-up and
      * never written anywhere. */
     uint64_t salt_secret[2];
-    size_t active;                 /* requests alive */
-    srv_req *cmpl_list;            /* requests with engine work, newest first (api/cmpl_job.c) */
-    struct resp_store *resp_store; /* stored responses (api/resp_store.c; NULL: none yet) */
-    uv_timer_t tick;
-    /* The hook the completions register on the way down (daemon.c):
-     * after each engine step's events are delivered (api/step.c, which
-     * completions.c calls, so it cannot call back by name). */
-    void (*after_step)(srv *s);
+    size_t active; /* requests alive */
     /* The connections (conn.c): every accepted one, newest first. */
     srv_conn *conns;
     size_t nconns, nconns_closing;
@@ -408,48 +437,20 @@ struct srv {
     /* The routes (daemon.c builds them from the configuration). */
     const http_route *routes;
     size_t nroutes;
-    /* systemd: the watchdog timer, when the step in flight started, the last
-     * STATUS= line sent. */
-    uv_timer_t watchdog;
-    double step_started;
-    char sd_status[160];
-    unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
-    srv_metrics met;        /* loop thread only */
-    /* The chat template (chat_template; chat_on 0 when it is "none"). */
-    oai_template chat;
-    int chat_on;
-    double started_wall; /* Unix seconds at start-up (process_start_time_seconds) */
-    /* The periodic info line: when it was last written, and the token
-     * counters then. */
-    uv_timer_t info_timer;
-    double info_last;
-    uint64_t info_prompt, info_completion;
-    /* lifecycle.c: the drain's end and the exit. cut: the drain is over and
-     * what still ran was ended (a final event, or 503); closed: the loop's
-     * handles are closed and the loop is ending. */
-    int cut, closed;
-    double cut_at;
-    int exit_code; /* srv_main's status once the loop ends */
-    uv_signal_t sighup, sigusr1, sigusr2;
-    /* reload.c: the command line, read again on SIGHUP. */
-    int argc;
-    char **argv;
+    http_metrics met; /* loop thread only */
+    /* The loop's handles are closed and the loop is ending (the daemon's
+     * lifecycle.c sets it): libmicrohttpd is not run again. */
+    int closed;
     /* conn.c: refusals' log lines, summed up per address. */
     conn_refuse_log refuse_log[CONN_REFUSE_LOG_SLOTS];
     /* Whether the listening socket is bound to a loopback address (the
      * default allowed_hosts; daemon.c). */
     int bind_loopback;
-    /* modelwatch.c: the served weights file as it was loaded. */
-    uv_timer_t model_timer;
-    char model_path[CFG_STR_MAX + 32];
-    srv_file_id model_id;
-    /* The digest of its bytes as loaded (model_digest_ok once known), and
-     * the digest job in flight on the work queue (NULL: none). */
-    uint64_t model_digest[SRV_DIGEST_WORDS];
-    int model_digest_ok;
-    struct mw_job *model_job; /* the digest on the work queue (modelwatch.c) */
     /* HTTPS (tls.c): the certificates; NULL when serving plain HTTP. */
     tls_state *tls;
+    /* The layers above (daemon.c links them). */
+    struct srv_api *api;       /* api/api.h */
+    struct srv_daemon *daemon; /* daemon/daemon.h */
 };
 /* ---- conn.c: connections ------------------------------------------------ */
 

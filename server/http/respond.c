@@ -4,7 +4,9 @@
  * OpenAI error. Every response of a request goes through here, which moves
  * the request to FINISHED.
  */
+#include "http/error_json.h"
 #include "http/http.h"
+#include "tokenizer.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -88,14 +90,15 @@ enum MHD_Result http_send_json(srv_req *r, unsigned status, const char *body,
 enum MHD_Result http_send_error(srv_req *r, int status, const char *type, const char *code,
                                 const char *param, const char *retry_after, const char *fmt, ...)
 {
-    oai_error e;
     va_list ap;
     va_start(ap, fmt);
-    char msg[512];
+    char msg[512], par[64]; /* the sizes of api/oai.h's oai_error: the same cuts */
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    oai_error_set(&e, status, type, code, param, "%s", msg);
-    char *js = oai_error_json(&e);
+    snprintf(par, sizeof par, "%s", param ? param : "");
+    http_error_sanitize(msg);
+    http_error_sanitize(par);
+    char *js = http_error_json(type, code, par, msg);
     enum MHD_Result rc =
         http_send_json(r, (unsigned)status, js ? js : "{\"error\":{}}", retry_after);
     free(js);
@@ -120,14 +123,6 @@ enum MHD_Result http_send_obj(srv_req *r, json_t *obj)
     if (js == NULL)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     enum MHD_Result rc = http_send_json(r, 200, js, NULL);
-    free(js);
-    return rc;
-}
-
-enum MHD_Result http_send_oai_error(srv_req *r, const oai_error *e)
-{
-    char *js = oai_error_json(e);
-    enum MHD_Result rc = http_send_json(r, (unsigned)e->status, js ? js : "{}", NULL);
     free(js);
     return rc;
 }

@@ -152,8 +152,8 @@ uint64_t http_key_salt(const uint64_t secret[2], const char *key)
 uint64_t http_cache_salt(const uint64_t secret[2], uint64_t tenant, const char *salt, size_t n)
 {
     if (salt == NULL) return tenant;
-    unsigned char m[1 + 8 + OAI_MAX_CACHE_SALT];
-    if (n > OAI_MAX_CACHE_SALT) n = OAI_MAX_CACHE_SALT; /* oai.c refuses longer ones */
+    unsigned char m[1 + 8 + HTTP_MAX_CACHE_SALT];
+    if (n > HTTP_MAX_CACHE_SALT) n = HTTP_MAX_CACHE_SALT; /* oai.c refuses longer ones */
     m[0] = 'c';
     for (int j = 0; j < 8; j++) m[1 + j] = (unsigned char)(tenant >> (8 * j));
     memcpy(m + 9, salt, n);
