@@ -32,69 +32,10 @@ import subprocess
 import sys
 
 
-def sccs(graph):
-    """Tarjan's strongly connected components (iterative)."""
-    index, low, on, stack, out = {}, {}, set(), [], []
-    counter = [0]
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter[0]
-        counter[0] += 1
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.get(w, ())))))
-                    advanced = True
-                    break
-                if w in on:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                out.append(sorted(comp))
-    return out
-
-
-def cycle_in(graph, comp):
-    """One cycle through comp's first file, as a list of files."""
-    members = set(comp)
-    start = comp[0]
-    prev = {start: None}
-    queue = [start]
-    while queue:
-        v = queue.pop(0)
-        for w in sorted(graph.get(v, ())):
-            if w not in members:
-                continue
-            if w == start:
-                path = [v]
-                while prev[path[-1]] is not None:
-                    path.append(prev[path[-1]])
-                return list(reversed(path)) + [start]
-            if w not in prev:
-                prev[w] = v
-                queue.append(w)
-    return comp
+# The graph algorithms are the module check's (tests/check_modules.py, the
+# same folder): one Tarjan and one cycle finder for both checks.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_modules import cycle_in, sccs  # noqa: E402
 
 
 NM_LINE = re.compile(r'^(?P<lib>.*?\.a):(?P<obj>[^:]+):\s*(?:[0-9a-fA-F]+\s+)?(?P<type>\w)\s+(?P<sym>\S+)$')
