@@ -2,12 +2,14 @@
 # bench/peer.sh GPT2D_BUILD LLAMA_BUILD [ROUNDS]: gpt2d next to its peer,
 # llama.cpp, on this machine, on the same weights: one GPT-2-small-shaped
 # synth checkpoint, converted by `gpt2d convert --layout panel64` (p-f32,
-# p-bf16, p-q8) and by bench/to_gguf.py for the peer (f32, f16, then Q8_0 by
+# p-bf16, p-q8), and as it is in Hugging Face's layout (hf-f32), and by
+# bench/to_gguf.py for the peer (f32, f16, then Q8_0 by
 # LLAMA_BUILD/bin/llama-quantize). Builds nothing: LLAMA_BUILD is a CMake
 # build directory of llama.cpp holding bin/llama-bench, bin/llama-server and
 # bin/llama-quantize (built by hand outside this repository). For ROUNDS
 # rounds (default 1), alternating the two engines format by format
-# (p-f32 | f32, p-bf16 | f16, p-q8 | q8_0), prints one JSON line per
+# (p-f32 | f32, hf-f32 | f32, p-bf16 | f16, p-q8 | q8_0), prints one JSON
+# line per
 # measurement:
 #  - offline: `gpt2d bench --sequences 1,16 --tokens 128` next to
 #    `llama-bench -t 2 -p 512 -n 128 -r 3` (prefill of 512 tokens, decode of
@@ -86,11 +88,15 @@ done
 "$llama/bin/llama-quantize" "$dir/f16.gguf" "$dir/q8_0.gguf" Q8_0 > "$dir/quantize.log" 2>&1 ||
     { echo "llama-quantize failed: $(tail -n 3 "$dir/quantize.log")" >&2; exit 1; }
 
-pairs=("p-f32 f32" "p-bf16 f16" "p-q8 q8_0")
+# hf-f32: the synth checkpoint itself, in Hugging Face's layout (a
+# fine-tune as users have it, without `gpt2d convert`), beside the same
+# peer format as p-f32.
+pairs=("p-f32 f32" "hf-f32 f32" "p-bf16 f16" "p-q8 q8_0")
 for _ in $(seq "$rounds"); do
     for p in "${pairs[@]}"; do
         read -r ours theirs <<< "$p"
         m=$dir/$ours
+        [ "$ours" = hf-f32 ] && m=$dir
         "$build/server/gpt2d" bench --model "$m" --sequences 1,16 --tokens 128 |
             python3 -c 'import json, sys; d = json.load(sys.stdin); print(json.dumps({"engine": "gpt2d", "format": sys.argv[1], "bench": {"weight_mb": round(d["model"]["weight_bytes"] / 1e6, 1), "bw_gb_s": d["machine"]["read_bandwidth_gb_s"], "prefill_512": d["prefill_512"]["tokens_per_s"], "decode": {x["sequences"]: x["tokens_per_s"] for x in d["decode"]}}}))' "$ours"
         "$llama/bin/llama-bench" -m "$dir/$theirs.gguf" -t 2 -p 512 -n 128 -r 3 -o json 2>/dev/null |
