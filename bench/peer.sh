@@ -9,8 +9,7 @@
 # bin/llama-quantize (built by hand outside this repository). For ROUNDS
 # rounds (default 1), alternating the two engines format by format
 # (p-f32 | f32, hf-f32 | f32, p-bf16 | f16, p-q8 | q8_0), prints one JSON
-# line per
-# measurement:
+# line per measurement:
 #  - offline: `gpt2d bench --sequences 1,16 --tokens 128` next to
 #    `llama-bench -t 2 -p 512 -n 128 -r 3` (prefill of 512 tokens, decode of
 #    128 at one sequence; gpt2d also decodes 16 sequences);
