@@ -1719,6 +1719,92 @@ def case_cache_cross_key(ctx):
     check(text == cold, "the shared cache answered %r, a cold run %r" % (text, cold))
 
 
+def case_unseeded_replicas(ctx):
+    """35: a request without a seed gets one that no other server or run
+    shares (a keyed hash of a counter under a key from getrandom). Two
+    replicas started together and asked the same unseeded request at the
+    same moment (one second, one place in their request order: what put
+    time(NULL) ^ (request number * 7919) equal on both before) answer
+    different samples on every route, round after round; a replica
+    restarted and asked its first life's requests again answers new
+    samples, and differs from the other replica still; a seed gives the
+    same text everywhere, and system_fingerprint stays the same."""
+    model = ctx.models.get("tiny")
+    routes = {
+        "completions": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 32},
+                        lambda d: d["choices"][0]["text"]),
+        "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}],
+                                          "max_tokens": 32}, lambda d: d["choices"][0]["message"]["content"]),
+        "responses": ("/v1/responses", {"input": "Tell me a story", "max_output_tokens": 32},
+                      lambda d: d["output_text"]),
+    }
+
+    def ask(srv, route, seed):
+        path, body, text = routes[route]
+        body = dict(body, model="gpt2", temperature=1, ignore_eos=True)
+        if seed is not None:
+            body["seed"] = seed
+        st, _, b = request(srv.port, "POST", path, body)
+        check(st == 200, "%s on %s answered %d: %r" % (route, srv.log_path, st, b[:200]))
+        d = json.loads(b)
+        return text(d), d.get("system_fingerprint")
+
+    def together(srvs, route, seed=None):
+        """The same request to each server at once, just after a second
+        begins; their answers in srvs' order."""
+        time.sleep(1.02 - time.time() % 1)
+        out = [None] * len(srvs)
+
+        def one(i):
+            try:
+                out[i] = ask(srvs[i], route, seed)
+            except Exception as e:  # the main thread reports it
+                out[i] = e
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(srvs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for o in out:
+            if isinstance(o, Exception):
+                raise o
+        return out
+
+    # Every request, in order, with what each server answered: a restarted
+    # replica is asked the same ones to reach the same place in the order.
+    plan = [("completions", None)] * 4 + [("chat", None), ("responses", None), ("completions", 1234),
+                                          ("chat", 77)]
+    a = Server(ctx, model, name="a")
+    b = Server(ctx, model, name="b")
+    first = []
+    for k, (route, seed) in enumerate(plan):
+        (ta, fa), (tb, fb) = together([a, b], route, seed)
+        check(len(ta) > 0, "%s request %d answered no text" % (route, k))
+        if seed is None:
+            check(ta != tb, "two replicas gave the same unseeded %s sample %r (request %d, same second)"
+                  % (route, ta, k))
+        else:
+            check(ta == tb, "seed %d: the replicas answered %r and %r" % (seed, ta, tb))
+        check(fa == fb, "%s: system_fingerprint %r and %r on one model and build" % (route, fa, fb))
+        first.append(tb)
+    check(len(set(first[:4])) == 4, "one replica repeated an unseeded sample: %r" % first[:4])
+    # Restart b: its first life's requests again, then more beside a.
+    b.stop()
+    b = Server(ctx, model, name="b-restarted")
+    for k, (route, seed) in enumerate(plan):
+        t, _ = ask(b, route, seed)
+        if seed is None:
+            check(t != first[k], "the restarted replica repeated its first life's unseeded %s sample %r "
+                  "(request %d)" % (route, t, k))
+        else:
+            check(t == first[k], "seed %d: %r after the restart, %r before" % (seed, t, first[k]))
+    for route in ("completions", "completions", "chat", "responses"):
+        (ta, _), (tb, _) = together([a, b], route)
+        check(ta != tb, "the restarted replica and the other gave the same unseeded %s sample %r" % (route, ta))
+    (ta, _), (tb, _) = together([a, b], "completions", 1234)
+    check(ta == tb == first[6], "seed 1234 after the restart: %r and %r, before %r" % (ta, tb, first[6]))
+
+
 def case_head_allow(ctx):
     """15: HEAD where GET is allowed (200, no body); 405 carries Allow."""
     srv = Server(ctx, ctx.models.get("tiny"))
@@ -2479,7 +2565,8 @@ def case_big_answers_allowed(ctx):
 
 # The checkpoints a case uses, made before its time limit starts.
 CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
-               "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"]}
+               "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"],
+               "unseeded_replicas": ["tiny"]}
 
 def case_disconnects(ctx):
     """What held and must keep holding: 40 clients leaving mid-stream leave
@@ -3001,6 +3088,7 @@ CASES = [
     ("ctrl_c_terminal", case_ctrl_c_terminal),
     ("drain_short_streams", case_drain_short_streams),
     ("cache_cross_key", case_cache_cross_key),
+    ("unseeded_replicas", case_unseeded_replicas),
     ("structured_schemas", case_structured_schemas),
     ("structured_wide_state", case_structured_wide_state),
     ("tls_plain_http", case_tls_plain_http),

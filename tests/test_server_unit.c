@@ -521,6 +521,37 @@ START_TEST(cmpl_rank_ties_keep_order)
 }
 END_TEST
 
+/* ---- The seeds (issue 35) ------------------------------------------------ */
+
+/* A request's own seed, 0 too, is kept and spends no counter; without one,
+ * the seed is SipHash of the counter's little-endian bytes under the key:
+ * new on each call, and another key (another replica, another start) gives
+ * others at the same place in the order. */
+START_TEST(cmpl_seed_own_kept_else_keyed_counter)
+{
+    static srv_api a, b; /* zeroed */
+    a.seed_key[0] = b.seed_key[0] = 1;
+    a.seed_key[1] = 2;
+    b.seed_key[1] = 3;
+    oai_request q;
+    memset(&q, 0, sizeof q);
+    q.has_seed = 1;
+    q.seed = 42;
+    ck_assert_uint_eq(cmpl_seed(&a, &q), 42);
+    q.seed = 0;
+    ck_assert_uint_eq(cmpl_seed(&a, &q), 0);
+    ck_assert_uint_eq(a.seed_count, 0);
+    q.has_seed = 0;
+    uint64_t a0 = cmpl_seed(&a, &q), a1 = cmpl_seed(&a, &q), b0 = cmpl_seed(&b, &q);
+    ck_assert_uint_eq(a.seed_count, 2);
+    ck_assert(a0 != a1 && a0 != b0 && a1 != b0);
+    const uint64_t k[2] = {1, 2};
+    const unsigned char m0[8] = {0}, m1[8] = {1};
+    ck_assert_uint_eq(a0, http_siphash(k, m0, sizeof m0));
+    ck_assert_uint_eq(a1, http_siphash(k, m1, sizeof m1));
+}
+END_TEST
+
 /* ---- The SSE backlog bound ----------------------------------------------- */
 
 START_TEST(sse_over_limit_backlog_bound)
@@ -965,6 +996,7 @@ int main(void)
     tc = tcase_create("completions");
     tcase_add_test(tc, cmpl_rank_best_of_highest_mean_first);
     tcase_add_test(tc, cmpl_rank_ties_keep_order);
+    tcase_add_test(tc, cmpl_seed_own_kept_else_keyed_counter);
     tcase_add_test(tc, sse_over_limit_backlog_bound);
     suite_add_tcase(s, tc);
     tc = tcase_create("lifecycle");

@@ -98,6 +98,11 @@ struct srv_api {
     oai_template chat;
     int chat_on;
     char fingerprint[32]; /* system_fingerprint */
+    /* The seeds of requests without one (cmpl_seed, issue 35): SipHash of
+     * a counter under a key the daemon draws from the operating system at
+     * start-up, never logged or written anywhere; loop thread only. */
+    uint64_t seed_key[2];
+    uint64_t seed_count;
     /* Structured outputs: the trie of the vocabulary's token bytes, and the
      * compiled grammars by a hash of their source (bounded, locked inside:
      * the tokenizer threads compile). */
@@ -337,6 +342,13 @@ enum MHD_Result cmpl_refuse_draining(srv_req *r);
 /* Continues a completion once its prompts are token ids (the continuation of
  * tokenizing). */
 enum MHD_Result cmpl_admit(srv_req *r);
+/* The base seed of request q, the one place one is made for every route
+ * (completions, chat, responses): q's own seed when it has one (its text is
+ * then what it always was), else a fresh one, SipHash-2-4 of the next
+ * a->seed_count under a->seed_key: unpredictable to other clients, and
+ * different on two replicas and after a restart (issue 35). Choice i of the
+ * request samples with the base + i either way. */
+uint64_t cmpl_seed(srv_api *a, const oai_request *q);
 /* The engine's event callback (eng_request.on_event; user is a srv_choice). */
 void cmpl_on_event(void *user, const eng_event *ev);
 /* A completion or chat body into r->cmpl->oreq by the route's parser

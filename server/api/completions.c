@@ -19,7 +19,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* The HTTP layer's http_cache_salt reads at most HTTP_MAX_CACHE_SALT bytes
  * of the cache_salt oai.c accepts. */
@@ -522,6 +521,18 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
     return ENG_OK;
 }
 
+uint64_t cmpl_seed(srv_api *a, const oai_request *q)
+{
+    if (q->has_seed) return q->seed;
+    /* The counter's bytes little-endian, so the message is the same on any
+     * host; a key of its own, so that no seed is a hash another use of a
+     * key shows clients (responses.c's ids hash a counter too). */
+    unsigned char m[8];
+    uint64_t n = a->seed_count++;
+    for (int j = 0; j < 8; j++) m[j] = (unsigned char)(n >> (8 * j));
+    return http_siphash(a->seed_key, m, sizeof m);
+}
+
 /* A refused submission: nothing half-admitted, the status table's answer. */
 static enum MHD_Result refuse(srv_req *r, size_t submitted, eng_status st, const char *err)
 {
@@ -573,7 +584,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
     }
     const char *stops[OAI_STOP_CAP];
     for (size_t i = 0; i < q->nstop; i++) stops[i] = q->stop[i];
-    uint64_t base_seed = q->has_seed ? q->seed : (uint64_t)time(NULL) ^ (s->next_id * 7919);
+    uint64_t base_seed = cmpl_seed(s->api, q);
     /* The prefix cache partition of every choice: the key's, and within it
      * the request's cache_salt (a keyed hash, once a request). */
     uint64_t salt =

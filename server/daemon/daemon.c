@@ -8,6 +8,7 @@
 #include "daemon/systemd.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -32,6 +33,50 @@ static size_t keep_escaped(void *cls, struct MHD_Connection *c, char *s)
     (void)cls;
     (void)c;
     return strlen(s);
+}
+
+/* Fills p[0..n) with the operating system's random bytes: getrandom,
+ * retried when a signal interrupts it, else /dev/urandom (a kernel before
+ * 3.17 has no getrandom: ENOSYS; a seccomp filter may refuse it). 0, or -1
+ * with err naming what failed: the caller stops, since every secret of the
+ * process (the prefix cache salts' key, the seeds' key) depends on these
+ * bytes, and none may fall back to something guessable like the time. */
+static int random_fill(void *p, size_t n, char *err, size_t errlen)
+{
+    unsigned char *b = p;
+    size_t got = 0;
+    int gr_errno = 0;
+    while (got < n) {
+        ssize_t k = getrandom(b + got, n - got, 0);
+        if (k > 0) {
+            got += (size_t)k;
+        } else if (k == 0 || errno != EINTR) {
+            gr_errno = k == 0 ? EIO : errno;
+            break;
+        }
+    }
+    if (got == n) return 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = 0;
+        while (got < n) {
+            ssize_t k = read(fd, b + got, n - got);
+            if (k > 0) {
+                got += (size_t)k;
+            } else if (k == 0 || errno != EINTR) {
+                if (k == 0) errno = EIO;
+                break;
+            }
+        }
+        int rd_errno = errno;
+        close(fd);
+        if (got == n) return 0;
+        errno = rd_errno;
+    }
+    snprintf(err, errlen,
+             "no random bytes from the operating system: getrandom: %s; /dev/urandom: %s",
+             strerror(gr_errno), strerror(errno));
+    return -1;
 }
 
 /* Whether d's listening socket is bound to a loopback address (127.0.0.0/8,
@@ -202,9 +247,12 @@ int srv_main(int argc, char **argv)
     s.daemon = &d;
     char err[1024];
     met_init(&s.met, &a.met);
-    /* The prefix cache salts' key (http/router.c): new at every start. */
-    if (getrandom(s.salt_secret, sizeof s.salt_secret, 0) != (ssize_t)sizeof s.salt_secret) {
-        log_fatal("getrandom: no random bytes for the prefix cache salts");
+    /* The keys of the prefix cache salts (http/router.c) and of the seeds
+     * of requests without one (api/completions.c, cmpl_seed): new at every
+     * start, so two replicas or two runs share neither (issue 35). */
+    if (random_fill(s.salt_secret, sizeof s.salt_secret, err, sizeof err) != 0
+        || random_fill(a.seed_key, sizeof a.seed_key, err, sizeof err) != 0) {
+        log_fatal(err);
         return 1;
     }
     d.argc = argc;
