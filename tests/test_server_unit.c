@@ -223,6 +223,43 @@ START_TEST(log_escape_printable_and_utf8_kept)
 }
 END_TEST
 
+START_TEST(log_escape_line_and_bidi_controls_escaped)
+{
+    /* Valid UTF-8 that breaks or reorders a line is escaped byte by byte:
+     * C1 (U+0080, U+0085 NEL, U+009F), U+2028 and U+2029, and the
+     * bidirectional controls U+061C, U+200E, U+200F, U+202A..U+202E,
+     * U+2066..U+2069. */
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"\xc2\x80", "\\xc2\\x80"},
+        {"a\xc2\x85z", "a\\xc2\\x85z"},
+        {"\xc2\x9f", "\\xc2\\x9f"},
+        {"\xd8\x9c", "\\xd8\\x9c"},
+        {"\xe2\x80\x8e", "\\xe2\\x80\\x8e"},
+        {"\xe2\x80\x8f", "\\xe2\\x80\\x8f"},
+        {"/\xe2\x80\xa8x", "/\\xe2\\x80\\xa8x"},
+        {"\xe2\x80\xa9", "\\xe2\\x80\\xa9"},
+        {"\xe2\x80\xaa", "\\xe2\\x80\\xaa"},
+        {"\xe2\x80\xab", "\\xe2\\x80\\xab"},
+        {"\xe2\x80\xac", "\\xe2\\x80\\xac"},
+        {"\xe2\x80\xad", "\\xe2\\x80\\xad"},
+        {"status=200 \xe2\x80\xae", "status=200 \\xe2\\x80\\xae"},
+        {"\xe2\x81\xa6", "\\xe2\\x81\\xa6"},
+        {"\xe2\x81\xa7", "\\xe2\\x81\\xa7"},
+        {"\xe2\x81\xa8", "\\xe2\\x81\\xa8"},
+        {"\xe2\x81\xa9", "\\xe2\\x81\\xa9"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_str_eq(escaped(cases[i].in, strlen(cases[i].in), 256), cases[i].out);
+    /* Their neighbours are text, kept: U+00A0, U+061B, U+200D (the emoji
+     * joiner), U+2027, U+202F, U+2065, U+206A. */
+    const char kept[] = "\xc2\xa0 \xd8\x9b \xe2\x80\x8d \xe2\x80\xa7 \xe2\x80\xaf "
+                        "\xe2\x81\xa5 \xe2\x81\xaa";
+    ck_assert_str_eq(escaped(kept, sizeof kept - 1, 256), kept);
+}
+END_TEST
+
 START_TEST(log_escape_short_buffer_never_splits)
 {
     /* Room for 5 bytes + NUL: an escape (4) or a character (2) that would
@@ -947,6 +984,7 @@ int main(void)
     tc = tcase_create("log");
     tcase_add_test(tc, log_escape_controls_and_bad_utf8_escaped);
     tcase_add_test(tc, log_escape_printable_and_utf8_kept);
+    tcase_add_test(tc, log_escape_line_and_bidi_controls_escaped);
     tcase_add_test(tc, log_escape_short_buffer_never_splits);
     suite_add_tcase(s, tc);
     tc = tcase_create("status");

@@ -151,9 +151,13 @@ void log_line(const char *level, const char *fmt, ...)
 #endif
     ;
 /* in[0..n) made safe for one log line into out (outlen bytes, always
- * terminated): control bytes (C0, DEL, C1), bytes that are not valid UTF-8
- * and the backslash become \xNN; valid UTF-8 is kept. Stops before an
- * escape or a character that would not fit. Returns the bytes written. */
+ * terminated): control bytes (C0, DEL), bytes that are not valid UTF-8
+ * and the backslash become \xNN, and so does each byte of the characters
+ * that break or reorder a line though valid UTF-8 (the C1 controls
+ * U+0080..U+009F, U+2028, U+2029, and the bidirectional controls U+061C,
+ * U+200E, U+200F, U+202A..U+202E, U+2066..U+2069); other valid UTF-8 is
+ * kept. Stops before an escape or a character that would not fit.
+ * Returns the bytes written. */
 size_t log_escape(const char *in, size_t n, char *out, size_t outlen);
 /* A start-up failure: "gpt2d serve: message" at error priority. */
 void log_fatal(const char *msg);
