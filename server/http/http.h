@@ -98,7 +98,8 @@ typedef enum {
     MET_REFUSED_DRAINING,        /* a completion while the server drains: 503  */
     MET_REFUSED_SHUTDOWN,        /* unanswered when the drain ended: 503       */
     MET_REFUSED_TIMEOUT,         /* a head or body past its deadline: 408      */
-    MET_REFUSED_HOST,            /* a Host not in allowed_hosts: 421           */
+    MET_REFUSED_HOST,            /* a Host not in allowed_hosts: 421; none on
+                                  * HTTP/1.1, or several: 400                  */
     MET_REFUSED_N
 } met_refused;
 
