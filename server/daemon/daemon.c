@@ -370,9 +370,14 @@ int srv_main(int argc, char **argv)
         http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,    \
         (unsigned)s.cfg.connection_timeout_s
     /* HTTPS: each handshake asks tls.c for the current certificate (so that
-     * SIGHUP rotates it); the option is ignored without MHD_USE_TLS. */
+     * SIGHUP rotates it), and offers what tls_priorities allows (TLS 1.3
+     * and 1.2 by default; libmicrohttpd's own default, GnuTLS's NORMAL,
+     * takes TLS 1.0 and 1.1 too, which RFC 8996 retires); both options are
+     * ignored without MHD_USE_TLS. */
 #ifdef GPT2D_HAVE_GNUTLS
-#define SRV_MHD_TLS , MHD_OPTION_HTTPS_CERT_CALLBACK, tls_pick
+#define SRV_MHD_TLS                                                                                \
+    , MHD_OPTION_HTTPS_CERT_CALLBACK, tls_pick, MHD_OPTION_HTTPS_PRIORITIES,                       \
+        (const char *)s.cfg.tls_priorities
 #else
 #define SRV_MHD_TLS
 #endif
@@ -432,8 +437,8 @@ int srv_main(int argc, char **argv)
                  mc->n_layer, mc->n_embd, random ? "; random weights: the text is nonsense" : "",
                  scheme, s.cfg.host, pi ? pi->port : s.cfg.port);
     if (s.tls != NULL)
-        log_line("info", "HTTPS with %s (key %s); SIGHUP reads them again", s.cfg.tls_cert_file,
-                 s.cfg.tls_key_file);
+        log_line("info", "HTTPS with %s (key %s); SIGHUP reads them again; tls_priorities %s",
+                 s.cfg.tls_cert_file, s.cfg.tls_key_file, s.cfg.tls_priorities);
     try_lines(&s.cfg, scheme, pi ? pi->port : s.cfg.port);
     uv_timer_init(s.loop, &d.watchdog);
     d.watchdog.data = &s;

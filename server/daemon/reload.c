@@ -60,6 +60,10 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
         st = cfg_load_file(c, SRV_DEFAULT_CONFIG, err, errlen);
     if (st == CFG_OK) st = cfg_parse_args(c, argc, argv, 1, err, errlen);
     if (st == CFG_OK) st = cfg_validate(c, err, errlen);
+    /* The priority string is GnuTLS's to parse: a bad one is said here,
+     * naming the key, not by libmicrohttpd's start as a failure to listen
+     * (and a reload that brings one is refused whole). */
+    if (st == CFG_OK && tls_priorities_check(c->tls_priorities, err, errlen) != 0) st = CFG_EVALUE;
     if (st == CFG_OK) st = model_folder(c, err, errlen);
     return st;
 }

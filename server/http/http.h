@@ -567,6 +567,11 @@ void conn_on_sweep(uv_timer_t *t);
 int tls_supported(char *err, size_t errlen);
 /* Whether this build has GnuTLS (/version, gpt2d_build_info). */
 int tls_built(void);
+/* Whether GnuTLS takes prio as a priority string (tls_priorities, which
+ * libmicrohttpd is given at start): 0, or -1 with err naming the key, the
+ * string and where GnuTLS stopped. A build without GnuTLS takes any (it
+ * serves no HTTPS). Thread: any. */
+int tls_priorities_check(const char *prio, char *err, size_t errlen);
 /* Loads cfg.tls_cert_file and tls_key_file into s->tls, the certificate
  * every handshake gets from now on. 0, or -1 with err naming the file and
  * what is wrong with it (unreadable, not PEM, a key that does not match). */
