@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -125,6 +126,55 @@ static void try_lines(const cfg_config *cfg, const char *scheme, unsigned port)
              cfg->model_name);
 }
 
+/* RLIMIT_NOFILE against max_connections. libmicrohttpd accepts up to
+ * max_connections + SRV_CONN_HEADROOM connections; past the descriptor
+ * limit its accept() fails, and it stops accepting until a connection
+ * closes, so every new client (a health probe too) waits behind idle ones
+ * instead of being served or refused (conn.c). So a soft limit too low is
+ * raised to the hard limit, and where the hard limit is too low as well,
+ * max_connections is lowered to what fits (srv_fd_fit), with a warning
+ * naming both numbers. 0, or -1 with err when not one connection fits. */
+static int fd_limit_fit(cfg_config *cfg, char *err, size_t errlen)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
+    rlim_t need = (rlim_t)cfg->max_connections + SRV_CONN_HEADROOM + SRV_FD_RESERVE;
+    if (rl.rlim_cur < need && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > rl.rlim_cur)) {
+        /* An unlimited hard limit still has the kernel's nr_open above it:
+         * ask for what is needed. */
+        struct rlimit up = {rl.rlim_max == RLIM_INFINITY ? need : rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+            log_line("info",
+                     "raised the descriptor limit (RLIMIT_NOFILE) from %llu to %llu for "
+                     "max_connections %zu",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)up.rlim_cur,
+                     cfg->max_connections);
+            rl.rlim_cur = up.rlim_cur;
+        }
+    }
+    size_t fit = srv_fd_fit(cfg->max_connections);
+    if (fit == cfg->max_connections) return 0;
+    if (fit == 0) {
+        snprintf(err, errlen,
+                 "the descriptor limit (RLIMIT_NOFILE) is %llu: gpt2d needs more than %u (%u of "
+                 "its own and %u connections past max_connections) to serve one connection; "
+                 "raise LimitNOFILE (or ulimit -n)",
+                 (unsigned long long)rl.rlim_cur, SRV_FD_RESERVE + SRV_CONN_HEADROOM,
+                 SRV_FD_RESERVE, SRV_CONN_HEADROOM);
+        return -1;
+    }
+    log_line("warn",
+             "the descriptor limit (RLIMIT_NOFILE) is %llu (hard %llu), below the %llu that "
+             "max_connections %zu needs (+ %u past it, + %u of gpt2d's own): max_connections "
+             "lowered to %zu; raise LimitNOFILE (or ulimit -n) to serve more",
+             (unsigned long long)rl.rlim_cur,
+             (unsigned long long)(rl.rlim_max == RLIM_INFINITY ? rl.rlim_cur : rl.rlim_max),
+             (unsigned long long)need, cfg->max_connections, SRV_CONN_HEADROOM, SRV_FD_RESERVE,
+             fit);
+    cfg->max_connections = fit;
+    return 0;
+}
+
 static void serve_usage(FILE *out)
 {
     fprintf(out,
@@ -188,6 +238,19 @@ int srv_main(int argc, char **argv)
             return 0;
         }
     }
+    /* SIGHUP (a reload), SIGUSR1 and SIGUSR2 kill the process by default,
+     * and their handlers (lifecycle.c) come with the loop, after the model
+     * has loaded and warmed up (seconds for a large one): blocked until
+     * then, as they are in every thread started before (threads inherit the
+     * mask), so that one sent during start-up waits and is taken by its
+     * handler once the server serves (a SIGHUP is then a reload), never the
+     * default death. */
+    sigset_t startup_sigs;
+    sigemptyset(&startup_sigs);
+    sigaddset(&startup_sigs, SIGHUP);
+    sigaddset(&startup_sigs, SIGUSR1);
+    sigaddset(&startup_sigs, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &startup_sigs, NULL);
     srv_sd_init();
     log_set_journal(srv_sd_journal());
     /* Each layer's state (http.h, api.h, daemon.h), linked: the upper
@@ -238,6 +301,10 @@ int srv_main(int argc, char **argv)
         a.chat_on = 1;
     }
     log_set_level(s.cfg.log_level);
+    if (fd_limit_fit(&s.cfg, err, sizeof err) != 0) {
+        log_fatal(err);
+        return 2;
+    }
     const char *delay = getenv("GPT2D_TEST_STEP_DELAY_MS");
     if (delay != NULL && atoi(delay) > 0) {
         a.step_delay_ms = (unsigned)atoi(delay);
@@ -424,6 +491,8 @@ int srv_main(int argc, char **argv)
     s.sweep.data = &s;
     uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
     srv_signals_start(&s);
+    /* The handlers are in: a signal that came during start-up is taken now. */
+    pthread_sigmask(SIG_UNBLOCK, &startup_sigs, NULL);
     srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
     int random = strcmp(eng_model_about(a.model)->weights, "random") == 0;
