@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -853,6 +854,53 @@ START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
 }
 END_TEST
 
+/* srv_fd_fit under this process's own soft limit, set for the test
+ * (lowering it needs no privilege) and restored. */
+START_TEST(srv_fd_fit_leaves_room_for_headroom_and_reserve)
+{
+    struct rlimit saved, rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    static const struct {
+        rlim_t soft;
+        size_t want, fits;
+    } cases[] = {
+        {256, 1024, 128}, /* 256 - 64 past max_connections - 64 of its own */
+        {256, 100, 100},  {1152, 1024, 1024}, {1151, 1024, 1023}, {129, 1024, 1}, {128, 1024, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < cases[i].soft) continue;
+        rl.rlim_cur = cases[i].soft;
+        rl.rlim_max = saved.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) continue; /* valgrind keeps its own */
+        ck_assert_uint_eq(srv_fd_fit(cases[i].want), cases[i].fits);
+    }
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+}
+END_TEST
+
+START_TEST(srv_config_read_refuses_a_bad_tls_priorities)
+{
+    char path[48];
+    mkdtemp_template(path, sizeof path, "/tmp/gpt2d-unit-conf-");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    char *argv[] = {"serve", "--config", path};
+    cfg_config c;
+    char err[512];
+    write_file(path, "model = /m\ntls_priorities = NORMAL:-VERS-ALL:+VERS-TLS1.3\n");
+    ck_assert_msg(srv_config_read(&c, 3, argv, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_str_eq(c.tls_priorities, "NORMAL:-VERS-ALL:+VERS-TLS1.3");
+    write_file(path, "model = /m\ntls_priorities = NORMAL:+VERS-BOGUS\n");
+    cfg_status st = srv_config_read(&c, 3, argv, err, sizeof err);
+    if (tls_built()) { /* GnuTLS parses it; a build without serves no HTTPS */
+        ck_assert_int_eq(st, CFG_EVALUE);
+        ck_assert_msg(strstr(err, "tls_priorities 'NORMAL:+VERS-BOGUS'") != NULL, "%s", err);
+    }
+    unlink(path);
+}
+END_TEST
+
 /* ---- Stored responses (api/resp_store.c) ------------------------------------ */
 
 /* An entry of about `bytes` bytes (its conversation's text), owned by owner. */
@@ -1008,6 +1056,8 @@ int main(void)
     tc = tcase_create("lifecycle");
     tcase_add_test(tc, srv_file_id_same_changes_in_place_rename_and_delete_differ);
     tcase_add_test(tc, srv_config_read_file_then_options_and_bad_files_refused);
+    tcase_add_test(tc, srv_config_read_refuses_a_bad_tls_priorities);
+    tcase_add_test(tc, srv_fd_fit_leaves_room_for_headroom_and_reserve);
     suite_add_tcase(s, tc);
     tc = tcase_create("conn");
     tcase_add_test(tc, conn_deadline_of_each_phase_its_timeout);
