@@ -1943,7 +1943,7 @@ def case_garbage_request_line(ctx):
     libmicrohttpd can split, with an unknown method, reaches gpt2d: a 405
     or 404 JSON error with X-Request-Id. The server serves on throughout."""
     srv = Server(ctx, ctx.models.get("tiny"))
-    for data in (b"GARBAGE\r\n\r\n", b"GARBAGE\r\nHost: 127.0.0.1\r\n\r\n", b"\x00\x01\x02\r\n\r\n"):
+    for data in (b"GARBAGE\r\n\r\n", b"GARBAGE\r\nHost: 127.0.0.1\r\n\r\n", b"GARBAGE/1.1\r\n\r\n"):
         s = connect(srv.port)
         try:
             s.sendall(data)
