@@ -208,25 +208,37 @@ tls_get() {
             > "$dir/s_client-$1.out" 2>&1 || true
 }
 tls_served() { grep -q '^HTTP/1.1 200' "$dir/s_client-$1.out"; }
-# The server's refusal: its protocol_version alert, no answer.
+# No answer, and not for the client's own refusal (which openssl words "no
+# protocols available"). libmicrohttpd closes a failed handshake without
+# an alert of its own, so what the client says next varies: the case
+# below shows with a second server that this client does speak 1.0 and
+# 1.1, so that their refusal is the server's.
 tls_refused() {
-    ! tls_served "$1" && grep -q 'alert protocol version' "$dir/s_client-$1.out"
+    ! tls_served "$1" && ! grep -q 'no protocols available' "$dir/s_client-$1.out"
 }
 
-# 5. TLS versions (issue 34): by default (tls_priorities) TLS 1.0 and 1.1
-#    are refused by the server with its protocol_version alert (RFC 8996
-#    retires them), TLS 1.2 and 1.3 answer /health.
+# 5. TLS versions (issue 34): by default (tls_priorities) the server
+#    refuses TLS 1.0 and 1.1 (RFC 8996 retires them), and TLS 1.2 and 1.3
+#    answer /health. A second server given GnuTLS's NORMAL (libmicrohttpd's
+#    own default, what gpt2d used to serve) answers 1.0 and 1.1 to the same
+#    client: the refusals are the server's, not this openssl's.
 case_versions() {
 for v in tls1 tls1_1; do
     tls_get "$v"
-    tls_served "$v" && fail "-$v: a handshake and /health (RFC 8996 retires it): $(grep -m1 Protocol "$dir/s_client-$v.out")"
-    tls_refused "$v" || fail "-$v: not the server's protocol_version alert: $(tail -5 "$dir/s_client-$v.out")"
+    tls_served "$v" && fail "-$v: a handshake and /health (RFC 8996 retires it): $(grep -m1 'Protocol  :' "$dir/s_client-$v.out")"
+    tls_refused "$v" || fail "-$v: the client refused it itself: $(tail -5 "$dir/s_client-$v.out")"
 done
 for v in tls1_2 tls1_3; do
     tls_get "$v"
     tls_served "$v" || fail "-$v: no /health: $(tail -5 "$dir/s_client-$v.out")"
 done
-echo "tls: 1.0 and 1.1 refused, 1.2 and 1.3 served"
+srv_start old "$dir/model" --kv-cache-mb 64 --tls-cert-file "$dir/one.crt" --tls-key-file "$dir/one.key" \
+    --tls-priorities NORMAL || fail "no server with tls_priorities NORMAL"
+for v in tls1 tls1_1; do
+    tls_get "$v" "$port"
+    tls_served "$v" || fail "-$v against tls_priorities NORMAL: no /health, so this client cannot test it: $(tail -5 "$dir/s_client-$v.out")"
+done
+echo "tls: 1.0 and 1.1 refused, 1.2 and 1.3 served; 1.0 and 1.1 served under tls_priorities NORMAL"
 }
 
 # 6. tls_priorities (issue 34): an operator's string is what handshakes
