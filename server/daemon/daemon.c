@@ -175,6 +175,46 @@ static int fd_limit_fit(cfg_config *cfg, char *err, size_t errlen)
     return 0;
 }
 
+/* SIGHUP (a reload), SIGUSR1 and SIGUSR2 kill the process by default,
+ * and their handlers (lifecycle.c, libuv's) come with the loop, after the
+ * model has loaded and warmed up (seconds for a large one). Until then a
+ * handler of our own notes them here, one flag per signal: written by
+ * that handler on whichever thread the kernel picks (blocking them would
+ * not do: threads a library starts before main, OpenBLAS's, would still
+ * take them and die of the default action), read once on the loop thread
+ * when the real handlers are in, which then get each noted signal again
+ * (a SIGHUP that came during start-up is a reload once the server serves).
+ * docs/architecture.md lists it with the other global state. */
+static volatile sig_atomic_t startup_signal_seen[3];
+static const int startup_signal_nums[3] = {SIGHUP, SIGUSR1, SIGUSR2};
+
+static void startup_signal_note(int signum)
+{
+    for (int i = 0; i < 3; i++)
+        if (startup_signal_nums[i] == signum) startup_signal_seen[i] = 1;
+}
+
+static void startup_signals_catch(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = startup_signal_note;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* the start-up's reads go on */
+    for (int i = 0; i < 3; i++) sigaction(startup_signal_nums[i], &sa, NULL);
+}
+
+/* After srv_signals_start: libuv's handlers have replaced ours; each
+ * signal noted during start-up is raised again, to them. */
+static void startup_signals_replay(void)
+{
+    for (int i = 0; i < 3; i++)
+        if (startup_signal_seen[i]) {
+            startup_signal_seen[i] = 0;
+            raise(startup_signal_nums[i]);
+        }
+}
+
 static void serve_usage(FILE *out)
 {
     fprintf(out,
@@ -238,19 +278,7 @@ int srv_main(int argc, char **argv)
             return 0;
         }
     }
-    /* SIGHUP (a reload), SIGUSR1 and SIGUSR2 kill the process by default,
-     * and their handlers (lifecycle.c) come with the loop, after the model
-     * has loaded and warmed up (seconds for a large one): blocked until
-     * then, as they are in every thread started before (threads inherit the
-     * mask), so that one sent during start-up waits and is taken by its
-     * handler once the server serves (a SIGHUP is then a reload), never the
-     * default death. */
-    sigset_t startup_sigs;
-    sigemptyset(&startup_sigs);
-    sigaddset(&startup_sigs, SIGHUP);
-    sigaddset(&startup_sigs, SIGUSR1);
-    sigaddset(&startup_sigs, SIGUSR2);
-    pthread_sigmask(SIG_BLOCK, &startup_sigs, NULL);
+    startup_signals_catch();
     srv_sd_init();
     log_set_journal(srv_sd_journal());
     /* Each layer's state (http.h, api.h, daemon.h), linked: the upper
@@ -491,8 +519,7 @@ int srv_main(int argc, char **argv)
     s.sweep.data = &s;
     uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
     srv_signals_start(&s);
-    /* The handlers are in: a signal that came during start-up is taken now. */
-    pthread_sigmask(SIG_UNBLOCK, &startup_sigs, NULL);
+    startup_signals_replay();
     srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
     int random = strcmp(eng_model_about(a.model)->weights, "random") == 0;
