@@ -65,6 +65,10 @@ static const spec specs[] = {
      "(empty: plain HTTP); needs tls_key_file"},
     {"tls_key_file", K_STR, F(tls_key_file), 0, 0, "",
      "PEM private key of tls_cert_file, read again on SIGHUP"},
+    {"tls_priorities", K_STR, F(tls_priorities), 0, 0, "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2",
+     "GnuTLS priority string of the HTTPS handshakes (protocol versions, ciphers); the default "
+     "allows TLS 1.3 and 1.2 only (RFC 8996); a string GnuTLS refuses stops start-up and a "
+     "reload"},
     {"stream_backlog_bytes", K_SIZE, F(stream_backlog_bytes), 4096, 1073741824, "1048576",
      "SSE bytes a streaming client may leave unread; over it, its sequences pause"},
     {"stream_stall_timeout", K_SECONDS, F(stream_stall_timeout_s), 1, 86400, "30",

@@ -425,6 +425,31 @@ START_TEST(cfg_trusted_proxies_parse_and_match)
 }
 END_TEST
 
+START_TEST(cfg_tls_priorities_tls12_and_13_and_not_reloadable)
+{
+    cfg_config c, next;
+    char err[256];
+    cfg_defaults(&c);
+    ck_assert_str_eq(c.tls_priorities, "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2");
+    ck_assert_int_eq(cfg_set(&c, "tls_priorities", "NORMAL:-VERS-ALL:+VERS-TLS1.3",
+                             "--tls-priorities", err, sizeof err),
+                     CFG_OK);
+    ck_assert_str_eq(c.tls_priorities, "NORMAL:-VERS-ALL:+VERS-TLS1.3");
+    char big[600];
+    memset(big, 'A', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ck_assert_int_eq(cfg_set(&c, "tls_priorities", big, "f:2", err, sizeof err), CFG_EVALUE);
+    ck_assert_msg(strstr(err, "f:2: tls_priorities is longer than") != NULL, "%s", err);
+    /* libmicrohttpd takes it at start only: a reload keeps it and names it. */
+    ck_assert(!cfg_key_reloadable("tls_priorities"));
+    cfg_defaults(&next);
+    char changed[128], kept[128];
+    ck_assert_uint_eq(cfg_apply_reload(&c, &next, changed, sizeof changed, kept, sizeof kept), 0);
+    ck_assert_str_eq(kept, "tls_priorities");
+    ck_assert_str_eq(c.tls_priorities, "NORMAL:-VERS-ALL:+VERS-TLS1.3");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -445,6 +470,7 @@ int main(void)
     tcase_add_test(tc, cfg_trusted_proxies_parse_and_match);
     tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);
     tcase_add_test(tc, cfg_prefix_cache_shared_across_keys_off_and_reloadable);
+    tcase_add_test(tc, cfg_tls_priorities_tls12_and_13_and_not_reloadable);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

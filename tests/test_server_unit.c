@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -220,6 +221,43 @@ START_TEST(log_escape_printable_and_utf8_kept)
 {
     const char text[] = "GET /v1/models status=200 caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 ~";
     ck_assert_str_eq(escaped(text, sizeof text - 1, 256), text);
+}
+END_TEST
+
+START_TEST(log_escape_line_and_bidi_controls_escaped)
+{
+    /* Valid UTF-8 that breaks or reorders a line is escaped byte by byte:
+     * C1 (U+0080, U+0085 NEL, U+009F), U+2028 and U+2029, and the
+     * bidirectional controls U+061C, U+200E, U+200F, U+202A..U+202E,
+     * U+2066..U+2069. */
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"\xc2\x80", "\\xc2\\x80"},
+        {"a\xc2\x85z", "a\\xc2\\x85z"},
+        {"\xc2\x9f", "\\xc2\\x9f"},
+        {"\xd8\x9c", "\\xd8\\x9c"},
+        {"\xe2\x80\x8e", "\\xe2\\x80\\x8e"},
+        {"\xe2\x80\x8f", "\\xe2\\x80\\x8f"},
+        {"/\xe2\x80\xa8x", "/\\xe2\\x80\\xa8x"},
+        {"\xe2\x80\xa9", "\\xe2\\x80\\xa9"},
+        {"\xe2\x80\xaa", "\\xe2\\x80\\xaa"},
+        {"\xe2\x80\xab", "\\xe2\\x80\\xab"},
+        {"\xe2\x80\xac", "\\xe2\\x80\\xac"},
+        {"\xe2\x80\xad", "\\xe2\\x80\\xad"},
+        {"status=200 \xe2\x80\xae", "status=200 \\xe2\\x80\\xae"},
+        {"\xe2\x81\xa6", "\\xe2\\x81\\xa6"},
+        {"\xe2\x81\xa7", "\\xe2\\x81\\xa7"},
+        {"\xe2\x81\xa8", "\\xe2\\x81\\xa8"},
+        {"\xe2\x81\xa9", "\\xe2\\x81\\xa9"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_str_eq(escaped(cases[i].in, strlen(cases[i].in), 256), cases[i].out);
+    /* Their neighbours are text, kept: U+00A0, U+061B, U+200D (the emoji
+     * joiner), U+2027, U+202F, U+2065, U+206A. */
+    const char kept[] = "\xc2\xa0 \xd8\x9b \xe2\x80\x8d \xe2\x80\xa7 \xe2\x80\xaf "
+                        "\xe2\x81\xa5 \xe2\x81\xaa";
+    ck_assert_str_eq(escaped(kept, sizeof kept - 1, 256), kept);
 }
 END_TEST
 
@@ -847,6 +885,53 @@ START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
 }
 END_TEST
 
+/* srv_fd_fit under this process's own soft limit, set for the test
+ * (lowering it needs no privilege) and restored. */
+START_TEST(srv_fd_fit_leaves_room_for_headroom_and_reserve)
+{
+    struct rlimit saved, rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    static const struct {
+        rlim_t soft;
+        size_t want, fits;
+    } cases[] = {
+        {256, 1024, 128}, /* 256 - 64 past max_connections - 64 of its own */
+        {256, 100, 100},  {1152, 1024, 1024}, {1151, 1024, 1023}, {129, 1024, 1}, {128, 1024, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < cases[i].soft) continue;
+        rl.rlim_cur = cases[i].soft;
+        rl.rlim_max = saved.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) continue; /* valgrind keeps its own */
+        ck_assert_uint_eq(srv_fd_fit(cases[i].want), cases[i].fits);
+    }
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+}
+END_TEST
+
+START_TEST(srv_config_read_refuses_a_bad_tls_priorities)
+{
+    char path[48];
+    mkdtemp_template(path, sizeof path, "/tmp/gpt2d-unit-conf-");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    char *argv[] = {"serve", "--config", path};
+    cfg_config c;
+    char err[512];
+    write_file(path, "model = /m\ntls_priorities = NORMAL:-VERS-ALL:+VERS-TLS1.3\n");
+    ck_assert_msg(srv_config_read(&c, 3, argv, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert_str_eq(c.tls_priorities, "NORMAL:-VERS-ALL:+VERS-TLS1.3");
+    write_file(path, "model = /m\ntls_priorities = NORMAL:+VERS-BOGUS\n");
+    cfg_status st = srv_config_read(&c, 3, argv, err, sizeof err);
+    if (tls_built()) { /* GnuTLS parses it; a build without serves no HTTPS */
+        ck_assert_int_eq(st, CFG_EVALUE);
+        ck_assert_msg(strstr(err, "tls_priorities 'NORMAL:+VERS-BOGUS'") != NULL, "%s", err);
+    }
+    unlink(path);
+}
+END_TEST
+
 /* ---- Stored responses (api/resp_store.c) ------------------------------------ */
 
 /* An entry of about `bytes` bytes (its conversation's text), owned by owner. */
@@ -978,6 +1063,7 @@ int main(void)
     tc = tcase_create("log");
     tcase_add_test(tc, log_escape_controls_and_bad_utf8_escaped);
     tcase_add_test(tc, log_escape_printable_and_utf8_kept);
+    tcase_add_test(tc, log_escape_line_and_bidi_controls_escaped);
     tcase_add_test(tc, log_escape_short_buffer_never_splits);
     suite_add_tcase(s, tc);
     tc = tcase_create("status");
@@ -1002,6 +1088,8 @@ int main(void)
     tc = tcase_create("lifecycle");
     tcase_add_test(tc, srv_file_id_same_changes_in_place_rename_and_delete_differ);
     tcase_add_test(tc, srv_config_read_file_then_options_and_bad_files_refused);
+    tcase_add_test(tc, srv_config_read_refuses_a_bad_tls_priorities);
+    tcase_add_test(tc, srv_fd_fit_leaves_room_for_headroom_and_reserve);
     suite_add_tcase(s, tc);
     tc = tcase_create("conn");
     tcase_add_test(tc, conn_deadline_of_each_phase_its_timeout);

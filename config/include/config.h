@@ -62,6 +62,9 @@ typedef struct {
      * read again on SIGHUP). */
     char tls_cert_file[CFG_STR_MAX];
     char tls_key_file[CFG_STR_MAX];
+    /* GnuTLS's priority string for the handshakes (gnutls_priority_init's
+     * syntax; the daemon checks it, this module knows nothing of GnuTLS). */
+    char tls_priorities[512];
     size_t stream_backlog_bytes;   /* unread SSE bytes before a stream pauses */
     double stream_stall_timeout_s; /* paused that long: cancelled */
     size_t tokenize_concurrency;   /* bodies tokenized at once on the work queue */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -170,6 +171,95 @@ static void try_lines(const cfg_config *cfg, const char *scheme, unsigned port)
              cfg->model_name);
 }
 
+/* RLIMIT_NOFILE against max_connections. libmicrohttpd accepts up to
+ * max_connections + SRV_CONN_HEADROOM connections; past the descriptor
+ * limit its accept() fails, and it stops accepting until a connection
+ * closes, so every new client (a health probe too) waits behind idle ones
+ * instead of being served or refused (conn.c). So a soft limit too low is
+ * raised to the hard limit, and where the hard limit is too low as well,
+ * max_connections is lowered to what fits (srv_fd_fit), with a warning
+ * naming both numbers. 0, or -1 with err when not one connection fits. */
+static int fd_limit_fit(cfg_config *cfg, char *err, size_t errlen)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 0;
+    rlim_t need = (rlim_t)cfg->max_connections + SRV_CONN_HEADROOM + SRV_FD_RESERVE;
+    if (rl.rlim_cur < need && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > rl.rlim_cur)) {
+        /* An unlimited hard limit still has the kernel's nr_open above it:
+         * ask for what is needed. */
+        struct rlimit up = {rl.rlim_max == RLIM_INFINITY ? need : rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+            log_line("info",
+                     "raised the descriptor limit (RLIMIT_NOFILE) from %llu to %llu for "
+                     "max_connections %zu",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)up.rlim_cur,
+                     cfg->max_connections);
+            rl.rlim_cur = up.rlim_cur;
+        }
+    }
+    size_t fit = srv_fd_fit(cfg->max_connections);
+    if (fit == cfg->max_connections) return 0;
+    if (fit == 0) {
+        snprintf(err, errlen,
+                 "the descriptor limit (RLIMIT_NOFILE) is %llu: gpt2d needs more than %u (%u of "
+                 "its own and %u connections past max_connections) to serve one connection; "
+                 "raise LimitNOFILE (or ulimit -n)",
+                 (unsigned long long)rl.rlim_cur, SRV_FD_RESERVE + SRV_CONN_HEADROOM,
+                 SRV_FD_RESERVE, SRV_CONN_HEADROOM);
+        return -1;
+    }
+    log_line("warn",
+             "the descriptor limit (RLIMIT_NOFILE) is %llu (hard %llu), below the %llu that "
+             "max_connections %zu needs (+ %u past it, + %u of gpt2d's own): max_connections "
+             "lowered to %zu; raise LimitNOFILE (or ulimit -n) to serve more",
+             (unsigned long long)rl.rlim_cur,
+             (unsigned long long)(rl.rlim_max == RLIM_INFINITY ? rl.rlim_cur : rl.rlim_max),
+             (unsigned long long)need, cfg->max_connections, SRV_CONN_HEADROOM, SRV_FD_RESERVE,
+             fit);
+    cfg->max_connections = fit;
+    return 0;
+}
+
+/* SIGHUP (a reload), SIGUSR1 and SIGUSR2 kill the process by default,
+ * and their handlers (lifecycle.c, libuv's) come with the loop, after the
+ * model has loaded and warmed up (seconds for a large one). Until then a
+ * handler of our own notes them here, one flag per signal: written by
+ * that handler on whichever thread the kernel picks (blocking them would
+ * not do: threads a library starts before main, OpenBLAS's, would still
+ * take them and die of the default action), read once on the loop thread
+ * when the real handlers are in, which then get each noted signal again
+ * (a SIGHUP that came during start-up is a reload once the server serves).
+ * docs/architecture.md lists it with the other global state. */
+static volatile sig_atomic_t startup_signal_seen[3];
+static const int startup_signal_nums[3] = {SIGHUP, SIGUSR1, SIGUSR2};
+
+static void startup_signal_note(int signum)
+{
+    for (int i = 0; i < 3; i++)
+        if (startup_signal_nums[i] == signum) startup_signal_seen[i] = 1;
+}
+
+static void startup_signals_catch(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = startup_signal_note;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* the start-up's reads go on */
+    for (int i = 0; i < 3; i++) sigaction(startup_signal_nums[i], &sa, NULL);
+}
+
+/* After srv_signals_start: libuv's handlers have replaced ours; each
+ * signal noted during start-up is raised again, to them. */
+static void startup_signals_replay(void)
+{
+    for (int i = 0; i < 3; i++)
+        if (startup_signal_seen[i]) {
+            startup_signal_seen[i] = 0;
+            raise(startup_signal_nums[i]);
+        }
+}
+
 static void serve_usage(FILE *out)
 {
     fprintf(out,
@@ -233,6 +323,7 @@ int srv_main(int argc, char **argv)
             return 0;
         }
     }
+    startup_signals_catch();
     srv_sd_init();
     log_set_journal(srv_sd_journal());
     /* Each layer's state (http.h, api.h, daemon.h), linked: the upper
@@ -286,6 +377,10 @@ int srv_main(int argc, char **argv)
         a.chat_on = 1;
     }
     log_set_level(s.cfg.log_level);
+    if (fd_limit_fit(&s.cfg, err, sizeof err) != 0) {
+        log_fatal(err);
+        return 2;
+    }
     const char *delay = getenv("GPT2D_TEST_STEP_DELAY_MS");
     if (delay != NULL && atoi(delay) > 0) {
         a.step_delay_ms = (unsigned)atoi(delay);
@@ -418,9 +513,14 @@ int srv_main(int argc, char **argv)
         http_on_uri, &s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,    \
         (unsigned)s.cfg.connection_timeout_s
     /* HTTPS: each handshake asks tls.c for the current certificate (so that
-     * SIGHUP rotates it); the option is ignored without MHD_USE_TLS. */
+     * SIGHUP rotates it), and offers what tls_priorities allows (TLS 1.3
+     * and 1.2 by default; libmicrohttpd's own default, GnuTLS's NORMAL,
+     * takes TLS 1.0 and 1.1 too, which RFC 8996 retires); both options are
+     * ignored without MHD_USE_TLS. */
 #ifdef GPT2D_HAVE_GNUTLS
-#define SRV_MHD_TLS , MHD_OPTION_HTTPS_CERT_CALLBACK, tls_pick
+#define SRV_MHD_TLS                                                                                \
+    , MHD_OPTION_HTTPS_CERT_CALLBACK, tls_pick, MHD_OPTION_HTTPS_PRIORITIES,                       \
+        (const char *)s.cfg.tls_priorities
 #else
 #define SRV_MHD_TLS
 #endif
@@ -467,6 +567,7 @@ int srv_main(int argc, char **argv)
     s.sweep.data = &s;
     uv_timer_start(&s.sweep, conn_on_sweep, CONN_SWEEP_MS, CONN_SWEEP_MS);
     srv_signals_start(&s);
+    startup_signals_replay();
     srv_model_watch_start(&s);
     signal(SIGPIPE, SIG_IGN);
     int random = strcmp(eng_model_about(a.model)->weights, "random") == 0;
@@ -480,8 +581,8 @@ int srv_main(int argc, char **argv)
                  mc->n_layer, mc->n_embd, random ? "; random weights: the text is nonsense" : "",
                  scheme, s.cfg.host, pi ? pi->port : s.cfg.port);
     if (s.tls != NULL)
-        log_line("info", "HTTPS with %s (key %s); SIGHUP reads them again", s.cfg.tls_cert_file,
-                 s.cfg.tls_key_file);
+        log_line("info", "HTTPS with %s (key %s); SIGHUP reads them again; tls_priorities %s",
+                 s.cfg.tls_cert_file, s.cfg.tls_key_file, s.cfg.tls_priorities);
     try_lines(&s.cfg, scheme, pi ? pi->port : s.cfg.port);
     uv_timer_init(s.loop, &d.watchdog);
     d.watchdog.data = &s;

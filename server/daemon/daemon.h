@@ -92,6 +92,18 @@ struct srv_daemon {
  * option. */
 cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen);
 
+/* Descriptors gpt2d needs beside its connections' and the
+ * SRV_CONN_HEADROOM past max_connections: stdio, the listener, the epoll
+ * and event descriptors of libmicrohttpd and libuv, libuv's signal pipe,
+ * the model's and the tokenizer's files while they load, a config file or
+ * a certificate read on SIGHUP, /proc for /metrics, the journal's socket
+ * (about 25 in all), with room to spare. */
+#define SRV_FD_RESERVE 64u
+/* The max_connections that the descriptor limit (RLIMIT_NOFILE's soft
+ * limit, as it is now) leaves room for: max_connections itself when it
+ * fits with SRV_CONN_HEADROOM + SRV_FD_RESERVE beside it, else fewer; 0
+ * when not one connection fits. */
+size_t srv_fd_fit(size_t max_connections);
 /* The names the model answers to when no file or option set model_name:
  * the checkpoint's own (gpt2d.model_name, eng_model_about), reported,
  * and the default "gpt2" still accepted, so that the examples and clients

@@ -15,6 +15,7 @@
 #include "errbuf.h"
 
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,8 +61,22 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
         st = cfg_load_file(c, SRV_DEFAULT_CONFIG, err, errlen);
     if (st == CFG_OK) st = cfg_parse_args(c, argc, argv, 1, err, errlen);
     if (st == CFG_OK) st = cfg_validate(c, err, errlen);
+    /* The priority string is GnuTLS's to parse: a bad one is said here,
+     * naming the key, not by libmicrohttpd's start as a failure to listen
+     * (and a reload that brings one is refused whole). */
+    if (st == CFG_OK && tls_priorities_check(c->tls_priorities, err, errlen) != 0) st = CFG_EVALUE;
     if (st == CFG_OK) st = model_folder(c, err, errlen);
     return st;
+}
+
+size_t srv_fd_fit(size_t max_connections)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return max_connections;
+    rlim_t own = (rlim_t)SRV_CONN_HEADROOM + SRV_FD_RESERVE;
+    if (rl.rlim_cur <= own) return 0;
+    if (rl.rlim_cur - own >= max_connections) return max_connections;
+    return (size_t)(rl.rlim_cur - own);
 }
 
 void srv_model_names(cfg_config *c, const eng_model *m)
@@ -128,6 +143,10 @@ void srv_reload(srv *s)
         snprintf(s->cfg.tls_key_file, sizeof s->cfg.tls_key_file, "%s", key);
     }
     srv_model_names(&next, s->api->model); /* as at start-up: the same model */
+    /* As at start-up: max_connections within the descriptor limit (so that
+     * a lowered one is not taken for a change that needs a restart). */
+    size_t fit = srv_fd_fit(next.max_connections);
+    if (fit > 0) next.max_connections = fit;
     size_t old_queue = s->cfg.max_queue;
     char changed[512], kept[512];
     size_t n = cfg_apply_reload(&s->cfg, &next, changed, sizeof changed, kept, sizeof kept);

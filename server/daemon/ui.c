@@ -24,6 +24,7 @@ enum MHD_Result ui_page(srv_req *r)
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(resp, "Content-Security-Policy", a->csp);
+    http_resp_headers(r, resp, 200); /* X-Request-Id, as every response */
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     return rc;

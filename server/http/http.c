@@ -132,6 +132,16 @@ static enum MHD_Result control_byte(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_NO;
 }
 
+/* MHD_get_connection_values: counts the Host headers into cls (unsigned). */
+static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  const char *value)
+{
+    (void)kind;
+    (void)value;
+    if (strcasecmp(key, "Host") == 0) (*(unsigned *)cls)++;
+    return MHD_YES;
+}
+
 typedef struct {
     unsigned n_length; /* Content-Length headers */
     int length_differs;
@@ -156,14 +166,39 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     return MHD_YES;
 }
 
+/* A Host header that RFC 9112 3.2 says a server must answer 400: more
+ * than one (libmicrohttpd would hand us the first, a proxy in front may
+ * have routed by another), or none on HTTP/1.1 and later (HTTP/1.0 needs
+ * none). Counted as a Host refusal, as allowed_hosts' 421; MHD_YES when
+ * the Host is well formed. */
+static enum MHD_Result host_checks(srv_req *r, const char *version)
+{
+    unsigned n = 0;
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_host, &n);
+    if (n == 1 || (n == 0 && strcmp(version, MHD_HTTP_VERSION_1_0) == 0)) return MHD_YES;
+    const char *what = n == 0 ? "an HTTP/1.1 request without Host" : "several Host headers";
+    srv_conn *c = r->conn_rec;
+    if (c != NULL)
+        conn_note_refused(r->s, c->family, c->addr, MET_REFUSED_HOST, what);
+    else
+        met_count_refused(&r->s->met, MET_REFUSED_HOST);
+    log_line("debug", "refused %s request_id=%s", what, r->req_id);
+    if (n == 0)
+        return http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                               "An %s request needs a Host header", version);
+    return http_send_error(r, 400, "invalid_request_error", NULL, NULL, NULL,
+                           "The request has %u Host headers; it may have one", n);
+}
+
 /* What the head alone decides, before any body byte is read (and before
  * libmicrohttpd would send 100 Continue), after the head's size, in this
  * order: the body's
  * framing (RFC 9112 6.3: conflicting lengths are refused, not guessed), the
- * Origin (cors_origins), an OPTIONS preflight, the API key, the route, and
- * a declared length over max_body_bytes. MHD_YES with r still
- * in HEAD: read the body. */
-static enum MHD_Result head_checks(srv_req *r, const char *method)
+ * Host (one, or none on HTTP/1.0; then allowed_hosts), the Origin
+ * (cors_origins), an OPTIONS preflight, the API key, the route, and a
+ * declared length over max_body_bytes. MHD_YES with r still in HEAD: read
+ * the body. */
+static enum MHD_Result head_checks(srv_req *r, const char *method, const char *version)
 {
     srv *s = r->s;
     char bad[64] = "";
@@ -183,6 +218,8 @@ static enum MHD_Result head_checks(srv_req *r, const char *method)
         return http_send_error(r, 501, "invalid_request_error", NULL, NULL, NULL,
                                "Transfer-Encoding '%s' is not supported (only chunked)",
                                f.n_te > 1 ? "(several headers)" : f.te);
+    enum MHD_Result rc = host_checks(r, version);
+    if (r->state != HTTP_REQ_HEAD) return rc;
     /* DNS rebinding: a page whose name now resolves to this server sends
      * its own name as Host (allowed_hosts). */
     const char *host = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Host");
@@ -252,7 +289,7 @@ static enum MHD_Result head_checks(srv_req *r, const char *method)
 /* The head phase: the first call, with the headers and before any body
  * byte. */
 static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *url,
-                               const char *method, void **con_cls)
+                               const char *method, const char *version, void **con_cls)
 {
     srv_req *r = calloc(1, sizeof *r);
     if (r == NULL) return MHD_NO;
@@ -276,7 +313,7 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     *con_cls = r;
     enum MHD_Result rc = head_size_checks(r, url);
     if (r->state != HTTP_REQ_HEAD) return rc;
-    return head_checks(r, method);
+    return head_checks(r, method, version);
 }
 
 /* A piece of the body. A chunked body (no declared length) that passes
@@ -325,13 +362,12 @@ enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const ch
                                 const char *method, const char *version, const char *upload_data,
                                 size_t *upload_data_size, void **con_cls)
 {
-    (void)version;
     srv_req *r = *con_cls;
     if (r == NULL) {
         /* Refused at accept (its answer is written) or closed: no request. */
         srv_conn *c = conn_of(conn);
         if (c != NULL && c->closing) return MHD_NO;
-        return on_head(cls, conn, url, method, con_cls);
+        return on_head(cls, conn, url, method, version, con_cls);
     }
     if (r->state == HTTP_REQ_HEAD) http_req_set_state(r, HTTP_REQ_BODY);
     if (*upload_data_size > 0) {

@@ -98,7 +98,8 @@ typedef enum {
     MET_REFUSED_DRAINING,        /* a completion while the server drains: 503  */
     MET_REFUSED_SHUTDOWN,        /* unanswered when the drain ended: 503       */
     MET_REFUSED_TIMEOUT,         /* a head or body past its deadline: 408      */
-    MET_REFUSED_HOST,            /* a Host not in allowed_hosts: 421           */
+    MET_REFUSED_HOST,            /* a Host not in allowed_hosts: 421; none on
+                                  * HTTP/1.1, or several: 400                  */
     MET_REFUSED_N
 } met_refused;
 
@@ -151,9 +152,13 @@ void log_line(const char *level, const char *fmt, ...)
 #endif
     ;
 /* in[0..n) made safe for one log line into out (outlen bytes, always
- * terminated): control bytes (C0, DEL, C1), bytes that are not valid UTF-8
- * and the backslash become \xNN; valid UTF-8 is kept. Stops before an
- * escape or a character that would not fit. Returns the bytes written. */
+ * terminated): control bytes (C0, DEL), bytes that are not valid UTF-8
+ * and the backslash become \xNN, and so does each byte of the characters
+ * that break or reorder a line though valid UTF-8 (the C1 controls
+ * U+0080..U+009F, U+2028, U+2029, and the bidirectional controls U+061C,
+ * U+200E, U+200F, U+202A..U+202E, U+2066..U+2069); other valid UTF-8 is
+ * kept. Stops before an escape or a character that would not fit.
+ * Returns the bytes written. */
 size_t log_escape(const char *in, size_t n, char *out, size_t outlen);
 /* A start-up failure: "gpt2d serve: message" at error priority. */
 void log_fatal(const char *msg);
@@ -562,6 +567,11 @@ void conn_on_sweep(uv_timer_t *t);
 int tls_supported(char *err, size_t errlen);
 /* Whether this build has GnuTLS (/version, gpt2d_build_info). */
 int tls_built(void);
+/* Whether GnuTLS takes prio as a priority string (tls_priorities, which
+ * libmicrohttpd is given at start): 0, or -1 with err naming the key, the
+ * string and where GnuTLS stopped. A build without GnuTLS takes any (it
+ * serves no HTTPS). Thread: any. */
+int tls_priorities_check(const char *prio, char *err, size_t errlen);
 /* Loads cfg.tls_cert_file and tls_key_file into s->tls, the certificate
  * every handshake gets from now on. 0, or -1 with err naming the file and
  * what is wrong with it (unreadable, not PEM, a key that does not match). */

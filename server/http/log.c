@@ -7,7 +7,9 @@
  *
  * Every message is escaped (log_escape) before it is written: its fields
  * carry client bytes (the URL, the method, X-Request-Id), and a newline,
- * an ESC or a forged "<3>" at a line start would forge or colour lines.
+ * an ESC or a forged "<3>" at a line start would forge or colour lines; a
+ * U+2028 would break one for a JSON reader, and a U+202E would show its
+ * fields in another order than they are.
  */
 #include "http/http.h"
 
@@ -38,15 +40,29 @@ void log_set_level(const char *level)
     log_max = level_rank(level);
 }
 
-/* The length of the valid UTF-8 sequence at p (n bytes left) that is not a
- * C1 control (U+0080..U+009F), or 0. */
+/* Whether code point cp, valid UTF-8 as sent, is still escaped: the C1
+ * controls (U+0080..U+009F: U+0085 NEL ends a line for some readers,
+ * U+009B is CSI), the line and paragraph separators U+2028 and U+2029
+ * (line breaks to a JSON or JavaScript reader), and the bidirectional
+ * controls, which reorder the text around them on a terminal or in a log
+ * viewer (CVE-2021-42574, "Trojan Source"): U+061C ALM, U+200E LRM, U+200F
+ * RLM, the embeddings and overrides U+202A..U+202E and the isolates
+ * U+2066..U+2069. */
+static int escaped_cp(unsigned cp)
+{
+    return (cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || cp == 0x200E || cp == 0x200F
+           || (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+/* The length of the valid UTF-8 sequence at p (n bytes left) that is not
+ * escaped_cp, or 0. */
 static size_t utf8_ok(const unsigned char *p, size_t n)
 {
     size_t len;
     unsigned min;
     unsigned cp;
     if (p[0] >= 0xC2 && p[0] <= 0xDF) {
-        len = 2, min = 0xA0, cp = p[0] & 0x1Fu;
+        len = 2, min = 0x80, cp = p[0] & 0x1Fu;
     } else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
         len = 3, min = 0x800, cp = p[0] & 0x0Fu;
     } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
@@ -59,7 +75,7 @@ static size_t utf8_ok(const unsigned char *p, size_t n)
         if ((p[i] & 0xC0) != 0x80) return 0;
         cp = (cp << 6) | (p[i] & 0x3Fu);
     }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) || escaped_cp(cp)) return 0;
     return len;
 }
 

@@ -177,6 +177,25 @@ int tls_supported(char *err, size_t errlen)
     return 1;
 }
 
+int tls_priorities_check(const char *prio, char *err, size_t errlen)
+{
+    gnutls_priority_t p = NULL;
+    const char *at = NULL;
+    int g = gnutls_priority_init(&p, prio, &at);
+    if (g < 0) {
+        /* at points into prio where GnuTLS stopped (for a syntax error). */
+        if (at != NULL && at >= prio && at < prio + strlen(prio))
+            snprintf(err, errlen, "tls_priorities '%s': GnuTLS refuses it at '%.60s' (%s)", prio,
+                     at, gnutls_strerror(g));
+        else
+            snprintf(err, errlen, "tls_priorities '%s': GnuTLS refuses it (%s)", prio,
+                     gnutls_strerror(g));
+        return -1;
+    }
+    gnutls_priority_deinit(p);
+    return 0;
+}
+
 int tls_open(srv *s, char *err, size_t errlen)
 {
     if (!tls_supported(err, errlen)) return -1;
@@ -280,6 +299,14 @@ int tls_supported(char *err, size_t errlen)
     snprintf(err, errlen,
              "this gpt2d was built without GnuTLS (libgnutls28-dev), so it cannot serve HTTPS; "
              "rebuild with it, or serve plain HTTP behind a TLS proxy (deploy/nginx/gpt2d.conf)");
+    return 0;
+}
+
+int tls_priorities_check(const char *prio, char *err, size_t errlen)
+{
+    (void)prio; /* nothing reads it: HTTPS cannot be served (tls_supported) */
+    (void)err;
+    (void)errlen;
     return 0;
 }
 

@@ -21,7 +21,9 @@ stdout and stderr go to log_path. By default the command is `GPT2D serve
 "... on http://127.0.0.1:PORT" (https:// with tls_cert_file). For
 systemd's protocols (test_systemd.py): `launcher` puts a program before
 GPT2D (systemd-socket-activate -l ADDR), `port0=False` leaves --port out, `ready="health"` waits for GET /health on a
-known `port`, `ready=None` returns at once (the caller waits its own way).
+known `port`, `ready=None` returns at once (the caller waits its own way:
+`wait_listening`). `preexec` runs in the child before the exec (a
+resource limit: `ulimit -n` as a test wants it).
 
 As a command (for the shell suites, through tests/lib/server.sh):
 
@@ -146,12 +148,18 @@ class Server:
     """One `gpt2d serve`, its log in log_path; ready when the constructor returns."""
 
     def __init__(self, gpt2d, model, args=(), *, log_path, env=None, port0=True, launcher=(), nice=0,
-                 ready="listen", port=None, timeout=30):
+                 ready="listen", port=None, timeout=30, preexec=None):
         self.log_path, self.args, self.port = log_path, list(args), port
         self.argv = serve_argv(gpt2d, model, args, port0, launcher)
+
+        def child():  # in the child before exec: its niceness, then the caller's (an rlimit)
+            if nice:
+                os.nice(nice)
+            if preexec is not None:
+                preexec()
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(env),
-                                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                         preexec_fn=child if nice or preexec is not None else None)
         self.pid = self.proc.pid
         if ready == "listen":
             self._wait(timeout, lambda: log_port(self.log_path))
@@ -170,6 +178,12 @@ class Server:
                 self.stop()
                 raise StartError("the server did not start in %g s: %s" % (timeout, self.tail(3)))
             time.sleep(0.05)
+
+    def wait_listening(self, timeout):
+        """For ready=None: waits until the log names the port (StartError
+        when the server exits first or timeout seconds pass); sets port."""
+        self._wait(timeout, lambda: log_port(self.log_path))
+        self.port = log_port(self.log_path)
 
     def healthy(self):
         try:
