@@ -27,7 +27,9 @@ grep -q "^ExecStart=$prefix/bin/gpt2d serve --config $conf/gpt2d.conf$" \
     while read -r opt def; do
         key=${opt//-/_}
         [ "$def" = none ] && continue
-        grep -Eq "^(# )?$key = $def\$" "$dest$conf/gpt2d.conf" || fail "$key = $def missing from gpt2d.conf"
+        # literally: a default may hold a pattern's characters (tls_priorities' +)
+        grep -Fxq -e "$key = $def" -e "# $key = $def" "$dest$conf/gpt2d.conf" ||
+            fail "$key = $def missing from gpt2d.conf"
     done
 grep -q '^model = /var/lib/gpt2d/models/gpt2$' "$dest$conf/gpt2d.conf" || fail "no model line"
 # The file parses: serve reads it and fails only on the missing model.
