@@ -3,13 +3,13 @@
  * compiler (compile.c and the files of build.h), the matcher (match.c)
  * and the cache; its lifetime in automaton.c. Internal.
  *
- * The module's files, top to bottom (each calls only files below it; the
- * structure check, tests/check_modules.py, proves it): cache.c ->
- * compile.c -> schema.c (JSON Schema) -> schema_values.c (enum, const,
- * oneOf) -> schema_read.c; regex.c; build.c (the builder) -> match.c
- * (the matcher, the vocabulary trie) -> automaton.c. The enum checks
- * compile sub-schemas through a pointer compile.c hands down
- * (schema.h, gs_compile_fn), not by name.
+ * The module's files call one way (tests/check_modules.py proves it):
+ * cache.c -> compile.c -> schema.c -> schema_values.c -> schema_read.c,
+ * and below them regex.c -> build.c; compile.c and schema_values.c run
+ * match.c (the matcher, the vocabulary trie), and every holder of a gram
+ * calls automaton.c (its lifetime), the lowest. The enum checks compile
+ * sub-schemas through a pointer compile.c hands down (schema.h,
+ * gs_compile_fn), not by name.
  */
 #ifndef GPT2D_STRUCTURED_AUTOMATON_H
 #define GPT2D_STRUCTURED_AUTOMATON_H
