@@ -861,13 +861,19 @@ START_TEST(srv_file_id_same_changes_in_place_rename_and_delete_differ)
 }
 END_TEST
 
-START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
+/* An empty configuration file of the test's own, its name into path. */
+static void conf_file_new(char *path, size_t len)
 {
-    char path[48];
-    mkdtemp_template(path, sizeof path, "/tmp/gpt2d-unit-conf-");
+    mkdtemp_template(path, len, "/tmp/gpt2d-unit-conf-");
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     close(fd);
+}
+
+START_TEST(srv_config_read_file_then_options_and_bad_files_refused)
+{
+    char path[48];
+    conf_file_new(path, sizeof path);
     write_file(path, "model = /m\nmax_queue = 3\napi_key = file-key-123\n");
     char *argv[] = {"serve", "--config", path, "--max-queue", "5"};
     cfg_config c;
@@ -912,10 +918,7 @@ END_TEST
 START_TEST(srv_config_read_refuses_a_bad_tls_priorities)
 {
     char path[48];
-    mkdtemp_template(path, sizeof path, "/tmp/gpt2d-unit-conf-");
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
+    conf_file_new(path, sizeof path);
     char *argv[] = {"serve", "--config", path};
     cfg_config c;
     char err[512];
