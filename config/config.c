@@ -118,8 +118,12 @@ static const spec specs[] = {
      "stored responses (store, previous_response_id) kept in memory at most; the least "
      "recently used go first; 0: none kept"},
     {"responses_store_bytes", K_SIZE, F(responses_store_bytes), 0, 68719476736, "67108864",
-     "bytes the stored responses may take in memory at most; the least recently used go "
-     "first"},
+     "bytes the stored responses may take in memory at most; past them, the least recently "
+     "used of the key furthest over its fair share go first"},
+    {"responses_store_chain_bytes", K_SIZE, F(responses_store_chain_bytes), 1048576, 68719476736,
+     "16777216",
+     "bytes one conversation (a chain of previous_response_id) may keep; past them the "
+     "oldest turns are forgotten"},
     {"api_key", K_APIKEY, F(api_keys), 0, 0, "",
      "a Bearer key clients must send (repeat for several; none: no authentication)"},
     {"auth_open_health", K_BOOL, F(auth_open_health), 0, 1, "true",
@@ -463,6 +467,7 @@ static const char *const reloadable[] = {
     "max_response_bytes",
     "responses_store_max",
     "responses_store_bytes",
+    "responses_store_chain_bytes",
     "max_queue",
     "queue_timeout",
     "cors_origins",

@@ -3037,11 +3037,11 @@ def case_responses_store(ctx):
           "store false was kept, or evicted another")
     # Bytes: one response over 20000 bytes is not kept and evicts nothing.
     turns = lambda n, words: [{"role": "user", "content": "word " * words} for _ in range(n)]
-    big = make(ka, text=turns(60, 50), truncation="auto")
+    big = make(ka, text=turns(85, 50), truncation="auto")  # 21,250 bytes of text
     check(status(ka, "/v1/responses/" + big) == 404, "a response over responses_store_bytes was kept")
     check(status(ka, "/v1/responses/" + a1) == 200, "an oversized response evicted others")
     # Several mid-sized ones: the bytes bound evicts before the count would.
-    mids = [make(ka, text=turns(20, 60), truncation="auto") for _ in range(3)]
+    mids = [make(ka, text=turns(20, 70), truncation="auto") for _ in range(3)]
     kept = [status(ka, "/v1/responses/" + r) for r in mids]
     check(kept[-1] == 200 and kept.count(200) < 3, "the bytes bound kept %r of three ~7 KB responses" % kept)
     # A stream's disconnect cancels it, counted.

@@ -937,20 +937,29 @@ END_TEST
 
 /* ---- Stored responses (api/resp_store.c) ------------------------------------ */
 
-/* An entry of about `bytes` bytes (its conversation's text), owned by owner. */
-static rs_entry *entry(const char *id, uint64_t owner, size_t bytes)
+/* An entry of about `bytes` bytes (its output's text), owned by owner,
+ * continuing parent (NULL: none), counted by st. */
+static rs_entry *entry_after(resp_store *st, const char *id, uint64_t owner, size_t bytes,
+                             rs_turns *parent, size_t chain_max)
 {
-    rs_entry *e = calloc(1, sizeof *e);
+    char *text = malloc(bytes + 1);
+    ck_assert_ptr_nonnull(text);
+    memset(text, 'x', bytes);
+    text[bytes] = '\0';
+    rs_msg m[2] = {{OAI_ROLE_USER, "hi", 2}, {OAI_ROLE_ASSISTANT, text, bytes}};
+    rs_turns *t = rs_turns_new(st, owner, parent, m, 2, chain_max);
+    free(text);
+    ck_assert_ptr_nonnull(t);
+    json_t *resp = json_pack("{s:s}", "id", id);
+    rs_entry *e = rs_entry_new(id, owner, resp, t, 1);
+    json_decref(resp);
     ck_assert_ptr_nonnull(e);
-    snprintf(e->id, sizeof e->id, "%s", id);
-    e->owner = owner;
-    e->response = json_pack("{s:s}", "id", id);
-    e->input_items = json_array();
-    e->conv = calloc(1, sizeof *e->conv);
-    e->conv[0].text = calloc(bytes + 1, 1);
-    e->conv[0].len = bytes;
-    e->nconv = 1;
     return e;
+}
+
+static rs_entry *entry_in(resp_store *st, const char *id, uint64_t owner, size_t bytes)
+{
+    return entry_after(st, id, owner, bytes, NULL, SIZE_MAX);
 }
 
 /* The count bound: the least recently used (put or got) goes first. */
@@ -961,29 +970,29 @@ START_TEST(rs_count_bound_evicts_least_recently_used)
     char id[16];
     for (int i = 0; i < 3; i++) {
         snprintf(id, sizeof id, "resp_%d", i);
-        ck_assert_int_eq(rs_put(st, entry(id, 0, 10), 3, 1u << 20), 1);
+        ck_assert_int_eq(rs_put(st, entry_in(st, id, 0, 10), 3, 1u << 20), 1);
     }
     ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0)); /* now the most recent */
-    ck_assert_int_eq(rs_put(st, entry("resp_3", 0, 10), 3, 1u << 20), 1);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_3", 0, 10), 3, 1u << 20), 1);
     ck_assert_uint_eq(rs_count(st), 3);
     ck_assert_ptr_null(rs_get(st, "resp_1", 0));
     ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0));
     ck_assert_ptr_nonnull(rs_get(st, "resp_2", 0));
     ck_assert_ptr_nonnull(rs_get(st, "resp_3", 0));
     /* A lower bound (a reload) applies at the next put. */
-    ck_assert_int_eq(rs_put(st, entry("resp_4", 0, 10), 1, 1u << 20), 1);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_4", 0, 10), 1, 1u << 20), 1);
     ck_assert_uint_eq(rs_count(st), 1);
     ck_assert_ptr_nonnull(rs_get(st, "resp_4", 0));
     /* 0: nothing kept, the new one nor those before (the store turned off
      * by a reload). */
-    ck_assert_int_eq(rs_put(st, entry("resp_5", 0, 10), 0, 1u << 20), 0);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_5", 0, 10), 0, 1u << 20), 0);
     ck_assert_ptr_null(rs_get(st, "resp_4", 0));
     ck_assert_uint_eq(rs_count(st), 0);
     ck_assert_uint_eq(rs_bytes(st), 0);
     /* rs_trim: lowered bounds without a put, least recently used first. */
     for (int i = 0; i < 3; i++) {
         snprintf(id, sizeof id, "resp_%d", i);
-        ck_assert_int_eq(rs_put(st, entry(id, 0, 10), 3, 1u << 20), 1);
+        ck_assert_int_eq(rs_put(st, entry_in(st, id, 0, 10), 3, 1u << 20), 1);
     }
     ck_assert_ptr_nonnull(rs_get(st, "resp_0", 0));
     ck_assert_uint_eq(rs_trim(st, 3, 1u << 20), 0);
@@ -1000,13 +1009,13 @@ END_TEST
 START_TEST(rs_bytes_bound)
 {
     resp_store *st = rs_new();
-    ck_assert_int_eq(rs_put(st, entry("a", 0, 3000), 100, 10000), 1);
-    ck_assert_int_eq(rs_put(st, entry("b", 0, 3000), 100, 10000), 1);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "a", 0, 3000), 100, 10000), 1);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "b", 0, 3000), 100, 10000), 1);
     size_t two = rs_bytes(st);
     ck_assert_uint_ge(two, 6000);
-    ck_assert_int_eq(rs_put(st, entry("big", 0, 20000), 100, 10000), 0);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "big", 0, 20000), 100, 10000), 0);
     ck_assert_uint_eq(rs_bytes(st), two);
-    ck_assert_int_eq(rs_put(st, entry("c", 0, 5000), 100, 10000), 1);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "c", 0, 5000), 100, 10000), 1);
     ck_assert_ptr_null(rs_get(st, "a", 0)); /* the oldest went */
     ck_assert_ptr_nonnull(rs_get(st, "b", 0));
     ck_assert_ptr_nonnull(rs_get(st, "c", 0));
@@ -1022,7 +1031,7 @@ END_TEST
 START_TEST(rs_owner_only)
 {
     resp_store *st = rs_new();
-    ck_assert_int_eq(rs_put(st, entry("resp_x", 7, 10), 10, 1u << 20), 1);
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_x", 7, 10), 10, 1u << 20), 1);
     ck_assert_ptr_null(rs_get(st, "resp_x", 8));
     ck_assert_ptr_null(rs_get(st, "resp_x", 0));
     ck_assert_int_eq(rs_delete(st, "resp_x", 8), -1);
@@ -1032,7 +1041,7 @@ START_TEST(rs_owner_only)
     char id[24];
     for (int i = 0; i < 5000; i++) {
         snprintf(id, sizeof id, "resp_%08x", i);
-        ck_assert_int_eq(rs_put(st, entry(id, 7, 1), 10000, 1u << 30), 1);
+        ck_assert_int_eq(rs_put(st, entry_in(st, id, 7, 1), 10000, 1u << 30), 1);
     }
     for (int i = 0; i < 5000; i += 97) {
         snprintf(id, sizeof id, "resp_%08x", i);
@@ -1041,6 +1050,144 @@ START_TEST(rs_owner_only)
     rs_free(st);
 }
 END_TEST
+
+/* The keys share the bounds: a key storing past its fair share evicts its
+ * own least recently used, never another key's within its share. */
+START_TEST(rs_keys_share_fairly)
+{
+    resp_store *st = rs_new();
+    char id[24];
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_a", 1, 10), 50, 1u << 30), 1);
+    for (int i = 0; i < 200; i++) {
+        snprintf(id, sizeof id, "resp_b%d", i);
+        ck_assert_int_eq(rs_put(st, entry_in(st, id, 2, 10), 50, 1u << 30), 1);
+    }
+    ck_assert_ptr_nonnull(rs_get(st, "resp_a", 1));
+    ck_assert_uint_eq(rs_count(st), 50);
+    ck_assert_ptr_nonnull(rs_get(st, "resp_b199", 2));
+    ck_assert_ptr_null(rs_get(st, "resp_b150", 2)); /* its own oldest went */
+    /* A key under its share that needs room takes it from the key over
+     * its share: key 3's first put evicts key 2's oldest, not key 1's. */
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_c", 3, 10), 50, 1u << 30), 1);
+    ck_assert_ptr_nonnull(rs_get(st, "resp_a", 1));
+    ck_assert_ptr_nonnull(rs_get(st, "resp_c", 3));
+    ck_assert_uint_eq(rs_count(st), 50);
+    /* The bytes bound alike: key 2's big entries evict key 2's. */
+    size_t cap = rs_bytes(st) + 40000;
+    for (int i = 0; i < 40; i++) {
+        snprintf(id, sizeof id, "resp_big%d", i);
+        ck_assert_int_eq(rs_put(st, entry_in(st, id, 2, 4000), 50, cap), 1);
+        ck_assert_uint_le(rs_bytes(st), cap);
+    }
+    ck_assert_ptr_nonnull(rs_get(st, "resp_a", 1));
+    ck_assert_ptr_nonnull(rs_get(st, "resp_c", 3));
+    /* A trim (bounds lowered) takes from the key furthest over. */
+    rs_trim(st, 3, cap);
+    ck_assert_uint_eq(rs_count(st), 3);
+    ck_assert_ptr_nonnull(rs_get(st, "resp_a", 1));
+    ck_assert_ptr_nonnull(rs_get(st, "resp_c", 3));
+    rs_free(st);
+}
+END_TEST
+
+/* A conversation is held once: a chain's nodes share their history (each
+ * node's bytes counted once), an evicted entry's node lives while a later
+ * one continues it, and a chain past its bound keeps only its newest
+ * messages, copied. */
+START_TEST(rs_chain_shared_and_bounded)
+{
+    resp_store *st = rs_new();
+    rs_entry *e = entry_in(st, "resp_0", 5, 1000);
+    rs_turns *first = e->turns;
+    ck_assert_int_eq(rs_put(st, e, 100, 1u << 30), 1);
+    size_t one = rs_bytes(st);
+    char id[24];
+    rs_turns *parent = first;
+    for (int i = 1; i < 10; i++) {
+        snprintf(id, sizeof id, "resp_%d", i);
+        e = entry_after(st, id, 5, 1000, parent, SIZE_MAX);
+        ck_assert_ptr_eq(e->turns->parent, parent);
+        ck_assert_uint_eq(e->turns->chain_msgs, 2 * (size_t)(i + 1));
+        ck_assert_int_eq(rs_put(st, e, 100, 1u << 30), 1);
+        parent = e->turns;
+    }
+    /* Ten entries, each with its own 1000 bytes once: not the 55 copies a
+     * copy per request would hold. */
+    ck_assert_uint_le(rs_bytes(st), 10 * one + 10 * 64);
+    ck_assert_uint_ge(rs_bytes(st), 10 * 1000);
+    /* A request's reference keeps a node after its entry went. */
+    rs_turns *held = rs_turns_ref(first);
+    ck_assert_int_eq(rs_delete(st, "resp_0", 5), 0);
+    ck_assert_ptr_eq(rs_get(st, "resp_1", 5)->turns->parent, first);
+    ck_assert_str_eq(first->msg[1].text + 990, "xxxxxxxxxx");
+    /* The chain's bound: 9000 bytes; the next node passes it and keeps the
+     * newest messages that fit in 4500, and no parent. */
+    e = entry_after(st, "resp_10", 5, 1000, parent, 9000);
+    ck_assert_ptr_null(e->turns->parent);
+    ck_assert_uint_le(e->turns->chain_bytes, 9000);
+    ck_assert_uint_ge(e->turns->n, 4); /* some history, then its own two */
+    ck_assert_str_eq(e->turns->msg[e->turns->n - 2].text, "hi");
+    ck_assert_uint_eq(e->turns->msg[e->turns->n - 3].len, 1000); /* resp_9's output */
+    ck_assert_int_eq(rs_put(st, e, 100, 1u << 30), 1);
+    /* Lowered bounds free the chain once nothing refers to it. */
+    rs_trim(st, 0, 1u << 30);
+    ck_assert_uint_eq(rs_count(st), 0);
+    ck_assert_uint_ge(rs_bytes(st), first->bytes); /* the request's node */
+    rs_turns_unref(held);
+    ck_assert_uint_eq(rs_bytes(st), 0);
+    /* A node a request holds when the store goes is freed after it. */
+    e = entry_in(st, "resp_x", 5, 10);
+    held = rs_turns_ref(e->turns);
+    ck_assert_int_eq(rs_put(st, e, 100, 1u << 30), 1);
+    rs_free(st);
+    ck_assert_ptr_null(held->st);
+    rs_turns_unref(held);
+}
+END_TEST
+
+#ifdef __GLIBC__
+#include <malloc.h>
+/* What the store counts is what it holds: many small messages (the case a
+ * count of the text alone undercounts tenfold) and a few large ones,
+ * against the heap the allocator reports in use. */
+START_TEST(rs_counted_bytes_match_heap)
+{
+    struct mallinfo2 before = mallinfo2();
+    resp_store *st = rs_new();
+    enum { N = 30, MSGS = 3000 };
+    rs_msg *m = malloc(MSGS * sizeof *m);
+    for (int i = 0; i < MSGS; i++) m[i] = (rs_msg){OAI_ROLE_USER, "a", 1};
+    char id[24];
+    for (int k = 0; k < N; k++) {
+        rs_turns *t = rs_turns_new(st, 9, NULL, m, MSGS, SIZE_MAX);
+        json_t *resp = json_pack("{s:s, s:s}", "id", "resp", "output_text", "some reply text");
+        snprintf(id, sizeof id, "resp_%d", k);
+        ck_assert_int_eq(rs_put(st, rs_entry_new(id, 9, resp, t, MSGS - 1), 1000, 1u << 30), 1);
+        json_decref(resp);
+    }
+    for (int k = 0; k < 20; k++) {
+        rs_msg big[2] = {{OAI_ROLE_USER, "q", 1}, {OAI_ROLE_ASSISTANT, NULL, 200000}};
+        char *text = calloc(200001, 1);
+        memset(text, 'y', 200000);
+        big[1].text = text;
+        rs_turns *t = rs_turns_new(st, 9, NULL, big, 2, SIZE_MAX);
+        free(text);
+        json_t *resp = json_pack("{s:s}", "id", "resp");
+        snprintf(id, sizeof id, "resp_big%d", k);
+        ck_assert_int_eq(rs_put(st, rs_entry_new(id, 9, resp, t, 1), 1000, 1u << 30), 1);
+        json_decref(resp);
+    }
+    free(m);
+    struct mallinfo2 after = mallinfo2();
+    size_t heap = after.uordblks + after.hblkhd - before.uordblks - before.hblkhd;
+    size_t counted = rs_bytes(st);
+    /* Within 1.5x either way. */
+    ck_assert_msg(heap <= counted * 3 / 2 && counted <= heap * 3 / 2,
+                  "counted %zu bytes, the heap grew %zu", counted, heap);
+    rs_free(st);
+}
+END_TEST
+#endif
 
 int main(void)
 {
@@ -1103,6 +1250,11 @@ int main(void)
     tcase_add_test(tc, rs_count_bound_evicts_least_recently_used);
     tcase_add_test(tc, rs_bytes_bound);
     tcase_add_test(tc, rs_owner_only);
+    tcase_add_test(tc, rs_keys_share_fairly);
+    tcase_add_test(tc, rs_chain_shared_and_bounded);
+#ifdef __GLIBC__
+    tcase_add_test(tc, rs_counted_bytes_match_heap);
+#endif
     suite_add_tcase(s, tc);
     tc = tcase_create("metrics");
     tcase_add_test(tc, met_render_counters_and_histograms_prometheus);

@@ -88,12 +88,13 @@ typedef struct {
     /* Request limits */
     size_t max_body_bytes;
     size_t max_prompt_tokens;
-    size_t max_tokens_limit;          /* ceiling for `max_tokens` */
-    size_t max_n;                     /* ceiling for `n` and `best_of` */
-    size_t max_sequences_per_request; /* prompts x max(n, best_of) of one request */
-    size_t max_response_bytes;        /* the largest answer a request may ask for */
-    size_t responses_store_max;       /* stored responses kept at most (count) */
-    size_t responses_store_bytes;     /* ... and their bytes at most */
+    size_t max_tokens_limit;            /* ceiling for `max_tokens` */
+    size_t max_n;                       /* ceiling for `n` and `best_of` */
+    size_t max_sequences_per_request;   /* prompts x max(n, best_of) of one request */
+    size_t max_response_bytes;          /* the largest answer a request may ask for */
+    size_t responses_store_max;         /* stored responses kept at most (count) */
+    size_t responses_store_bytes;       /* ... and their bytes at most */
+    size_t responses_store_chain_bytes; /* one conversation's bytes at most */
     /* Access */
     char api_keys[CFG_MAX_KEYS][128];
     size_t n_api_keys;

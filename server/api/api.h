@@ -246,12 +246,13 @@ struct cmpl_job {
     /* A failure after submission (cmpl_set_error: the first one stays). */
     int error_status;
     char error_msg[256];
-    const char *error_code;  /* its OpenAI error code, or NULL */
-    srv_req *prev, *next;    /* the srv_api's list of requests with engine work */
-    int cancel_counted;      /* gpt2d_requests_cancelled_total counted it */
-    size_t answer_bytes;     /* what the answer holds so far (max_response_bytes) */
-    const cmpl_shape *shape; /* NULL: completions' or chat's own */
-    void *shape_data;        /* the shape's state */
+    const char *error_code;       /* its OpenAI error code, or NULL */
+    srv_req *prev, *next;         /* the srv_api's list of requests with engine work */
+    int cancel_counted;           /* gpt2d_requests_cancelled_total counted it, */
+    met_cancel_reason cancel_why; /* under this reason */
+    size_t answer_bytes;          /* what the answer holds so far (max_response_bytes) */
+    const cmpl_shape *shape;      /* NULL: completions' or chat's own */
+    void *shape_data;             /* the shape's state */
     /* Structured outputs: the compiled format (a reference), or NULL; a
      * format that did not compile leaves its 400 in format_err. */
     gram *grammar;
@@ -415,31 +416,78 @@ enum MHD_Result resp_route_delete(srv_req *r); /* DELETE /v1/responses/{id}     
 
 /* ---- resp_store.c ----------------------------------------------------------- */
 
+/* One message of a stored conversation (its text in its node). */
+typedef struct {
+    oai_role role;
+    const char *text; /* NUL-terminated */
+    size_t len;
+} rs_msg;
+
+/* A node of a stored conversation: its messages after those of parent,
+ * the older turns (shared by every response that continued them). Made
+ * and let go of on the loop thread; its messages never change, so a
+ * tokenizer thread may read a node its request holds a reference to. */
+typedef struct rs_turns rs_turns;
+struct rs_turns {
+    size_t refs;
+    rs_turns *parent;        /* the older messages (a reference), or NULL */
+    resp_store *st;          /* the store counting its bytes, or NULL */
+    uint64_t owner;          /* the key whose bytes they are */
+    rs_turns *sprev, *snext; /* the store's list of nodes */
+    size_t bytes;            /* what this node takes */
+    size_t chain_bytes;      /* ... with every older node */
+    size_t chain_msgs;       /* messages here and in every older node */
+    size_t n;                /* msg[0..n), oldest first */
+    rs_msg msg[];
+};
+
+/* A node of msgs[0..n) (copied) after parent (a reference is taken; NULL:
+ * none), counted by st (NULL: not counted) as owner's; when parent's chain
+ * and these would pass chain_max bytes, the node copies instead the newest
+ * of parent's chain's messages that fit in chain_max / 2, then msgs, and
+ * keeps no parent. NULL: no memory. */
+rs_turns *rs_turns_new(resp_store *st, uint64_t owner, rs_turns *parent, const rs_msg *msgs,
+                       size_t n, size_t chain_max);
+rs_turns *rs_turns_ref(rs_turns *t);
+/* Lets go of a reference (NULL: nothing); the last frees the node and lets
+ * go of its parent. */
+void rs_turns_unref(rs_turns *t);
+
 /* One stored response. */
 typedef struct rs_entry rs_entry;
 struct rs_entry {
     char id[48];           /* resp_... */
     uint64_t owner;        /* the API key's keyed hash (srv_req.key_id); 0: no keys */
-    json_t *response;      /* the response object as answered */
-    json_t *input_items;   /* this request's input items */
-    oai_msg *conv;         /* the conversation a previous_response_id continues: */
-    size_t nconv;          /* the history, the input, the output (no instructions) */
-    size_t bytes;          /* what it takes (rs_put) */
-    rs_entry *prev, *next; /* use order */
+    char *response;        /* the response object as answered, compact JSON */
+    rs_turns *turns;       /* its conversation: the history, this request's input */
+    size_t nin;            /* (turns->msg[n - 1 - nin .. n - 1)) and its output */
+                           /* (turns->msg[n - 1]) */
+    size_t bytes;          /* what it takes, less its node (counted as the node's) */
+    rs_entry *prev, *next; /* its key's use order */
     rs_entry *hnext;       /* its hash chain */
 };
 
+/* An entry (not stored yet) for the response object (serialized) with its
+ * node turns (the reference is taken) of which the newest nin + 1 messages
+ * are the request's input and its output. NULL: no memory (turns is the
+ * caller's still). */
+rs_entry *rs_entry_new(const char *id, uint64_t owner, const json_t *response, rs_turns *turns,
+                       size_t nin);
 /* An empty store (NULL: no memory). */
 resp_store *rs_new(void);
 /* Frees st and every entry. NULL: nothing. */
 void rs_free(resp_store *st);
 void rs_entry_free(rs_entry *e);
-/* Stores e (a new id), taking it: first the least recently used go until
- * it fits under max_count entries and max_bytes. 1, or 0 when e alone is
- * over the bounds (e is freed, nothing else goes). */
+/* Stores e (a new id), taking it: first entries go until it fits under
+ * max_count entries and max_bytes, each the least recently used of its key,
+ * the key e's owner when that is over its fair share (the bounds over the
+ * keys with entries), else the key furthest over its share. 1, or 0 when e
+ * alone is over the bounds, or what is left over them is held by running
+ * requests (e is freed). */
 int rs_put(resp_store *st, rs_entry *e, size_t max_count, size_t max_bytes);
-/* Frees the least recently used until st holds at most max_count entries
- * and max_bytes (bounds lowered by a reload); how many went. */
+/* Frees entries until st holds at most max_count entries and max_bytes
+ * (bounds lowered by a reload), the least recently used of the key furthest
+ * over its share each time; how many went. */
 size_t rs_trim(resp_store *st, size_t max_count, size_t max_bytes);
 /* The entry id of owner, now the most recently used; NULL when none (or
  * another owner's). */

@@ -49,6 +49,7 @@ void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
 {
     if (r->cmpl->nlive > 0 && !r->cmpl->cancel_counted) {
         r->cmpl->cancel_counted = 1;
+        r->cmpl->cancel_why = why;
         if ((unsigned)why < MET_CANCEL_REASONS) r->s->api->met.cancelled[why]++;
     }
     cmpl_cancel_all(r);

@@ -27,10 +27,17 @@
 /* The state of one Responses request (the completion job's shape_data). */
 typedef struct {
     oai_resp_request rq; /* what the request said (its req moved to cmpl->oreq) */
-    oai_msg *conv;       /* the previous response's conversation, then the input */
-    size_t nconv;
-    size_t nhist;    /* conv[0 .. nhist): the previous response's */
-    size_t dropped;  /* truncation auto: the oldest conv entries left out */
+    rs_turns *prev;      /* previous_response_id's conversation (a reference), or NULL */
+    oai_msg *in;         /* the input's messages, after it */
+    size_t nin;
+    /* The prompt, made where it is tokenized (prepare), within limits read
+     * on the loop thread (fit_limit, prompt_budget): */
+    size_t fit, budget;
+    size_t total;   /* messages in the conversation (history and input) */
+    size_t dropped; /* truncation auto: the oldest of them left out */
+    int too_long;   /* the prompt does not fit: ... */
+    int over;       /* ... known to pass `tokens` (else it has that many) */
+    size_t tokens;
     char msg_id[48]; /* the output message's id */
     char *text;      /* a stream: the output so far */
     size_t len, cap;
@@ -153,20 +160,26 @@ static const char *final_status(const srv_req *r)
     return c->finish != NULL && strcmp(c->finish, "length") == 0 ? "incomplete" : "completed";
 }
 
-/* The input items of this request (GET .../input_items). */
-static json_t *input_items(const srv_req *r)
+/* The input items of a stored response (GET .../input_items): its input's
+ * messages, "msg_X_inK" for response resp_X's input K. */
+static json_t *input_items(const rs_entry *e)
 {
-    const resp_job *j = job_of(r);
     json_t *items = json_array();
-    for (size_t i = j->nhist; i < j->nconv; i++) {
+    const rs_turns *t = e->turns;
+    for (size_t k = 0; items != NULL && k < e->nin; k++) {
         char id[80];
-        snprintf(id, sizeof id, "%s_in%zu", j->msg_id, i - j->nhist);
-        const oai_msg *m = &j->conv[i];
-        json_array_append_new(
-            items, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}]}", "id", id, "type", "message",
-                             "role", role_name(m->role), "status", "completed", "content", "type",
-                             m->role == OAI_ROLE_ASSISTANT ? "output_text" : "input_text", "text",
-                             m->text, m->len));
+        snprintf(id, sizeof id, "msg_%s_in%zu", e->id + strlen("resp_"), k);
+        const rs_msg *m = &t->msg[t->n - 1 - e->nin + k];
+        if (json_array_append_new(
+                items,
+                json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}]}", "id", id, "type", "message",
+                          "role", role_name(m->role), "status", "completed", "content", "type",
+                          m->role == OAI_ROLE_ASSISTANT ? "output_text" : "input_text", "text",
+                          m->text, m->len))
+            != 0) {
+            json_decref(items);
+            items = NULL;
+        }
     }
     return items;
 }
@@ -179,32 +192,28 @@ static void store_put(srv_req *r, json_t *response, const char *text, size_t len
     resp_job *j = job_of(r);
     srv *s = r->s;
     if (!j->rq.store) return;
+    if (r->cmpl->cancel_counted && r->cmpl->cancel_why == MET_CANCEL_CLIENT_CLOSED) {
+        log_line("info", "%s: not stored: its client left before the end", r->id);
+        return;
+    }
     if (s->api->resp_store == NULL && (s->api->resp_store = rs_new()) == NULL) goto oom;
-    rs_entry *e = calloc(1, sizeof *e);
-    if (e == NULL) goto oom;
-    snprintf(e->id, sizeof e->id, "%s", r->id);
-    e->owner = r->key_id;
-    e->response = json_incref(response);
-    e->input_items = input_items(r);
-    e->conv = calloc(j->nconv + 1, sizeof *e->conv);
-    if (e->conv == NULL || e->input_items == NULL) {
-        rs_entry_free(e);
+    rs_msg *m = malloc((j->nin + 1) * sizeof *m);
+    if (m == NULL) goto oom;
+    for (size_t i = 0; i < j->nin; i++) m[i] = (rs_msg){j->in[i].role, j->in[i].text, j->in[i].len};
+    m[j->nin] = (rs_msg){OAI_ROLE_ASSISTANT, text ? text : "", text ? len : 0};
+    rs_turns *t = rs_turns_new(s->api->resp_store, r->key_id, j->prev, m, j->nin + 1,
+                               s->cfg.responses_store_chain_bytes);
+    free(m);
+    rs_entry *e = t ? rs_entry_new(r->id, r->key_id, response, t, j->nin) : NULL;
+    if (e == NULL) {
+        rs_turns_unref(t);
         goto oom;
     }
-    for (size_t i = 0; i <= j->nconv; i++) {
-        const char *p = i < j->nconv ? j->conv[i].text : text;
-        size_t n = i < j->nconv ? j->conv[i].len : len;
-        e->conv[i].role = i < j->nconv ? j->conv[i].role : OAI_ROLE_ASSISTANT;
-        e->conv[i].text = malloc(n + 1);
-        if (e->conv[i].text == NULL) {
-            rs_entry_free(e);
-            goto oom;
-        }
-        if (n > 0) memcpy(e->conv[i].text, p ? p : "", n);
-        e->conv[i].text[n] = '\0';
-        e->conv[i].len = n;
-        e->nconv = i + 1;
-    }
+    if (t->parent == NULL && j->prev != NULL)
+        log_line("info",
+                 "%s: its conversation passed responses_store_chain_bytes (%zu): stored with "
+                 "the newest %zu of its %zu earlier messages",
+                 r->id, s->cfg.responses_store_chain_bytes, t->n - j->nin - 1, j->prev->chain_msgs);
     if (!rs_put(s->api->resp_store, e, s->cfg.responses_store_max, s->cfg.responses_store_bytes))
         log_line("info", "%s: not stored: over responses_store_max or responses_store_bytes",
                  r->id);
@@ -341,7 +350,8 @@ static void shape_free(srv_req *r)
     resp_job *j = job_of(r);
     if (j == NULL) return;
     oai_resp_request_free(&j->rq);
-    oai_msgs_free(j->conv, j->nconv);
+    rs_turns_unref(j->prev);
+    oai_msgs_free(j->in, j->nin);
     free(j->text);
     json_decref(j->lp);
     free(j);
@@ -358,33 +368,17 @@ static const cmpl_shape resp_shape = {
 
 /* ---- The request ---------------------------------------------------------- */
 
-/* The prompt: the instructions (a system message), then conv from
- * j->dropped on, through the chat template, into *out. 0, or -1 (no
- * memory). */
-static int render(const srv_req *r, char **out, size_t *len)
-{
-    const resp_job *j = job_of(r);
-    size_t n = j->nconv - j->dropped + 1;
-    oai_msg *m = calloc(n, sizeof *m);
-    if (m == NULL) return -1;
-    size_t k = 0;
-    if (j->rq.instructions != NULL)
-        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
-    for (size_t i = j->dropped; i < j->nconv; i++) m[k++] = j->conv[i];
-    int rc = oai_render(&r->s->api->chat, m, k, out, len);
-    free(m); /* the texts are j's */
-    return rc;
-}
-
-/* Whether a prompt of n tokens fits as a chat request's does:
- * max_prompt_tokens, and the context with max_output_tokens (without it,
- * any room left: the reply is cut to what fits). */
-static int prompt_fits(const srv_req *r, size_t n)
+/* The most tokens a prompt that fits can have: max_prompt_tokens, and the
+ * context with max_output_tokens (without it, any room left: the reply is
+ * cut to what fits). */
+static size_t fit_limit(const srv_req *r)
 {
     const eng_config *mc = eng_model_config(r->s->api->model);
     const oai_request *q = &r->cmpl->oreq;
-    if (n > r->s->cfg.max_prompt_tokens) return 0;
-    return q->max_tokens_auto ? n < mc->n_ctx : n + q->max_tokens <= mc->n_ctx;
+    size_t n = q->max_tokens_auto          ? mc->n_ctx - 1
+               : q->max_tokens < mc->n_ctx ? mc->n_ctx - q->max_tokens
+                                           : 0;
+    return n < r->s->cfg.max_prompt_tokens ? n : r->s->cfg.max_prompt_tokens;
 }
 
 /* What truncation "auto" cuts a prompt to: max_prompt_tokens, and room in
@@ -401,74 +395,211 @@ static size_t prompt_budget(const srv_req *r)
     return budget < r->s->cfg.max_prompt_tokens ? budget : r->s->cfg.max_prompt_tokens;
 }
 
-/* The tokens of msgs[0..n) rendered through t (their bytes when the
- * tokenizer fails: an upper bound). */
-static size_t count_tokens(const bpe *tok, const oai_template *t, const oai_msg *msgs, size_t n)
+/* ---- The prompt, made where it is tokenized --------------------------------
+ *
+ * The conversation is read from its newest message back, and only as far as
+ * the context can reach: a request naming a long stored history costs what
+ * its prompt can use, not what the history holds. Each message's tokens are
+ * counted once (its template text alone, less the template's fixed part),
+ * which says where to stop reading and, for truncation "auto", how many of
+ * the oldest to leave out; the prompt is then rendered and tokenized whole,
+ * and while it still does not fit one more goes. */
+
+/* One message read, and its tokens alone. */
+typedef struct {
+    oai_msg m; /* its text is the request's or its stored node's */
+    size_t count;
+} conv_msg;
+
+/* The conversation newest first: the input's messages, then the history's,
+ * its newest node first. */
+typedef struct {
+    const resp_job *j;
+    size_t k;          /* input messages left */
+    const rs_turns *t; /* the node being read, */
+    size_t i;          /* its messages left */
+} conv_iter;
+
+static int conv_next(conv_iter *it, oai_msg *m)
+{
+    if (it->k > 0) {
+        const oai_msg *src = &it->j->in[--it->k];
+        *m = (oai_msg){src->role, src->text, src->len, NULL};
+        return 1;
+    }
+    while (it->t != NULL && it->i == 0) {
+        it->t = it->t->parent;
+        it->i = it->t ? it->t->n : 0;
+    }
+    if (it->t == NULL) return 0;
+    const rs_msg *src = &it->t->msg[--it->i];
+    *m = (oai_msg){src->role, (char *)src->text, src->len, NULL}; /* read only */
+    return 1;
+}
+
+/* The tokens of msgs[0..n) rendered through t; past max, max + 1 (their
+ * bytes when the tokenizer fails: an upper bound). */
+static size_t count_tokens(const bpe *tok, const oai_template *t, const oai_msg *msgs, size_t n,
+                           size_t max)
 {
     char *txt, err[64];
     size_t len, nids = 0;
     int32_t *ids = NULL;
     if (oai_render(t, msgs, n, &txt, &len) != 0) return SIZE_MAX / 4;
-    if (bpe_encode_special(tok, txt, len, &ids, &nids, err, sizeof err) != BPE_OK) nids = len;
+    bpe_status st = bpe_encode_special_max(tok, txt, len, max, &ids, &nids, err, sizeof err);
+    if (st == BPE_ETOOBIG)
+        nids = max + 1;
+    else if (st != BPE_OK)
+        nids = len;
     free(ids);
     free(txt);
     return nids;
 }
 
-/* truncation "auto": drops the oldest messages (never the instructions,
- * never the newest message) until the prompt fits the budget, and puts
- * its tokens in the tokenizer job. Each message's tokens are counted once
- * (its template text alone), which picks how many to drop; the rendering
- * is then tokenized whole, and one more goes while it still does not fit.
- * 0, or -1 when even the newest message alone does not fit. Loop thread:
- * a body that needs this is tokenized here a second time. */
-static int truncate_auto(srv_req *r, size_t budget)
+/* The prompt of the instructions (a system message), then kept[from..n)
+ * (oldest first), into *txt; its tokens, at most max, into *ids / *nids.
+ * The tokenizer's status (BPE_ENOMEM for no memory). */
+static bpe_status render_encode(srv_req *r, const conv_msg *kept, size_t from, size_t n, size_t max,
+                                char **txt, size_t *len, int32_t **ids, size_t *nids)
+{
+    resp_job *j = job_of(r);
+    oai_msg *m = calloc(n - from + 1, sizeof *m);
+    if (m == NULL) return BPE_ENOMEM;
+    size_t k = 0;
+    if (j->rq.instructions != NULL)
+        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+    for (size_t i = from; i < n; i++) m[k++] = kept[i].m;
+    int rc = oai_render(&r->s->api->chat, m, k, txt, len);
+    free(m); /* the texts are j's and the nodes' */
+    if (rc != 0) return BPE_ENOMEM;
+    *ids = NULL;
+    *nids = 0;
+    bpe_status st = bpe_encode_special_max(r->s->api->tok, *txt, *len, max, ids, nids, r->tok->err,
+                                           sizeof r->tok->err);
+    if (st != BPE_OK) {
+        free(*ids);
+        free(*txt);
+        *ids = NULL;
+        *txt = NULL;
+    }
+    return st;
+}
+
+/* The prompt's text and tokens into the request and its tokenizer job
+ * (taken). */
+static void set_prompt(srv_req *r, char *txt, size_t len, int32_t *ids, size_t n)
+{
+    oai_prompt *p = &r->cmpl->oreq.prompts[0];
+    free(p->text);
+    p->text = txt;
+    p->text_len = len;
+    r->tok->text[0] = NULL; /* tokenized here: the tokenizer's loop skips it */
+    r->tok->text_len[0] = 0;
+    free(r->tok->prompt_ids[0]);
+    r->tok->prompt_ids[0] = ids;
+    r->tok->prompt_len[0] = n;
+}
+
+/* The tokenizer job's parser for /v1/responses (a tokenizer thread when the
+ * request names a stored response, else inline): the prompt, fitted to the
+ * context as truncation says; what did not fit is left in j (too_long,
+ * over, tokens) for after_tokenize, a tokenizer failure in the job. 0. */
+static int prepare(srv_req *r)
 {
     resp_job *j = job_of(r);
     const bpe *tok = r->s->api->tok;
     const oai_template *t = &r->s->api->chat;
-    size_t *count = calloc(j->nconv, sizeof *count);
-    if (count == NULL) return -1;
-    /* The fixed part: begin, the instructions, generation; each message's
-     * tokens are its rendering alone less that part. */
+    size_t fit = j->fit, budget = j->budget;
+    int truncate = j->rq.truncation_auto;
+    /* Past fit and a margin for the counts' error at the messages' joins,
+     * the whole can be known not to fit without rendering it. */
+    size_t cutoff = fit + fit / 8 + 16;
     oai_msg ins = {OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
-    size_t bare = count_tokens(tok, t, NULL, 0); /* begin and generation */
-    size_t total = count_tokens(tok, t, &ins, j->rq.instructions != NULL ? 1 : 0);
-    for (size_t i = 0; i < j->nconv; i++) {
-        size_t n = count_tokens(tok, t, &j->conv[i], 1);
-        count[i] = n > bare ? n - bare : 0;
-        total += count[i];
-    }
-    size_t drop = 0;
-    while (drop + 1 < j->nconv && total > budget) total -= count[drop++];
-    free(count);
-    for (; drop < j->nconv; drop++) {
-        j->dropped = drop;
-        char *txt, err[128];
-        size_t len, n = 0;
-        int32_t *ids = NULL;
-        if (render(r, &txt, &len) != 0) return -1;
-        bpe_status st = bpe_encode_special_max(tok, txt, len, budget, &ids, &n, err, sizeof err);
-        if (st == BPE_OK && n <= budget) {
-            oai_prompt *p = &r->cmpl->oreq.prompts[0];
-            free(p->text);
-            p->text = txt;
-            p->text_len = len;
-            r->tok->text[0] = txt;
-            r->tok->text_len[0] = len;
-            free(r->tok->prompt_ids[0]);
-            r->tok->prompt_ids[0] = ids;
-            r->tok->prompt_len[0] = n;
-            r->tok->failed = 0;
-            log_line("info", "%s: truncation auto: the oldest %zu of %zu messages left out", r->id,
-                     drop, j->nconv);
-            return 0;
+    size_t bare = count_tokens(tok, t, NULL, 0, SIZE_MAX); /* begin and generation */
+    size_t total = count_tokens(tok, t, &ins, j->rq.instructions != NULL ? 1 : 0, SIZE_MAX);
+    j->total = (j->prev ? j->prev->chain_msgs : 0) + j->nin;
+    conv_msg *kept = NULL;
+    size_t n = 0, cap = 0;
+    int cut = 0;
+    conv_iter it = {j, j->nin, j->prev, j->prev ? j->prev->n : 0};
+    oai_msg m;
+    while (conv_next(&it, &m)) {
+        size_t c = count_tokens(tok, t, &m, 1, cutoff + bare);
+        c = c > bare ? c - bare : 0;
+        if (total + c > cutoff && (n > 0 || !truncate)) {
+            cut = 1;
+            break;
         }
-        free(ids);
-        free(txt);
-        if (st != BPE_OK && st != BPE_ETOOBIG) return -1;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            conv_msg *g = realloc(kept, nc * sizeof *g);
+            if (g == NULL) goto oom;
+            kept = g;
+            cap = nc;
+        }
+        kept[n++] = (conv_msg){m, c};
+        total += c;
     }
-    return -1;
+    for (size_t a = 0, b = n; a + 1 < b; a++, b--) { /* oldest first */
+        conv_msg x = kept[a];
+        kept[a] = kept[b - 1];
+        kept[b - 1] = x;
+    }
+    char *txt;
+    size_t len, nids;
+    int32_t *ids;
+    bpe_status st;
+    if (!cut) { /* the whole conversation, as it is */
+        st = render_encode(r, kept, 0, n, r->tok->max_prompt_tokens, &txt, &len, &ids, &nids);
+        if (st == BPE_OK && nids <= fit) {
+            set_prompt(r, txt, len, ids, nids);
+            goto done;
+        }
+        if (st == BPE_OK) {
+            free(ids);
+            free(txt);
+        } else if (st != BPE_ETOOBIG) {
+            goto failed;
+        }
+        j->over = st == BPE_ETOOBIG;
+        j->tokens = st == BPE_ETOOBIG ? r->tok->max_prompt_tokens : nids;
+    } else {
+        j->over = 1;
+        j->tokens = fit;
+    }
+    j->too_long = 1;
+    if (!truncate || n == 0) goto done;
+    /* truncation auto: the oldest go (never the instructions, never the
+     * newest message) until the counts fit the budget, then one more while
+     * the whole does not. */
+    size_t drop = 0;
+    while (drop + 1 < n && total > budget) total -= kept[drop++].count;
+    for (; drop < n; drop++) {
+        st = render_encode(r, kept, drop, n, budget, &txt, &len, &ids, &nids);
+        if (st == BPE_OK && nids <= budget) {
+            set_prompt(r, txt, len, ids, nids);
+            j->too_long = 0;
+            j->dropped = j->total - (n - drop);
+            goto done;
+        }
+        if (st == BPE_OK) {
+            free(ids);
+            free(txt);
+        } else if (st != BPE_ETOOBIG) {
+            goto failed;
+        }
+    }
+done:
+    free(kept);
+    return 0;
+oom:
+    st = BPE_ENOMEM;
+failed:
+    free(kept);
+    r->tok->failed = 1;
+    r->tok->status = st;
+    if (st == BPE_ENOMEM) snprintf(r->tok->err, sizeof r->tok->err, "out of memory");
+    return 0;
 }
 
 /* The continuation of tokenizing: the context (truncation), then the
@@ -476,20 +607,18 @@ static int truncate_auto(srv_req *r, size_t budget)
 static enum MHD_Result after_tokenize(srv_req *r)
 {
     resp_job *j = job_of(r);
-    if (r->tok->failed && r->tok->status != BPE_ETOOBIG) return cmpl_admit(r);
-    size_t budget = prompt_budget(r);
-    int too_long = r->tok->failed || !prompt_fits(r, r->tok->prompt_len[0]);
-    if (too_long && j->rq.truncation_auto && truncate_auto(r, budget) == 0) too_long = 0;
-    if (too_long) {
+    if (r->tok->failed) return cmpl_admit(r);
+    if (j->dropped > 0)
+        log_line("info", "%s: truncation auto: the oldest %zu of %zu messages left out", r->id,
+                 j->dropped, j->total);
+    if (j->too_long) {
         const eng_config *mc = eng_model_config(r->s->api->model);
         return http_send_error(
             r, 400, "invalid_request_error", "context_length_exceeded", "input", NULL,
             "The input is %s%zu tokens in the chat template; this model's "
             "context is %zu tokens (max_prompt_tokens %zu), and %s; send "
             "less%s",
-            r->tok->failed ? "over " : "",
-            r->tok->failed ? r->s->cfg.max_prompt_tokens : r->tok->prompt_len[0], mc->n_ctx,
-            r->s->cfg.max_prompt_tokens,
+            j->over ? "over " : "", j->tokens, mc->n_ctx, r->s->cfg.max_prompt_tokens,
             r->cmpl->oreq.max_tokens_auto ? "the output needs room"
                                           : "max_output_tokens needs room",
             j->rq.truncation_auto ? " (truncation auto left only the newest message, which "
@@ -538,11 +667,11 @@ static int resolve_ref(srv_req *r, oai_msg *m, size_t i, enum MHD_Result *rc)
         snprintf(rid, sizeof rid, "resp_%.*s", (int)hn, hex);
         e = rs_get(r->s->api->resp_store, rid, r->key_id);
     }
-    size_t nin = e ? json_array_size(e->input_items) : 0;
-    const oai_msg *src = e == NULL || e->nconv < nin + 1 ? NULL
-                         : !input                        ? &e->conv[e->nconv - 1]
-                         : k < nin                       ? &e->conv[e->nconv - 1 - nin + k]
-                                                         : NULL;
+    const rs_turns *t = e ? e->turns : NULL;
+    const rs_msg *src = t == NULL || t->n < e->nin + 1 ? NULL
+                        : !input                       ? &t->msg[t->n - 1]
+                        : k < e->nin                   ? &t->msg[t->n - 1 - e->nin + k]
+                                                       : NULL;
     if (src == NULL) {
         *rc = http_send_error(r, 404, "invalid_request_error", "item_not_found", "input", NULL,
                               "'input[%zu]' refers to item '%.64s', which is not a message of a "
@@ -564,14 +693,14 @@ static int resolve_ref(srv_req *r, oai_msg *m, size_t i, enum MHD_Result *rc)
     return 0;
 }
 
-/* The conversation: the previous response's (a copy), then the input's
- * messages (moved). 0; -1 with the error sent (*rc). */
+/* The conversation: the previous response's (a reference to its stored
+ * node, not a copy), then the input's messages (moved). 0; -1 with the
+ * error sent (*rc). */
 static int build_conv(srv_req *r, enum MHD_Result *rc)
 {
     resp_job *j = job_of(r);
-    const rs_entry *prev = NULL;
     if (j->rq.previous_id != NULL) {
-        prev = rs_get(r->s->api->resp_store, j->rq.previous_id, r->key_id);
+        const rs_entry *prev = rs_get(r->s->api->resp_store, j->rq.previous_id, r->key_id);
         if (prev == NULL) {
             *rc = http_send_error(r, 404, "invalid_request_error", "previous_response_not_found",
                                   "previous_response_id", NULL,
@@ -581,31 +710,15 @@ static int build_conv(srv_req *r, enum MHD_Result *rc)
                                   j->rq.previous_id);
             return -1;
         }
+        j->prev = rs_turns_ref(prev->turns);
     }
-    size_t nh = prev ? prev->nconv : 0;
-    j->conv = calloc(nh + j->rq.nmsgs, sizeof *j->conv);
-    if (j->conv == NULL) goto oom;
-    for (size_t i = 0; i < nh; i++) {
-        j->conv[i].role = prev->conv[i].role;
-        j->conv[i].len = prev->conv[i].len;
-        j->conv[i].text = malloc(prev->conv[i].len + 1);
-        if (j->conv[i].text == NULL) goto oom;
-        memcpy(j->conv[i].text, prev->conv[i].text, prev->conv[i].len + 1);
-        j->nconv = i + 1;
-    }
-    j->nhist = nh;
-    for (size_t i = 0; i < j->rq.nmsgs; i++) {
+    for (size_t i = 0; i < j->rq.nmsgs; i++)
         if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, rc) != 0) return -1;
-        j->conv[j->nconv++] = j->rq.msgs[i];
-        j->rq.msgs[i] = (oai_msg){0};
-    }
-    free(j->rq.msgs); /* the texts moved to conv */
+    j->in = j->rq.msgs; /* moved */
+    j->nin = j->rq.nmsgs;
     j->rq.msgs = NULL;
     j->rq.nmsgs = 0;
     return 0;
-oom:
-    *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-    return -1;
 }
 
 enum MHD_Result resp_route(srv_req *r)
@@ -649,21 +762,18 @@ enum MHD_Result resp_route(srv_req *r)
                                s->cfg.model_name);
     enum MHD_Result rc;
     if (build_conv(r, &rc) != 0) return rc;
-    char *text;
-    size_t len;
     q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
-    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0 || render(r, &text, &len) != 0)
+    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     q->nprompts = 1;
-    q->prompts[0].text = text;
-    q->prompts[0].text_len = len;
-    r->tok->text[0] = text;
-    r->tok->text_len[0] = len;
-    if (q->format != OAI_FORMAT_NONE) { /* text.format: compiled where the input is tokenized */
+    if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
         r->tok->work = cmpl_compile_format;
-        r->tok->heavy = 1;
-    }
-    return tok_prompts(r, NULL, after_tokenize);
+    /* The prompt is made where it is tokenized: on a tokenizer thread when
+     * a stored history or a format is involved (or the body is large). */
+    r->tok->heavy = q->format != OAI_FORMAT_NONE || j->prev != NULL;
+    j->fit = fit_limit(r);
+    j->budget = prompt_budget(r);
+    return tok_prompts(r, prepare, after_tokenize);
 }
 
 /* ---- GET and DELETE /v1/responses/{id} ------------------------------------- */
@@ -712,17 +822,21 @@ static enum MHD_Result send_items(srv_req *r, const rs_entry *e)
                                    "'limit' must be an integer from 1 to 100");
     }
     int asc = order != NULL && strcmp(order, "asc") == 0;
-    size_t n = json_array_size(e->input_items), start = 0;
+    json_t *items = input_items(e);
+    if (items == NULL)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    size_t n = json_array_size(items), start = 0;
     if (after != NULL) {
         start = n;
         for (size_t k = 0; k < n; k++) {
-            const json_t *it = json_array_get(e->input_items, asc ? k : n - 1 - k);
+            const json_t *it = json_array_get(items, asc ? k : n - 1 - k);
             if (strcmp(json_string_value(json_object_get(it, "id")), after) == 0) start = k + 1;
         }
     }
     json_t *data = json_array();
     for (size_t k = start; k < n && json_array_size(data) < (size_t)limit; k++)
-        json_array_append(data, json_array_get(e->input_items, asc ? k : n - 1 - k));
+        json_array_append(data, json_array_get(items, asc ? k : n - 1 - k));
+    json_decref(items);
     size_t got = json_array_size(data);
     json_t *first = got ? json_object_get(json_array_get(data, 0), "id") : NULL;
     json_t *last = got ? json_object_get(json_array_get(data, got - 1), "id") : NULL;
@@ -741,7 +855,10 @@ enum MHD_Result resp_route_get(srv_req *r)
     const rs_entry *e = rs_get(r->s->api->resp_store, id, r->key_id);
     if (e == NULL) return not_found(r, id);
     if (items) return send_items(r, e);
-    return http_send_obj(r, json_incref(e->response));
+    json_t *o = json_loads(e->response, 0, NULL);
+    if (o == NULL)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    return http_send_obj(r, o);
 }
 
 enum MHD_Result resp_route_delete(srv_req *r)

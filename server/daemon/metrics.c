@@ -163,6 +163,12 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
     sample_u(m, "gpt2d_grammar_bound_errors_total", "counter",
              "Structured-output sequences ended because their matcher passed a bound.",
              (unsigned long long)st->mask_errors);
+    sample_u(m, "gpt2d_responses_stored", "gauge",
+             "Responses kept for previous_response_id and GET /v1/responses/{id}.",
+             (unsigned long long)info->responses_stored);
+    sample_u(m, "gpt2d_responses_store_bytes", "gauge",
+             "Bytes the stored responses hold (responses_store_bytes bounds them).",
+             (unsigned long long)info->responses_store_bytes);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",

@@ -16,12 +16,14 @@
  * the process's numbers; met_render only prints them). */
 typedef struct {
     const char *version, *commit, *buildtype, *kernels, *dtype, *layout, *model;
-    const char *tls;          /* "gnutls": this build serves HTTPS; "none": it cannot */
-    double start_time;        /* Unix seconds */
-    double cpu_seconds;       /* user + system */
-    double resident_bytes;    /* -1: unknown */
-    double virtual_bytes;     /* -1: unknown */
-    double open_fds, max_fds; /* -1: unknown */
+    const char *tls;              /* "gnutls": this build serves HTTPS; "none": it cannot */
+    double start_time;            /* Unix seconds */
+    double cpu_seconds;           /* user + system */
+    double resident_bytes;        /* -1: unknown */
+    double virtual_bytes;         /* -1: unknown */
+    double open_fds, max_fds;     /* -1: unknown */
+    size_t responses_stored;      /* the stored responses (api/resp_store.c) */
+    size_t responses_store_bytes; /* ... and the bytes they hold */
 } met_info;
 
 /* Zeroes the counters of both layers and sets the histograms' buckets
