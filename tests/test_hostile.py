@@ -3129,6 +3129,176 @@ def case_responses_cut(ctx):
     t.join(2)
     check(plain.get("r", (0,))[0] == 503, "the whole response cut by the shutdown: %r" % (plain.get("r"),))
     error_envelope(plain["r"][2], "the 503 at shutdown")
+def case_responses_history_amplification(ctx):
+    """34: a request naming a long stored history costs what its prompt can
+    use, not what the history holds. A chain of eight responses holding 60
+    MB of messages; then, side by side with the same load on a one-turn
+    history, 16 concurrent small requests naming it while /health is polled
+    and a stream runs: RSS grows by at most 256 MiB, and /health and the
+    stream's longest gap stay within 100 ms / 150 ms or 3x the short
+    history's (the machine is shared). With truncation disabled the answer is
+    a 400, as cheaply. (Before: each request copied and rendered the whole
+    history on the loop thread: +1.7 GiB, /health over a second.)"""
+    srv = Server(ctx, ctx.models.get("long"), "--max-body-bytes", str(8 << 20),
+                 "--responses-store-bytes", str(512 << 20), "--responses-store-chain-bytes", str(128 << 20),
+                 "--max-queue", "64")
+    turn = [{"role": "user", "content": "word " * 400}] * 3750  # 7.5 MB, 400 tokens a message
+    prev = None
+    for i in range(8):
+        body = {"input": turn, "max_output_tokens": 1, "truncation": "auto"}
+        if prev:
+            body["previous_response_id"] = prev
+        st, _, b = request(srv.port, "POST", "/v1/responses", body, timeout=120)
+        check(st == 200, "history turn %d: %d %r" % (i, st, b[:300]))
+        prev = json.loads(b)["id"]
+    stored = srv.metric("gpt2d_responses_store_bytes")
+    check(stored >= 60e6, "the history holds %.1f MB, not 60" % (stored / 1e6))
+    st, _, b = request(srv.port, "POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 1})
+    check(st == 200, "the short history: %d" % st)
+    short = json.loads(b)["id"]
+
+    def burst(target, truncation="auto"):
+        base = srv.rss_kib()
+        stop = threading.Event()
+        peak, health = [base], []
+
+        def sample():
+            while not stop.is_set():
+                peak.append(srv.rss_kib())
+                time.sleep(0.005)
+
+        def ping():
+            while not stop.is_set():
+                t0 = time.monotonic()
+                st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+                health.append(time.monotonic() - t0)
+                check(st == 200, "/health during the burst: %d" % st)
+                time.sleep(0.02)
+
+        bg = [threading.Thread(target=sample, daemon=True), threading.Thread(target=ping, daemon=True)]
+        for t in bg:
+            t.start()
+        stream = Stream(srv.port, {"prompt": "Beside", "max_tokens": 400, "ignore_eos": True, "stream": True})
+        time.sleep(0.3)
+        answers = []
+        t_burst = time.monotonic()
+        body = {"input": "Hi again", "previous_response_id": target, "max_output_tokens": 4,
+                "truncation": truncation}
+        workers = [threading.Thread(target=lambda: answers.append(
+            request(srv.port, "POST", "/v1/responses", body, timeout=60)[0]), daemon=True) for _ in range(16)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(60)
+        t_end = time.monotonic()
+        time.sleep(0.1)
+        stop.set()
+        for t in bg:
+            t.join(10)
+        stream.wait(60, "the stream beside the burst")
+        gaps, last = [], None
+        for t, _ in stream.arrivals:  # the gaps between arrivals within the burst
+            if last is not None and t_burst <= t <= t_end + 0.2:
+                gaps.append(t - last)
+            last = t
+        return {"answers": answers, "rss_mib": (max(peak) - base) / 1024.0, "health_ms": max(health) * 1e3,
+                "gap_ms": max(gaps) * 1e3 if gaps else 0.0, "seconds": t_end - t_burst}
+
+    short_r = burst(short)
+    long_r = burst(prev)
+    print("  16 requests on a 1-turn history: %r" % short_r)
+    print("  16 requests on a %.0f MB history: %r" % (stored / 1e6, long_r))
+    check(short_r["answers"] == [200] * 16 and long_r["answers"] == [200] * 16,
+          "answers %r / %r" % (short_r["answers"], long_r["answers"]))
+    check(long_r["rss_mib"] <= 256, "RSS grew %.0f MiB with the long history" % long_r["rss_mib"])
+    check(long_r["health_ms"] <= max(100, 3 * short_r["health_ms"]),
+          "/health took %.0f ms beside the long history (%.0f ms beside the short)"
+          % (long_r["health_ms"], short_r["health_ms"]))
+    check(long_r["gap_ms"] <= max(150, 3 * short_r["gap_ms"]),
+          "the stream's longest gap %.0f ms beside the long history (%.0f ms beside the short)"
+          % (long_r["gap_ms"], short_r["gap_ms"]))
+    dis = burst(prev, truncation="disabled")
+    print("  truncation disabled: %r" % dis)
+    check(dis["answers"] == [400] * 16 and dis["rss_mib"] <= 256, "truncation disabled: %r" % dis)
+
+
+def case_responses_store_counted_bytes(ctx):
+    """34: the store's byte count is what it holds. 30 bodies of 0.9 MB
+    (30,000 one-character messages each; truncation auto) stored under
+    responses_store_bytes 64 MiB: the server's RSS grows within 1.5x of
+    gpt2d_responses_store_bytes (the same bodies sent with store false
+    first, so the parsing's own high-water mark is in the baseline). (Before:
+    RSS grew ten times the counted bytes.)"""
+    srv = Server(ctx, ctx.models.get("long"), "--responses-store-bytes", str(64 << 20))
+    body = {"input": [{"role": "user", "content": "a"}] * 30000, "max_output_tokens": 1, "truncation": "auto"}
+    for _ in range(3):
+        st, _, b = request(srv.port, "POST", "/v1/responses", dict(body, store=False), timeout=60)
+        check(st == 200, "store false: %d %r" % (st, b[:300]))
+    base = srv.rss_kib()
+    for i in range(30):
+        st, _, b = request(srv.port, "POST", "/v1/responses", body, timeout=60)
+        check(st == 200, "body %d: %d %r" % (i, st, b[:300]))
+    grew = (srv.rss_kib() - base) * 1024.0
+    counted = srv.metric("gpt2d_responses_store_bytes")
+    check(srv.metric("gpt2d_responses_stored") == 30, "stored %g of 30" % srv.metric("gpt2d_responses_stored"))
+    print("  counted %.1f MB, RSS grew %.1f MB" % (counted / 1e6, grew / 1e6))
+    check(counted <= 64 << 20, "counted %d bytes, over the bound" % counted)
+    check(grew <= 1.5 * counted and counted <= 1.5 * grew,
+          "RSS grew %.1f MB for %.1f MB counted" % (grew / 1e6, counted / 1e6))
+
+
+def case_responses_store_fair_keys(ctx):
+    """34: the keys share the store: with responses_store_max 50, key B
+    storing 60 responses evicts its own oldest, and key A's one response
+    and a previous_response_id naming it still answer. (Before: one LRU for
+    all keys, and A's response was gone.)"""
+    ka, kb = "fair-key-aaaa", "fair-key-bbbb"
+    srv = Server(ctx, ctx.models.get("long"), "--api-key", ka, "--api-key", kb, "--responses-store-max", "50")
+    auth = lambda k: {"Authorization": "Bearer " + k}
+
+    def make(key, **kw):
+        st, _, b = request(srv.port, "POST", "/v1/responses", dict({"input": "Hi", "max_output_tokens": 1}, **kw),
+                           headers=auth(key), timeout=20)
+        check(st == 200, "POST: %d %r" % (st, b[:200]))
+        return json.loads(b)["id"]
+
+    a = make(ka)
+    bs = [make(kb) for _ in range(60)]
+    check(request(srv.port, "GET", "/v1/responses/" + a, headers=auth(ka))[0] == 200,
+          "key B's 60 stores evicted key A's response")
+    make(ka, previous_response_id=a)
+    got = [request(srv.port, "GET", "/v1/responses/" + r, headers=auth(kb))[0] for r in bs]
+    check(got[-1] == 200 and got[0] == 404 and srv.metric("gpt2d_responses_stored") == 50,
+          "key B's own: %r" % got)
+
+
+def case_responses_client_cut_not_stored(ctx):
+    """34: a Responses stream its client leaves is not stored (it is not a
+    response anyone got): GET and previous_response_id answer 404, and the
+    log says why. (Before: stored as incomplete / max_output_tokens.)"""
+    srv = Server(ctx, ctx.models.get("long"), env=STEP_DELAY)
+    payload = json.dumps({"input": "Leaving", "max_output_tokens": 800, "ignore_eos": True,
+                          "stream": True}).encode()
+    s = connect(srv.port, 30)
+    s.sendall(completion_head(len(payload), b"", b"/v1/responses") + payload)
+    s.settimeout(10)
+    raw = b""
+    while b"response.output_text.delta" not in raw:
+        chunk = s.recv(65536)
+        check(chunk, "the stream ended before its first delta")
+        raw += chunk
+    rid = re.search(rb'"id": ?"(resp_[0-9a-f]+)"', raw)
+    check(rid is not None, "no response id in %r" % raw[:400])
+    rid = rid.group(1).decode()
+    s.close()
+    srv.wait_metric("gpt2d_running_sequences", 0, 5, "after the client left")
+    time.sleep(0.2)
+    check(request(srv.port, "GET", "/v1/responses/" + rid)[0] == 404, "a response its client left was stored")
+    st, _, _ = request(srv.port, "POST", "/v1/responses", {"input": "x", "previous_response_id": rid})
+    check(st == 404, "continuing a response its client left: %d" % st)
+    check("not stored: its client left" in open(srv.log_path).read(), "the log does not say why")
+
+
 def case_structured_schemas(ctx):
     """issue 27: hostile structured outputs: huge, deep, self-referential
     and pathological schemas and regexes are a 400 naming the keyword (or
@@ -3249,6 +3419,10 @@ def case_structured_wide_state(ctx):
 
 
 CASES = [
+    ("responses_history_amplification", case_responses_history_amplification),
+    ("responses_store_counted_bytes", case_responses_store_counted_bytes),
+    ("responses_store_fair_keys", case_responses_store_fair_keys),
+    ("responses_client_cut_not_stored", case_responses_client_cut_not_stored),
     ("slow_headers", case_slow_headers),
     ("idle_connections", case_idle_connections),
     ("per_ip_limit", case_per_ip_limit),
