@@ -224,6 +224,23 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         TIMED(other, residual_add(w->x, w->tmp, T * C));
     }
 
+    /* Embeddings: each row's ln_f output added to its item's sum, in
+     * position order, LOGIT_ROWS rows at a time (a row's layer norm is the
+     * same bits in any group). */
+    r = 0;
+    for (size_t i = 0; i < nitems; i++) {
+        float *sum = items[i].hidden_sum;
+        for (size_t j = 0; sum != NULL && j < items[i].n; j += LOGIT_ROWS) {
+            size_t k = items[i].n - j < LOGIT_ROWS ? items[i].n - j : LOGIT_ROWS;
+            memcpy(w->lrows, w->x + (r + j) * C, k * C * sizeof(float));
+            TIMED(lm_head,
+                  op_layernorm(P, w->lrows, w->lrows, &m->lnf_g, &m->lnf_b, k, C, c->ln_eps));
+            for (size_t q = 0; q < k; q++)
+                for (size_t e = 0; e < C; e++) sum[e] += w->lrows[q * C + e];
+        }
+        r += items[i].n;
+    }
+
     /* Logits only for the rows that sample: gather them after ln_f, then
      * logits = h @ wte^T, up to LOGIT_ROWS rows at a time. */
     float *dest[LOGIT_ROWS];

@@ -27,6 +27,7 @@ typedef struct {
     uint64_t chain;  /* chain hash of block nhashed - 1 */
     size_t cached;   /* prompt tokens taken from the cache */
     kv_lp *plp;      /* echo: prompt logprobs by position ([0] unused), or NULL */
+    float *embed;    /* req.embed: the sum of the prompt's ln_f rows (n_embd) */
     size_t nplp;     /* echo: positions [0, nplp) are known */
     size_t lp_sent;  /* echo: positions 1..lp_sent delivered */
     eng_rng rng;

@@ -6,6 +6,7 @@
  */
 #include "sched_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -22,6 +23,7 @@ void sch_seq_free(eng_sched *s, sch_seq *q)
     eng_kv_release(s->kv, &q->kv);
     free(q->phash);
     free(q->plp);
+    free(q->embed);
     free(q->tokens);
     free((void *)q->req.sampling.bias);
     if (q->req.mask.ops != NULL) q->req.mask.ops->free(q->req.mask.self);
@@ -49,6 +51,23 @@ void sch_finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
                     .cached = q->cached};
     eng_event_cb cb = q->req.on_event;
     void *user = q->req.user;
+    /* An embedding that is whole: its mean, scaled to length 1 (summed in
+     * index order in double, so the same bits wherever it ran). */
+    float *emb = NULL;
+    if (q->embed != NULL && why == ENG_FINISH_LENGTH && q->prefilled == q->req.nprompt) {
+        size_t C = s->m->cfg.n_embd;
+        emb = q->embed;
+        q->embed = NULL;
+        double norm = 0;
+        for (size_t e = 0; e < C; e++) {
+            emb[e] /= (float)q->req.nprompt;
+            norm += (double)emb[e] * emb[e];
+        }
+        float scale = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+        for (size_t e = 0; e < C; e++) emb[e] *= scale;
+        ev.embedding = emb;
+    }
     sch_seq_free(s, q);
     cb(user, &ev);
+    free(emb);
 }

@@ -193,6 +193,10 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
                            "a mask needs the model's vocabulary (%zu tokens, not %zu)", c->n_vocab,
                            r->mask.n_vocab);
+    if (r->embed && (r->max_tokens != 0 || r->echo || r->logprobs >= 0 || mo != NULL))
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                           "an embedding request generates nothing: max_tokens 0, no echo, no "
+                           "logprobs, no mask");
     size_t total = r->nprompt + r->max_tokens;
     if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
         return ERRBUF_FAIL(
@@ -214,13 +218,15 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     uint64_t *phash = nphash ? malloc(nphash * sizeof *phash) : NULL;
     int keep_lp = s->o.prefix_cache && r->echo;
     kv_lp *plp = keep_lp ? calloc(r->nprompt, sizeof *plp) : NULL;
+    float *embed = r->embed ? calloc(c->n_embd, sizeof *embed) : NULL;
     if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
-        || (nphash && phash == NULL) || (keep_lp && plp == NULL)) {
+        || (nphash && phash == NULL) || (keep_lp && plp == NULL) || (r->embed && embed == NULL)) {
         free(q);
         free(tokens);
         free(bias);
         free(phash);
         free(plp);
+        free(embed);
         return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     }
     q->kv.salt = r->cache_salt;
@@ -230,7 +236,10 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     q->phash = phash;
     q->plp = plp;
     q->nplp = 1; /* the first prompt token has no logprob */
-    q->maxhit = s->o.prefix_cache ? (r->nprompt - 1) / s->o.block_len : 0;
+    /* An embedding takes no cached blocks (every position's row is in its
+     * mean); it registers its own for others. */
+    q->maxhit = s->o.prefix_cache && !r->embed ? (r->nprompt - 1) / s->o.block_len : 0;
+    q->embed = embed;
     memcpy(tokens, r->prompt, r->nprompt * sizeof *tokens);
     if (bias) memcpy(bias, r->sampling.bias, r->sampling.nbias * sizeof *bias);
     q->id = s->next_id++;
@@ -491,7 +500,8 @@ int eng_sched_plan(eng_sched *s)
                                              .tokens = q->tokens + q->step_first,
                                              .n = n,
                                              .want = want,
-                                             .logits = s->logits + logit_rows * s->m->cfg.n_vocab};
+                                             .logits = s->logits + logit_rows * s->m->cfg.n_vocab,
+                                             .hidden_sum = decoding ? NULL : q->embed};
             s->step_seqs[s->nitems++] = q;
             logit_rows += lrows;
             if (!decoding) budget -= n;

@@ -58,6 +58,9 @@ typedef struct {
     size_t n;
     eng_logits want;
     float *logits; /* out: V floats (LAST) or n * V (ALL); caller's memory */
+    /* NULL, or C floats to which each row's final layer norm output is
+     * added, in position order (an embedding's sum; caller's memory). */
+    float *hidden_sum;
 } eng_item;
 
 typedef struct eng_workspace eng_workspace;

@@ -108,6 +108,8 @@ typedef struct {
     driver *d;
     eng_sched *s;
     size_t cancel_after; /* cancel from the callback after this many tokens */
+    float emb[64];       /* DONE of an embedding (the test model's width) */
+    int has_emb;
 } rec;
 
 static void on_event(void *user, const eng_event *ev)
@@ -135,6 +137,10 @@ static void on_event(void *user, const eng_event *ev)
         r->done_order = ++dones;
         r->finish = ev->finish;
         r->cached = ev->cached;
+        if (ev->embedding != NULL) {
+            memcpy(r->emb, ev->embedding, sizeof r->emb);
+            r->has_emb = 1;
+        }
     }
 }
 
@@ -747,6 +753,100 @@ static eng_status submit_masked(eng_sched *s, rec *r, test_mask *m, size_t n_voc
     r->s = s;
     return eng_sched_submit(s, &q, &r->id, err, sizeof err);
 }
+
+/* An embedding request: prompt n tokens (salt), no tokens out. */
+static eng_status submit_embed(eng_sched *s, rec *r, size_t n, unsigned salt)
+{
+    int32_t p[256];
+    prompt_of(p, n, salt);
+    eng_request q = {.prompt = p,
+                     .nprompt = n,
+                     .max_tokens = 0,
+                     .logprobs = -1,
+                     .embed = 1,
+                     .on_event = on_event,
+                     .user = r};
+    char err[256];
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    return eng_sched_submit(s, &q, &r->id, err, sizeof err);
+}
+
+/* Embeddings: the same bits alone, chunked, beside decoding sequences and
+ * other embeddings, after a completion cached the same prompt's blocks,
+ * and with any thread count; length 1; no tokens; refusals; a cancelled
+ * one ends without a vector. */
+START_TEST(sched_embedding_same_bits_alone_batched_chunked_or_cached)
+{
+    static rec alone, other, chunked, beside, dec, cached_first, cached, lone1, cancel;
+    eng_sched *s = make_sched(64, 8, 8, 256);
+    ck_assert_int_eq(submit_embed(s, &alone, 100, 3), ENG_OK);
+    ck_assert_int_eq(submit_embed(s, &other, 100, 4), ENG_OK);
+    run_all(s);
+    ck_assert(alone.has_emb && other.has_emb);
+    ck_assert_uint_eq(alone.n, 0);
+    ck_assert_int_eq(alone.finish, ENG_FINISH_LENGTH);
+    double norm = 0, dot = 0;
+    for (size_t e = 0; e < 64; e++) {
+        norm += (double)alone.emb[e] * alone.emb[e];
+        dot += (double)alone.emb[e] * other.emb[e];
+    }
+    ck_assert_double_eq_tol(norm, 1.0, 1e-5);
+    ck_assert(dot < 0.9999); /* another prompt, another vector */
+    assert_idle(s);
+    eng_sched_free(s);
+
+    /* Prefill chunks of 7 rows, beside a decoding sequence and another
+     * embedding; then after a completion put the same prompt's blocks in
+     * the cache (an embedding takes none). */
+    s = make_sched(64, 8, 8, 7);
+    submit(s, &dec, 20, 30, 5, 0.8f);
+    ck_assert_int_eq(submit_embed(s, &chunked, 100, 3), ENG_OK);
+    ck_assert_int_eq(submit_embed(s, &beside, 60, 9), ENG_OK);
+    run_all(s);
+    ck_assert(chunked.has_emb && beside.has_emb);
+    ck_assert(memcmp(chunked.emb, alone.emb, sizeof alone.emb) == 0);
+    submit(s, &cached_first, 100, 2, 3, 0.0f);
+    run_all(s);
+    ck_assert_int_eq(submit_embed(s, &cached, 100, 3), ENG_OK);
+    run_all(s);
+    ck_assert_uint_eq(cached.cached, 0);
+    ck_assert(memcmp(cached.emb, alone.emb, sizeof alone.emb) == 0);
+    assert_idle(s);
+    eng_sched_free(s);
+
+    /* One thread, one row a step. */
+    s = make_sched_threads(64, 8, 8, 1, 1, 1);
+    ck_assert_int_eq(submit_embed(s, &lone1, 100, 3), ENG_OK);
+    run_all(s);
+    ck_assert(memcmp(lone1.emb, alone.emb, sizeof alone.emb) == 0);
+
+    /* It generates nothing: tokens, echo, logprobs or a mask are refused. */
+    int32_t p[4] = {1, 2, 3, 4};
+    eng_request bad = {.prompt = p,
+                       .nprompt = 4,
+                       .max_tokens = 1,
+                       .logprobs = -1,
+                       .embed = 1,
+                       .on_event = on_event,
+                       .user = &cancel};
+    uint64_t id;
+    char err[256];
+    ck_assert_int_eq(eng_sched_submit(s, &bad, &id, err, sizeof err), ENG_EINVAL);
+    bad.max_tokens = 0;
+    bad.logprobs = 0;
+    ck_assert_int_eq(eng_sched_submit(s, &bad, &id, err, sizeof err), ENG_EINVAL);
+    /* Cancelled while its prompt is computed: DONE without a vector. */
+    ck_assert_int_eq(submit_embed(s, &cancel, 100, 3), ENG_OK);
+    ck_assert(eng_sched_step(s));
+    eng_sched_cancel(s, cancel.id);
+    run_all(s);
+    ck_assert_int_eq(cancel.finish, ENG_FINISH_CANCELLED);
+    ck_assert(!cancel.has_emb);
+    assert_idle(s);
+    eng_sched_free(s);
+}
+END_TEST
 
 START_TEST(sched_mask_constrains_its_sequence_only_and_is_freed_once)
 {
@@ -1787,6 +1887,7 @@ int main(void)
     tcase_add_test(tc, sched_echo_logprobs_bias_and_penalties);
     tcase_add_test(tc, sched_end_of_text_ends_unless_ignored);
     tcase_add_test(tc, sched_mask_constrains_its_sequence_only_and_is_freed_once);
+    tcase_add_test(tc, sched_embedding_same_bits_alone_batched_chunked_or_cached);
     tcase_add_test(tc, sched_prefix_cache_same_bits_cached_partly_cached_or_not);
     tcase_add_test(tc, sched_prefix_cache_same_bits_batched_with_shared_prefixes);
     tcase_add_test(tc, sched_prefix_cache_choices_of_one_prompt_compute_it_once);

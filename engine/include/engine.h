@@ -233,9 +233,11 @@ typedef struct {
     size_t ntop;   /* top alternatives (request's logprobs)     */
     int32_t top_ids[ENG_MAX_TOP];
     float top_logprobs[ENG_MAX_TOP];
-    eng_finish finish;   /* DONE                                      */
-    const char *message; /* DONE with ENG_FINISH_ERROR                */
-    size_t cached;       /* DONE: prompt tokens taken from the prefix cache */
+    eng_finish finish;      /* DONE                                      */
+    const char *message;    /* DONE with ENG_FINISH_ERROR                */
+    size_t cached;          /* DONE: prompt tokens taken from the prefix cache */
+    const float *embedding; /* DONE of an embed request that finished: n_embd
+                             * floats, valid during the callback; else NULL */
 } eng_event;
 
 /* Called on the thread of eng_sched_complete / eng_sched_cancel with each
@@ -285,6 +287,14 @@ typedef struct {
     int ignore_eos;
     int logprobs; /* -1: none; 0..5: the chosen token's plus top N */
     int echo;     /* 1: PROMPT_LOGPROB events for the prompt      */
+    /* 1: an embedding, not tokens (max_tokens 0, no echo, no logprobs, no
+     * mask): the prompt is computed whole, taking no cached blocks, and
+     * its DONE event carries the mean over its positions of the final
+     * layer norm's output (ln_f, what the LM head reads), scaled to length
+     * 1. Each position's row has the same bits in any batch and prefill
+     * chunk, and the rows are summed in position order in F32, so the
+     * vector is the same bits alone or in any batch. */
+    int embed;
     /* The prefix cache's partition: a request takes cached blocks only
      * from requests of the same salt (and waits only for theirs), so one
      * salt can neither read another's prompts through `cached` nor time
