@@ -120,6 +120,9 @@ static const spec specs[] = {
     {"responses_store_bytes", K_SIZE, F(responses_store_bytes), 0, 68719476736, "67108864",
      "bytes the stored responses may take in memory at most; past them, the least recently "
      "used of the key furthest over its fair share go first"},
+    {"max_embedding_inputs", K_SIZE, F(max_embedding_inputs), 1, 100000, "2048",
+     "inputs one POST /v1/embeddings may carry (each is one sequence; they run a window at a "
+     "time)"},
     {"responses_store_chain_bytes", K_SIZE, F(responses_store_chain_bytes), 1048576, 68719476736,
      "16777216",
      "bytes one conversation (a chain of previous_response_id) may keep; past them the "
@@ -468,6 +471,7 @@ static const char *const reloadable[] = {
     "responses_store_max",
     "responses_store_bytes",
     "responses_store_chain_bytes",
+    "max_embedding_inputs",
     "max_queue",
     "queue_timeout",
     "cors_origins",

@@ -520,7 +520,81 @@ labels trained "$dir/trained" gpt2d-tiny gpt2d trained "$desc"
 labels named "$dir/trained" my-model gpt2d trained "$desc" --model-name my-model,gpt2
 }
 
+# POST /v1/embeddings: OpenAI's shape (float and base64 the same numbers),
+# the vector against the numpy reference (the mean of ln_f's rows, length
+# 1) on the tiny checkpoint, the same bits alone and among 80 other inputs,
+# token-id inputs, usage, the route's refusals, and its access line.
+case_embeddings() {
+/usr/bin/python3 - "$base" "$here/reference/gpt2_numpy.py" "$dir/model" "$gpt2d" <<'PY'
+import base64, json, struct, subprocess, sys, urllib.request, urllib.error
+base, ref, model, gpt2d = sys.argv[1:5]
+H = {"Authorization": "Bearer test-key-123", "Content-Type": "application/json"}
+def call(body):
+    req = urllib.request.Request(base + "/v1/embeddings", json.dumps(body).encode(), H)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+text = "The quick brown fox jumps over the lazy dog."
+st, d = call({"input": text, "model": "gpt2"})
+assert st == 200 and d["object"] == "list" and d["model"] == "gpt2", (st, d)
+e = d["data"][0]
+assert e["object"] == "embedding" and e["index"] == 0 and isinstance(e["embedding"], list), e
+ids = json.loads(subprocess.run([gpt2d, "tokenize", "--model", model], input=text.encode(),
+                                capture_output=True, check=True).stdout)
+assert d["usage"] == {"prompt_tokens": len(ids), "total_tokens": len(ids)}, d["usage"]
+want = json.loads(subprocess.run(["/usr/bin/python3", ref, "embed", model] + [str(i) for i in ids],
+                                 capture_output=True, check=True).stdout)
+got = e["embedding"]
+assert len(got) == len(want) == 64
+err = max(abs(a - b) for a, b in zip(got, want))
+assert err < 1e-4, "embedding vs the numpy reference: max error %g" % err
+assert abs(sum(x * x for x in got) - 1) < 1e-5
+# Token ids give the same vector; base64 carries the same float32 bits.
+st, d2 = call({"input": ids})
+assert st == 200 and d2["data"][0]["embedding"] == got
+st, d3 = call({"input": [text], "encoding_format": "base64"})
+raw = base64.b64decode(d3["data"][0]["embedding"])
+assert list(struct.unpack("<%df" % (len(raw) // 4), raw)) == [struct.unpack("<f", struct.pack("<f", x))[0] for x in got]
+# Among 80 other inputs (run a window at a time): the same bits, in order.
+batch = ["input number %d, %s" % (i, "word " * (i % 13)) for i in range(80)]
+batch.insert(41, text)
+st, d4 = call({"input": batch})
+assert st == 200 and [x["index"] for x in d4["data"]] == list(range(81))
+assert d4["data"][41]["embedding"] == got, "the same text in a batch of 81 differs from alone"
+st, d5 = call({"input": [[5, 6, 7], [8, 9]]})
+assert st == 200 and len(d5["data"]) == 2 and d5["usage"]["prompt_tokens"] == 5
+# Refusals, each naming its field.
+for body, param in (({}, "input"), ({"input": ""}, "input"), ({"input": []}, "input"),
+                    ({"input": ["a", [1]]}, "input"), ({"input": [[1], "a"]}, "input"),
+                    ({"input": [70000]}, "input"), ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+                    ({"input": "x", "dimensions": 32}, "dimensions"), ({"input": "x", "dimensions": "64"}, "dimensions"),
+                    ({"input": "w " * 200}, "input"), ({"input": ["x"] * 3000}, "input")):
+    st, d = call(body)
+    assert st == 400 and d["error"]["param"] == param, (body if len(json.dumps(body)) < 200 else param, st, d)
+st, d = call({"input": "x", "dimensions": 64})
+assert st == 200
+st, d = call({"input": "x", "model": "nope"})
+assert st == 404 and d["error"]["code"] == "model_not_found", d
+print("embeddings: ok (max error against numpy %.2e)" % err)
+PY
+grep -q 'access POST /v1/embeddings status=200' "$dir/main.log" || fail "no access line for POST /v1/embeddings"
+curl -s "$base/metrics" | grep -q 'gpt2d_requests_total{route="/v1/embeddings",status="200"}' || fail "no route label for /v1/embeddings"
+}
+
+# Embeddings through the clients: the OpenAI Node client (float and
+# base64), the AI SDK's embed and embedMany, LangChain's OpenAIEmbeddings.
+case_embeddings_clients() {
+need_node_module openai
+need_node_module ai
+need_node_module @ai-sdk/openai
+need_node_module @langchain/openai
+node "$here/differential/openai_embeddings.mjs" "$base/v1" test-key-123 || fail "embeddings clients"
+}
+
 CASES=(command_line bad_template model_ids:main model_names:main chat_transcript:main
-       chat_fields:main chat_clients:main responses_clients:main version:main metrics:main nochat template playground
+       chat_fields:main chat_clients:main responses_clients:main embeddings:main embeddings_clients:main
+       version:main metrics:main nochat template playground
        model_labels)
 run_cases "$@"

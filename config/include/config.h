@@ -95,6 +95,7 @@ typedef struct {
     size_t responses_store_max;         /* stored responses kept at most (count) */
     size_t responses_store_bytes;       /* ... and their bytes at most */
     size_t responses_store_chain_bytes; /* one conversation's bytes at most */
+    size_t max_embedding_inputs;        /* inputs of one POST /v1/embeddings */
     /* Access */
     char api_keys[CFG_MAX_KEYS][128];
     size_t n_api_keys;

@@ -212,6 +212,7 @@ typedef struct {
     size_t lp_n;          /* tokens' logprobs                            */
     int trim;             /* chat: leading spaces of the reply still dropped */
     size_t cached;        /* DONE: prompt tokens from the prefix cache   */
+    float *embedding;     /* DONE of an embedding: n_embd floats (owned) */
 } srv_choice;
 
 /* How a route other than completions and chat shapes a completion's answer
@@ -251,8 +252,12 @@ struct cmpl_job {
     int cancel_counted;           /* gpt2d_requests_cancelled_total counted it, */
     met_cancel_reason cancel_why; /* under this reason */
     size_t answer_bytes;          /* what the answer holds so far (max_response_bytes) */
-    const cmpl_shape *shape;      /* NULL: completions' or chat's own */
-    void *shape_data;             /* the shape's state */
+    /* Embeddings (oreq.embed): choices[0 .. submitted) went to the engine,
+     * at most SRV_EMBED_WINDOW ahead of those done, under this salt. */
+    size_t submitted;
+    uint64_t salt;
+    const cmpl_shape *shape; /* NULL: completions' or chat's own */
+    void *shape_data;        /* the shape's state */
     /* Structured outputs: the compiled format (a reference), or NULL; a
      * format that did not compile leaves its 400 in format_err. */
     gram *grammar;
@@ -357,6 +362,10 @@ void cmpl_on_event(void *user, const eng_event *ev);
  * prompt_ids. 0, or -1 with cmpl->parse_err set. The tokenizer job's
  * parser (tok_prompts): thread: the loop thread, or a tokenizer thread. */
 int cmpl_parse(srv_req *r);
+/* The parsed request's prompts into r->tok: the texts to tokenize, the ids
+ * given as ids copied (cmpl_parse's second half, for the routes with parsers
+ * of their own). 0, or -1 with cmpl->parse_err set (out of memory). */
+int cmpl_job_prompts(srv_req *r);
 /* The tokenizer job's work (tok_job.work) for a request with an output
  * format: compiles it through the grammar cache; a refusal becomes the
  * request's format_err (cmpl_admit answers it). Always 0. */
@@ -408,6 +417,14 @@ int cmpl_backlog(srv_req *r);
 /* Cancels a stream paused for longer than stream_stall_timeout, with an
  * error event; 1 if it did. */
 int cmpl_stall_check(srv_req *r, double now);
+/* ---- embeddings.c ----------------------------------------------------------- */
+
+/* The engine requests an embeddings request keeps in flight at once: its
+ * inputs go in as earlier ones finish, so a batch of thousands neither
+ * fills the wait queue nor holds more than this many sequences. */
+#define SRV_EMBED_WINDOW 32
+enum MHD_Result embed_route(srv_req *r); /* POST /v1/embeddings */
+
 /* ---- responses.c ------------------------------------------------------------ */
 
 enum MHD_Result resp_route(srv_req *r);        /* POST /v1/responses              */

@@ -121,6 +121,7 @@ static void job_free(srv_req *r)
         free(j->choices[i].text);
         json_decref(j->choices[i].lp);
         free(j->choices[i].lpe);
+        free(j->choices[i].embedding);
     }
     free(j->choices);
     gram_unref(j->grammar);

@@ -108,6 +108,13 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
     if (ev->finish == ENG_FINISH_ERROR)
         cmpl_set_error(r, 500, NULL, "generation failed: %s",
                        ev->message ? ev->message : "unknown error");
+    if (ev->embedding != NULL) {
+        size_t C = eng_model_config(r->s->api->model)->n_embd;
+        if ((c->embedding = malloc(C * sizeof *c->embedding)) == NULL)
+            cmpl_fail_oom(r);
+        else
+            memcpy(c->embedding, ev->embedding, C * sizeof *c->embedding);
+    }
     c->finish = c->stopped || ev->finish == ENG_FINISH_EOS ? "stop" : "length";
     c->done = 1;
     r->cmpl->ndone++;
@@ -116,6 +123,31 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
         cmpl_sse_finish(r, c);
     }
     if (r->cmpl->ndone == r->cmpl->nchoices && r->cmpl->oreq.stream) cmpl_finish_stream(r);
+}
+
+static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
+                                const char *const *stops, uint64_t seed, uint64_t salt, char *err,
+                                size_t errlen);
+
+/* An embeddings request's next input into the engine, as one finished;
+ * none once it failed or its client left. A refused one fails the request
+ * (its 429 or 500, as at admission). */
+static void embed_next(srv_req *r)
+{
+    cmpl_job *j = r->cmpl;
+    if (j->submitted >= j->nchoices || j->error_status != 0 || r->conn == NULL) return;
+    char err[256];
+    size_t i = j->submitted++;
+    eng_status st = choice_submit(r, i, NULL, NULL, 0, j->salt, err, sizeof err);
+    if (st == ENG_EFULL)
+        cmpl_set_error(r, 429, "rate_limit_exceeded", "The server is busy (%s); retry", err);
+    else if (st != ENG_OK)
+        cmpl_set_error(r, 500, NULL, "embedding input %zu not computed: %s", i, err);
+    if (st != ENG_OK) {
+        j->submitted = j->nchoices; /* the rest are not computed: the answer is the error */
+        j->ndone += j->nchoices - i;
+        cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
+    }
 }
 
 void cmpl_on_event(void *user, const eng_event *ev)
@@ -138,6 +170,7 @@ void cmpl_on_event(void *user, const eng_event *ev)
         if (stream) cmpl_chunk_flush(c);
     } else if (ev->kind == ENG_EV_DONE) {
         on_done(c, ev, stream);
+        if (r->cmpl->oreq.embed) embed_next(r);
     }
     if (r->conn != NULL
         && (r->state == HTTP_REQ_STREAMING || r->cmpl->ndone == r->cmpl->nchoices)) {
@@ -250,6 +283,13 @@ int cmpl_parse(srv_req *r)
         r->tok->work = cmpl_compile_format;
         r->tok->heavy = 1;
     }
+    return cmpl_job_prompts(r);
+}
+
+int cmpl_job_prompts(srv_req *r)
+{
+    oai_error *e = &r->cmpl->parse_err;
+    oai_request *q = &r->cmpl->oreq;
     if (tok_job_prompts(r->tok, q->nprompts) != 0) goto oom;
     for (size_t i = 0; i < q->nprompts; i++) {
         const oai_prompt *p = &q->prompts[i];
@@ -500,6 +540,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                     : q->best_of > q->n ? 0
                                         : -1,
         .echo = q->echo && q->logprobs >= 0,
+        .embed = q->embed,
         .cache_salt = salt,
         /* Fair admission: the request's tenant, and the request itself as
          * the group (unique while any of its sequences lives). */
@@ -589,7 +630,11 @@ enum MHD_Result cmpl_admit(srv_req *r)
      * the request's cache_salt (a keyed hash, once a request). */
     uint64_t salt =
         http_cache_salt(s->salt_secret, r->cache_tenant, q->cache_salt, q->cache_salt_len);
-    for (size_t i = 0; i < r->cmpl->nchoices; i++) {
+    /* An embeddings request: a window of its inputs now, the rest as
+     * they finish (embed_next). */
+    size_t first = q->embed && nchoices > SRV_EMBED_WINDOW ? SRV_EMBED_WINDOW : nchoices;
+    r->cmpl->salt = salt;
+    for (size_t i = 0; i < first; i++) {
         char err[256];
         eng_status st = choice_submit(r, i, bias, stops, base_seed + i, salt, err, sizeof err);
         if (st != ENG_OK) {
@@ -597,6 +642,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
             return refuse(r, i, st, err);
         }
     }
+    r->cmpl->submitted = first;
     free(bias);
     cmpl_list_add(r);
     if (q->stream) r->cmpl->sse.limit = s->cfg.stream_backlog_bytes;

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,13 +168,17 @@ static int set_text(oai_prompt *p, const json_t *v, oai_error *err)
 
 /* prompt: a string, an array of strings, an array of ids, or an array of
  * arrays of ids; null or absent is "<|endoftext|>" (the spec's default),
- * which the server's tokenizer makes the one token 50256. */
-static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
+ * which the server's tokenizer makes the one token 50256. The embeddings'
+ * input (key "input") alike, where it is required. */
+static int parse_prompts(const json_t *o, const char *key, const oai_limits *lim, oai_request *r,
+                         oai_error *err)
 {
-    const json_t *v = json_object_get(o, "prompt");
+    const json_t *v = json_object_get(o, key);
+    if (strcmp(key, "prompt") != 0 && (v == NULL || json_is_null(v)))
+        return oai_bad(err, key, "'%s' is required", key);
     if (v == NULL || json_is_null(v)) {
         r->prompts = calloc(1, sizeof *r->prompts);
-        if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
+        if (r->prompts == NULL) return oai_bad(err, key, "out of memory");
         r->nprompts = 1;
         json_t *eot = json_string("<|endoftext|>");
         int rc = set_text(&r->prompts[0], eot, err);
@@ -182,38 +187,38 @@ static int parse_prompt(const json_t *o, const oai_limits *lim, oai_request *r, 
     }
     if (json_is_string(v)) {
         r->prompts = calloc(1, sizeof *r->prompts);
-        if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
+        if (r->prompts == NULL) return oai_bad(err, key, "out of memory");
         r->nprompts = 1;
         return set_text(&r->prompts[0], v, err);
     }
     if (!json_is_array(v))
-        return oai_bad(err, "prompt",
-                       "'prompt' must be a string, a list of strings, a list of token ids or a "
+        return oai_bad(err, key,
+                       "'%s' must be a string, a list of strings, a list of token ids or a "
                        "list of lists of token ids, got %s",
-                       oai_json_kind(v));
+                       key, oai_json_kind(v));
     size_t n = json_array_size(v);
-    if (n == 0) return oai_bad(err, "prompt", "'prompt' must not be an empty list");
+    if (n == 0) return oai_bad(err, key, "'%s' must not be an empty list", key);
     const json_t *first = json_array_get(v, 0);
     if (json_is_integer(first)) { /* one prompt of ids */
         r->prompts = calloc(1, sizeof *r->prompts);
-        if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
+        if (r->prompts == NULL) return oai_bad(err, key, "out of memory");
         r->nprompts = 1;
-        return parse_ids(v, lim, "prompt", &r->prompts[0], err);
+        return parse_ids(v, lim, key, &r->prompts[0], err);
     }
     if (n > lim->max_prompts)
-        return oai_bad(err, "prompt", "'prompt' has %zu entries; the limit is %zu", n,
+        return oai_bad(err, key, "'%s' has %zu entries; the limit is %zu", key, n,
                        lim->max_prompts);
     r->prompts = calloc(n, sizeof *r->prompts);
-    if (r->prompts == NULL) return oai_bad(err, "prompt", "out of memory");
+    if (r->prompts == NULL) return oai_bad(err, key, "out of memory");
     r->nprompts = n;
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(v, i);
         if (json_is_string(e) && json_is_string(first)) {
             if (set_text(&r->prompts[i], e, err) != 0) return -1;
         } else if (json_is_array(e) && json_is_array(first)) {
-            if (parse_ids(e, lim, "prompt", &r->prompts[i], err) != 0) return -1;
+            if (parse_ids(e, lim, key, &r->prompts[i], err) != 0) return -1;
         } else {
-            return oai_bad(err, "prompt", "'prompt' mixes kinds: entry %zu is %s, entry 0 is %s", i,
+            return oai_bad(err, key, "'%s' mixes kinds: entry %zu is %s, entry 0 is %s", key, i,
                            oai_json_kind(e), oai_json_kind(first));
         }
     }
@@ -523,7 +528,7 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
         goto done;
     }
     long long ll;
-    if (parse_prompt(o, lim, r, err) != 0) goto done;
+    if (parse_prompts(o, "prompt", lim, r, err) != 0) goto done;
     ll = (long long)r->max_tokens;
     if (oai_get_int(o, "max_tokens", 0, (long long)lim->max_tokens_limit, &ll, err) != 0) goto done;
     r->max_tokens = (size_t)ll;
@@ -543,6 +548,51 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
     if (oai_get_int(o, "logprobs", 0, OAI_MAX_LOGPROBS, &ll, err) != 0) goto done;
     r->logprobs = (int)ll;
     if (oai_get_bool(o, "echo", &r->echo, err) != 0) goto done;
+    rc = 0;
+done:
+    json_decref(o);
+    if (rc != 0) oai_request_free(r);
+    return rc;
+}
+
+int oai_parse_embeddings(const char *body, size_t len, const oai_limits *lim, size_t n_embd,
+                         oai_request *r, oai_error *err)
+{
+    int rc = -1;
+    json_t *o = oai_parse_body(body, len, r, err);
+    if (o == NULL) goto done;
+    if (parse_prompts(o, "input", lim, r, err) != 0) goto done;
+    for (size_t i = 0; i < r->nprompts; i++)
+        if (r->prompts[i].text != NULL && r->prompts[i].text_len == 0) {
+            oai_bad(err, "input", "'input' entry %zu is an empty string", i);
+            goto done;
+        }
+    const json_t *f = json_object_get(o, "encoding_format");
+    if (f != NULL && !json_is_null(f) && !oai_str_is(f, "float") && !oai_str_is(f, "base64")) {
+        oai_bad(err, "encoding_format", "'encoding_format' must be \"float\" or \"base64\", got %s",
+                json_is_string(f) ? "another string" : oai_json_kind(f));
+        goto done;
+    }
+    r->embed_base64 = f != NULL && oai_str_is(f, "base64");
+    long long d = (long long)n_embd;
+    if (oai_get_int(o, "dimensions", 1, LLONG_MAX, &d, err) != 0) goto done;
+    if ((size_t)d != n_embd) {
+        oai_bad(err, "dimensions",
+                "'dimensions' must be this model's width, %zu: its embeddings are not trained to "
+                "be cut shorter",
+                n_embd);
+        goto done;
+    }
+    const json_t *u = json_object_get(o, "user");
+    if (u != NULL && !json_is_null(u) && !json_is_string(u)) {
+        oai_bad(err, "user", "'user' must be a string, got %s", oai_json_kind(u));
+        goto done;
+    }
+    r->embed = 1;
+    r->max_tokens = 0;
+    r->n = r->best_of = 1;
+    r->logprobs = -1;
+    r->temperature = 0;
     rc = 0;
 done:
     json_decref(o);

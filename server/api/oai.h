@@ -82,6 +82,9 @@ typedef struct {
     char *format_src;
     size_t format_len;
     char format_param[48];
+    /* POST /v1/embeddings: prompts are the inputs, each an embedding */
+    int embed;
+    int embed_base64; /* encoding_format base64 */
 } oai_request;
 
 /* What the output must be (the values of structured/include/structured.h's
@@ -115,6 +118,16 @@ int oai_parse_completion(const char *body, size_t len, const oai_limits *lim, oa
                          oai_error *err);
 
 void oai_request_free(oai_request *req);
+
+/*
+ * Parses and validates a POST /v1/embeddings body into req (free with
+ * oai_request_free): `input` (a string, strings, ids or lists of ids; no
+ * empty string) as the prompts, `encoding_format` (float, base64),
+ * `dimensions` (only n_embd), `user`, `model`; req->embed set. 0, or -1
+ * with the 400 in err naming the field.
+ */
+int oai_parse_embeddings(const char *body, size_t len, const oai_limits *lim, size_t n_embd,
+                         oai_request *req, oai_error *err);
 
 /*
  * A chat template: how a list of messages becomes GPT-2's prompt text

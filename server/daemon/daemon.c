@@ -292,6 +292,7 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
     t[n++] = (http_route){"POST", "/v1/completions", cmpl_route, 1, 0};
     t[n++] = (http_route){"POST", "/v1/chat/completions", cmpl_route_chat, 1, 0};
     t[n++] = (http_route){"POST", "/v1/responses", resp_route, 1, 0};
+    t[n++] = (http_route){"POST", "/v1/embeddings", embed_route, 1, 0};
     t[n++] = (http_route){"GET", "/v1/responses/", resp_route_get, 1, 1}; /* {id}[/input_items] */
     t[n++] = (http_route){"DELETE", "/v1/responses/", resp_route_delete, 1, 1};
     t[n++] = (http_route){"GET", "/v1/models", probe_models, 1, 0};

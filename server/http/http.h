@@ -79,7 +79,7 @@ struct srv_daemon;
 /* The daemon renders these (daemon/metrics.c), beside the API layer's
  * (api.h's cmpl_metrics). Pure; loop thread only. */
 #define MET_BUCKETS 14
-#define MET_ROUTES 14   /* met_routes, and "other" */
+#define MET_ROUTES 15   /* met_routes, and "other" */
 #define MET_STATUSES 17 /* met_statuses, and "other" */
 
 typedef struct {

@@ -6,6 +6,7 @@ raw little-endian data) and config.json for the heads.
 
   gpt2_numpy.py logits DIR ID...        logits at every position, float32 (n, V), stdout
   gpt2_numpy.py greedy DIR N ID...      N greedy tokens as JSON (full recompute each step)
+  gpt2_numpy.py embed DIR ID...         the mean of ln_f's output rows, scaled to length 1 (JSON)
 """
 import json
 import os
@@ -56,7 +57,7 @@ def gelu_new(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def forward(model, ids):
+def forward(model, ids, hidden=False):
     w, n_layer, n_head = model
     T = len(ids)
     x = w["wte.weight"][ids] + w["wpe.weight"][np.arange(T)]
@@ -81,7 +82,7 @@ def forward(model, ids):
         h = gelu_new(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
         x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
     x = layer_norm(x, w["ln_f.weight"], w["ln_f.bias"])
-    return x @ w["wte.weight"].T
+    return x if hidden else x @ w["wte.weight"].T
 
 
 def main():
@@ -97,6 +98,10 @@ def main():
             nxt = int(np.argmax(forward(model, ids + out)[-1]))
             out.append(nxt)
         print(json.dumps(out))
+    elif mode == "embed":  # gpt2d's embedding: the mean of ln_f's rows, length 1
+        ids = [int(a) for a in sys.argv[3:]]
+        e = forward(model, ids, hidden=True).mean(axis=0)
+        print(json.dumps((e / np.linalg.norm(e)).tolist()))
     else:
         sys.exit(f"unknown mode {mode}")
 
