@@ -510,6 +510,81 @@ def case_per_ip_answered(ctx):
             s.close()
 
 
+REFUSAL_BODY = 64 << 20  # the finding's body: 64 MiB, far past max_body_bytes and any socket buffer
+
+
+def node_fetch_refusals(ctx, srv, path, tries, headers=(), body=REFUSAL_BODY):
+    """tries POSTs of a body-byte JSON to path through Node's own fetch
+    (tests/differential/refusal_fetch.mjs, one connection each): the
+    answers, one dict per try (status and body, or error)."""
+    if shutil.which("node") is None:
+        raise Skip("node is not installed (scripts/setup.sh --test installs it)")
+    script = os.path.join(HERE, "differential", "refusal_fetch.mjs")
+    p = subprocess.run(["node", script, "http://127.0.0.1:%d%s" % (srv.port, path), str(tries), str(body)]
+                       + list(headers), capture_output=True, text=True, timeout=25 * SLOW)
+    check(p.returncode == 0, "refusal_fetch.mjs: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+def check_refusals(got, tries, status, what, word):
+    """Every one of tries answers is status with an error envelope whose
+    message has word: the client read the refusal, not a reset or EPIPE."""
+    check(len(got) == tries, "%s: %d answers of %d tries" % (what, len(got), tries))
+    bad = [g for g in got if g.get("status") != status]
+    check(not bad, "%s: %d of %d tries did not read the %d (first: %r)" % (what, len(bad), tries, status, bad[0] if bad else None))
+    for g in got:
+        e = error_envelope(g["body"].encode(), "the %d" % status)
+        check(word in e["message"], "%s: the %d does not say %r: %r" % (what, status, word, e))
+
+
+def case_refusal_readable_node_fetch(ctx):
+    """issue 34 part 1: a 64 MiB body to /v1/completions through Node's
+    fetch (undici), 20 times: the 413 is answered from the head (Content-
+    Length over max_body_bytes) before the body is read, and every try
+    reads it, status and JSON, because the connection then reads and drops
+    the rest for a bounded time (refusal_linger) instead of closing while
+    the body is still coming (which gave 6 of 20 tries `write EPIPE`)."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 20), 20, 413, "64 MiB bodies", "over the limit")
+    st, _, _ = request(srv.port, "GET", "/health", timeout=5)
+    check(st == 200, "/health after the refusals: %d" % st)
+
+
+def case_refusal_readable_auth(ctx):
+    """issue 34 part 1: the 401 of a missing API key, decided from the head
+    with a 64 MiB body on its way, is read by Node's fetch every time (10
+    tries), and so is the 403 of an Origin not in cors_origins."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--api-key", "sk-refusal-test")
+    check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 10), 10, 401, "no key", "API key")
+    got = node_fetch_refusals(ctx, srv, "/v1/completions", 5,
+                              ["Authorization: Bearer sk-refusal-test", "Origin: http://evil.example"])
+    check_refusals(got, 5, 403, "a foreign Origin", "cors_origins")
+
+
+def case_refusal_readable_at_accept(ctx):
+    """issue 34 part 1: the refusals at accept, before a byte of the request
+    is read, reach Node's fetch with a 64 MiB body on its way: the 429 of
+    max_connections_per_ip (one connection of the address held) and the
+    503 of max_connections (the one connection busy with a body that is
+    still coming), 5 tries each."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-connections-per-ip", "1", "--trusted-proxies", "")
+    held = connect(srv.port, 5)
+    try:
+        held.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        check(read_response(held, 5)[1] == 200, "the held connection was not served")
+        check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 5), 5, 429, "per address", "max_connections_per_ip")
+    finally:
+        held.close()
+    srv2 = Server(ctx, ctx.models.get("tiny"), "--max-connections", "1", name="server2")
+    busy = connect(srv2.port, 5)
+    try:
+        busy.sendall(completion_head(100))  # a body that is still coming: not idle
+        time.sleep(0.3)
+        check_refusals(node_fetch_refusals(ctx, srv2, "/v1/completions", 5), 5, 503, "max_connections", "max_connections")
+    finally:
+        busy.close()
+
+
 def case_per_ip_default(ctx):
     """issue 24 finding 1: the default limit serves 256 concurrent clients
     from one address that is not exempt (trusted_proxies emptied, so the
@@ -3254,6 +3329,9 @@ CASES = [
     ("per_ip_limit", case_per_ip_limit),
     ("per_ip_answered", case_per_ip_answered),
     ("per_ip_default", case_per_ip_default),
+    ("refusal_readable_node_fetch", case_refusal_readable_node_fetch),
+    ("refusal_readable_auth", case_refusal_readable_auth),
+    ("refusal_readable_at_accept", case_refusal_readable_at_accept),
     ("trusted_proxy_xff", case_trusted_proxy_xff),
     ("refused_metric", case_refused_metric),
     ("host_allow_list", case_host_allow_list),

@@ -49,6 +49,12 @@ typedef struct {
     double body_timeout_s;           /* the longest gap between body bytes */
     size_t body_min_rate;            /* bytes/s a body averages past body_timeout (0: any) */
     size_t max_connections_per_ip;   /* 0: no limit; trusted_proxies are exempt */
+    /* A refusal answered before the request's body was read (413, 401,
+     * 429, ...): its connection then reads and drops what the client still
+     * sends, for this long after the answer and this many bytes at most,
+     * so that the client reads the answer rather than a reset (0: none). */
+    double refusal_linger_s;
+    size_t refusal_linger_bytes;
     /* Proxies (and loopback, by default): exempt from the per-address
      * limit; their X-Forwarded-For names the client (the text and it
      * parsed). */
