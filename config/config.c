@@ -81,6 +81,9 @@ static const spec specs[] = {
      "seconds a stream may stay over stream_backlog_bytes before it is cancelled"},
     {"tokenize_concurrency", K_SIZE, F(tokenize_concurrency), 1, 64, "2",
      "large request bodies tokenized at once; more wait in a queue (max_queue) or get 429"},
+    {"structured_cache_mb", K_SIZE, F(structured_cache_mb), 1, 1048576, "64",
+     "MiB the compiled structured-output formats (response_format, text.format) kept for reuse "
+     "may take; the least recently used go first"},
     {"model", K_STR, F(model_dir), 0, 0, "",
      "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
     {"model_name", K_NAMES, F(model_name), 0, 0, "gpt2",
@@ -476,6 +479,7 @@ static const char *const reloadable[] = {
     "body_min_rate",
     "refusal_linger",
     "refusal_linger_bytes",
+    "structured_cache_mb",
     "request_header_timeout",
     "stream_backlog_bytes",
     "stream_stall_timeout",

@@ -3204,6 +3204,42 @@ def case_responses_cut(ctx):
     t.join(2)
     check(plain.get("r", (0,))[0] == 503, "the whole response cut by the shutdown: %r" % (plain.get("r"),))
     error_envelope(plain["r"][2], "the 503 at shutdown")
+def case_structured_cache_bytes(ctx):
+    """issue 34 part 2: the compiled-format cache is bounded by bytes as
+    well as entries: 12 distinct schemas of about 1 MiB of automaton each
+    (ten required strings of up to 40 characters), under
+    structured_cache_mb 4, each answered 200, and after each
+    gpt2d_structured_cache_bytes stays within 4 MiB (the entry count alone,
+    64, would have held all 12: 13 MB), with some kept; a SIGHUP that
+    lowers structured_cache_mb to 1 evicts at once."""
+    limit = 4 << 20
+    conf = os.path.join(ctx.dir, "gpt2d.conf")
+    with open(conf, "w") as f:
+        f.write("structured_cache_mb = 4\n")
+    srv = Server(ctx, ctx.models.get("tiny"), "--config", conf)
+    for k in range(12):
+        names = ["s%d_f%d" % (k, i) for i in range(10)]
+        schema = {"type": "object", "properties": {n: {"type": "string", "maxLength": 40} for n in names},
+                  "required": names}
+        st, _, body = request(srv.port, "POST", "/v1/chat/completions",
+                              {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                               "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+                              timeout=60)
+        check(st == 200, "schema %d: %d %r" % (k, st, body[:200]))
+        held = srv.metric("gpt2d_structured_cache_bytes")
+        check(0 < held <= limit, "after schema %d the cache holds %d bytes; the bound is %d" % (k, held, limit))
+    n = srv.metric("gpt2d_structured_cache_entries")
+    check(2 <= n < 12, "%d compiled formats kept of 12 (about 1 MiB each, 4 MiB bound)" % n)
+    with open(conf, "w") as f:
+        f.write("structured_cache_mb = 1\n")
+    srv.signal(signal.SIGHUP)
+    check(srv.wait_log(r"SIGHUP: configuration reloaded; changed: .*structured_cache_mb"),
+          "no reload line naming structured_cache_mb: " + srv.tail(3))
+    held = srv.metric("gpt2d_structured_cache_bytes")
+    check(held <= 1 << 20, "after the reload to 1 MiB the cache holds %d bytes" % held)
+    check(srv.metric("gpt2d_structured_cache_entries") < n, "the reload evicted nothing")
+
+
 def case_structured_schemas(ctx):
     """issue 27: hostile structured outputs: huge, deep, self-referential
     and pathological schemas and regexes are a 400 naming the keyword (or
@@ -3386,6 +3422,7 @@ CASES = [
     ("cache_cross_key", case_cache_cross_key),
     ("unseeded_replicas", case_unseeded_replicas),
     ("structured_schemas", case_structured_schemas),
+    ("structured_cache_bytes", case_structured_cache_bytes),
     ("structured_wide_state", case_structured_wide_state),
     ("tls_plain_http", case_tls_plain_http),
     ("plain_tls_hello", case_plain_tls_hello),

@@ -74,6 +74,9 @@ typedef struct {
     size_t stream_backlog_bytes;   /* unread SSE bytes before a stream pauses */
     double stream_stall_timeout_s; /* paused that long: cancelled */
     size_t tokenize_concurrency;   /* bodies tokenized at once on the work queue */
+    /* The compiled structured-output formats kept for reuse: at most this
+     * many MiB of automata (structured/cache.c counts each one's bytes). */
+    size_t structured_cache_mb;
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128];                 /* the first name: what responses and /v1/models report */

@@ -163,6 +163,12 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
     sample_u(m, "gpt2d_grammar_bound_errors_total", "counter",
              "Structured-output sequences ended because their matcher passed a bound.",
              (unsigned long long)st->mask_errors);
+    sample_u(m, "gpt2d_structured_cache_entries", "gauge",
+             "Compiled structured-output formats kept for reuse.",
+             (unsigned long long)info->structured_cache_entries);
+    sample_u(m, "gpt2d_structured_cache_bytes", "gauge",
+             "Bytes the kept compiled formats take (bounded by structured_cache_mb).",
+             (unsigned long long)info->structured_cache_bytes);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",

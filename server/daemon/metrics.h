@@ -22,6 +22,9 @@ typedef struct {
     double resident_bytes;    /* -1: unknown */
     double virtual_bytes;     /* -1: unknown */
     double open_fds, max_fds; /* -1: unknown */
+    /* The compiled structured-output formats kept (structured/cache.c):
+     * entries, and their bytes as counted against structured_cache_mb. */
+    size_t structured_cache_entries, structured_cache_bytes;
 } met_info;
 
 /* Zeroes the counters of both layers and sets the histograms' buckets

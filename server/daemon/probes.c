@@ -147,6 +147,8 @@ static void process_info(const srv *s, met_info *info)
     info->dtype = eng_model_dtype(s->api->model);
     info->layout = eng_model_layout(s->api->model);
     info->start_time = s->daemon->started_wall;
+    gram_cache_usage(s->api->gcache, &info->structured_cache_entries,
+                     &info->structured_cache_bytes);
     struct rusage ru;
     info->cpu_seconds = getrusage(RUSAGE_SELF, &ru) == 0
                             ? (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6
