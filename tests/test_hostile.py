@@ -513,15 +513,18 @@ def case_per_ip_answered(ctx):
 REFUSAL_BODY = 64 << 20  # the finding's body: 64 MiB, far past max_body_bytes and any socket buffer
 
 
-def node_fetch_refusals(ctx, srv, path, tries, headers=(), body=REFUSAL_BODY):
+def node_fetch_refusals(ctx, srv, path, tries, headers=(), body=REFUSAL_BODY, cacert=None):
     """tries POSTs of a body-byte JSON to path through Node's own fetch
-    (tests/differential/refusal_fetch.mjs, one connection each): the
-    answers, one dict per try (status and body, or error)."""
+    (tests/differential/refusal_fetch.mjs, one connection each; over HTTPS
+    when cacert, the server's certificate, is given): the answers, one dict
+    per try (status and body, or error)."""
     if shutil.which("node") is None:
         raise Skip("node is not installed (scripts/setup.sh --test installs it)")
     script = os.path.join(HERE, "differential", "refusal_fetch.mjs")
-    p = subprocess.run(["node", script, "http://127.0.0.1:%d%s" % (srv.port, path), str(tries), str(body)]
-                       + list(headers), capture_output=True, text=True, timeout=25 * SLOW)
+    env = dict(os.environ, NODE_EXTRA_CA_CERTS=cacert) if cacert else None
+    url = "%s://127.0.0.1:%d%s" % ("https" if cacert else "http", srv.port, path)
+    p = subprocess.run(["node", script, url, str(tries), str(body)] + list(headers),
+                       capture_output=True, text=True, timeout=25 * SLOW, env=env)
     check(p.returncode == 0, "refusal_fetch.mjs: exit %d: %s" % (p.returncode, p.stderr[-300:]))
     return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
 
@@ -548,6 +551,16 @@ def case_refusal_readable_node_fetch(ctx):
     check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 20), 20, 413, "64 MiB bodies", "over the limit")
     st, _, _ = request(srv.port, "GET", "/health", timeout=5)
     check(st == 200, "/health after the refusals: %d" % st)
+
+
+def case_refusal_readable_tls(ctx):
+    """issue 34 part 1, over HTTPS: the 413 of a 64 MiB body, answered from
+    the head through libmicrohttpd's TLS records, is read by Node's fetch
+    every time (10 tries): the lingering read after libmicrohttpd's close
+    drops the client's records unread."""
+    srv, crt = tls_server(ctx)
+    check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 10, cacert=crt), 10, 413, "64 MiB bodies over HTTPS",
+                   "over the limit")
 
 
 def case_refusal_readable_auth(ctx):
@@ -3368,6 +3381,7 @@ CASES = [
     ("refusal_readable_node_fetch", case_refusal_readable_node_fetch),
     ("refusal_readable_auth", case_refusal_readable_auth),
     ("refusal_readable_at_accept", case_refusal_readable_at_accept),
+    ("refusal_readable_tls", case_refusal_readable_tls),
     ("trusted_proxy_xff", case_trusted_proxy_xff),
     ("refused_metric", case_refused_metric),
     ("host_allow_list", case_host_allow_list),
