@@ -278,6 +278,12 @@ static void drain_closed(uv_handle_t *h)
     free(d);
 }
 
+static void drain_log(const conn_drain *d, const char *why)
+{
+    log_line("debug", "lingering read ended (%s): %zu bytes dropped in %.2f s", why, d->got,
+             log_now() - d->start);
+}
+
 static void drain_end(conn_drain *d, const char *why)
 {
     srv *s = d->s;
@@ -287,8 +293,7 @@ static void drain_end(conn_drain *d, const char *why)
         s->drains = d->next;
     if (d->next) d->next->prev = d->prev;
     s->ndrains--;
-    log_line("debug", "lingering read ended (%s): %zu bytes dropped in %.2f s", why, d->got,
-             log_now() - d->start);
+    drain_log(d, why);
     uv_poll_stop(&d->poll);
     uv_close((uv_handle_t *)&d->poll, drain_closed);
 }
@@ -318,7 +323,9 @@ static void drain_start(srv *s, const srv_conn *c)
     d->until = until;
     d->left = s->cfg.refusal_linger_bytes;
     d->fd = fcntl(c->fd, F_DUPFD_CLOEXEC, 3);
-    if (d->fd < 0 || drain_read(d) || uv_poll_init_socket(s->loop, &d->poll, d->fd) != 0) {
+    int over = d->fd < 0 || drain_read(d);
+    if (over || uv_poll_init_socket(s->loop, &d->poll, d->fd) != 0) {
+        if (over && d->fd >= 0) drain_log(d, d->left == 0 ? "bytes" : "closed");
         if (d->fd >= 0) close(d->fd);
         free(d);
         return;
