@@ -17,6 +17,18 @@ MINUTES have passed, and check every answer against what it must be:
   tokenize   /tokenize of "Hello, world!" ([15496, 11, 995, 0], the real
              GPT-2 tokenizer's ids) or of a random text, then /detokenize of
              the ids gives the text back
+  chain      a stored-response chain on /v1/responses: 2-4 turns, each
+             with previous_response_id the turn before's (store, the
+             default): 200, status "incomplete" for max_output_tokens
+             (ignore_eos), output_tokens = max_output_tokens, the id
+             echoed; then GET of the last one gives it back, DELETE
+             deletes it, and a GET after is 404 response_not_found
+  schema     structured outputs: a chat completion with response_format
+             json_schema (strict), or a /v1/responses with text.format
+             json_schema, one of 8 schemas (an enum, a boolean, a bounded
+             integer): a whole output ("stop", "completed") parses and
+             validates; one cut by the token limit ("length",
+             "incomplete") used every token it had
   bad        a request that must be refused: malformed JSON (400),
              temperature 9 (400, param temperature), an unknown route
              (404), max_tokens over the limit (400), each in the JSON error
@@ -60,6 +72,7 @@ lock = threading.Lock()
 counts = {}       # kind -> requests answered as expected
 errors = []       # (kind, what) of the unexpected, all kept (counted), the first printed
 stop_at = [0.0]
+schema_whole = [0]  # schema outputs that ended whole (parsed and validated), not cut by the limit
 
 
 class Unexpected(Exception):
@@ -96,6 +109,17 @@ def post(conn, path, body, stream=False):
         return r.status, json.loads(raw)
     except ValueError:
         raise Unexpected("%s %d: not JSON: %r" % (path, r.status, raw[:120]))
+
+
+def call(conn, method, path):
+    """(status, parsed JSON) of a request without a body."""
+    conn.request(method, path)
+    r = conn.getresponse()
+    raw = r.read()
+    try:
+        return r.status, json.loads(raw)
+    except ValueError:
+        raise Unexpected("%s %s %d: not JSON: %r" % (method, path, r.status, raw[:120]))
 
 
 def sse_events(resp):
@@ -168,6 +192,85 @@ def do_chat(conn, rng):
     want(d["usage"]["completion_tokens"] == k, "chat: usage %r, want %d" % (d["usage"], k))
 
 
+def do_chain(conn, rng):
+    prev = None
+    for turn in range(rng.randint(2, 4)):
+        k = rng.randint(1, 8)
+        body = {"model": "gpt2", "input": prompt(rng), "max_output_tokens": k, "ignore_eos": True,
+                "seed": rng.randint(0, 1 << 30)}
+        if prev is not None:
+            body["previous_response_id"] = prev
+        st, d = post(conn, "/v1/responses", body)
+        want(st == 200, "chain turn %d: status %d %r" % (turn, st, d))
+        want(d["object"] == "response" and d["id"].startswith("resp_") and d["store"] is True,
+             "chain turn %d: %r" % (turn, d))
+        want(d["previous_response_id"] == prev, "chain turn %d: previous_response_id %r, want %r"
+             % (turn, d["previous_response_id"], prev))
+        want(d["status"] == "incomplete" and d["incomplete_details"] == {"reason": "max_output_tokens"},
+             "chain turn %d: status %r %r" % (turn, d["status"], d["incomplete_details"]))
+        want(d["usage"]["output_tokens"] == k, "chain turn %d: usage %r, want %d" % (turn, d["usage"], k))
+        want(isinstance(d["output_text"], str), "chain turn %d: output_text %r" % (turn, d["output_text"]))
+        prev = d["id"]
+    st, d = call(conn, "GET", "/v1/responses/" + prev)
+    want(st == 200 and d["id"] == prev, "chain: GET of the last response: %d %r" % (st, d))
+    st, d = call(conn, "DELETE", "/v1/responses/" + prev)
+    want(st == 200 and d == {"id": prev, "object": "response.deleted", "deleted": True},
+         "chain: DELETE: %d %r" % (st, d))
+    st, d = call(conn, "GET", "/v1/responses/" + prev)
+    e = envelope(d, st, "GET after DELETE")
+    want(st == 404 and e["code"] == "response_not_found", "chain: GET after DELETE: %d %r" % (st, e))
+
+
+MOODS = ("calm", "busy", "idle", "late", "glad", "grey", "warm", "cold")
+
+
+def schema_of(i):
+    """One of 8 schemas: a few compiled formats, cached and reused."""
+    return {"type": "object", "additionalProperties": False, "required": ["ok", "mood", "n"],
+            "properties": {"ok": {"type": "boolean"}, "mood": {"enum": list(MOODS[:i + 1])},
+                           "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+def check_schema_output(text, i, what):
+    with lock:
+        schema_whole[0] += 1
+    try:
+        v = json.loads(text)
+    except ValueError:
+        raise Unexpected("%s: a whole output that is not JSON: %r" % (what, text[:120]))
+    want(isinstance(v, dict) and set(v) == {"ok", "mood", "n"} and isinstance(v["ok"], bool)
+         and v["mood"] in MOODS[:i + 1] and isinstance(v["n"], int) and 0 <= v["n"] <= 99,
+         "%s: the output does not validate against schema %d: %r" % (what, i, text[:120]))
+
+
+def do_schema(conn, rng):
+    i, k = rng.randrange(len(MOODS)), rng.randint(4, 40)
+    if rng.random() < 0.5:
+        st, d = post(conn, "/v1/chat/completions", {
+            "model": "gpt2", "max_tokens": k, "seed": rng.randint(0, 1 << 30),
+            "messages": [{"role": "user", "content": prompt(rng)}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "soak%d" % i, "strict": True, "schema": schema_of(i)}}})
+        want(st == 200, "schema (chat): status %d %r" % (st, d))
+        c = d["choices"][0]
+        if c["finish_reason"] == "stop":
+            check_schema_output(c["message"]["content"], i, "schema (chat)")
+        else:
+            want(c["finish_reason"] == "length" and d["usage"]["completion_tokens"] == k,
+                 "schema (chat): finish %r after %r tokens of %d" % (c["finish_reason"], d["usage"], k))
+        return
+    st, d = post(conn, "/v1/responses", {
+        "model": "gpt2", "input": prompt(rng), "max_output_tokens": k, "seed": rng.randint(0, 1 << 30),
+        "store": False,
+        "text": {"format": {"type": "json_schema", "name": "soak%d" % i, "strict": True, "schema": schema_of(i)}}})
+    want(st == 200 and d["object"] == "response", "schema (responses): status %d %r" % (st, d))
+    if d["status"] == "completed":
+        check_schema_output(d["output_text"], i, "schema (responses)")
+    else:
+        want(d["status"] == "incomplete" and d["usage"]["output_tokens"] == k,
+             "schema (responses): status %r after %r tokens of %d" % (d["status"], d["usage"], k))
+
+
 FIRST_EVENT = re.compile(rb"(?:^|\n\n)data: \{[^\n]*\n\n")
 
 
@@ -216,8 +319,8 @@ def do_bad(conn, rng):
         want(st == 400, "max_tokens 10^7: %d" % st)
 
 
-KINDS = [("stream", do_stream, 30), ("whole", do_whole, 20), ("chat", do_chat, 8), ("cancel", do_cancel, 10),
-         ("tokenize", do_tokenize, 17), ("bad", do_bad, 15)]
+KINDS = [("stream", do_stream, 26), ("whole", do_whole, 17), ("chat", do_chat, 7), ("cancel", do_cancel, 9),
+         ("tokenize", do_tokenize, 14), ("chain", do_chain, 8), ("schema", do_schema, 8), ("bad", do_bad, 11)]
 
 
 def client(i):
@@ -251,7 +354,7 @@ def metrics():
     out = {}
     for name in ("process_resident_memory_bytes", "process_open_fds", "gpt2d_kv_blocks_used",
                  "gpt2d_running_sequences", "gpt2d_queued_requests", "gpt2d_prefix_cache_blocks",
-                 "gpt2d_kv_blocks_capacity"):
+                 "gpt2d_kv_blocks_capacity", "gpt2d_structured_cache_bytes"):
         m = re.search(r"^%s (\S+)$" % name, body, re.M)
         out[name] = float(m.group(1)) if m else float("nan")
     return out
@@ -323,12 +426,14 @@ def main():
     print("soak: %d clients for %.1f min over %s; %s" % (clients, elapsed / 60, u.scheme, midway))
     print("requests answered as expected: %d (%s)" % (total, ", ".join("%s %d" % (k, counts.get(k, 0))
                                                                         for k, _, _ in KINDS)))
+    print("structured outputs that ended whole and validated: %d of %d" % (schema_whole[0], counts.get("schema", 0)))
     print("unexpected errors: %d" % len(errors))
     for kind, what in errors[:10]:
         print("  %s: %s" % (kind, what[:300]))
     print("%-22s %10s %10s %10s" % ("", "start", "peak", "end"))
     for k, scale, unit in (("process_resident_memory_bytes", mib, "RSS MiB"), ("process_open_fds", 1, "descriptors"),
-                           ("gpt2d_kv_blocks_used", 1, "KV blocks used")):
+                           ("gpt2d_kv_blocks_used", 1, "KV blocks used"),
+                           ("gpt2d_structured_cache_bytes", 1024, "format cache KiB")):
         print("%-22s %10.1f %10.1f %10s" % (unit, start[k] / scale, peak.get(k, float("nan")) / scale,
                                             "%.1f" % (end[k] / scale) if end else "-"))
     # Resident memory over the run: the KV pool's pages and the allocator's

@@ -2,7 +2,8 @@
 # bench/soak.sh [MINUTES] [BUILD] [CLIENTS]: a soak of `gpt2d serve` in its
 # default configuration on a GPT-2-small-shaped `gpt2d synth` checkpoint:
 # CLIENTS (64) clients from one address send mixed traffic for MINUTES (10)
-# with every answer checked, a SIGHUP and a touch of the model file midway
+# (completions, chat, cancels, tokenize, stored-response chains, structured
+# outputs on chat and /v1/responses, refusals) with every answer checked, a SIGHUP and a touch of the model file midway
 # (bench/soak.py says what and how). Prints the requests, the unexpected
 # errors (the aim is 0), and RSS, descriptors and KV blocks in use at the
 # start, the peak and the end (the aim: back to the start once idle).

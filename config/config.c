@@ -54,6 +54,12 @@ static const spec specs[] = {
     {"max_connections_per_ip", K_SIZE, F(max_connections_per_ip), 0, 1000000, "512",
      "concurrent connections from one address, trusted_proxies aside; more get 429 and are "
      "closed (0: no limit)"},
+    {"refusal_linger", K_SECONDS, F(refusal_linger_s), 0, 3600, "5",
+     "seconds a connection refused before its body was read (413, 401, 403, 421, 429, 503) "
+     "keeps reading and dropping the rest after the answer, so that the client reads the "
+     "answer, not a reset (0: closed at once)"},
+    {"refusal_linger_bytes", K_SIZE, F(refusal_linger_bytes), 0, 1073741824, "67108864",
+     "bytes such a connection reads and drops at most before it is closed"},
     {"trusted_proxies", K_NETS, F(trusted_proxies), 0, 0, "127.0.0.0/8, ::1",
      "addresses and CIDRs (comma-separated) exempt from max_connections_per_ip, whose "
      "X-Forwarded-For names the client in the access log (\"\": none)"},
@@ -75,6 +81,9 @@ static const spec specs[] = {
      "seconds a stream may stay over stream_backlog_bytes before it is cancelled"},
     {"tokenize_concurrency", K_SIZE, F(tokenize_concurrency), 1, 64, "2",
      "large request bodies tokenized at once; more wait in a queue (max_queue) or get 429"},
+    {"structured_cache_mb", K_SIZE, F(structured_cache_mb), 1, 1048576, "64",
+     "MiB the compiled structured-output formats (response_format, text.format) kept for reuse "
+     "may take; the least recently used go first"},
     {"model", K_STR, F(model_dir), 0, 0, "",
      "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
     {"model_name", K_NAMES, F(model_name), 0, 0, "gpt2",
@@ -477,6 +486,9 @@ static const char *const reloadable[] = {
     "cors_origins",
     "body_timeout",
     "body_min_rate",
+    "refusal_linger",
+    "refusal_linger_bytes",
+    "structured_cache_mb",
     "request_header_timeout",
     "stream_backlog_bytes",
     "stream_stall_timeout",

@@ -28,3 +28,8 @@ size_t gram_nodes(const gram *g)
 {
     return g->nn;
 }
+
+size_t gram_bytes(const gram *g)
+{
+    return g->bytes;
+}

@@ -42,6 +42,9 @@ struct gram {
     size_t nrules;
     int32_t root;
     uint8_t *live; /* per node: the rule's end is reachable from it */
+    /* What the arrays above and this record take, as allocated (the
+     * builder's arrays keep their doubled capacity): gram_bytes. */
+    size_t bytes;
 };
 
 /* Explores g's matcher from its start, byte class by byte class, largest

@@ -278,6 +278,8 @@ static int compile(gram_kind kind, const char *src, size_t len, const json_t *ro
     g->nrules = b.nr;
     g->root = root;
     g->live = live;
+    g->bytes = sizeof *g + b.ncap * sizeof *b.n + b.ccap * sizeof *b.c + b.rcap * sizeof *b.rs
+               + b.nn * sizeof *live;
     /* The matcher's thread bound, checked here rather than met at run time
      * (match.c): a state found over it refuses the grammar. */
     size_t widest;

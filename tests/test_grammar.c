@@ -691,6 +691,80 @@ START_TEST(cache_and_recursion_bound)
 }
 END_TEST
 
+/* What an entry of src counts against the cache's max_bytes. */
+static size_t entry_bytes(const char *src)
+{
+    gram *g;
+    gram_error e;
+    ck_assert_int_eq(gram_compile(GRAM_SCHEMA, src, strlen(src), &g, &e), 0);
+    size_t b = gram_bytes(g) + strlen(src) + 1;
+    /* the nodes alone (a kind and two int32) are part of it */
+    ck_assert_uint_ge(gram_bytes(g), gram_nodes(g) * 9);
+    gram_unref(g);
+    return b;
+}
+
+/* Gets src through c (a new reference, released at once). */
+static void cache_get(gram_cache *c, const char *src)
+{
+    gram *g = NULL;
+    gram_error e;
+    ck_assert_int_eq(gram_cache_get(c, GRAM_SCHEMA, src, strlen(src), &g, &e), 0);
+    ck_assert_ptr_nonnull(g);
+    gram_unref(g);
+}
+
+/* issue 34: the cache is bounded by bytes as well as entries, least
+ * recently used out first. */
+START_TEST(gram_cache_get_over_max_bytes_evicts_lru)
+{
+    const char *src[4] = {"{\"type\":\"boolean\"}", "{\"type\":\"null\"}",
+                          "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}",
+                          "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},"
+                          "\"required\":[\"a\"]}"};
+    size_t b[4];
+    for (int i = 0; i < 4; i++) b[i] = entry_bytes(src[i]);
+    /* Three fit at first; src[3] fits once src[1] and src[2] (the least
+     * recently used after src[0]'s hit) are both gone, not before. */
+    size_t bound = b[0] + b[2] + b[3] - 1;
+    ck_assert_uint_le(b[0] + b[1] + b[2], bound);
+    gram_cache *c = gram_cache_new(64);
+    ck_assert_uint_eq(gram_cache_set_max_bytes(c, bound), 0);
+    size_t n, bytes;
+    uint64_t hits, misses;
+    cache_get(c, src[0]);
+    cache_get(c, src[1]);
+    cache_get(c, src[2]);
+    gram_cache_usage(c, &n, &bytes);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_eq(bytes, b[0] + b[1] + b[2]);
+    cache_get(c, src[0]); /* a hit: src[1] is now the least recently used */
+    cache_get(c, src[3]); /* src[1] goes, then src[2] (src[0] was used last) */
+    gram_cache_usage(c, &n, &bytes);
+    ck_assert_uint_le(bytes, bound);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_uint_eq(bytes, b[0] + b[3]);
+    gram_cache_stats(c, &hits, &misses);
+    ck_assert_uint_eq(hits, 1);
+    ck_assert_uint_eq(misses, 4);
+    cache_get(c, src[0]); /* kept: a hit */
+    gram_cache_stats(c, &hits, &misses);
+    ck_assert_uint_eq(hits, 2);
+    /* A lower bound evicts at once, least recently used first: src[3]. */
+    ck_assert_uint_eq(gram_cache_set_max_bytes(c, b[0]), 1);
+    gram_cache_usage(c, &n, &bytes);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_eq(bytes, b[0]);
+    /* One larger than the whole bound is compiled and served, not kept. */
+    ck_assert_uint_eq(gram_cache_set_max_bytes(c, b[0] - 1), 1);
+    cache_get(c, src[0]);
+    gram_cache_usage(c, &n, &bytes);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(bytes, 0);
+    gram_cache_free(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("grammar");
@@ -703,6 +777,7 @@ int main(void)
     tcase_add_test(tc, schema_semantics);
     tcase_add_test(tc, thread_bound);
     tcase_add_test(tc, cache_and_recursion_bound);
+    tcase_add_test(tc, gram_cache_get_over_max_bytes_evicts_lru);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -510,6 +510,94 @@ def case_per_ip_answered(ctx):
             s.close()
 
 
+REFUSAL_BODY = 64 << 20  # the finding's body: 64 MiB, far past max_body_bytes and any socket buffer
+
+
+def node_fetch_refusals(ctx, srv, path, tries, headers=(), body=REFUSAL_BODY, cacert=None):
+    """tries POSTs of a body-byte JSON to path through Node's own fetch
+    (tests/differential/refusal_fetch.mjs, one connection each; over HTTPS
+    when cacert, the server's certificate, is given): the answers, one dict
+    per try (status and body, or error)."""
+    if shutil.which("node") is None:
+        raise Skip("node is not installed (scripts/setup.sh --test installs it)")
+    script = os.path.join(HERE, "differential", "refusal_fetch.mjs")
+    env = dict(os.environ, NODE_EXTRA_CA_CERTS=cacert) if cacert else None
+    url = "%s://127.0.0.1:%d%s" % ("https" if cacert else "http", srv.port, path)
+    p = subprocess.run(["node", script, url, str(tries), str(body)] + list(headers),
+                       capture_output=True, text=True, timeout=25 * SLOW, env=env)
+    check(p.returncode == 0, "refusal_fetch.mjs: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+def check_refusals(got, tries, status, what, word):
+    """Every one of tries answers is status with an error envelope whose
+    message has word: the client read the refusal, not a reset or EPIPE."""
+    check(len(got) == tries, "%s: %d answers of %d tries" % (what, len(got), tries))
+    bad = [g for g in got if g.get("status") != status]
+    check(not bad, "%s: %d of %d tries did not read the %d (first: %r)" % (what, len(bad), tries, status, bad[0] if bad else None))
+    for g in got:
+        e = error_envelope(g["body"].encode(), "the %d" % status)
+        check(word in e["message"], "%s: the %d does not say %r: %r" % (what, status, word, e))
+
+
+def case_refusal_readable_node_fetch(ctx):
+    """issue 34 part 1: a 64 MiB body to /v1/completions through Node's
+    fetch (undici), 20 times: the 413 is answered from the head (Content-
+    Length over max_body_bytes) before the body is read, and every try
+    reads it, status and JSON, because the connection then reads and drops
+    the rest for a bounded time (refusal_linger) instead of closing while
+    the body is still coming (which gave 6 of 20 tries `write EPIPE`)."""
+    srv = Server(ctx, ctx.models.get("tiny"))
+    check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 20), 20, 413, "64 MiB bodies", "over the limit")
+    st, _, _ = request(srv.port, "GET", "/health", timeout=5)
+    check(st == 200, "/health after the refusals: %d" % st)
+
+
+def case_refusal_readable_tls(ctx):
+    """issue 34 part 1, over HTTPS: the 413 of a 64 MiB body, answered from
+    the head through libmicrohttpd's TLS records, is read by Node's fetch
+    every time (10 tries): the lingering read after libmicrohttpd's close
+    drops the client's records unread."""
+    srv, crt = tls_server(ctx)
+    check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 10, cacert=crt), 10, 413, "64 MiB bodies over HTTPS",
+                   "over the limit")
+
+
+def case_refusal_readable_auth(ctx):
+    """issue 34 part 1: the 401 of a missing API key, decided from the head
+    with a 64 MiB body on its way, is read by Node's fetch every time (10
+    tries), and so is the 403 of an Origin not in cors_origins."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--api-key", "sk-refusal-test")
+    check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 10), 10, 401, "no key", "API key")
+    got = node_fetch_refusals(ctx, srv, "/v1/completions", 5,
+                              ["Authorization: Bearer sk-refusal-test", "Origin: http://evil.example"])
+    check_refusals(got, 5, 403, "a foreign Origin", "cors_origins")
+
+
+def case_refusal_readable_at_accept(ctx):
+    """issue 34 part 1: the refusals at accept, before a byte of the request
+    is read, reach Node's fetch with a 64 MiB body on its way: the 429 of
+    max_connections_per_ip (one connection of the address held) and the
+    503 of max_connections (the one connection busy with a body that is
+    still coming), 5 tries each."""
+    srv = Server(ctx, ctx.models.get("tiny"), "--max-connections-per-ip", "1", "--trusted-proxies", "")
+    held = connect(srv.port, 5)
+    try:
+        held.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        check(read_response(held, 5)[1] == 200, "the held connection was not served")
+        check_refusals(node_fetch_refusals(ctx, srv, "/v1/completions", 5), 5, 429, "per address", "max_connections_per_ip")
+    finally:
+        held.close()
+    srv2 = Server(ctx, ctx.models.get("tiny"), "--max-connections", "1", name="server2")
+    busy = connect(srv2.port, 5)
+    try:
+        busy.sendall(completion_head(100))  # a body that is still coming: not idle
+        time.sleep(0.3)
+        check_refusals(node_fetch_refusals(ctx, srv2, "/v1/completions", 5), 5, 503, "max_connections", "max_connections")
+    finally:
+        busy.close()
+
+
 def case_per_ip_default(ctx):
     """issue 24 finding 1: the default limit serves 256 concurrent clients
     from one address that is not exempt (trusted_proxies emptied, so the
@@ -3297,6 +3385,40 @@ def case_responses_client_cut_not_stored(ctx):
     st, _, _ = request(srv.port, "POST", "/v1/responses", {"input": "x", "previous_response_id": rid})
     check(st == 404, "continuing a response its client left: %d" % st)
     check("not stored: its client left" in open(srv.log_path).read(), "the log does not say why")
+def case_structured_cache_bytes(ctx):
+    """issue 34 part 2: the compiled-format cache is bounded by bytes as
+    well as entries: 12 distinct schemas of about 1 MiB of automaton each
+    (ten required strings of up to 40 characters), under
+    structured_cache_mb 4, each answered 200, and after each
+    gpt2d_structured_cache_bytes stays within 4 MiB (the entry count alone,
+    64, would have held all 12: 13 MB), with some kept; a SIGHUP that
+    lowers structured_cache_mb to 1 evicts at once."""
+    limit = 4 << 20
+    conf = os.path.join(ctx.dir, "gpt2d.conf")
+    with open(conf, "w") as f:
+        f.write("structured_cache_mb = 4\n")
+    srv = Server(ctx, ctx.models.get("tiny"), "--config", conf)
+    for k in range(12):
+        names = ["s%d_f%d" % (k, i) for i in range(10)]
+        schema = {"type": "object", "properties": {n: {"type": "string", "maxLength": 40} for n in names},
+                  "required": names}
+        st, _, body = request(srv.port, "POST", "/v1/chat/completions",
+                              {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                               "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+                              timeout=60)
+        check(st == 200, "schema %d: %d %r" % (k, st, body[:200]))
+        held = srv.metric("gpt2d_structured_cache_bytes")
+        check(0 < held <= limit, "after schema %d the cache holds %d bytes; the bound is %d" % (k, held, limit))
+    n = srv.metric("gpt2d_structured_cache_entries")
+    check(2 <= n < 12, "%d compiled formats kept of 12 (about 1 MiB each, 4 MiB bound)" % n)
+    with open(conf, "w") as f:
+        f.write("structured_cache_mb = 1\n")
+    srv.signal(signal.SIGHUP)
+    check(srv.wait_log(r"SIGHUP: configuration reloaded; changed: .*structured_cache_mb"),
+          "no reload line naming structured_cache_mb: " + srv.tail(3))
+    held = srv.metric("gpt2d_structured_cache_bytes")
+    check(held <= 1 << 20, "after the reload to 1 MiB the cache holds %d bytes" % held)
+    check(srv.metric("gpt2d_structured_cache_entries") < n, "the reload evicted nothing")
 
 
 def case_structured_schemas(ctx):
@@ -3428,6 +3550,10 @@ CASES = [
     ("per_ip_limit", case_per_ip_limit),
     ("per_ip_answered", case_per_ip_answered),
     ("per_ip_default", case_per_ip_default),
+    ("refusal_readable_node_fetch", case_refusal_readable_node_fetch),
+    ("refusal_readable_auth", case_refusal_readable_auth),
+    ("refusal_readable_at_accept", case_refusal_readable_at_accept),
+    ("refusal_readable_tls", case_refusal_readable_tls),
     ("trusted_proxy_xff", case_trusted_proxy_xff),
     ("refused_metric", case_refused_metric),
     ("host_allow_list", case_host_allow_list),
@@ -3482,6 +3608,7 @@ CASES = [
     ("cache_cross_key", case_cache_cross_key),
     ("unseeded_replicas", case_unseeded_replicas),
     ("structured_schemas", case_structured_schemas),
+    ("structured_cache_bytes", case_structured_cache_bytes),
     ("structured_wide_state", case_structured_wide_state),
     ("tls_plain_http", case_tls_plain_http),
     ("plain_tls_hello", case_plain_tls_hello),

@@ -49,6 +49,12 @@ typedef struct {
     double body_timeout_s;           /* the longest gap between body bytes */
     size_t body_min_rate;            /* bytes/s a body averages past body_timeout (0: any) */
     size_t max_connections_per_ip;   /* 0: no limit; trusted_proxies are exempt */
+    /* A refusal answered before the request's body was read (413, 401,
+     * 429, ...): its connection then reads and drops what the client still
+     * sends, for this long after the answer and this many bytes at most,
+     * so that the client reads the answer rather than a reset (0: none). */
+    double refusal_linger_s;
+    size_t refusal_linger_bytes;
     /* Proxies (and loopback, by default): exempt from the per-address
      * limit; their X-Forwarded-For names the client (the text and it
      * parsed). */
@@ -68,6 +74,9 @@ typedef struct {
     size_t stream_backlog_bytes;   /* unread SSE bytes before a stream pauses */
     double stream_stall_timeout_s; /* paused that long: cancelled */
     size_t tokenize_concurrency;   /* bodies tokenized at once on the work queue */
+    /* The compiled structured-output formats kept for reuse: at most this
+     * many MiB of automata (structured/cache.c counts each one's bytes). */
+    size_t structured_cache_mb;
     /* The model */
     char model_dir[CFG_STR_MAX];
     char model_name[128];                 /* the first name: what responses and /v1/models report */

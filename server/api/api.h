@@ -280,8 +280,9 @@ struct cmpl_job {
 
 /* ---- Structured outputs (completions.c) -------------------------------------- */
 
-/* The vocabulary's trie and the grammar cache of s->api (GRAM_CACHE_ENTRIES),
- * from its tokenizer. 0, or -1 (out of memory). */
+/* The vocabulary's trie and the grammar cache of s->api (GRAM_CACHE_ENTRIES,
+ * and structured_cache_mb of bytes), from its tokenizer. 0, or -1 (out of
+ * memory). */
 #define GRAM_CACHE_ENTRIES 64
 int srv_grammar_init(srv *s);
 

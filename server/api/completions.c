@@ -241,6 +241,8 @@ int srv_grammar_init(srv *s)
     free(tok);
     free(len);
     if (rc == 0 && (s->api->gcache = gram_cache_new(GRAM_CACHE_ENTRIES)) == NULL) rc = -1;
+    if (rc == 0) /* structured_cache_mb is at most 2^20: no overflow */
+        gram_cache_set_max_bytes(s->api->gcache, s->cfg.structured_cache_mb << 20);
     return rc;
 }
 

@@ -97,7 +97,8 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
  * and event descriptors of libmicrohttpd and libuv, libuv's signal pipe,
  * the model's and the tokenizer's files while they load, a config file or
  * a certificate read on SIGHUP, /proc for /metrics, the journal's socket
- * (about 25 in all), with room to spare. */
+ * (about 25 in all), with room to spare: the CONN_DRAIN_MAX lingering
+ * reads of closed connections (http.h) take theirs from it. */
 #define SRV_FD_RESERVE 64u
 /* The max_connections that the descriptor limit (RLIMIT_NOFILE's soft
  * limit, as it is now) leaves room for: max_connections itself when it

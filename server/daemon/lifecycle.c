@@ -47,6 +47,7 @@ static void close_all(srv *s)
     if (s->closed) return;
     s->closed = 1;
     conn_close_unanswered(s); /* a request still unanswered gets a 503, not a bare close */
+    conn_drains_close(s);     /* the lingering reads' handles */
     uv_handle_t *handles[] = {
         (uv_handle_t *)&s->daemon->tick,
         (uv_handle_t *)&s->daemon->drain_timer,

@@ -169,6 +169,12 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
     sample_u(m, "gpt2d_responses_store_bytes", "gauge",
              "Bytes the stored responses hold (responses_store_bytes bounds them).",
              (unsigned long long)info->responses_store_bytes);
+    sample_u(m, "gpt2d_structured_cache_entries", "gauge",
+             "Compiled structured-output formats kept for reuse.",
+             (unsigned long long)info->structured_cache_entries);
+    sample_u(m, "gpt2d_structured_cache_bytes", "gauge",
+             "Bytes the kept compiled formats take (bounded by structured_cache_mb).",
+             (unsigned long long)info->structured_cache_bytes);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",

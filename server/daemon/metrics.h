@@ -24,6 +24,9 @@ typedef struct {
     double open_fds, max_fds;     /* -1: unknown */
     size_t responses_stored;      /* the stored responses (api/resp_store.c) */
     size_t responses_store_bytes; /* ... and the bytes they hold */
+    /* The compiled structured-output formats kept (structured/cache.c):
+     * entries, and their bytes as counted against structured_cache_mb. */
+    size_t structured_cache_entries, structured_cache_bytes;
 } met_info;
 
 /* Zeroes the counters of both layers and sets the histograms' buckets

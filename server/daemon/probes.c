@@ -149,6 +149,8 @@ static void process_info(const srv *s, met_info *info)
     info->start_time = s->daemon->started_wall;
     info->responses_stored = rs_count(s->api->resp_store);
     info->responses_store_bytes = rs_bytes(s->api->resp_store);
+    gram_cache_usage(s->api->gcache, &info->structured_cache_entries,
+                     &info->structured_cache_bytes);
     struct rusage ru;
     info->cpu_seconds = getrusage(RUSAGE_SELF, &ru) == 0
                             ? (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6

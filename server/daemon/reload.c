@@ -164,6 +164,13 @@ void srv_reload(srv *s)
                  "SIGHUP: %zu stored responses dropped to fit responses_store_max %zu and "
                  "responses_store_bytes %zu",
                  dropped, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
+    /* A lowered structured_cache_mb applies now too. */
+    size_t gone = s->api->gcache != NULL
+                      ? gram_cache_set_max_bytes(s->api->gcache, s->cfg.structured_cache_mb << 20)
+                      : 0;
+    if (gone > 0)
+        log_line("info", "SIGHUP: %zu compiled formats dropped to fit structured_cache_mb %zu",
+                 gone, s->cfg.structured_cache_mb);
     if (n > 0)
         log_line("info", "SIGHUP: configuration reloaded; changed: %s", changed);
     else

@@ -36,16 +36,30 @@
  * first, whole, without libmicrohttpd's help. Over HTTPS the socket carries
  * GnuTLS's records, which only libmicrohttpd writes: those refusals close
  * the connection without an answer (their log line and metric stay).
+ *
+ * A connection answered before its request's body was read (a refusal at
+ * accept or from the head, a 413 in the middle of a chunked body) lingers,
+ * as nginx's lingering close: closing a socket with unread bytes sends the
+ * client a reset, which can come before it has read the answer (a client
+ * still writing its body gets EPIPE or ECONNRESET instead of the status).
+ * So the sending side is shut after the answer, what the client still
+ * sends is read and dropped (by libmicrohttpd while it holds the
+ * connection, then by a conn_drain on a duplicate of its descriptor once
+ * it has closed it), and the socket is closed when the client closes it,
+ * refusal_linger after the answer, or past refusal_linger_bytes.
  */
 #include "http/error_json.h"
 #include "http/http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* TCP_INFO's last_data_recv counts kernel clock ticks (1-10 ms) in
  * milliseconds: two readings of the same last byte differ by up to a
@@ -180,24 +194,18 @@ static void write_error(srv_conn *c, int status, const char *reason, const char 
     }
 }
 
-void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
-{
-    if (c->closing) return;
-    write_error(c, status, reason, NULL, msg, NULL, 0);
-    conn_close(c);
-}
-
 /* After an answer written on c's socket: its sending side shut, then a
- * linger (t_linger, CONN_LINGER_S) in which libmicrohttpd reads and drops
- * what the client sent, so that the client reads the answer rather than a
- * reset. A lingering connection holds one of libmicrohttpd's slots past
+ * linger (t_linger, refusal_linger) in which libmicrohttpd reads and drops
+ * what the client sent, and a conn_drain once it has closed the
+ * connection, so that the client reads the answer rather than a reset. A
+ * lingering connection holds one of libmicrohttpd's slots past
  * max_connections (SRV_CONN_HEADROOM): with half of them lingering, c is
  * closed at once instead, so that a flood of refusals cannot stop the
  * server from accepting anyone. */
 static void conn_linger(srv_conn *c)
 {
     srv *s = c->s;
-    if (s->nconns_closing >= SRV_CONN_HEADROOM / 2) {
+    if (s->nconns_closing >= SRV_CONN_HEADROOM / 2 || s->cfg.refusal_linger_s <= 0) {
         conn_close(c);
         return;
     }
@@ -207,11 +215,135 @@ static void conn_linger(srv_conn *c)
     shutdown(c->fd, SHUT_WR);
 }
 
+/* The linger of c is over (its time, or its bytes): both sides shut, so
+ * libmicrohttpd closes it and no drain follows. */
+static void linger_end(srv_conn *c)
+{
+    c->t_linger = 0;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg)
+{
+    if (c->closing) return;
+    write_error(c, status, reason, NULL, msg, NULL, 0);
+    conn_linger(c);
+}
+
 void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg)
 {
     if (c->closing) return;
     write_error(c, status, reason, NULL, msg, NULL, 0);
     conn_linger(c);
+}
+
+void conn_answered_early(srv_conn *c)
+{
+    if (c->closing || c->s->cfg.refusal_linger_s <= 0) return;
+    c->t_linger = log_now();
+}
+
+void conn_note_dropped(srv_conn *c, size_t total)
+{
+    if (c->t_linger > 0 && total > c->s->cfg.refusal_linger_bytes) linger_end(c);
+}
+
+/* ---- The lingering read after libmicrohttpd's close --------------------- */
+
+/* Reads and drops what d's socket holds now: 1 when the drain is over (the
+ * client closed, an error, or its bytes spent), 0 when it waits for more. */
+static int drain_read(conn_drain *d)
+{
+    char buf[16384];
+    for (;;) {
+        ssize_t n = recv(d->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) {
+            d->got += (size_t)n;
+            if ((size_t)n >= d->left) {
+                d->left = 0;
+                return 1;
+            }
+            d->left -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 1;
+    }
+}
+
+static void drain_closed(uv_handle_t *h)
+{
+    conn_drain *d = h->data;
+    close(d->fd); /* the socket's last descriptor: the connection ends here */
+    free(d);
+}
+
+static void drain_log(const conn_drain *d, const char *why)
+{
+    log_line("debug", "lingering read ended (%s): %zu bytes dropped in %.2f s", why, d->got,
+             log_now() - d->start);
+}
+
+static void drain_end(conn_drain *d, const char *why)
+{
+    srv *s = d->s;
+    if (d->prev)
+        d->prev->next = d->next;
+    else
+        s->drains = d->next;
+    if (d->next) d->next->prev = d->prev;
+    s->ndrains--;
+    drain_log(d, why);
+    uv_poll_stop(&d->poll);
+    uv_close((uv_handle_t *)&d->poll, drain_closed);
+}
+
+static void on_drain(uv_poll_t *p, int status, int events)
+{
+    (void)events;
+    conn_drain *d = p->data;
+    if (status < 0 || drain_read(d)) drain_end(d, d->left == 0 ? "bytes" : "closed");
+}
+
+/* libmicrohttpd is about to close c, which lingers (t_linger): its socket
+ * is kept (a duplicate descriptor; libmicrohttpd takes its own out of its
+ * epoll set before closing it) and read until the client closes, for
+ * what is left of refusal_linger, and refusal_linger_bytes at most. None
+ * past CONN_DRAIN_MAX or once the loop is closing: closed at once. */
+static void drain_start(srv *s, const srv_conn *c)
+{
+    double now = log_now(), until = c->t_linger + s->cfg.refusal_linger_s;
+    if (s->closed || s->ndrains >= CONN_DRAIN_MAX || now >= until
+        || s->cfg.refusal_linger_bytes == 0)
+        return;
+    conn_drain *d = calloc(1, sizeof *d);
+    if (d == NULL) return;
+    d->s = s;
+    d->start = now;
+    d->until = until;
+    d->left = s->cfg.refusal_linger_bytes;
+    d->fd = fcntl(c->fd, F_DUPFD_CLOEXEC, 3);
+    int over = d->fd < 0 || drain_read(d);
+    if (over || uv_poll_init_socket(s->loop, &d->poll, d->fd) != 0) {
+        if (over && d->fd >= 0) drain_log(d, d->left == 0 ? "bytes" : "closed");
+        if (d->fd >= 0) close(d->fd);
+        free(d);
+        return;
+    }
+    d->poll.data = d;
+    if (uv_poll_start(&d->poll, UV_READABLE | UV_DISCONNECT, on_drain) != 0) {
+        uv_close((uv_handle_t *)&d->poll, drain_closed);
+        return;
+    }
+    d->next = s->drains;
+    if (s->drains) s->drains->prev = d;
+    s->drains = d;
+    s->ndrains++;
+}
+
+void conn_drains_close(srv *s)
+{
+    while (s->drains != NULL) drain_end(s->drains, "shutdown");
 }
 
 void conn_close_unanswered(srv *s)
@@ -394,6 +526,7 @@ void conn_on_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
         srv_conn *c = *socket_context;
         if (c == NULL) return;
         if (c->req != NULL) c->req->conn_rec = NULL;
+        if (c->t_linger > 0) drain_start(s, c);
         if (c->prev)
             c->prev->next = c->next;
         else
@@ -464,10 +597,13 @@ void conn_on_sweep(uv_timer_t *t)
     double now = log_now();
     int closed = 0;
     conn_refuse_log_flush(s, now);
+    for (conn_drain *d = s->drains, *next; d != NULL; d = next) {
+        next = d->next;
+        if (now >= d->until) drain_end(d, "time"); /* the client had its time to read */
+    }
     for (srv_conn *c = s->conns; c != NULL; c = c->next) {
-        if (c->t_linger > 0 && now - c->t_linger >= CONN_LINGER_S) {
-            c->t_linger = 0; /* the client had its time to read the answer */
-            shutdown(c->fd, SHUT_RDWR);
+        if (c->closing && c->t_linger > 0 && now - c->t_linger >= s->cfg.refusal_linger_s) {
+            linger_end(c); /* the client had its time to read the answer */
             closed = 1;
             continue;
         }

@@ -286,6 +286,15 @@ static enum MHD_Result head_checks(srv_req *r, const char *method, const char *v
     return MHD_YES;
 }
 
+/* Whether the head announces a body: a Content-Length other than 0, or a
+ * Transfer-Encoding. */
+static int body_declared(struct MHD_Connection *conn)
+{
+    const char *len = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    if (MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding") != NULL) return 1;
+    return len != NULL && strspn(len, "0") != strlen(len);
+}
+
 /* The head phase: the first call, with the headers and before any body
  * byte. */
 static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *url,
@@ -312,20 +321,30 @@ static enum MHD_Result on_head(srv *s, struct MHD_Connection *conn, const char *
     s->active++;
     *con_cls = r;
     enum MHD_Result rc = head_size_checks(r, url);
-    if (r->state != HTTP_REQ_HEAD) return rc;
-    return head_checks(r, method, version);
+    if (r->state == HTTP_REQ_HEAD) rc = head_checks(r, method, version);
+    /* Answered from the head with a body on its way: libmicrohttpd sends
+     * the answer, then closes without reading the body; the close lingers
+     * (conn.c) so that the client reads the answer, not a reset. */
+    if (r->state != HTTP_REQ_HEAD && r->conn_rec != NULL && body_declared(conn))
+        conn_answered_early(r->conn_rec);
+    return rc;
 }
 
 /* A piece of the body. A chunked body (no declared length) that passes
  * max_body_bytes is refused at once: libmicrohttpd takes no response until
  * the body's end, which the client may never send, so the 413 is written
- * on the socket and the connection closed (conn.c); untracked connections
- * read the rest and get it from dispatch. */
+ * on the socket and the connection lingers, then closes (conn.c);
+ * untracked connections read the rest and get it from dispatch. */
 static void on_body(srv_req *r, const char *data, size_t n)
 {
     assert(r->state == HTTP_REQ_BODY);
     r->t_progress = log_now();
-    if (r->too_large || r->body_oom) return;
+    if (r->too_large) {
+        r->dropped += n; /* after conn_refuse's 413: the linger's bytes */
+        if (r->conn_rec != NULL) conn_note_dropped(r->conn_rec, r->dropped);
+        return;
+    }
+    if (r->body_oom) return;
     if (r->body_len + n > r->s->cfg.max_body_bytes) {
         r->too_large = 1;
         /* Over HTTPS nothing can be written beside libmicrohttpd: the rest

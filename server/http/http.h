@@ -138,6 +138,7 @@ typedef struct {
 #define CONN_REFUSE_LOG_SLOTS 16
 #define CONN_REFUSE_LOG_S 10.0
 typedef struct srv_conn srv_conn;
+typedef struct conn_drain conn_drain;
 typedef struct tls_state tls_state;
 struct tok_job;
 struct cmpl_job;
@@ -369,6 +370,7 @@ struct srv_req {
     char *body;
     size_t body_len, body_cap;
     int too_large, body_oom;
+    size_t dropped;        /* body bytes read and dropped after too_large */
     double t_start;        /* the head */
     double t_first;        /* the first generated token (0: none yet) */
     double t_progress;     /* the head, or the last body byte (body_timeout) */
@@ -437,6 +439,10 @@ struct srv {
     /* The connections (conn.c): every accepted one, newest first. */
     srv_conn *conns;
     size_t nconns, nconns_closing;
+    /* The lingering reads of closed connections (conn.c), at most
+     * CONN_DRAIN_MAX. */
+    conn_drain *drains;
+    size_t ndrains;
     uv_timer_t sweep;
     double sweep_last; /* when conn_on_sweep last ran */
     /* The routes (daemon.c builds them from the configuration). */
@@ -468,10 +474,13 @@ struct srv_conn {
     size_t served;  /* requests ended on it */
     srv_req *req;   /* the request in progress; NULL between requests */
     int closing;    /* shut down here; libmicrohttpd closes it next */
-    /* Refused at accept (429, 503): its answer is written and its sending
-     * side shut; since t_linger its reading side stays open for
-     * CONN_LINGER_S so that the client reads the answer rather than a
-     * reset for the request bytes it sent (0: not lingering). */
+    /* Answered before its request's body was read (a refusal at accept, a
+     * 413 or 401 from the head, a 413 in the middle of a chunked body):
+     * when the answer went (0: not so). From then, for refusal_linger, what
+     * the client still sends is read and dropped, by libmicrohttpd while
+     * it holds the connection and by a conn_drain once it has closed it,
+     * so that the client reads the answer rather than a reset for the
+     * request bytes it sent (nginx's lingering close). */
     double t_linger;
     /* The peer's address (family 4 or 6; an IPv4-mapped IPv6 address is
      * 4; 0: not IP) and whether it is in trusted_proxies. */
@@ -504,11 +513,27 @@ typedef struct {
 
 #define CONN_SWEEP_MS 200
 /* Connections libmicrohttpd accepts past max_connections, each answered
- * and closed (conn_on_notify; lingering a second while fewer than half of
- * these linger, conn.c); LimitNOFILE must cover max_connections + this. */
+ * and closed (conn_on_notify; lingering for refusal_linger while fewer
+ * than half of these linger, conn.c); LimitNOFILE must cover
+ * max_connections + this. */
 #define SRV_CONN_HEADROOM 64u
-/* How long a connection refused at accept keeps reading (see t_linger). */
-#define CONN_LINGER_S 1.0
+/* Closed connections whose lingering read goes on at once (conn_drain),
+ * each holding its socket's descriptor: within SRV_FD_RESERVE's room to
+ * spare (daemon.h). A refusal past them is closed at once. */
+#define CONN_DRAIN_MAX 16u
+
+/* The lingering read of a connection libmicrohttpd has closed (its
+ * descriptor duplicated at the close): reads and drops until the client
+ * closes, `until`, or `left` bytes more. Loop thread; freed by its poll's
+ * close callback. */
+struct conn_drain {
+    uv_poll_t poll;
+    srv *s;
+    int fd;
+    double start, until; /* log_now() seconds */
+    size_t left, got;    /* bytes it may still drop; dropped so far */
+    conn_drain *prev, *next;
+};
 
 /* The deadline of c under cfg (pure). */
 conn_deadline conn_deadline_of(const cfg_config *cfg, const srv_conn *c);
@@ -534,8 +559,8 @@ void conn_close_unanswered(srv *s);
  * which aborts the process when one is still suspended. */
 void conn_resume_all(srv *s);
 /* Writes status (an invalid_request_error JSON with msg, X-Request-Id) on
- * c's socket, then closes it: for a request refused in the middle of its
- * body, when libmicrohttpd takes no response yet. */
+ * c's socket, then lingers as conn_refuse_linger: for a request refused in
+ * the middle of its body, when libmicrohttpd takes no response yet. */
 void conn_refuse(srv_conn *c, int status, const char *reason, const char *msg);
 /* The address of c in text (inet_ntop) into buf; "-" when not IP. */
 void conn_addr_text(int family, const unsigned char *addr, char *buf, size_t len);
@@ -550,9 +575,19 @@ void conn_note_refused(srv *s, int family, const unsigned char *addr, met_refuse
 /* Writes the summed-up refusal lines whose interval has passed (the sweep). */
 void conn_refuse_log_flush(srv *s, double now);
 /* As conn_refuse, for a connection whose request has not been read yet:
- * the answer, then the sending side shut and CONN_LINGER_S of reading, so
- * that the client reads the answer rather than a reset. */
+ * the answer, then the sending side shut and refusal_linger of reading
+ * (t_linger), so that the client reads the answer rather than a reset. */
 void conn_refuse_linger(srv_conn *c, int status, const char *reason, const char *msg);
+/* c's request was answered from its head while a body is on its way
+ * (libmicrohttpd sends the answer, then closes without reading the body):
+ * its close is followed by the lingering read (t_linger). */
+void conn_answered_early(srv_conn *c);
+/* The lingering read's byte bound: a connection whose request was refused
+ * in the middle of its body has dropped n bytes since; past
+ * refusal_linger_bytes it is closed. */
+void conn_note_dropped(srv_conn *c, size_t total);
+/* Ends every lingering read (the loop is closing). */
+void conn_drains_close(srv *s);
 /* MHD_OPTION_NOTIFY_CONNECTION: records connections, enforces
  * max_connections and max_connections_per_ip (429, 503 with Retry-After,
  * never a bare close). */

@@ -65,18 +65,33 @@ int gram_compile(gram_kind kind, const char *src, size_t len, gram **out, gram_e
 gram *gram_ref(gram *g);
 void gram_unref(gram *g); /* accepts NULL */
 size_t gram_nodes(const gram *g);
+/* The bytes g's automaton takes in memory (its nodes, byte classes, rules
+ * and the record, as allocated). Thread: any. */
+size_t gram_bytes(const gram *g);
 
 /* ---- A bounded cache of compiled grammars, by a hash of kind and source -- */
 
+/* Bounded twice: at most capacity entries, and at most max_bytes bytes of
+ * entries, each counted as its automaton (gram_bytes) plus its source's
+ * copy; the least recently used entries go first to fit either bound. An
+ * entry larger than max_bytes alone is compiled and returned, not kept. A
+ * gram evicted while a request still holds it lives on until its last
+ * reference, uncounted here. */
 typedef struct gram_cache gram_cache;
-gram_cache *gram_cache_new(size_t capacity); /* NULL: out of memory */
-void gram_cache_free(gram_cache *c);         /* accepts NULL */
+/* NULL: out of memory. max_bytes: SIZE_MAX until gram_cache_set_max_bytes. */
+gram_cache *gram_cache_new(size_t capacity);
+void gram_cache_free(gram_cache *c); /* accepts NULL */
+/* Sets the bytes bound, evicting the least recently used entries at once
+ * until the cache fits it; returns how many went. Thread: any. */
+size_t gram_cache_set_max_bytes(gram_cache *c, size_t max_bytes);
 /* As gram_compile, through the cache (a hit is a reference to the entry;
- * the least recently used entry goes when it is full). Thread: any. */
+ * the least recently used entries go when it is full). Thread: any. */
 int gram_cache_get(gram_cache *c, gram_kind kind, const char *src, size_t len, gram **out,
                    gram_error *err);
 /* Hits and misses so far. */
 void gram_cache_stats(gram_cache *c, uint64_t *hits, uint64_t *misses);
+/* The entries held now and their bytes (as counted against max_bytes). */
+void gram_cache_usage(gram_cache *c, size_t *entries, size_t *bytes);
 
 /* ---- The vocabulary: a trie over the tokens' byte strings ----------------- */
 
