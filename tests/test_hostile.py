@@ -3541,10 +3541,6 @@ def case_structured_wide_state(ctx):
 
 
 CASES = [
-    ("responses_history_amplification", case_responses_history_amplification),
-    ("responses_store_counted_bytes", case_responses_store_counted_bytes),
-    ("responses_store_fair_keys", case_responses_store_fair_keys),
-    ("responses_client_cut_not_stored", case_responses_client_cut_not_stored),
     ("slow_headers", case_slow_headers),
     ("idle_connections", case_idle_connections),
     ("per_ip_limit", case_per_ip_limit),
@@ -3589,6 +3585,10 @@ CASES = [
     ("responses_store", case_responses_store),
     ("responses_store_reload", case_responses_store_reload),
     ("responses_cut", case_responses_cut),
+    ("responses_history_amplification", case_responses_history_amplification),
+    ("responses_store_counted_bytes", case_responses_store_counted_bytes),
+    ("responses_store_fair_keys", case_responses_store_fair_keys),
+    ("responses_client_cut_not_stored", case_responses_client_cut_not_stored),
     ("big_answers_allowed", case_big_answers_allowed),
     ("empty_key", case_empty_key),
     ("auth", case_auth),
