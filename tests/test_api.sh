@@ -117,7 +117,7 @@ import json, sys
 m1, m2 = (json.load(open(p)) for p in sys.argv[1:3])
 assert m1.pop("kernels") in ("avx512", "avx2", "portable"), m1  # an F32 model: the widening kernels
 assert m1 == {"id": "gpt-3.5-turbo-instruct", "object": "model", "created": 0, "owned_by": "gpt2d", "dtype": "f32", "layout": "hf",
-              "weights": "random", "description": "random weights: the text is nonsense"}, m1
+              "weights": "random", "description": "random weights: the text is nonsense", "max_model_len": 128}, m1
 assert sys.argv[3] == "404" and m2["error"]["code"] == "model_not_found", (sys.argv[3], m2)
 PY
 # Odd ids: an id with a slash, sent as it is or percent-encoded (newer

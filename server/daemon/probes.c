@@ -64,17 +64,19 @@ static const char *model_owner(const srv *s)
 
 /* One model object, OpenAI's shape, with gpt2d's `dtype` and `layout` (the
  * weights' format and layout), `kernels` (the kernel path they take on this
- * CPU), `weights` (random, trained or unknown) and `description`
- * (srv_model_description); id is the name asked for. */
+ * CPU), `weights` (random, trained or unknown), `description`
+ * (srv_model_description) and `max_model_len` (its context, vLLM's name);
+ * id is the name asked for. */
 static json_t *model_json(const srv *s, const char *id)
 {
     char d[sizeof eng_model_about(s->api->model)->description + 64];
     srv_model_description(s->api->model, d, sizeof d);
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "object", "model",
-                     "created", (json_int_t)0, "owned_by", model_owner(s), "dtype",
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:I}", "id", id, "object",
+                     "model", "created", (json_int_t)0, "owned_by", model_owner(s), "dtype",
                      eng_model_dtype(s->api->model), "layout", eng_model_layout(s->api->model),
                      "kernels", eng_model_kernels(s->api->model), "weights",
-                     eng_model_about(s->api->model)->weights, "description", d);
+                     eng_model_about(s->api->model)->weights, "description", d, "max_model_len",
+                     (json_int_t)eng_model_config(s->api->model)->n_ctx);
 }
 
 enum MHD_Result probe_models(srv_req *r)
