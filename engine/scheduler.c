@@ -35,6 +35,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.tenant_spare == 0) o.tenant_spare = o.max_running / 8 > 0 ? o.max_running / 8 : 1;
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
+    if (o.embed_tokens_beside_decode == 0) o.embed_tokens_beside_decode = 16;
     eng_sched *s = calloc(1, sizeof *s);
     if (s == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;
@@ -460,9 +461,11 @@ int eng_sched_plan(eng_sched *s)
      * if they did, a prompt that fits the budget would leave its last few
      * tokens, and its first token, to the next step (a whole step later). */
     size_t budget = s->o.step_tokens, logit_rows = 0, echo_rows = 0;
+    size_t embed_budget = SIZE_MAX; /* set once the decode rows are known */
     s->nitems = 0;
     s->rows = 0;
     for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && s->nitems > 0) embed_budget = s->o.embed_tokens_beside_decode;
         for (size_t i = 0; i < s->nrunning; i++) {
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;
@@ -486,6 +489,11 @@ int eng_sched_plan(eng_sched *s)
                 if (q->req.echo) {
                     if (echo_rows + n > ECHO_ROWS) n = ECHO_ROWS - echo_rows;
                     if (n == 0) continue;
+                }
+                if (q->req.embed) {
+                    if (n > embed_budget) n = embed_budget;
+                    if (n == 0) continue;
+                    embed_budget -= n;
                 }
             }
             q->step_n = n;
