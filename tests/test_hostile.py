@@ -3421,6 +3421,47 @@ def case_structured_cache_bytes(ctx):
     check(srv.metric("gpt2d_structured_cache_entries") < n, "the reload evicted nothing")
 
 
+def case_embeddings_hostile(ctx):
+    """38: hostile /v1/embeddings bodies get 400s naming `input` (mixed
+    kinds, nested lists, non-integers, over max_embedding_inputs, an input
+    past the context) and a giant batch (2,048 inputs) answered whole while
+    a stream beside it keeps its pace: its longest gap within 3x (or 150
+    ms) of the same stream alone."""
+    srv = Server(ctx, ctx.models.get("long"))
+
+    def post(body, timeout=60):
+        st, _, b = request(srv.port, "POST", "/v1/embeddings", body, timeout=timeout)
+        return st, json.loads(b)
+
+    for bad in (["a", 1], [[1], [2, "x"]], [[[1]]], [1.5], [True], [None], {"a": 1}, [[]], [""],
+                ["x"] * 2049, [[7] * 1100]):
+        st, d = post({"input": bad})
+        check(st == 400 and d["error"]["param"] == "input", "input %r: %d %r" % (json.dumps(bad)[:60], st, d))
+
+    def gaps_of_stream():
+        stream = Stream(srv.port, {"prompt": "Beside", "max_tokens": 200, "ignore_eos": True, "stream": True})
+        stream.wait(60, "the stream")
+        times = [t for t, _ in stream.arrivals]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+    alone = gaps_of_stream()
+    res = {}
+    batch = ["input %d: %s" % (i, "word " * (10 + i % 20)) for i in range(2048)]
+    t = threading.Thread(target=lambda: res.update(r=post({"input": batch, "encoding_format": "base64"}, 300)),
+                         daemon=True)
+    t.start()
+    time.sleep(0.3)
+    beside = gaps_of_stream()
+    t.join(300)
+    st, d = res.get("r", (0, {}))
+    check(st == 200 and len(d["data"]) == 2048 and [e["index"] for e in d["data"]] == list(range(2048)),
+          "the 2,048-input batch: %d %r" % (st, str(d)[:200]))
+    print("  a stream's longest gap alone %.0f ms, beside 2,048 embeddings %.0f ms" % (alone * 1e3, beside * 1e3))
+    check(beside <= max(0.15, 3 * alone), "the stream's longest gap beside the batch %.0f ms (alone %.0f ms)"
+          % (beside * 1e3, alone * 1e3))
+    srv.wait_metric("gpt2d_kv_blocks_used", 0, 10, "after the batch")
+
+
 def case_structured_schemas(ctx):
     """issue 27: hostile structured outputs: huge, deep, self-referential
     and pathological schemas and regexes are a 400 naming the keyword (or
@@ -3585,6 +3626,7 @@ CASES = [
     ("responses_store", case_responses_store),
     ("responses_store_reload", case_responses_store_reload),
     ("responses_cut", case_responses_cut),
+    ("embeddings_hostile", case_embeddings_hostile),
     ("responses_history_amplification", case_responses_history_amplification),
     ("responses_store_counted_bytes", case_responses_store_counted_bytes),
     ("responses_store_fair_keys", case_responses_store_fair_keys),
