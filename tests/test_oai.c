@@ -307,22 +307,58 @@ static const struct {
     {"{\"messages\": \"hi\"}", "messages", "got a string"},
     {"{\"messages\": [5]}", "messages", "'messages[0]' must be an object"},
     {"{\"messages\": [{\"content\": \"x\"}]}", "messages", "'messages[0].role' must be"},
-    {"{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages", "no tools"},
+    {"{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", "messages",
+     "user, assistant and tool messages"},
     {"{\"messages\": [{\"role\": \"user\"}]}", "messages", "content' is required"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages", "got an integer"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", "messages",
      "'image_url' part; GPT-2 reads only text"},
     {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"tool_calls\": [{}]}]}",
-     "messages", "tools are not supported"},
+     "messages", "'messages[0].tool_calls[0]' must be"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": [{}]}]}", "messages",
+     "belongs to an assistant message"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
      "\"function\"}]}",
-     "tools", "cannot call tools"},
-    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"auto\"}",
-     "tool_choice", "not supported"},
-    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"function_call\": \"auto\"}",
-     "function_call", "'function_call' is not supported"},
+     "tools", "'tools[0].function.name' must be"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"web_search\"}]}",
+     "tools", "this server calls only function tools"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", "tools",
+     "'tools' must be a list"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"a b\"}}]}",
+     "tools", "'tools[0].function.name' must be"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", \"function\": "
+     "{\"name\": \"f\"}}]}",
+     "tools", "given twice"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\", \"parameters\": 5}}]}",
+     "tools", "must be a JSON Schema object"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}",
+     "tool_choice", "'tools' is empty"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"always\"}",
+     "tool_choice", "must be \"none\", \"auto\", \"required\""},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", "
+     "\"function\": {\"name\": \"g\"}}}",
+     "tool_choice", "not in 'tools'"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\"}}], \"response_format\": {\"type\": "
+     "\"json_object\"}}",
+     "response_format", "cannot be combined with 'tools'"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\", \"stop\": "
+     "\"}\"}",
+     "stop", "required tool call"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"parallel_tool_calls\": 1}",
+     "parallel_tool_calls", "must be a boolean"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}", "functions",
+     "old form of 'tools'"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"function_call\": \"sometimes\"}",
+     "function_call", "'function_call' must be"},
     {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"function_call\": {}}]}",
-     "messages", "'messages[0].function_call': tools are not supported"},
+     "messages", "'messages[0].function_call' is the old form"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
      "\"xml\"}}",
      "response_format", "type 'xml' is not supported"},
@@ -351,7 +387,8 @@ static const struct {
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 3, "
      "\"max_tokens\": \"junk\"}",
      "max_tokens", "got a string"},
-    {"{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"x\"}]}", "messages", "no tools"},
+    {"{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"x\"}]}", "messages",
+     "user, assistant and tool messages"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\\u0000z\", \"text\": "
      "\"x\"}]}]}",
      "messages", "GPT-2 reads only text"},

@@ -108,6 +108,12 @@ struct srv_api {
      * the tokenizer threads compile). */
     gram_vocab *gvocab;
     gram_cache *gcache;
+    /* Tool calls (chat_tools.c): the tokens of " <tool_call>" as a reply
+     * begins one, and every token's bit set (a free reply's mask); made at
+     * the first request with tools. */
+    int32_t *tool_marker;
+    size_t ntool_marker;
+    uint64_t *all_tokens;
     /* tokenize.c, tokpool.c: the tokenizer threads, the requests on them,
      * and those waiting for a tokenize slot (tokenize_concurrency), oldest
      * first; at most max_queue of them. */
@@ -399,6 +405,12 @@ void cmpl_sse_finish(srv_req *r, const srv_choice *c);
 void cmpl_chat_open(srv_req *r);
 /* The final events of a stream: an error or usage, then [DONE]. */
 void cmpl_finish_stream(srv_req *r);
+/* A chat or completions stream's end after its choices' last chunks: the
+ * error event or the usage chunk, then [DONE] (a shape that writes chat's
+ * chunks ends with it). */
+void cmpl_finish_stream_tail(srv_req *r);
+/* The usage object of a chat or completions answer. */
+json_t *cmpl_usage_json(const srv_req *r);
 /* The non-streaming answer (the continuation of a suspended completion). */
 enum MHD_Result cmpl_send(srv_req *r);
 /* The answer of an OpenAI error e (a parse's or a format's: its status). */
@@ -418,6 +430,17 @@ int cmpl_backlog(srv_req *r);
 /* Cancels a stream paused for longer than stream_stall_timeout, with an
  * error event; 1 if it did. */
 int cmpl_stall_check(srv_req *r, double now);
+/* ---- chat_tools.c ----------------------------------------------------------- */
+
+/* A chat request with tools to call (oreq.tool_mode): its answer's shape
+ * (tool_calls, finish_reason "tool_calls", the streamed delta.tool_calls)
+ * set on r, and what its sequences need. 0, or -1 (out of memory). */
+int tools_begin(srv_req *r);
+/* Sequence's mask for tool_choice auto: free text, unless the reply begins
+ * with the call's marker, then the marker's tokens and the call compiled in
+ * g (a reference is taken). 0, or -1 (out of memory). */
+int tools_mask_new(srv_req *r, gram *g, eng_mask *out);
+
 /* ---- embeddings.c ----------------------------------------------------------- */
 
 /* The engine requests an embeddings request keeps in flight at once: its

@@ -108,7 +108,7 @@ static size_t usage_cached(const srv_req *r)
 /* Every prompt counts once (as OpenAI counts it, whatever n and best_of),
  * every generated token of every candidate; the cached part of the prompts
  * in prompt_tokens_details (OpenAI's field). */
-static json_t *usage_json(const srv_req *r)
+json_t *cmpl_usage_json(const srv_req *r)
 {
     size_t pt = tok_prompt_tokens(r), ct = cmpl_completion_tokens(r);
     double total = log_now() - r->t_start;
@@ -129,6 +129,11 @@ void cmpl_finish_stream(srv_req *r)
         r->cmpl->shape->finish_stream(r);
         return;
     }
+    cmpl_finish_stream_tail(r);
+}
+
+void cmpl_finish_stream_tail(srv_req *r)
+{
     if (r->cmpl->error_status != 0) { /* after the headers: an error event, then [DONE] */
         oai_error e;
         oai_error_set(&e, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
@@ -139,7 +144,7 @@ void cmpl_finish_stream(srv_req *r)
     } else if (r->cmpl->oreq.include_usage) {
         json_t *o = cmpl_base(r);
         json_object_set_new(o, "choices", json_array());
-        json_object_set_new(o, "usage", usage_json(r));
+        json_object_set_new(o, "usage", cmpl_usage_json(r));
         cmpl_sse_event(r, o);
     }
     sse_done(&r->cmpl->sse);
@@ -345,7 +350,7 @@ static int answer_start(srv_req *r)
         cmpl_rank(mean, best_of, n, order);
         for (size_t k = 0; k < n; k++) j->ans.order[pi * n + k] = pi * best_of + order[k];
     }
-    json_t *usage = usage_json(r); /* all candidates, as of now */
+    json_t *usage = cmpl_usage_json(r); /* all candidates, as of now */
     j->ans.usage = usage ? json_dumps(usage, JSON_COMPACT) : NULL;
     json_decref(usage);
     json_t *base = cmpl_base(r);

@@ -551,7 +551,10 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
         .on_event = cmpl_on_event,
         .user = c,
     };
-    if (r->cmpl->grammar != NULL && format_mask_new(r->s, r->cmpl->grammar, &er.mask) != 0)
+    if (r->cmpl->grammar != NULL
+        && (q->tool_mode == OAI_TOOLS_AUTO ? tools_mask_new(r, r->cmpl->grammar, &er.mask)
+                                           : format_mask_new(r->s, r->cmpl->grammar, &er.mask))
+               != 0)
         return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     eng_status st = eng_sched_submit(r->s->sched, &er, &c->id, err, errlen);
     if (st != ENG_OK) {
@@ -609,6 +612,8 @@ enum MHD_Result cmpl_admit(srv_req *r)
                                "The server is shutting down; retry on another replica");
     if (!prompts_fit(r, &rc)) return rc;
     if (!answer_fits(r, &rc)) return rc;
+    if (q->tool_mode != OAI_TOOLS_NONE && r->cmpl->shape == NULL && tools_begin(r) != 0)
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     /* One engine request per prompt and candidate (best_of >= n of them). */
     /* The count only once the array exists: the usage and close hooks walk
      * choices[0 .. nchoices). */

@@ -53,6 +53,8 @@ void oai_request_free(oai_request *r)
     free(r->bias);
     free(r->cache_salt);
     free(r->format_src);
+    for (size_t i = 0; i < r->ntools; i++) free(r->tool_names[i]);
+    free(r->tool_names);
     memset(r, 0, sizeof *r);
     r->format = OAI_FORMAT_NONE;
 }

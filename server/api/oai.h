@@ -82,10 +82,25 @@ typedef struct {
     char *format_src;
     size_t format_len;
     char format_param[48];
+    /* Function tools (chat; docs/api.md "Tool calls"): their names, and
+     * how a reply may call one. A call is written as OAI_TOOL_CALL_BEGIN
+     * then {"name": ..., "arguments": {...}} (format_src: the schema of that
+     * object, one branch a tool): with REQUIRED (tool_choice required or a
+     * named function) the reply is that object from its first token, the
+     * marker at the end of the prompt; with AUTO the reply may begin with
+     * the marker, and then the rest is that object. */
+    char **tool_names; /* owned */
+    size_t ntools;
+    int tool_mode; /* oai_tool_mode */
     /* POST /v1/embeddings: prompts are the inputs, each an embedding */
     int embed;
     int embed_base64; /* encoding_format base64 */
 } oai_request;
+
+typedef enum { OAI_TOOLS_NONE = 0, OAI_TOOLS_AUTO = 1, OAI_TOOLS_REQUIRED = 2 } oai_tool_mode;
+#define OAI_TOOL_CALL_BEGIN "<tool_call>"
+#define OAI_TOOL_CALL_END "</tool_call>"
+#define OAI_MAX_TOOLS 128
 
 /* What the output must be (the values of structured/include/structured.h's
  * gram_kind, plus none; the server maps them). */

@@ -78,7 +78,227 @@ int oai_role_of(const char *name, oai_role *out)
     return 0;
 }
 
-/* messages -> the template's text, as the one prompt of r. */
+/* ---- Function tools ------------------------------------------------------
+ * tools, tool_choice and parallel_tool_calls; what the prompt says of them
+ * (a system message listing them and how to call one; an assistant's
+ * earlier calls in the same form; a tool's result as a user message), and
+ * the schema of a call. */
+
+/* A function name as OpenAI takes it: 1-64 of a-z, A-Z, 0-9, _ and -. */
+static int name_ok(const json_t *v)
+{
+    if (!json_is_string(v)) return 0;
+    size_t n = json_string_length(v);
+    const char *p = json_string_value(v);
+    if (n == 0 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z')
+              || (p[i] >= '0' && p[i] <= '9') || p[i] == '_' || p[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* tools -> r->tool_names, the call schema (r->format_src) and, into b, the
+ * prompt's system message that lists them; tool_choice -> r->tool_mode. 0,
+ * or -1 with err. Nothing happens without tools or with tool_choice none. */
+static int parse_tools(const json_t *o, const oai_template *t, oai_request *r, oai_textbuf *b,
+                       oai_error *err)
+{
+    const json_t *tools = json_object_get(o, "tools");
+    const json_t *choice = json_object_get(o, "tool_choice");
+    if (choice == NULL || json_is_null(choice)) choice = json_object_get(o, "function_call");
+    if (json_object_get(o, "functions") != NULL && !json_is_null(json_object_get(o, "functions")))
+        return oai_bad(err, "functions", "'functions' is the old form of 'tools': send 'tools'");
+    const json_t *par = json_object_get(o, "parallel_tool_calls");
+    if (par != NULL && !json_is_null(par) && !json_is_boolean(par))
+        return oai_bad(err, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    size_t n = 0;
+    if (tools != NULL && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return oai_bad(err, "tools", "'tools' must be a list, got %s", oai_json_kind(tools));
+        n = json_array_size(tools);
+        if (n > OAI_MAX_TOOLS)
+            return oai_bad(err, "tools", "'tools' has %zu tools; the limit is %d", n,
+                           OAI_MAX_TOOLS);
+    }
+    const char *named = NULL;
+    int mode = n > 0 ? OAI_TOOLS_AUTO : OAI_TOOLS_NONE;
+    const char *cparam = json_object_get(o, "tool_choice") ? "tool_choice" : "function_call";
+    if (choice != NULL && !json_is_null(choice)) {
+        if (oai_str_is(choice, "none"))
+            mode = OAI_TOOLS_NONE;
+        else if (oai_str_is(choice, "auto"))
+            mode = n > 0 ? OAI_TOOLS_AUTO : OAI_TOOLS_NONE;
+        else if (oai_str_is(choice, "required"))
+            mode = OAI_TOOLS_REQUIRED;
+        else if (json_is_object(choice) && oai_str_is(json_object_get(choice, "type"), "function")
+                 && name_ok(json_object_get(json_object_get(choice, "function"), "name"))) {
+            mode = OAI_TOOLS_REQUIRED;
+            named = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+        } else {
+            return oai_bad(err, cparam,
+                           "'%s' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                           "\"function\", \"function\": {\"name\": ...}}",
+                           cparam);
+        }
+        if (mode == OAI_TOOLS_REQUIRED && n == 0)
+            return oai_bad(err, cparam, "'%s' asks for a tool call, but 'tools' is empty", cparam);
+    }
+    json_t *branches = json_array(), *listing = json_array();
+    if (branches == NULL || listing == NULL) goto oom;
+    int found = named == NULL;
+    r->tool_names = n ? calloc(n, sizeof *r->tool_names) : NULL;
+    if (n && r->tool_names == NULL) goto oom;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *tool = json_array_get(tools, i);
+        const json_t *type = json_object_get(tool, "type");
+        if (!json_is_object(tool) || !json_is_string(type)) {
+            oai_bad(err, "tools",
+                    "'tools[%zu]' must be {\"type\": \"function\", \"function\": {...}}", i);
+            goto fail;
+        }
+        if (!oai_str_is(type, "function")) {
+            oai_bad(err, "tools",
+                    "'tools[%zu].type' is '%.40s': this server calls only function tools", i,
+                    json_string_value(type));
+            goto fail;
+        }
+        const json_t *fn = json_object_get(tool, "function");
+        const json_t *name = json_object_get(fn, "name"),
+                     *desc = json_object_get(fn, "description");
+        const json_t *params = json_object_get(fn, "parameters"),
+                     *strict = json_object_get(fn, "strict");
+        if (!json_is_object(fn) || !name_ok(name)) {
+            oai_bad(err, "tools",
+                    "'tools[%zu].function.name' must be 1 to 64 letters, digits, '_' or '-'", i);
+            goto fail;
+        }
+        if (desc != NULL && !json_is_null(desc) && !json_is_string(desc)) {
+            oai_bad(err, "tools", "'tools[%zu].function.description' must be a string", i);
+            goto fail;
+        }
+        if (params != NULL && !json_is_null(params) && !json_is_object(params)) {
+            oai_bad(err, "tools", "'tools[%zu].function.parameters' must be a JSON Schema object",
+                    i);
+            goto fail;
+        }
+        if (strict != NULL && !json_is_null(strict) && !json_is_boolean(strict)) {
+            oai_bad(err, "tools", "'tools[%zu].function.strict' must be a boolean", i);
+            goto fail;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(r->tool_names[k], json_string_value(name)) == 0) {
+                oai_bad(err, "tools", "'tools[%zu].function.name' '%s' is given twice", i,
+                        r->tool_names[k]);
+                goto fail;
+            }
+        if ((r->tool_names[i] = strdup(json_string_value(name))) == NULL) goto oom;
+        r->ntools = i + 1;
+        json_t *p = params != NULL && !json_is_null(params)
+                        ? json_deep_copy(params)
+                        : json_pack("{s:s, s:{}}", "type", "object", "properties");
+        if (named == NULL || strcmp(named, r->tool_names[i]) == 0) {
+            found |= named != NULL;
+            if (json_array_append_new(branches,
+                                      json_pack("{s:s, s:{s:{s:s}, s:O}, s:[s,s], s:b}", "type",
+                                                "object", "properties", "name", "const",
+                                                r->tool_names[i], "arguments", p, "required",
+                                                "name", "arguments", "additionalProperties", 0))
+                != 0)
+                goto oom_p;
+        }
+        json_t *entry = json_pack("{s:s, s:O}", "name", r->tool_names[i], "parameters", p);
+        if (entry != NULL && desc != NULL && json_is_string(desc))
+            json_object_set(entry, "description", (json_t *)desc);
+        if (entry == NULL || json_array_append_new(listing, entry) != 0) goto oom_p;
+        json_decref(p);
+        continue;
+    oom_p:
+        json_decref(p);
+        goto oom;
+    }
+    if (!found) {
+        oai_bad(err, cparam, "'%s' names the function '%s', which is not in 'tools'", cparam,
+                named);
+        goto fail;
+    }
+    if (mode != OAI_TOOLS_NONE && r->format != OAI_FORMAT_NONE) {
+        oai_bad(err, r->format_param,
+                "'%s' cannot be combined with 'tools': a tool call has a format of its own "
+                "(send tool_choice \"none\" to use '%s')",
+                r->format_param, r->format_param);
+        goto fail;
+    }
+    if (mode == OAI_TOOLS_REQUIRED && r->nstop > 0) {
+        oai_bad(err, "stop",
+                "'stop' cannot be combined with a required tool call: a stop string would cut "
+                "the call short");
+        goto fail;
+    }
+    r->tool_mode = mode;
+    if (mode != OAI_TOOLS_NONE) {
+        json_t *schema = json_array_size(branches) == 1 ? json_incref(json_array_get(branches, 0))
+                                                        : json_pack("{s:O}", "anyOf", branches);
+        r->format_src = schema ? json_dumps(schema, JSON_COMPACT) : NULL;
+        json_decref(schema);
+        if (r->format_src == NULL) goto oom;
+        r->format_len = strlen(r->format_src);
+        r->format = OAI_FORMAT_SCHEMA;
+        snprintf(r->format_param, sizeof r->format_param, "tools");
+        /* The system message that lists them. */
+        if (tb_str(b, t->prefix[OAI_ROLE_SYSTEM]) != 0
+            || tb_str(b, "You can call these tools. To call one, answer with " OAI_TOOL_CALL_BEGIN
+                         "{\"name\": ..., \"arguments\": {...}}" OAI_TOOL_CALL_END ".\n")
+                   != 0)
+            goto oom;
+        for (size_t i = 0; i < json_array_size(listing); i++) {
+            char *line = json_dumps(json_array_get(listing, i), JSON_COMPACT);
+            int bad = line == NULL || tb_str(b, line) != 0 || tb_str(b, "\n") != 0;
+            free(line);
+            if (bad) goto oom;
+        }
+        if (tb_str(b, t->suffix[OAI_ROLE_SYSTEM]) != 0) goto oom;
+    }
+    json_decref(branches);
+    json_decref(listing);
+    return 0;
+oom:
+    oai_bad(err, "tools", "out of memory");
+fail:
+    json_decref(branches);
+    json_decref(listing);
+    return -1;
+}
+
+/* An assistant message's tool_calls, each as the model would write it. */
+static int add_calls(oai_textbuf *b, const json_t *calls, size_t i, oai_error *err)
+{
+    if (!json_is_array(calls))
+        return oai_bad(err, "messages", "'messages[%zu].tool_calls' must be a list", i);
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        const json_t *c = json_array_get(calls, k), *fn = json_object_get(c, "function");
+        const json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(name)
+            || (args != NULL && !json_is_string(args)))
+            return oai_bad(err, "messages",
+                           "'messages[%zu].tool_calls[%zu]' must be {\"id\", \"type\": "
+                           "\"function\", \"function\": {\"name\", \"arguments\": a string}}",
+                           i, k);
+        json_t *a = args ? json_loads(json_string_value(args), JSON_DECODE_ANY, NULL) : NULL;
+        json_t *call = json_pack("{s:O, s:o}", "name", name, "arguments",
+                                 a ? a : json_string(args ? json_string_value(args) : ""));
+        char *txt = call ? json_dumps(call, JSON_COMPACT) : NULL;
+        json_decref(call);
+        int bad = txt == NULL || tb_str(b, OAI_TOOL_CALL_BEGIN) != 0 || tb_str(b, txt) != 0
+                  || tb_str(b, OAI_TOOL_CALL_END) != 0;
+        free(txt);
+        if (bad) return oai_bad(err, "messages", "out of memory");
+    }
+    return 0;
+}
+
+/* messages -> the template's text, as the one prompt of r (the tools'
+ * system message first, when there are tools to call). */
 static int render_messages(const json_t *o, const oai_template *t, oai_request *r, oai_error *err)
 {
     const json_t *msgs = json_object_get(o, "messages");
@@ -89,6 +309,7 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
                        json_is_array(msgs) ? "an empty list" : oai_json_kind(msgs));
     oai_textbuf b = {0};
     if (tb_str(&b, t->begin) != 0) goto oom;
+    if (parse_tools(o, t, r, &b, err) != 0) goto fail;
     for (size_t i = 0; i < json_array_size(msgs); i++) {
         const json_t *m = json_array_get(msgs, i);
         if (!json_is_object(m)) {
@@ -102,32 +323,46 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
             oai_bad(err, "messages", "'messages[%zu].role' must be a string", i);
             goto fail;
         }
-        if (memchr(json_string_value(role), '\0', json_string_length(role)) != NULL
-            || oai_role_of(json_string_value(role), &rl) != 0) {
-            oai_bad(
-                err, "messages",
-                "'messages[%zu].role' is '%.40s'; this server takes system, developer, user and "
-                "assistant messages (no tools)",
-                i, json_string_value(role));
+        /* A tool's result reads as a user message in the prompt. */
+        int tool = oai_str_is(role, "tool");
+        if (tool)
+            rl = OAI_ROLE_USER;
+        else if (memchr(json_string_value(role), '\0', json_string_length(role)) != NULL
+                 || oai_role_of(json_string_value(role), &rl) != 0) {
+            oai_bad(err, "messages",
+                    "'messages[%zu].role' is '%.40s'; this server takes system, developer, "
+                    "user, assistant and tool messages",
+                    i, json_string_value(role));
             goto fail;
         }
         const json_t *calls = json_object_get(m, "tool_calls");
-        if (calls == NULL || json_is_null(calls)) calls = json_object_get(m, "function_call");
-        if (calls != NULL && !json_is_null(calls)) {
-            oai_bad(err, "messages", "'messages[%zu].%s': tools are not supported", i,
-                    json_object_get(m, "tool_calls") != NULL ? "tool_calls" : "function_call");
+        if (json_object_get(m, "function_call") != NULL
+            && !json_is_null(json_object_get(m, "function_call"))) {
+            oai_bad(err, "messages",
+                    "'messages[%zu].function_call' is the old form: send tool_calls", i);
+            goto fail;
+        }
+        int has_calls = calls != NULL && !json_is_null(calls) && json_array_size(calls) > 0;
+        if (has_calls && rl != OAI_ROLE_ASSISTANT) {
+            oai_bad(err, "messages", "'messages[%zu].tool_calls' belongs to an assistant message",
+                    i);
             goto fail;
         }
         const json_t *content = json_object_get(m, "content");
-        if (content == NULL || json_is_null(content)) {
+        if ((content == NULL || json_is_null(content)) && !has_calls) {
             oai_bad(err, "messages", "'messages[%zu].content' is required", i);
             goto fail;
         }
         if (tb_str(&b, t->prefix[rl]) != 0) goto oom;
-        if (add_content(&b, content, i, err) != 0) goto fail;
+        if (tool && tb_str(&b, "Tool result: ") != 0) goto oom;
+        if (content != NULL && !json_is_null(content) && add_content(&b, content, i, err) != 0)
+            goto fail;
+        if (has_calls && add_calls(&b, calls, i, err) != 0) goto fail;
         if (tb_str(&b, t->suffix[rl]) != 0) goto oom;
     }
     if (tb_str(&b, t->generation) != 0) goto oom;
+    /* A call it must make: the marker is the prompt's, the object the reply. */
+    if (r->tool_mode == OAI_TOOLS_REQUIRED && tb_str(&b, " " OAI_TOOL_CALL_BEGIN) != 0) goto oom;
     r->prompts = calloc(1, sizeof *r->prompts);
     if (r->prompts == NULL) goto oom;
     r->nprompts = 1;
@@ -157,8 +392,8 @@ int oai_refuse(const json_t *o, const char *key, const char *why, int loose, oai
  * 0, or -1 with the error in err (out of memory). */
 int oai_template_stops(oai_request *r, const oai_template *t, oai_error *err)
 {
-    for (size_t i = 0; r->format == OAI_FORMAT_NONE && i < t->nstop && r->nstop < OAI_STOP_CAP;
-         i++) {
+    int free_reply = r->format == OAI_FORMAT_NONE || r->tool_mode == OAI_TOOLS_AUTO;
+    for (size_t i = 0; free_reply && i < t->nstop && r->nstop < OAI_STOP_CAP; i++) {
         size_t n = strlen(t->stop[i]);
         r->stop[r->nstop] = malloc(n + 1);
         if (r->stop[r->nstop] == NULL) return oai_bad(err, "stop", "out of memory");
@@ -175,20 +410,7 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
     json_t *o = oai_parse_body(body, len, r, err);
     if (o == NULL) goto done;
     r->chat = 1;
-    if (oai_refuse(o, "tools", "GPT-2 cannot call tools", 0, err) != 0
-        || oai_refuse(o, "functions", "GPT-2 cannot call functions", 0, err) != 0
-        || oai_refuse(o, "audio", "GPT-2 writes only text", 0, err) != 0)
-        goto done;
-    /* tool_choice and the older function_call: only "none" (or null). */
-    static const char *const choices[] = {"tool_choice", "function_call"};
-    for (size_t i = 0; i < 2; i++) {
-        const json_t *tc = json_object_get(o, choices[i]);
-        if (tc != NULL && !json_is_null(tc) && !oai_str_is(tc, "none")) {
-            oai_bad(err, choices[i], "'%s' is not supported: GPT-2 cannot call tools", choices[i]);
-            goto done;
-        }
-    }
-    if (render_messages(o, t, r, err) != 0) goto done;
+    if (oai_refuse(o, "audio", "GPT-2 writes only text", 0, err) != 0) goto done;
     /* max_completion_tokens is the current name, max_tokens the old one;
      * both are checked, the current one wins. Without either, the reply may
      * run to chat_max_tokens (the server also caps it by the context): a
@@ -205,6 +427,8 @@ int oai_parse_chat(const char *body, size_t len, const oai_limits *lim, const oa
                     : lim->chat_max_tokens < lim->max_tokens_limit ? lim->chat_max_tokens
                                                                    : lim->max_tokens_limit;
     if (oai_parse_shared(o, lim, r, err) != 0) goto done;
+    /* After the shared fields: the tools' call is a format of its own. */
+    if (render_messages(o, t, r, err) != 0) goto done;
     r->best_of = r->n;
     int logprobs = 0;
     if (oai_get_bool(o, "logprobs", &logprobs, err) != 0) goto done;

@@ -621,6 +621,8 @@ done:
     eng_sched_free(s.sched);
     eng_model_free(a.model);
     gram_cache_free(a.gcache);
+    free(a.tool_marker);
+    free(a.all_tokens);
     gram_vocab_free(a.gvocab);
     bpe_free(a.tok);
     if (s.loop != NULL) uv_loop_close(s.loop);

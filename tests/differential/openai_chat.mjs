@@ -68,8 +68,8 @@ if (!usage || usage.completion_tokens !== r.usage.completion_tokens) fail('strea
 
 // Errors in OpenAI's shape.
 try {
-  await client.chat.completions.create({ ...base, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] });
-  fail('tools accepted');
+  await client.chat.completions.create({ ...base, tools: [{ type: 'web_search' }] });
+  fail('a web_search tool accepted');
 } catch (e) {
   if (e.status !== 400 || e.param !== 'tools') fail('tools error ' + e.status + ' ' + e.param);
 }

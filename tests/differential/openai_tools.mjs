@@ -1,0 +1,131 @@
+#!/usr/bin/env node
+// tests/differential/openai_tools.mjs BASE_URL [API_KEY]: function tools on
+// /v1/chat/completions through the clients agent code is built on: the
+// OpenAI client for Node (chat.completions.create with tools and
+// tool_choice required or a named function, whole and streamed: the
+// streamed delta.tool_calls put together give the whole answer's call), a
+// follow-up turn carrying the call and its result (role tool), the AI SDK's
+// generateText with tools and toolChoice 'required' (on openai.chat), and
+// LangChain's bindTools and withStructuredOutput({method:
+// 'functionCalling'}). Every call's arguments are validated by ajv against
+// its tool's parameters. The model is random: the grammar, not the model,
+// makes the calls valid. Exit 77 (skipped) when the packages are missing.
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+let OpenAI, createOpenAI, generateText, tool, jsonSchema, ChatOpenAI, z, Ajv2020;
+try {
+  OpenAI = require('openai');
+  ({ createOpenAI } = require('@ai-sdk/openai'));
+  ({ generateText, tool, jsonSchema } = require('ai'));
+  ({ ChatOpenAI } = require('@langchain/openai'));
+  ({ z } = require('zod'));
+  Ajv2020 = require('ajv/dist/2020').default;
+} catch (e) {
+  console.error('SKIP: npm packages openai / ai / @ai-sdk/openai / @langchain/openai / zod / ajv are not installed (cd tests/differential && npm ci): ' + e.message);
+  process.exit(77);
+}
+const baseURL = process.argv[2];
+const apiKey = process.argv[3] || 'test-key-123';
+const fail = (msg) => { console.error('FAIL: ' + msg); process.exit(1); };
+const ajv = new Ajv2020({ strict: false });
+
+const weather = {
+  type: 'object',
+  properties: { city: { type: 'string', maxLength: 20 }, unit: { enum: ['c', 'f'] } },
+  required: ['city', 'unit'], additionalProperties: false,
+};
+const add = {
+  type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' } },
+  required: ['a', 'b'], additionalProperties: false,
+};
+const tools = [
+  { type: 'function', function: { name: 'get_weather', description: 'The weather in a city', parameters: weather } },
+  { type: 'function', function: { name: 'add', description: 'Adds two integers', parameters: add } },
+];
+const schemaOf = { get_weather: weather, add };
+const checkCall = (call, what, name) => {
+  if (!call || call.type !== 'function' || !/^call_[0-9a-f]{24}$/.test(call.id)) fail(`${what}: the call ${JSON.stringify(call)}`);
+  if (name && call.function.name !== name) fail(`${what}: called ${call.function.name}, not ${name}`);
+  const s = schemaOf[call.function.name];
+  if (!s) fail(`${what}: no tool ${call.function.name}`);
+  let args;
+  try { args = JSON.parse(call.function.arguments); } catch (e) { fail(`${what}: arguments are not JSON: ${call.function.arguments}`); }
+  if (!ajv.validate(s, args)) fail(`${what}: ${call.function.arguments}: ${ajv.errorsText()}`);
+  return args;
+};
+const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
+
+// Whole answers: required (either tool) and a named function.
+for (const seed of [1, 2, 3]) {
+  const r = await client.chat.completions.create({ model: 'gpt2', messages, tools, tool_choice: 'required', seed, max_tokens: 200 });
+  const c = r.choices[0];
+  if (c.finish_reason !== 'tool_calls' || c.message.content !== null || c.message.tool_calls.length !== 1)
+    fail('required: ' + JSON.stringify(c));
+  checkCall(c.message.tool_calls[0], `required seed ${seed}`);
+}
+const named = await client.chat.completions.create({
+  model: 'gpt2', messages, tools, seed: 4, max_tokens: 200,
+  tool_choice: { type: 'function', function: { name: 'add' } },
+});
+const call = named.choices[0].message.tool_calls[0];
+checkCall(call, 'named add', 'add');
+
+// Streamed: the deltas put together are the same call as the whole answer
+// (the same seed; the id is the response's own).
+const body = { model: 'gpt2', messages, tools, tool_choice: 'required', seed: 1, max_tokens: 200 };
+const whole = (await client.chat.completions.create(body)).choices[0].message.tool_calls[0];
+let id = null, name = '', args = '', finish = null, role = null;
+for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+  if (!Array.isArray(chunk.choices)) fail("a chunk without choices: " + JSON.stringify(chunk));
+  const d = chunk.choices[0]?.delta ?? {};
+  if (d.role) role = d.role;
+  for (const t of d.tool_calls ?? []) {
+    if (t.index !== 0) fail('a second call index ' + t.index);
+    if (t.id) { if (id) fail('the id came twice'); id = t.id; }
+    if (t.function?.name) name += t.function.name;
+    if (t.function?.arguments) args += t.function.arguments;
+  }
+  if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+}
+if (role !== 'assistant' || finish !== 'tool_calls') fail(`stream: role ${role}, finish ${finish}`);
+if (!/^call_[0-9a-f]{24}$/.test(id) || name !== whole.function.name || args !== whole.function.arguments)
+  fail(`stream ${JSON.stringify({ id, name, args })} != whole ${JSON.stringify(whole)}`);
+
+// The next turn: the call and its result go back; the server reads both.
+const next = await client.chat.completions.create({
+  model: 'gpt2', max_tokens: 8, seed: 5, tools,
+  messages: [...messages, named.choices[0].message, { role: 'tool', tool_call_id: call.id, content: '{"result": 7}' }],
+});
+if (typeof next.choices[0].message.content !== 'string') fail('the turn after a tool result: ' + JSON.stringify(next.choices[0]));
+
+// The AI SDK: generateText with tools and toolChoice 'required' on the chat model.
+const openai = createOpenAI({ baseURL, apiKey });
+const g = await generateText({
+  model: openai.chat('gpt2'), prompt: 'What is the weather in Paris?', maxRetries: 0, seed: 6,
+  toolChoice: 'required',
+  tools: { get_weather: tool({ description: 'The weather in a city', inputSchema: jsonSchema(weather) }) },
+});
+if (g.toolCalls.length !== 1 || g.toolCalls[0].toolName !== 'get_weather') fail('ai toolCalls ' + JSON.stringify(g.toolCalls));
+if (!ajv.validate(weather, g.toolCalls[0].input)) fail('ai input ' + JSON.stringify(g.toolCalls[0].input));
+
+// LangChain: bindTools (a named tool), and withStructuredOutput through a function call.
+const llm = new ChatOpenAI({ model: 'gpt2', apiKey, maxRetries: 0, maxTokens: 200, configuration: { baseURL } });
+const bound = llm.bindTools([tools[0]], { tool_choice: 'get_weather' });
+const m = await bound.invoke('What is the weather in Paris?');
+if (m.tool_calls?.length !== 1 || m.tool_calls[0].name !== 'get_weather') fail('langchain bindTools ' + JSON.stringify(m.tool_calls));
+if (!ajv.validate(weather, m.tool_calls[0].args)) fail('langchain args ' + JSON.stringify(m.tool_calls[0].args));
+const Person = z.object({ name: z.string().max(12), age: z.number().int().min(0).max(120) });
+const so = llm.withStructuredOutput(Person, { method: 'functionCalling', name: 'person' });
+const p = await so.invoke('Describe a person.');
+if (!Person.safeParse(p).success) fail('langchain withStructuredOutput ' + JSON.stringify(p));
+
+// Refusals reach the client as its errors.
+try {
+  await client.chat.completions.create({ model: 'gpt2', messages, tools: [{ type: 'web_search' }] });
+  fail('a web_search tool was accepted');
+} catch (e) {
+  if (e.status !== 400 || e.param !== 'tools') fail('web_search: ' + e);
+}
+console.log('tool clients: ok');
