@@ -440,6 +440,35 @@ int tools_begin(srv_req *r);
  * with the call's marker, then the marker's tokens and the call compiled in
  * g (a reference is taken). 0, or -1 (out of memory). */
 int tools_mask_new(srv_req *r, gram *g, eng_mask *out);
+/* A whole reply read as a call (mode: the request's tool_mode): 1 with its
+ * name and arguments (compact JSON), both malloc'd; 0 when it is text or a
+ * call cut short. */
+int tools_parse_call(const char *text, size_t len, int mode, char **name, char **args);
+/* The id of choice index's call: "call_" and 24 hex digits. */
+void tools_call_id(const srv_req *r, size_t index, char *out, size_t len);
+/* A reply read as it streams (chat's and Responses' streams): its text
+ * goes to ops->text, a call to ops->head (its name, once known) and then
+ * ops->args (the arguments in pieces). */
+typedef struct {
+    void (*text)(void *u, const char *p, size_t n);
+    void (*head)(void *u, const char *name, size_t n);
+    void (*args)(void *u, const char *p, size_t n);
+} tools_reader_ops;
+typedef struct {
+    int state;
+    char *buf;
+    size_t len, cap;
+} tools_reader;
+void tools_reader_init(tools_reader *t, int mode);
+void tools_reader_free(tools_reader *t);
+/* n more bytes of the reply (whole characters). 0, or -1 (out of memory). */
+int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_reader_ops *ops,
+                      void *u);
+/* The reply ended (cut: by max_tokens): what was held goes out; 1 when it
+ * was a whole call. */
+int tools_reader_end(tools_reader *t, int cut, const tools_reader_ops *ops, void *u);
+/* 1 once the reply is known to be a call. */
+int tools_reader_is_call(const tools_reader *t);
 
 /* ---- embeddings.c ----------------------------------------------------------- */
 

@@ -158,38 +158,9 @@ int tools_mask_new(srv_req *r, gram *g, eng_mask *out)
 
 /* ---- Reading a reply as a call --------------------------------------------- */
 
-/* One choice's reply as it streams: undecided (auto: while it may still be
- * the marker), text, or a call: its head ({"name":"N","arguments":) until
- * the name is known, then the arguments, a last '}' held back (it may
- * close the call's object). */
-enum { TR_DECIDE, TR_TEXT, TR_HEAD, TR_ARGS };
-
-typedef struct {
-    int state;
-    char *buf; /* TR_DECIDE, TR_HEAD: what came so far; TR_ARGS: the held byte */
-    size_t len, cap;
-    int sent_head; /* the call's first delta went */
-    int called;    /* the reply is a call */
-} tool_reader;
-
-typedef struct {
-    tool_reader *rd; /* one per choice */
-    size_t n;
-} tools_state;
-
-static tools_state *state_of(const srv_req *r)
-{
-    return r->cmpl->shape_data;
-}
-
-static int mode_of(const srv_req *r)
-{
-    return r->cmpl->oreq.tool_mode;
-}
-
 /* The call's id: "call_" and 24 hex digits of a keyed hash of the request
  * and the choice (not guessable, the same in every delta of a stream). */
-static void call_id(const srv_req *r, size_t index, char *out, size_t len)
+void tools_call_id(const srv_req *r, size_t index, char *out, size_t len)
 {
     unsigned char m[64];
     size_t n = strlen(r->id);
@@ -203,11 +174,10 @@ static void call_id(const srv_req *r, size_t index, char *out, size_t len)
              (unsigned long long)(b & 0xffffffffu));
 }
 
-/* A whole reply as a call: name and arguments (compact JSON text, owned),
- * or 0 when it is not one (text, or a call cut short). */
-static int parse_call(const char *text, size_t len, int mode, char **name, char **args)
+int tools_parse_call(const char *text, size_t len, int mode, char **name, char **args)
 {
     static const char begin[] = OAI_TOOL_CALL_BEGIN;
+    if (mode == OAI_TOOLS_NONE) return 0;
     if (mode == OAI_TOOLS_AUTO) {
         if (len < sizeof begin - 1 || memcmp(text, begin, sizeof begin - 1) != 0) return 0;
         text += sizeof begin - 1;
@@ -232,16 +202,120 @@ static int parse_call(const char *text, size_t len, int mode, char **name, char 
 static json_t *call_json(const srv_req *r, size_t index, const char *name, const char *args)
 {
     char id[48];
-    call_id(r, index, id, sizeof id);
+    tools_call_id(r, index, id, sizeof id);
     return json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
                      name, "arguments", args);
 }
 
+/* ---- A reply read as it streams ------------------------------------------
+ * Undecided (auto: while it may still be the marker), text, or a call: its
+ * head ({"name":"N","arguments":) until the name is known, then the
+ * arguments, a last '}' held back (it may close the call's object). */
+
+enum { TR_DECIDE, TR_TEXT, TR_HEAD, TR_ARGS };
+
+void tools_reader_init(tools_reader *t, int mode)
+{
+    *t = (tools_reader){.state = mode == OAI_TOOLS_REQUIRED ? TR_HEAD
+                                 : mode == OAI_TOOLS_AUTO   ? TR_DECIDE
+                                                            : TR_TEXT};
+}
+
+void tools_reader_free(tools_reader *t)
+{
+    free(t->buf);
+    t->buf = NULL;
+}
+
+/* TR_ARGS: what came goes on as arguments but a last '}' (held: t->buf is
+ * that one byte, or nothing). Whole characters only: the texts come as
+ * whole characters, and '}' is one. */
+static void send_held(tools_reader *t, const tools_reader_ops *ops, void *u)
+{
+    size_t keep = t->len > 0 && t->buf[t->len - 1] == '}';
+    if (t->len > keep) ops->args(u, t->buf, t->len - keep);
+    if (keep) t->buf[0] = '}';
+    t->len = keep;
+}
+
+/* TR_HEAD: the name, once {"name":"N","arguments": has come. */
+static void read_head(tools_reader *t, const tools_reader_ops *ops, void *u)
+{
+    static const char pre[] = "{\"name\":\"", mid[] = "\",\"arguments\":";
+    if (t->len <= sizeof pre - 1) return;
+    const char *end = memchr(t->buf + sizeof pre - 1, '"', t->len - (sizeof pre - 1));
+    if (end == NULL) return;
+    size_t at = (size_t)(end - t->buf);
+    if (t->len < at + sizeof mid - 1) return;
+    ops->head(u, t->buf + sizeof pre - 1, at - (sizeof pre - 1));
+    t->state = TR_ARGS;
+    size_t rest = t->len - (at + sizeof mid - 1);
+    memmove(t->buf, t->buf + at + sizeof mid - 1, rest);
+    t->len = rest;
+    send_held(t, ops, u);
+}
+
+int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_reader_ops *ops,
+                      void *u)
+{
+    static const char begin[] = OAI_TOOL_CALL_BEGIN;
+    if (n == 0) return 0;
+    if (t->state == TR_TEXT) {
+        ops->text(u, p, n);
+        return 0;
+    }
+    if (http_append(&t->buf, &t->len, &t->cap, p, n) != 0) return -1;
+    if (t->state == TR_DECIDE) {
+        size_t k = t->len < sizeof begin - 1 ? t->len : sizeof begin - 1;
+        if (memcmp(t->buf, begin, k) != 0) { /* text after all */
+            t->state = TR_TEXT;
+            ops->text(u, t->buf, t->len);
+            t->len = 0;
+            return 0;
+        }
+        if (t->len < sizeof begin - 1) return 0;
+        memmove(t->buf, t->buf + sizeof begin - 1, t->len - (sizeof begin - 1));
+        t->len -= sizeof begin - 1;
+        t->state = TR_HEAD;
+    }
+    if (t->state == TR_HEAD)
+        read_head(t, ops, u);
+    else
+        send_held(t, ops, u);
+    return 0;
+}
+
+int tools_reader_end(tools_reader *t, int cut, const tools_reader_ops *ops, void *u)
+{
+    if (t->state == TR_DECIDE && t->len > 0) { /* it could still have been the marker */
+        ops->text(u, t->buf, t->len);
+        t->len = 0;
+    }
+    int whole = t->state == TR_ARGS && t->len == 1 && !cut;
+    if (t->state == TR_ARGS && t->len == 1 && !whole) ops->args(u, t->buf, 1);
+    return whole;
+}
+
+int tools_reader_is_call(const tools_reader *t)
+{
+    return t->state == TR_HEAD || t->state == TR_ARGS;
+}
+
 /* ---- The stream ------------------------------------------------------------ */
 
-static int rd_add(tool_reader *t, const char *p, size_t n)
+typedef struct {
+    tools_reader *rd; /* one per choice */
+    size_t n;
+} tools_state;
+
+static tools_state *state_of(const srv_req *r)
 {
-    return http_append(&t->buf, &t->len, &t->cap, p, n);
+    return r->cmpl->shape_data;
+}
+
+static int mode_of(const srv_req *r)
+{
+    return r->cmpl->oreq.tool_mode;
 }
 
 static void send_delta(srv_req *r, size_t index, json_t *delta, const char *finish)
@@ -255,89 +329,35 @@ static void send_delta(srv_req *r, size_t index, json_t *delta, const char *fini
     cmpl_sse_event(r, o);
 }
 
-static void send_text(srv_req *r, size_t index, const char *p, size_t n)
+/* The reader's ops for chat: u is the choice. */
+static void chat_text(void *u, const char *p, size_t n)
 {
-    if (n > 0) send_delta(r, index, json_pack("{s:s%}", "content", p, n), NULL);
+    srv_choice *c = u;
+    send_delta(c->req, c->index, json_pack("{s:s%}", "content", p, n), NULL);
 }
 
-static void send_args(srv_req *r, size_t index, const char *p, size_t n)
+static void chat_head(void *u, const char *name, size_t n)
 {
-    if (n > 0)
-        send_delta(r, index,
-                   json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t)0,
-                             "function", "arguments", p, n),
-                   NULL);
-}
-
-/* TR_ARGS: what came goes on as arguments but a last '}', which may close
- * the call's object (held: t->buf is that one byte, or nothing). Whole
- * characters only: the texts come as whole characters, and '}' is one. */
-static void send_held(srv_req *r, size_t index, tool_reader *t)
-{
-    size_t keep = t->len > 0 && t->buf[t->len - 1] == '}';
-    send_args(r, index, t->buf, t->len - keep);
-    if (keep) t->buf[0] = '}';
-    t->len = keep;
-}
-
-/* TR_HEAD: the name, once {"name":"N","arguments": has come; the rest
- * goes on as arguments. */
-static void read_head(srv_req *r, size_t index, tool_reader *t)
-{
-    static const char pre[] = "{\"name\":\"", mid[] = "\",\"arguments\":";
-    if (t->len < sizeof pre - 1) return;
-    const char *end = t->len > sizeof pre - 1
-                          ? memchr(t->buf + sizeof pre - 1, '"', t->len - (sizeof pre - 1))
-                          : NULL;
-    if (end == NULL) return;
-    size_t at = (size_t)(end - t->buf);
-    if (t->len < at + sizeof mid - 1) return;
+    srv_choice *c = u;
     char id[48];
-    call_id(r, index, id, sizeof id);
-    json_t *head = json_pack("{s:[{s:I, s:s, s:s, s:{s:s%, s:s}}]}", "tool_calls", "index",
-                             (json_int_t)0, "id", id, "type", "function", "function", "name",
-                             t->buf + sizeof pre - 1, at - (sizeof pre - 1), "arguments", "");
-    send_delta(r, index, head, NULL);
-    t->sent_head = 1;
-    t->called = 1;
-    t->state = TR_ARGS;
-    size_t rest = t->len - (at + sizeof mid - 1);
-    memmove(t->buf, t->buf + at + sizeof mid - 1, rest);
-    t->len = rest;
-    send_held(r, index, t);
+    tools_call_id(c->req, c->index, id, sizeof id);
+    send_delta(c->req, c->index,
+               json_pack("{s:[{s:I, s:s, s:s, s:{s:s%, s:s}}]}", "tool_calls", "index",
+                         (json_int_t)0, "id", id, "type", "function", "function", "name", name, n,
+                         "arguments", ""),
+               NULL);
 }
 
-static void feed(srv_req *r, size_t index, tool_reader *t, const char *p, size_t n)
+static void chat_args(void *u, const char *p, size_t n)
 {
-    static const char begin[] = OAI_TOOL_CALL_BEGIN;
-    if (n == 0) return;
-    if (t->state == TR_TEXT) {
-        send_text(r, index, p, n);
-        return;
-    }
-    if (rd_add(t, p, n) != 0) {
-        cmpl_fail_oom(r);
-        return;
-    }
-    if (t->state == TR_DECIDE) {
-        size_t k = t->len < sizeof begin - 1 ? t->len : sizeof begin - 1;
-        if (memcmp(t->buf, begin, k) != 0) { /* text after all */
-            t->state = TR_TEXT;
-            send_text(r, index, t->buf, t->len);
-            t->len = 0;
-            return;
-        }
-        if (t->len < sizeof begin - 1) return;
-        memmove(t->buf, t->buf + sizeof begin - 1, t->len - (sizeof begin - 1));
-        t->len -= sizeof begin - 1;
-        t->state = TR_HEAD;
-    }
-    if (t->state == TR_HEAD) {
-        read_head(r, index, t);
-        return;
-    }
-    send_held(r, index, t); /* TR_ARGS */
+    srv_choice *c = u;
+    send_delta(c->req, c->index,
+               json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t)0, "function",
+                         "arguments", p, n),
+               NULL);
 }
+
+static const tools_reader_ops chat_ops = {.text = chat_text, .head = chat_head, .args = chat_args};
 
 static void shape_open(srv_req *r)
 {
@@ -353,7 +373,9 @@ static void shape_chunk(srv_choice *c)
 {
     srv_req *r = c->req;
     tools_state *st = state_of(r);
-    feed(r, c->index, &st->rd[c->index], c->text ? c->text : "", c->text_len);
+    if (tools_reader_feed(&st->rd[c->index], c->text ? c->text : "", c->text_len, &chat_ops, c)
+        != 0)
+        cmpl_fail_oom(r);
     c->text_len = 0;
 }
 
@@ -361,14 +383,9 @@ static void shape_finish_stream(srv_req *r)
 {
     tools_state *st = state_of(r);
     for (size_t i = 0; r->cmpl->error_status == 0 && i < r->cmpl->nchoices; i++) {
-        tool_reader *t = &st->rd[i];
-        const srv_choice *c = &r->cmpl->choices[i];
-        if (t->state == TR_DECIDE) /* ended while it could still have been the marker */
-            send_text(r, i, t->buf, t->len);
-        /* Whole when the object's '}' was the last byte and nothing cut it. */
-        int whole =
-            t->state == TR_ARGS && t->len == 1 && strcmp(c->finish ? c->finish : "", "length") != 0;
-        if (t->state == TR_ARGS && t->len == 1 && !whole) send_args(r, i, t->buf, 1);
+        srv_choice *c = &r->cmpl->choices[i];
+        int cut = c->finish != NULL && strcmp(c->finish, "length") == 0;
+        int whole = tools_reader_end(&st->rd[i], cut, &chat_ops, c);
         send_delta(r, i, json_object(), whole ? "tool_calls" : c->finish);
     }
     cmpl_finish_stream_tail(r);
@@ -388,7 +405,7 @@ static enum MHD_Result shape_send(srv_req *r)
         char *name, *args;
         json_t *msg;
         const char *finish = c->finish;
-        if (parse_call(c->text ? c->text : "", c->text_len, mode_of(r), &name, &args)) {
+        if (tools_parse_call(c->text ? c->text : "", c->text_len, mode_of(r), &name, &args)) {
             msg = json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls",
                             call_json(r, i, name, args));
             free(name);
@@ -411,7 +428,7 @@ static void shape_free(srv_req *r)
 {
     tools_state *st = state_of(r);
     if (st == NULL) return;
-    for (size_t i = 0; i < st->n; i++) free(st->rd[i].buf);
+    for (size_t i = 0; i < st->n; i++) tools_reader_free(&st->rd[i]);
     free(st->rd);
     free(st);
     r->cmpl->shape_data = NULL;
@@ -435,8 +452,7 @@ int tools_begin(srv_req *r)
         return -1;
     }
     st->n = n;
-    for (size_t i = 0; i < n; i++)
-        st->rd[i].state = q->tool_mode == OAI_TOOLS_REQUIRED ? TR_HEAD : TR_DECIDE;
+    for (size_t i = 0; i < n; i++) tools_reader_init(&st->rd[i], q->tool_mode);
     r->cmpl->shape = &tools_shape;
     r->cmpl->shape_data = st;
     return tools_init(r->s->api);
