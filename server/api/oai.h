@@ -238,6 +238,10 @@ typedef struct {
     json_t *user;         /* a string (a reference), or NULL */
     json_t *text_format;  /* text.format as sent (a reference; echoed), or NULL */
     int tool_choice_none; /* tool_choice "none" was sent (echoed; default "auto") */
+    json_t *tools;        /* tools as sent (a reference; echoed), or NULL */
+    json_t *tool_choice;  /* tool_choice as sent (a reference; echoed), or NULL */
+    char *tools_text;     /* the system message listing the tools (owned), or NULL */
+    size_t tools_text_len;
 } oai_resp_request;
 
 /*

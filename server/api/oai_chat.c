@@ -98,11 +98,7 @@ static int name_ok(const json_t *v)
     return 1;
 }
 
-/* tools -> r->tool_names, the call schema (r->format_src) and, into b, the
- * prompt's system message that lists them; tool_choice -> r->tool_mode. 0,
- * or -1 with err. Nothing happens without tools or with tool_choice none. */
-static int parse_tools(const json_t *o, const oai_template *t, oai_request *r, oai_textbuf *b,
-                       oai_error *err)
+int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *err)
 {
     const json_t *tools = json_object_get(o, "tools");
     const json_t *choice = json_object_get(o, "tool_choice");
@@ -245,19 +241,17 @@ static int parse_tools(const json_t *o, const oai_template *t, oai_request *r, o
         r->format_len = strlen(r->format_src);
         r->format = OAI_FORMAT_SCHEMA;
         snprintf(r->format_param, sizeof r->format_param, "tools");
-        /* The system message that lists them. */
-        if (tb_str(b, t->prefix[OAI_ROLE_SYSTEM]) != 0
-            || tb_str(b, "You can call these tools. To call one, answer with " OAI_TOOL_CALL_BEGIN
-                         "{\"name\": ..., \"arguments\": {...}}" OAI_TOOL_CALL_END ".\n")
-                   != 0)
+        /* The text of the system message that lists them. */
+        if (tb_str(b, "You can call these tools. To call one, answer with " OAI_TOOL_CALL_BEGIN
+                      "{\"name\": ..., \"arguments\": {...}}" OAI_TOOL_CALL_END ".")
+            != 0)
             goto oom;
         for (size_t i = 0; i < json_array_size(listing); i++) {
             char *line = json_dumps(json_array_get(listing, i), JSON_COMPACT);
-            int bad = line == NULL || tb_str(b, line) != 0 || tb_str(b, "\n") != 0;
+            int bad = line == NULL || tb_str(b, "\n") != 0 || tb_str(b, line) != 0;
             free(line);
             if (bad) goto oom;
         }
-        if (tb_str(b, t->suffix[OAI_ROLE_SYSTEM]) != 0) goto oom;
     }
     json_decref(branches);
     json_decref(listing);
@@ -309,7 +303,14 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
                        json_is_array(msgs) ? "an empty list" : oai_json_kind(msgs));
     oai_textbuf b = {0};
     if (tb_str(&b, t->begin) != 0) goto oom;
-    if (parse_tools(o, t, r, &b, err) != 0) goto fail;
+    oai_textbuf tl = {0};
+    if (oai_parse_tools(o, r, &tl, err) != 0) goto fail;
+    int listed =
+        tl.len > 0
+        && (tb_str(&b, t->prefix[OAI_ROLE_SYSTEM]) != 0 || oai_tb_add(&b, tl.p, tl.len) != 0
+            || tb_str(&b, t->suffix[OAI_ROLE_SYSTEM]) != 0);
+    free(tl.p);
+    if (listed) goto oom;
     for (size_t i = 0; i < json_array_size(msgs); i++) {
         const json_t *m = json_array_get(msgs, i);
         if (!json_is_object(m)) {

@@ -75,6 +75,14 @@ int oai_role_of(const char *name, oai_role *out);
  * pass too. 0, or -1 with "'key' is not supported: why" in err. */
 int oai_refuse(const json_t *o, const char *key, const char *why, int loose, oai_error *err);
 
+/* Function tools (chat's shape: tools [{type, function: {name,
+ * description, parameters, strict}}], tool_choice, parallel_tool_calls,
+ * and the old function_call as a tool_choice) -> r->tool_names, tool_mode
+ * and the call's schema as r's format (param "tools"); into b the text of
+ * the system message that lists them (nothing with tool_choice none or no
+ * tools). 0, or -1 with err. */
+int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *err);
+
 /* Appends template t's stop strings to r's (chat and responses): they end a
  * free reply; a formatted one ends where its grammar does, so it gets none.
  * 0, or -1 with the error in err (out of memory). */

@@ -21,6 +21,9 @@ void oai_resp_request_free(oai_resp_request *rq)
     json_decref(rq->metadata);
     json_decref(rq->user);
     json_decref(rq->text_format);
+    json_decref(rq->tools);
+    json_decref(rq->tool_choice);
+    free(rq->tools_text);
     memset(rq, 0, sizeof *rq);
 }
 
@@ -123,12 +126,53 @@ static int resp_input(const json_t *o, oai_resp_request *rq, oai_error *err)
                 rq->nmsgs = i + 1;
                 continue;
             }
+            if (json_is_string(type)
+                && (oai_str_is(type, "function_call")
+                    || oai_str_is(type, "function_call_output"))) {
+                /* A call and its result, as the prompt writes them. */
+                oai_textbuf b = {0};
+                int call = oai_str_is(type, "function_call");
+                const json_t *name = json_object_get(m, "name"),
+                             *args = json_object_get(m, "arguments"),
+                             *out = json_object_get(m, "output");
+                if (call ? !json_is_string(name) || !json_is_string(args) : !json_is_string(out))
+                    return oai_bad(err, "input",
+                                   call ? "'input[%zu]' (function_call) needs 'name' and "
+                                          "'arguments' strings"
+                                        : "'input[%zu]' (function_call_output) needs an 'output' "
+                                          "string",
+                                   i);
+                int bad;
+                if (call) {
+                    json_t *a = json_loads(json_string_value(args), JSON_DECODE_ANY, NULL);
+                    json_t *c = json_pack("{s:O, s:o}", "name", name, "arguments",
+                                          a ? a : json_incref((json_t *)args));
+                    char *txt = c ? json_dumps(c, JSON_COMPACT) : NULL;
+                    json_decref(c);
+                    bad = txt == NULL
+                          || oai_tb_add(&b, OAI_TOOL_CALL_BEGIN, strlen(OAI_TOOL_CALL_BEGIN))
+                          || oai_tb_add(&b, txt, strlen(txt))
+                          || oai_tb_add(&b, OAI_TOOL_CALL_END, strlen(OAI_TOOL_CALL_END));
+                    free(txt);
+                } else {
+                    bad = oai_tb_add(&b, "Tool result: ", 13)
+                          || oai_tb_add(&b, json_string_value(out), json_string_length(out));
+                }
+                if (bad) {
+                    free(b.p);
+                    return oai_bad(err, "input", "out of memory");
+                }
+                rq->msgs[i] =
+                    (oai_msg){call ? OAI_ROLE_ASSISTANT : OAI_ROLE_USER, b.p, b.len, NULL};
+                rq->nmsgs = i + 1;
+                continue;
+            }
             if (type != NULL && !json_is_null(type)
                 && !(json_is_string(type) && oai_str_is(type, "message")))
                 return oai_bad(
                     err, "input",
-                    "'input[%zu]' is a '%.40s' item: this server takes message items and "
-                    "item references only (no tools or reasoning)",
+                    "'input[%zu]' is a '%.40s' item: this server takes message, function_call, "
+                    "function_call_output and item_reference items (no reasoning or other tools)",
                     i, json_is_string(type) ? json_string_value(type) : oai_json_kind(type));
             const json_t *rl = json_object_get(m, "role");
             if (!json_is_string(rl)
@@ -203,11 +247,61 @@ static int resp_logprobs(const json_t *o, oai_request *r, oai_error *err)
     return 0;
 }
 
+/* tools (Responses' shape: {type: function, name, description,
+ * parameters, strict}) and tool_choice ({type: function, name} for one),
+ * read as chat's (oai_parse_tools): the tools' system message into rq. */
+static int resp_tools(const json_t *o, oai_resp_request *rq, oai_error *err)
+{
+    const json_t *tools = json_object_get(o, "tools"), *tc = json_object_get(o, "tool_choice");
+    if ((tools == NULL || json_is_null(tools)) && (tc == NULL || json_is_null(tc))) return 0;
+    json_t *chat = json_object();
+    if (chat == NULL) return oai_bad(err, "tools", "out of memory");
+    if (json_is_array(tools)) {
+        json_t *list = json_array();
+        size_t i;
+        const json_t *t;
+        json_array_foreach(tools, i, t)
+        {
+            json_t *fn = json_object(), *one = json_object();
+            const char *keys[] = {"name", "description", "parameters", "strict"};
+            for (size_t k = 0; fn != NULL && k < 4; k++) {
+                json_t *v = json_object_get(t, keys[k]);
+                if (v != NULL) json_object_set(fn, keys[k], v);
+            }
+            json_t *type = json_object_get(t, "type");
+            if (type != NULL) json_object_set(one, "type", type);
+            json_object_set_new(one, "function", fn);
+            json_array_append_new(list, one);
+        }
+        json_object_set_new(chat, "tools", list);
+    } else if (tools != NULL) {
+        json_object_set(chat, "tools", (json_t *)tools);
+    }
+    if (json_is_object(tc) && oai_str_is(json_object_get(tc, "type"), "function"))
+        json_object_set_new(
+            chat, "tool_choice",
+            json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
+                      json_object_get(tc, "name") ? json_object_get(tc, "name") : json_null()));
+    else if (tc != NULL)
+        json_object_set(chat, "tool_choice", (json_t *)tc);
+    oai_textbuf b = {0};
+    int rc = oai_parse_tools(chat, &rq->req, &b, err);
+    json_decref(chat);
+    if (rc != 0) {
+        free(b.p);
+        return -1;
+    }
+    rq->tools_text = b.p;
+    rq->tools_text_len = b.len;
+    if (tools != NULL && !json_is_null(tools)) rq->tools = json_incref((json_t *)tools);
+    if (tc != NULL && !json_is_null(tc)) rq->tool_choice = json_incref((json_t *)tc);
+    return 0;
+}
+
 static int resp_fields(json_t *o, const oai_limits *lim, oai_resp_request *rq, oai_error *err)
 {
     oai_request *r = &rq->req;
     static const char *const refused[][2] = {
-        {"tools", "GPT-2 cannot call tools"},
         {"reasoning", "GPT-2 is not a reasoning model"},
         {"background", "responses are answered in the foreground"},
         {"prompt", "stored prompt templates are not supported; send 'input'"},
@@ -220,9 +314,6 @@ static int resp_fields(json_t *o, const oai_limits *lim, oai_resp_request *rq, o
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (oai_refuse(o, refused[i][0], refused[i][1], 1, err) != 0) return -1;
     const json_t *tc = json_object_get(o, "tool_choice");
-    if (tc != NULL && !json_is_null(tc) && !oai_str_is(tc, "none") && !oai_str_is(tc, "auto"))
-        return oai_bad(err, "tool_choice",
-                       "'tool_choice' is not supported: GPT-2 cannot call tools");
     rq->tool_choice_none = oai_str_is(tc, "none");
     if (resp_text_format(json_object_get(o, "text"), rq, err) != 0) return -1;
     if (resp_input(o, rq, err) != 0) return -1;
@@ -265,6 +356,7 @@ static int resp_fields(json_t *o, const oai_limits *lim, oai_resp_request *rq, o
     if (oai_parse_shared(o, lim, r, err) != 0) return -1;
     if (r->n != 1)
         return oai_bad(err, "n", "'n' is not a Responses field: a response has one output");
+    if (resp_tools(o, rq, err) != 0) return -1;
     r->best_of = 1;
     if (resp_logprobs(o, r, err) != 0) return -1;
     const json_t *user = json_object_get(o, "user");

@@ -43,6 +43,13 @@ typedef struct {
     size_t len, cap;
     json_t *lp;     /* a stream with logprobs: every token's entry so far */
     json_int_t seq; /* the next event's sequence_number */
+    /* Tools (rq.req.tool_mode): the reply read as text or a call; a call's
+     * name and arguments (owned) once known; a stream's message item is
+     * opened when the reply turns out to be text. */
+    tools_reader rd;
+    int item_open;
+    char *call_name, *call_args;
+    size_t args_len, args_cap;
 } resp_job;
 
 static resp_job *job_of(const srv_req *r)
@@ -77,6 +84,19 @@ static json_t *message_item(const srv_req *r, const char *status, json_t *conten
 {
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", job_of(r)->msg_id, "type", "message",
                      "status", status, "role", "assistant", "content", content);
+}
+
+/* The output's function_call item (status: in_progress, completed or
+ * incomplete), its arguments as they are. */
+static json_t *call_item(const srv_req *r, const char *status)
+{
+    const resp_job *j = job_of(r);
+    char call_id[48];
+    tools_call_id(r, 0, call_id, sizeof call_id);
+    return json_pack("{s:s+, s:s, s:s, s:s, s:s, s:s}", "id", "fc_", j->msg_id + strlen("msg_"),
+                     "type", "function_call", "status", status, "call_id", call_id, "name",
+                     j->call_name ? j->call_name : "", "arguments",
+                     j->call_args ? j->call_args : "");
 }
 
 static json_t *usage_json(const srv_req *r)
@@ -122,7 +142,10 @@ static json_t *response_json(const srv_req *r, const char *status, const char *t
     json_object_set_new(o, "model", json_string(r->s->cfg.model_name));
     json_t *output = json_array();
     int ended = strcmp(status, "in_progress") != 0 && strcmp(status, "failed") != 0;
-    if (ended) {
+    if (ended && j->call_name != NULL) { /* a call: its item, no text */
+        json_array_append_new(output, call_item(r, status));
+        json_object_set_new(o, "output_text", json_string(""));
+    } else if (ended) {
         json_array_append_new(output,
                               message_item(r, status, json_pack("[o]", text_part(text, len, lp))));
         json_object_set_new(o, "output_text", json_stringn(text ? text : "", len));
@@ -140,8 +163,10 @@ static json_t *response_json(const srv_req *r, const char *status, const char *t
                         json_pack("{s:o}", "format",
                                   j->rq.text_format ? json_deep_copy(j->rq.text_format)
                                                     : json_pack("{s:s}", "type", "text")));
-    json_object_set_new(o, "tool_choice", json_string(j->rq.tool_choice_none ? "none" : "auto"));
-    json_object_set_new(o, "tools", json_array());
+    json_object_set_new(o, "tool_choice",
+                        j->rq.tool_choice ? json_incref(j->rq.tool_choice)
+                                          : json_string(j->rq.tool_choice_none ? "none" : "auto"));
+    json_object_set_new(o, "tools", j->rq.tools ? json_incref(j->rq.tools) : json_array());
     json_object_set_new(o, "top_p", json_real(q->top_p));
     json_object_set_new(o, "truncation", json_string(j->rq.truncation_auto ? "auto" : "disabled"));
     json_object_set_new(o, "usage",
