@@ -145,6 +145,7 @@ void cmpl_on_event(void *user, const eng_event *ev)
          * (the continuation set at admission sends it). */
         http_resume(r);
     }
+    if (stream && r->cmpl->ndone < r->cmpl->nchoices) cmpl_stream_bytes_check(r);
     if (ev->kind == ENG_EV_DONE) http_req_release(r); /* the sequence's reference */
 }
 
@@ -599,7 +600,10 @@ enum MHD_Result cmpl_admit(srv_req *r)
     }
     free(bias);
     cmpl_list_add(r);
-    if (q->stream) r->cmpl->sse.limit = s->cfg.stream_backlog_bytes;
+    if (q->stream) { /* the backlog's bound, and what the stream may write in all */
+        r->cmpl->sse.limit = s->cfg.stream_backlog_bytes;
+        r->cmpl->sse.max_bytes = s->cfg.max_response_bytes;
+    }
     if (q->stream && q->echo)
         for (size_t i = 0; i < r->cmpl->nchoices; i++) {
             srv_choice *c = &r->cmpl->choices[i];
@@ -616,6 +620,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
             free(t);
         }
     if (q->stream && q->chat) cmpl_chat_open(r);
+    if (q->stream) cmpl_stream_bytes_check(r);
     step_kick(s);
     if (q->stream) return cmpl_start_stream(r);
     http_req_set_state(r, HTTP_REQ_QUEUED);

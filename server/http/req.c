@@ -124,6 +124,15 @@ int http_peer_closed(const srv_req *r)
     return 0;
 }
 
+void http_conn_timeout(srv_req *r, unsigned seconds)
+{
+    if (r->conn == NULL) return;
+    /* libmicrohttpd restarts the idle clock only when the timeout was 0:
+     * set 0 first, so that the seconds count from now. */
+    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    if (seconds > 0) MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
+}
+
 void http_req_hold(srv_req *r)
 {
     assert(r->refs > 0);
