@@ -76,7 +76,8 @@ struct srv_daemon {
     int model_digest_ok;
     struct mw_job *model_job;
     /* The SIGBUS handler's wake-up of the loop: a read past the file's
-     * new end (it shrank under the mapping). */
+     * new end (it shrank under the mapping); closed with the loop's other
+     * handles, after which a SIGBUS exits at once. */
     uv_async_t sigbus_wake;
 };
 
@@ -147,9 +148,7 @@ int srv_file_id_same(const srv_file_id *a, const srv_file_id *b);
  * cleanly). */
 void srv_model_watch_init(srv *s);
 void srv_model_watch_start(srv *s);
-/* Closes the SIGBUS handler's wake-up (the loop's end): a SIGBUS after it
- * exits at once. */
-void srv_model_watch_stop(srv *s);
+
 /* ---- probes.c, ui.c: the small GET routes --------------------------------- */
 
 enum MHD_Result probe_health(srv_req *r); /* probes.c */

@@ -59,11 +59,11 @@ static void close_all(srv *s)
         (uv_handle_t *)&s->daemon->sigusr1,
         (uv_handle_t *)&s->daemon->sigusr2,
         (uv_handle_t *)&s->daemon->model_timer,
+        (uv_handle_t *)&s->daemon->sigbus_wake,
         (uv_handle_t *)&s->daemon->info_timer,
         (uv_handle_t *)&s->sweep,
     };
     for (size_t i = 0; i < sizeof handles / sizeof handles[0]; i++) close_handle(handles[i]);
-    srv_model_watch_stop(s);
     tpool_close(s->api->tokpool);
 }
 

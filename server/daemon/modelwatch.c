@@ -275,7 +275,7 @@ static void on_model_timer(uv_timer_t *t)
 }
 
 /* The line the SIGBUS handler writes, made before it can be needed; the
- * page size; and the loop's wake-up once it runs (NULL before and after). */
+ * page size; and the loop's wake-up once it runs (NULL before). */
 static char sigbus_line[CFG_STR_MAX + 512];
 static size_t sigbus_len;
 static size_t sigbus_page;
@@ -286,8 +286,10 @@ static void on_sigbus(int signum, siginfo_t *si, void *uctx)
     (void)signum;
     (void)uctx;
     uv_async_t *wake = sigbus_wake;
-    /* BUS_ADRERR: a page of a file mapping past the file's end. */
-    if (wake != NULL && si->si_code == BUS_ADRERR && sigbus_page > 0) {
+    /* BUS_ADRERR: a page of a file mapping past the file's end. Once the
+     * loop's end closed the wake-up (lifecycle.c), no step runs any more. */
+    if (wake != NULL && !uv_is_closing((uv_handle_t *)wake) && si->si_code == BUS_ADRERR
+        && sigbus_page > 0) {
         uintptr_t page = (uintptr_t)si->si_addr & ~(uintptr_t)(sigbus_page - 1);
         void *p = mmap((void *)page, sigbus_page, PROT_READ,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
@@ -330,13 +332,6 @@ void srv_model_watch_init(srv *s)
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, NULL);
-}
-
-void srv_model_watch_stop(srv *s)
-{
-    if (sigbus_wake == NULL) return; /* not started */
-    sigbus_wake = NULL;              /* from here a SIGBUS exits at once */
-    uv_close((uv_handle_t *)&s->daemon->sigbus_wake, NULL);
 }
 
 void srv_model_watch_start(srv *s)
