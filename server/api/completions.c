@@ -699,6 +699,10 @@ size_t cmpl_cut_all(srv *s, const char *why)
                        "The server is shutting down (%s); the request was cut short; retry on "
                        "another replica",
                        why);
+        /* A stream held back for its slow client would not be read to its
+         * end within the cut's grace: only the rest of the event it is in
+         * stays before its ending. */
+        if (r->cmpl->oreq.stream && r->cmpl->paused) sse_cut(&r->cmpl->sse);
         cmpl_cancel_for(r, MET_CANCEL_SHUTDOWN);
         n++;
     }

@@ -369,6 +369,14 @@ static enum MHD_Result shape_send(srv_req *r)
     }
     json_t *resp = response_json(r, final_status(r), c->text, c->text_len, lp);
     json_decref(lp);
+    /* What is written, measured: the text is in it twice (output and
+     * output_text), which the count while generating does not know. */
+    if (resp != NULL && json_dumpb(resp, NULL, 0, JSON_COMPACT) > r->s->cfg.max_response_bytes) {
+        json_decref(resp);
+        cmpl_too_large(r);
+        return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
+                               r->cmpl->error_code, NULL, NULL, "%s", r->cmpl->error_msg);
+    }
     if (resp != NULL) store_put(r, resp, c->text, c->text_len);
     return http_send_obj(r, resp);
 }
