@@ -106,7 +106,8 @@ size_t sse_cut(sse_queue *q)
     size_t dropped = wait - keep;
     q->len = q->off + keep;
     q->total -= dropped;
-    q->max_bytes = q->total ? q->total : 1; /* nothing more fits but the ending */
+    /* Nothing more fits but the ending (sse_final): no event is one byte. */
+    q->max_bytes = q->total ? q->total : 1;
     return dropped;
 }
 

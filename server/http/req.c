@@ -127,8 +127,11 @@ int http_peer_closed(const srv_req *r)
 void http_conn_timeout(srv_req *r, unsigned seconds)
 {
     if (r->conn == NULL) return;
-    /* libmicrohttpd restarts the idle clock only when the timeout was 0:
-     * set 0 first, so that the seconds count from now. */
+    /* libmicrohttpd (0.9.75) restarts a connection's idle clock when a
+     * timeout is set on it while it has none: 0 first, so that the seconds
+     * count from now, not from its last byte (the hostile case
+     * stall_cut_event_boundary reads on after the latter would have
+     * passed). */
     MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (seconds > 0) MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
 }
