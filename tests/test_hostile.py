@@ -2536,15 +2536,24 @@ def model_change_streams(srv, n):
 
 def case_model_change_clean_endings(ctx):
     """34: `cp` of other bytes over the served file (truncated, then
-    written: the mapped pages past the new end raise SIGBUS in the step)
-    under 8 streams: exit status 3, and every stream gets its clean ending
+    written half a second later, as a large file's copy is: the mapped
+    pages past the new end raise SIGBUS in the steps) under 8 streams: exit status 3, and every stream gets its clean ending
     first: whole events, an error event naming the model file's change,
     [DONE] and the chunked end. Before, the SIGBUS handler exited at once
     and every stream was cut without an ending."""
     d, path = model_file(ctx, "copied")
     srv = Server(ctx, d, env=STEP_DELAY)
     streams = model_change_streams(srv, 8)
-    shutil.copyfile(os.path.join(ctx.models.get("long2"), "model.safetensors"), path)
+    with open(os.path.join(ctx.models.get("long2"), "model.safetensors"), "rb") as f:
+        data = f.read()
+    # As cp does (open with O_TRUNC, then write), at the pace of a large
+    # file: the steps meanwhile read pages the file no longer has.
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        time.sleep(0.5)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
     exits_3(srv, "after cp over the served file")
     check(names_file(srv, path), "no log line names %s: %s" % (path, srv.tail(2)))
     for i, st in enumerate(streams):
