@@ -2496,7 +2496,8 @@ def case_stall_cut_event_boundary(ctx):
     stream_stall_timeout, and a client that reads on (within
     connection_timeout of the cut; the issue's 40-70 s stop with 30 s and
     60 s, scaled to 4 s and 5 s) gets whole events, then the error event
-    naming stream_stall_timeout, [DONE] and the chunked end; after the
+    naming stream_stall_timeout, [DONE] and the chunked end (a Responses
+    stream beside it: response.failed and error, numbered on); after the
     cut it gets at most what the kernel held, the rest of one event and
     the ending, not the backlog. Before, libmicrohttpd's idle timeout
     closed the connection with an event half sent."""
@@ -2504,14 +2505,45 @@ def case_stall_cut_event_boundary(ctx):
     srv = Server(ctx, ctx.models.get("long"), "--stream-stall-timeout", "4", "--stream-backlog-bytes",
                  str(backlog), "--connection-timeout", "5", env=STEP_DELAY)
     st = Stream(srv.port, dict(LONG_STREAM, prompt="Stall", max_tokens=1000, logprobs=5), rcvbuf=4096, read=False)
-    cancelled = srv.wait_log(r"stream_stall_timeout\); cancelled", timeout=20)
-    time.sleep(3)
-    st.start_reading()
-    st.wait(10, "the stalled stream read on")
+    # A Responses stream beside it, stalled the same way.
+    payload = json.dumps({"input": "Stall", "max_output_tokens": 1000, "ignore_eos": True, "stream": True,
+                          "top_logprobs": 5, "include": ["message.output_text.logprobs"]}).encode()
+    rs = connect(srv.port, 30, rcvbuf=4096)
+    rs.sendall(completion_head(len(payload), b"Connection: close\r\n", b"/v1/responses") + payload)
+    # Each client reads on 3 s after its own stream's cancel (they stall at
+    # different times).
+    cancelled, got = {}, {}
+
+    def read_on(prefix, read):
+        cancelled[prefix] = srv.wait_log(r"%s\S*: the client left .*stream_stall_timeout\); cancelled" % prefix,
+                                         timeout=20)
+        time.sleep(3)
+        got[prefix] = read()
+
+    def read_cmpl():
+        st.start_reading()
+        st.closed.wait(10)
+        return st.raw
+    readers = [threading.Thread(target=read_on, args=("cmpl-", read_cmpl)),
+               threading.Thread(target=read_on, args=("resp_", lambda: read_until_close(rs, 10)))]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    rs.close()
+    check("cmpl-" in got and "resp_" in got, "a stalled stream was not read to its end: %r" % sorted(got))
+    resp_raw = got["resp_"]
     ev = sse_whole_events(st, "the stalled stream")
-    check(cancelled, "the stalled stream was not cancelled (%d bytes came): %s" % (len(st.raw), srv.tail(2)))
+    rev = resp_events(resp_raw)  # every block whole: "event: NAME" and its JSON
+    check(all(cancelled.values()), "the stalled streams were not both cancelled (%d and %d bytes came): %s"
+          % (len(st.raw), len(resp_raw), srv.tail(2)))
     check(len(ev) >= 2 and "stream_stall_timeout" in ev[-2] and '"error"' in ev[-2],
           "the stalled stream's last events: %r" % ev[-2:])
+    check([n for n, _ in rev[-2:]] == ["response.failed", "error"]
+          and "stream_stall_timeout" in rev[-1][1].get("message", ""),
+          "the stalled Responses stream's last events: %r" % rev[-2:])
+    check([d["sequence_number"] for _, d in rev] == list(range(len(rev))),
+          "the stalled Responses stream's sequence numbers have a gap")
     # What the kernel holds (SO_SNDBUF = backlog, doubled; the client's
     # 4 KiB, doubled), libmicrohttpd's 4 KiB block, the rest of one event
     # and the ending: not the backlog (64 KiB) too.
@@ -2519,9 +2551,9 @@ def case_stall_cut_event_boundary(ctx):
     sndbuf.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, backlog)
     held = sndbuf.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
     sndbuf.close()
-    after = len(st.raw)
-    check(after <= held + 8192 + 4096 + 4096, "the client got %d bytes after it stopped, over the kernel's %d and "
-          "one event: the backlog was sent too" % (after, held))
+    for name, after in (("completions", len(st.raw)), ("responses", len(resp_raw))):
+        check(after <= held + 8192 + 4096 + 4096, "%s: the client got %d bytes after it stopped, over the "
+              "kernel's %d and one event: the backlog was sent too" % (name, after, held))
 
 
 def model_change_streams(srv, n):
@@ -2616,6 +2648,9 @@ def case_response_bytes_written_every_route(ctx):
         if responses:
             check(ending.rstrip("\n").split("\n\n")[-1].startswith("event: error\n"),
                   "%s: the ending is not response.failed then error: %r" % (name, ending[-300:]))
+            rev = resp_events(raw)
+            check([d["sequence_number"] for _, d in rev] == list(range(len(rev))),
+                  "%s: the sequence numbers have a gap" % name)
         else:
             check(ending.endswith("data: [DONE]\n\n"), "%s: no [DONE] after the error: %r" % (name, ending[-200:]))
     got = srv.metric(CANCEL_BYTES)

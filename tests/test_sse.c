@@ -304,6 +304,20 @@ START_TEST(sse_cut_ends_on_an_event_boundary)
         ck_assert_int_eq(memcmp(rest, ending, len), 0);
         free(rest);
     }
+    /* The events dropped are counted, comments aside. */
+    sse_queue q;
+    sse_init(&q);
+    json_t *o = json_pack("{s:i}", "n", 1);
+    ck_assert_int_eq(sse_event(&q, "a", o), 0);
+    ck_assert_int_eq(sse_comment(&q, "waiting"), 0);
+    ck_assert_int_eq(sse_event(&q, "b", o), 0);
+    ck_assert_int_eq(sse_data(&q, o), 0);
+    char out[4];
+    ck_assert_uint_eq(sse_take(&q, out, 3), 3); /* inside event a: it stays */
+    ck_assert_uint_gt(sse_cut(&q), 0);
+    ck_assert_uint_eq(q.dropped, 2);
+    json_decref(o);
+    sse_free(&q);
     /* Inside an event (its first newline taken, too): the rest of it, then
      * the ending; the events after it are gone. */
     for (size_t k = 1; k < 14; k++) {

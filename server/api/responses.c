@@ -230,11 +230,13 @@ static json_t *event_obj(srv_req *r, const char *type, json_t *obj)
     return e;
 }
 
-/* Queues one event (takes obj). */
+/* Queues one event (takes obj); one that is not queued (over
+ * max_response_bytes, or after the stream was cut) gives its
+ * sequence_number back, so that the numbers the client gets have no gap. */
 static void event(srv_req *r, const char *type, json_t *obj)
 {
     json_t *e = event_obj(r, type, obj);
-    if (e != NULL) sse_event(&r->cmpl->sse, type, e);
+    if (e != NULL && sse_event(&r->cmpl->sse, type, e) != 0) job_of(r)->seq--;
     json_decref(e);
 }
 
@@ -284,6 +286,10 @@ static void shape_chunk(srv_choice *c)
 /* After the headers: the failed response, then the error event. */
 static void finish_failed(srv_req *r)
 {
+    /* Numbered on from the last event the client gets (sse_cut dropped
+     * the rest unsent). */
+    job_of(r)->seq -= (json_int_t)r->cmpl->sse.dropped;
+    r->cmpl->sse.dropped = 0;
     sse_final(&r->cmpl->sse);
     event(r, "response.failed",
           json_pack("{s:o}", "response", response_json(r, "failed", NULL, 0, NULL)));

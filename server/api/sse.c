@@ -104,6 +104,10 @@ size_t sse_cut(sse_queue *q)
         }
     }
     size_t dropped = wait - keep;
+    const char *d = q->buf + q->off + keep; /* whole events, each ending "\n\n" */
+    for (size_t i = 0; i < dropped; i++)
+        if ((i == 0 || (i >= 2 && d[i - 1] == '\n' && d[i - 2] == '\n')) && d[i] != ':')
+            q->dropped++;
     q->len = q->off + keep;
     q->total -= dropped;
     /* Nothing more fits but the ending (sse_final): no event is one byte. */

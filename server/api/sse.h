@@ -28,10 +28,11 @@ typedef struct {
      * would take total past max_bytes is refused whole and sets over; the
      * ending (sse_final) is exempt. 0: no bound. */
     size_t max_bytes;
-    size_t total; /* bytes queued over the stream's life (the ending's too) */
-    int over;     /* an event was refused for max_bytes                      */
-    int mid;      /* the bytes taken so far end inside an event (sse_cut)    */
-    char last;    /* the last byte taken                                     */
+    size_t total;   /* bytes queued over the stream's life (the ending's too) */
+    int over;       /* an event was refused for max_bytes                      */
+    int mid;        /* the bytes taken so far end inside an event (sse_cut)    */
+    size_t dropped; /* events (comments aside) sse_cut dropped unsent         */
+    char last;      /* the last byte taken                                     */
 } sse_queue;
 
 /* An empty queue (all zero). */
@@ -67,8 +68,9 @@ void sse_final(sse_queue *q);
 /* Cuts a stream whose client stopped reading: of what waits unsent, only
  * the rest of the event the client has partly taken stays (so that the
  * stream goes on at an event boundary), the whole events after it are
- * dropped, and nothing but the ending (sse_final) may follow. Returns the
- * bytes dropped. */
+ * dropped (counted in dropped, comments aside, for a caller that numbers
+ * its events), and nothing but the ending (sse_final) may follow. Returns
+ * the bytes dropped. */
 size_t sse_cut(sse_queue *q);
 
 /* Bytes waiting to be sent. */
