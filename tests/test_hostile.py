@@ -2554,6 +2554,197 @@ def case_response_bytes_cap(ctx):
     check(ev[-1] == "[DONE]" and "max_response_bytes" in ev[-2], "the grown stream ends %r" % ev[-2:])
     check(srv2.metric(CANCEL_BYTES) == 2, "%s is %g, want 2" % (CANCEL_BYTES, srv2.metric(CANCEL_BYTES)))
 
+# Issue 34: every cut stream ends as the docs say.
+def sse_whole_events(stream, why):
+    """The data payloads of a stream cut by the server, each event whole: a
+    complete chunked 200 whose events are all "data: " lines of JSON (or
+    [DONE], last), none cut in the middle."""
+    status, headers, rest = parse_head(stream.raw)
+    check(status == 200, "%s: status %d" % (why, status))
+    check(rest.endswith(b"0\r\n\r\n"), "%s: no chunked end; the stream ends %r" % (why, rest[-120:]))
+    text = dechunk(rest).decode("utf-8", "replace")
+    check(text.endswith("\n\n"), "%s: the body ends inside an event: %r" % (why, text[-120:]))
+    out = []
+    for e in text[:-2].split("\n\n"):
+        if e.startswith(":"):
+            continue
+        check(e.startswith("data: "), "%s: not a data event: %r" % (why, e[:120]))
+        if e != "data: [DONE]":
+            try:
+                json.loads(e[6:])
+            except ValueError:
+                raise Fail("%s: an event that is not whole JSON: %r" % (why, e[:120]))
+        out.append(e[6:])
+    check(out and out[-1] == "[DONE]", "%s: the last event is %r, not [DONE]" % (why, out[-1:]))
+    return out
+
+
+def case_stall_cut_event_boundary(ctx):
+    """34: a stream whose client stops reading is cancelled after
+    stream_stall_timeout, and a client that reads on (within
+    connection_timeout of the cut; the issue's 40-70 s stop with 30 s and
+    60 s, scaled to 4 s and 5 s) gets whole events, then the error event
+    naming stream_stall_timeout, [DONE] and the chunked end (a Responses
+    stream beside it: response.failed and error, numbered on); after the
+    cut it gets at most what the kernel held, the rest of one event and
+    the ending, not the backlog. Before, libmicrohttpd's idle timeout
+    closed the connection with an event half sent."""
+    backlog = 65536
+    srv = Server(ctx, ctx.models.get("long"), "--stream-stall-timeout", "4", "--stream-backlog-bytes",
+                 str(backlog), "--connection-timeout", "5", env=STEP_DELAY)
+    st = Stream(srv.port, dict(LONG_STREAM, prompt="Stall", max_tokens=1000, logprobs=5), rcvbuf=4096, read=False)
+    # A Responses stream beside it, stalled the same way.
+    payload = json.dumps({"input": "Stall", "max_output_tokens": 1000, "ignore_eos": True, "stream": True,
+                          "top_logprobs": 5, "include": ["message.output_text.logprobs"]}).encode()
+    rs = connect(srv.port, 30, rcvbuf=4096)
+    rs.sendall(completion_head(len(payload), b"Connection: close\r\n", b"/v1/responses") + payload)
+    # Each client reads on 3 s after its own stream's cancel (they stall at
+    # different times).
+    cancelled, got = {}, {}
+
+    def read_on(prefix, read):
+        cancelled[prefix] = srv.wait_log(r"%s\S*: the client left .*stream_stall_timeout\); cancelled" % prefix,
+                                         timeout=20)
+        time.sleep(3)
+        got[prefix] = read()
+
+    def read_cmpl():
+        st.start_reading()
+        st.closed.wait(10)
+        return st.raw
+    readers = [threading.Thread(target=read_on, args=("cmpl-", read_cmpl)),
+               threading.Thread(target=read_on, args=("resp_", lambda: read_until_close(rs, 10)))]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    rs.close()
+    check("cmpl-" in got and "resp_" in got, "a stalled stream was not read to its end: %r" % sorted(got))
+    resp_raw = got["resp_"]
+    ev = sse_whole_events(st, "the stalled stream")
+    rev = resp_events(resp_raw)  # every block whole: "event: NAME" and its JSON
+    check(all(cancelled.values()), "the stalled streams were not both cancelled (%d and %d bytes came): %s"
+          % (len(st.raw), len(resp_raw), srv.tail(2)))
+    check(len(ev) >= 2 and "stream_stall_timeout" in ev[-2] and '"error"' in ev[-2],
+          "the stalled stream's last events: %r" % ev[-2:])
+    check([n for n, _ in rev[-2:]] == ["response.failed", "error"]
+          and "stream_stall_timeout" in rev[-1][1].get("message", ""),
+          "the stalled Responses stream's last events: %r" % rev[-2:])
+    check([d["sequence_number"] for _, d in rev] == list(range(len(rev))),
+          "the stalled Responses stream's sequence numbers have a gap")
+    # What the kernel holds (SO_SNDBUF = backlog, doubled; the client's
+    # 4 KiB, doubled), libmicrohttpd's 4 KiB block, the rest of one event
+    # and the ending: not the backlog (64 KiB) too.
+    sndbuf = socket.socket()
+    sndbuf.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, backlog)
+    held = sndbuf.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    sndbuf.close()
+    for name, after in (("completions", len(st.raw)), ("responses", len(resp_raw))):
+        check(after <= held + 8192 + 4096 + 4096, "%s: the client got %d bytes after it stopped, over the "
+              "kernel's %d and one event: the backlog was sent too" % (name, after, held))
+
+
+def model_change_streams(srv, n):
+    streams = [Stream(srv.port, dict(LONG_STREAM, prompt="Change %d" % i)) for i in range(n)]
+    srv.wait_metric("gpt2d_running_sequences", n, 10, "%d streams running" % n)
+    deadline = time.monotonic() + 10
+    while not all(b"data: {" in st.raw for st in streams):
+        check(time.monotonic() < deadline, "not every stream had a token in 10 s")
+        time.sleep(0.05)
+    return streams
+
+
+def case_model_change_clean_endings(ctx):
+    """34: `cp` of other bytes over the served file (truncated, then
+    written half a second later, as a large file's copy is: the mapped
+    pages past the new end raise SIGBUS in the steps) under 8 streams: exit status 3, and every stream gets its clean ending
+    first: whole events, an error event naming the model file's change,
+    [DONE] and the chunked end. Before, the SIGBUS handler exited at once
+    and every stream was cut without an ending."""
+    d, path = model_file(ctx, "copied")
+    srv = Server(ctx, d, env=STEP_DELAY)
+    streams = model_change_streams(srv, 8)
+    with open(os.path.join(ctx.models.get("long2"), "model.safetensors"), "rb") as f:
+        data = f.read()
+    # As cp does (open with O_TRUNC, then write), at the pace of a large
+    # file: the steps meanwhile read pages the file no longer has.
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        time.sleep(0.5)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    exits_3(srv, "after cp over the served file")
+    check(names_file(srv, path), "no log line names %s: %s" % (path, srv.tail(2)))
+    for i, st in enumerate(streams):
+        st.wait(5, "stream %d" % i)
+        ev = sse_whole_events(st, "stream %d" % i)
+        check(len(ev) >= 2 and "model file" in ev[-2] and '"error"' in ev[-2],
+              "stream %d's last events: %r" % (i, ev[-2:]))
+
+
+def written_until_error(raw, responses):
+    """The body bytes before the stream's error ending, and that ending:
+    (bytes, [events after them])."""
+    status, _, rest = parse_head(raw)
+    check(status == 200 and rest.endswith(b"0\r\n\r\n"), "status %d, ends %r" % (status, rest[-80:]))
+    body = dechunk(rest)
+    mark = b"event: response.failed\n" if responses else b'data: {"error":'
+    at = body.rfind(mark)
+    check(at >= 0, "no error ending: %r" % body[-300:])
+    return at, body[at:].decode()
+
+
+def case_response_bytes_written_every_route(ctx):
+    """34: max_response_bytes counts the bytes a stream writes, on every
+    route, with and without logprobs: completions, chat and Responses
+    streams that would write far more than 65536 bytes each write at most
+    65536 before their ending (an error event naming max_response_bytes and
+    [DONE]; Responses: response.failed and error, code response_too_large),
+    and each is counted. Before, logprob streams wrote 200-321 KB first and
+    a Responses stream without logprobs was never cut."""
+    limit = 65536
+    srv = Server(ctx, ctx.models.get("long"), "--max-response-bytes", str(limit))
+    base = {"model": "gpt2", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    chat = dict(base, messages=[{"role": "user", "content": "Count"}])
+    routes = [
+        ("completions", "/v1/completions", dict(base, prompt="Count")),
+        ("completions logprobs", "/v1/completions", dict(base, prompt="Count", logprobs=5)),
+        ("chat", "/v1/chat/completions", chat),
+        ("chat logprobs", "/v1/chat/completions", dict(chat, logprobs=True, top_logprobs=5)),
+        ("responses", "/v1/responses", {"input": "Count", "max_output_tokens": 1000, "ignore_eos": True,
+                                        "stream": True}),
+        ("responses logprobs", "/v1/responses", {"input": "Count", "max_output_tokens": 1000, "ignore_eos": True,
+                                                 "stream": True, "top_logprobs": 5,
+                                                 "include": ["message.output_text.logprobs"]}),
+    ]
+    for name, path, body in routes:
+        payload = json.dumps(body).encode()
+        s = connect(srv.port, 60)
+        s.sendall(completion_head(len(payload), b"Connection: close\r\n", path.encode()) + payload)
+        raw = read_until_close(s, 60)
+        s.close()
+        responses = path == "/v1/responses"
+        try:
+            n, ending = written_until_error(raw, responses)
+        except Fail as e:
+            raise Fail("%s: %s" % (name, e))
+        check(n <= limit, "%s: %d bytes written before the error ending, over max_response_bytes %d"
+              % (name, n, limit))
+        check("max_response_bytes" in ending and "response_too_large" in ending,
+              "%s: the ending does not name max_response_bytes: %r" % (name, ending[:300]))
+        if responses:
+            check(ending.rstrip("\n").split("\n\n")[-1].startswith("event: error\n"),
+                  "%s: the ending is not response.failed then error: %r" % (name, ending[-300:]))
+            rev = resp_events(raw)
+            check([d["sequence_number"] for _, d in rev] == list(range(len(rev))),
+                  "%s: the sequence numbers have a gap" % name)
+        else:
+            check(ending.endswith("data: [DONE]\n\n"), "%s: no [DONE] after the error: %r" % (name, ending[-200:]))
+    got = srv.metric(CANCEL_BYTES)
+    check(got == len(routes), "%s is %g, want %d" % (CANCEL_BYTES, got, len(routes)))
+
+
 # ---------------------------------------------------------------- HTTPS
 
 class Skip(Exception):
@@ -2872,6 +3063,7 @@ def case_big_answers_allowed(ctx):
 # The checkpoints a case uses, made before its time limit starts.
 CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
                "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"],
+               "model_change_clean_endings": ["long", "long2"],
                "unseeded_replicas": ["tiny"]}
 
 def case_disconnects(ctx):
@@ -3622,6 +3814,9 @@ CASES = [
     ("sequences_cap", case_sequences_cap),
     ("fair_admission", case_fair_admission),
     ("response_bytes_cap", case_response_bytes_cap),
+    ("stall_cut_event_boundary", case_stall_cut_event_boundary),
+    ("model_change_clean_endings", case_model_change_clean_endings),
+    ("response_bytes_written_every_route", case_response_bytes_written_every_route),
     ("responses_bodies", case_responses_bodies),
     ("responses_store", case_responses_store),
     ("responses_store_reload", case_responses_store_reload),

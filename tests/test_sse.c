@@ -230,6 +230,106 @@ START_TEST(sse_partial_takes_and_reuse)
 }
 END_TEST
 
+START_TEST(sse_max_bytes_refuses_whole_events_but_not_the_ending)
+{
+    sse_queue q;
+    sse_init(&q);
+    q.max_bytes = 30;
+    ck_assert_int_eq(sse_comment(&q, "0123456789"), 0); /* 14 */
+    ck_assert_int_eq(sse_comment(&q, "0123456789"), 0); /* 28 */
+    ck_assert(sse_fits(&q, 2));
+    ck_assert(!sse_fits(&q, 3));
+    ck_assert_int_eq(sse_comment(&q, "x"), -1); /* 5 more: refused whole */
+    ck_assert(q.over);
+    ck_assert(!q.failed);
+    ck_assert_uint_eq(sse_pending(&q), 28);
+    ck_assert_uint_eq(q.total, 28);
+    sse_final(&q); /* the ending passes */
+    ck_assert_int_eq(sse_data_raw(&q, "{\"error\":{}}"), 0);
+    ck_assert_int_eq(sse_done(&q), 0);
+    size_t len;
+    char *bytes = drain(&q, 7, &len);
+    events ev;
+    parse(bytes, len, &ev);
+    ck_assert_uint_eq(ev.n, 2);
+    ck_assert_str_eq(ev.data[0], "{\"error\":{}}");
+    ck_assert_str_eq(ev.data[1], "[DONE]");
+    events_free(&ev);
+    free(bytes);
+    sse_free(&q);
+}
+END_TEST
+
+START_TEST(sse_event_bytes_is_what_sse_event_queues)
+{
+    sse_queue q;
+    sse_init(&q);
+    json_t *o = json_pack("{s:s, s:i}", "type", "response.completed", "n", 7);
+    ck_assert_int_eq(sse_event(&q, "response.completed", o), 0);
+    ck_assert_uint_eq(sse_event_bytes("response.completed", o), sse_pending(&q));
+    json_decref(o);
+    sse_free(&q);
+}
+END_TEST
+
+/* A stream cut after `taken` bytes were read of three 14-byte events: what
+ * the reader gets from then on, ending included. */
+static char *cut_after(size_t taken, size_t *len)
+{
+    sse_queue q;
+    sse_init(&q);
+    char out[64];
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(sse_comment(&q, "0123456789"), 0);
+    size_t got = 0;
+    while (got < taken) got += sse_take(&q, out, taken - got < 3 ? taken - got : 3);
+    sse_cut(&q);
+    ck_assert_int_eq(sse_comment(&q, "late"), -1); /* only the ending may follow */
+    sse_final(&q);
+    ck_assert_int_eq(sse_data_raw(&q, "{\"error\":{}}"), 0);
+    ck_assert_int_eq(sse_done(&q), 0);
+    char *rest = drain(&q, 5, len);
+    sse_free(&q);
+    return rest;
+}
+
+START_TEST(sse_cut_ends_on_an_event_boundary)
+{
+    const char *ending = "data: {\"error\":{}}\n\ndata: [DONE]\n\n";
+    size_t len;
+    /* Nothing taken, or whole events taken: the ending follows at once. */
+    size_t at[] = {0, 14, 28};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        char *rest = cut_after(at[i], &len);
+        ck_assert_uint_eq(len, strlen(ending));
+        ck_assert_int_eq(memcmp(rest, ending, len), 0);
+        free(rest);
+    }
+    /* The events dropped are counted, comments aside. */
+    sse_queue q;
+    sse_init(&q);
+    json_t *o = json_pack("{s:i}", "n", 1);
+    ck_assert_int_eq(sse_event(&q, "a", o), 0);
+    ck_assert_int_eq(sse_comment(&q, "waiting"), 0);
+    ck_assert_int_eq(sse_event(&q, "b", o), 0);
+    ck_assert_int_eq(sse_data(&q, o), 0);
+    char out[4];
+    ck_assert_uint_eq(sse_take(&q, out, 3), 3); /* inside event a: it stays */
+    ck_assert_uint_gt(sse_cut(&q), 0);
+    ck_assert_uint_eq(q.dropped, 2);
+    json_decref(o);
+    sse_free(&q);
+    /* Inside an event (its first newline taken, too): the rest of it, then
+     * the ending; the events after it are gone. */
+    for (size_t k = 1; k < 14; k++) {
+        char *rest = cut_after(14 + k, &len);
+        ck_assert_uint_eq(len, 14 - k + strlen(ending));
+        ck_assert_int_eq(memcmp(rest, ": 0123456789\n\n" + k, 14 - k), 0);
+        ck_assert_int_eq(memcmp(rest + 14 - k, ending, strlen(ending)), 0);
+        free(rest);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("sse");
@@ -240,6 +340,9 @@ int main(void)
     tcase_add_test(tc, sse_rejects_what_would_span_lines);
     tcase_add_test(tc, sse_partial_takes_and_reuse);
     tcase_add_test(tc, sse_slow_reader_buffer_stays_bounded);
+    tcase_add_test(tc, sse_max_bytes_refuses_whole_events_but_not_the_ending);
+    tcase_add_test(tc, sse_event_bytes_is_what_sse_event_queues);
+    tcase_add_test(tc, sse_cut_ends_on_an_event_boundary);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -334,6 +334,14 @@ static inline size_t cmpl_lp_bytes(size_t ntop)
  * with a 400 naming the fields (an error event for a stream) and cancels
  * what still generates. */
 void cmpl_grow(srv_req *r, size_t bytes);
+/* Ends r once with that 400 and cancels what still generates: its answer
+ * is over max_response_bytes. */
+void cmpl_too_large(srv_req *r);
+/* A stream counts the bytes it queues (sse.max_bytes = max_response_bytes):
+ * an event refused for them ends r as cmpl_too_large does; the events
+ * before it stay, and the ending (an error event and [DONE], or
+ * response.failed and error) follows them. */
+void cmpl_stream_bytes_check(srv_req *r);
 /* Puts r on, and takes it off, the srv_api's list of requests with engine
  * work (the tick's). */
 void cmpl_list_add(srv_req *r);

@@ -77,7 +77,17 @@ void cmpl_grow(srv_req *r, size_t bytes)
 {
     cmpl_job *j = r->cmpl;
     j->answer_bytes += bytes;
-    if (j->answer_bytes <= r->s->cfg.max_response_bytes || j->error_status != 0) return;
+    if (j->answer_bytes > r->s->cfg.max_response_bytes) cmpl_too_large(r);
+}
+
+void cmpl_stream_bytes_check(srv_req *r)
+{
+    if (r->cmpl->sse.over) cmpl_too_large(r);
+}
+
+void cmpl_too_large(srv_req *r)
+{
+    if (r->cmpl->error_status != 0) return;
     cmpl_set_error(r, 400, "response_too_large",
                    "The answer grew past %zu bytes (max_response_bytes) and was ended; ask for "
                    "less: fewer prompts, a smaller `n`, `best_of`, `max_tokens` or `logprobs`, "

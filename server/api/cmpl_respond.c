@@ -125,6 +125,9 @@ json_t *cmpl_usage_json(const srv_req *r)
 
 void cmpl_finish_stream(srv_req *r)
 {
+    cmpl_stream_bytes_check(r); /* an event refused for max_response_bytes */
+    /* However it ended, its client gets connection_timeout to read the end. */
+    http_conn_timeout(r, (unsigned)r->s->cfg.connection_timeout_s);
     if (r->cmpl->shape != NULL) {
         r->cmpl->shape->finish_stream(r);
         return;
@@ -134,6 +137,14 @@ void cmpl_finish_stream(srv_req *r)
 
 void cmpl_finish_stream_tail(srv_req *r)
 {
+    if (r->cmpl->error_status == 0 && r->cmpl->oreq.include_usage) {
+        json_t *o = cmpl_base(r);
+        json_object_set_new(o, "choices", json_array());
+        json_object_set_new(o, "usage", cmpl_usage_json(r));
+        cmpl_sse_event(r, o);
+        cmpl_stream_bytes_check(r);
+    }
+    sse_final(&r->cmpl->sse);
     if (r->cmpl->error_status != 0) { /* after the headers: an error event, then [DONE] */
         oai_error e;
         oai_error_set(&e, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
@@ -141,11 +152,6 @@ void cmpl_finish_stream_tail(srv_req *r)
         char *js = oai_error_json(&e);
         if (js == NULL || sse_data_raw(&r->cmpl->sse, js) != 0) r->cmpl->sse.failed = 1;
         free(js);
-    } else if (r->cmpl->oreq.include_usage) {
-        json_t *o = cmpl_base(r);
-        json_object_set_new(o, "choices", json_array());
-        json_object_set_new(o, "usage", cmpl_usage_json(r));
-        cmpl_sse_event(r, o);
     }
     sse_done(&r->cmpl->sse);
 }
@@ -412,7 +418,13 @@ int cmpl_stall_check(srv_req *r, double now)
                    "The stream was cancelled: the client left over %zu bytes unread for %.0f s "
                    "(stream_backlog_bytes, stream_stall_timeout)",
                    r->s->cfg.stream_backlog_bytes, r->s->cfg.stream_stall_timeout_s);
-    cmpl_cancel_for(r, MET_CANCEL_STREAM_STALLED); /* DONE events end the stream: error, [DONE] */
+    /* What the client has not read is dropped but the rest of the event it
+     * is in, so that the error event and [DONE] (queued by the DONE events,
+     * some of them at once) come right after it, on an event boundary: a
+     * client that reads on gets the ending within a few hundred bytes,
+     * whatever the backlog was. */
+    sse_cut(&r->cmpl->sse);
+    cmpl_cancel_for(r, MET_CANCEL_STREAM_STALLED);
     return 1;
 }
 
@@ -440,6 +452,10 @@ enum MHD_Result cmpl_start_stream(srv_req *r)
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, r, NULL);
     if (resp == NULL) return MHD_NO;
     http_req_set_state(r, HTTP_REQ_STREAMING);
+    /* A client that stops reading is the stall policy's (cmpl_stall_check),
+     * not libmicrohttpd's idle timeout, which would close the connection
+     * with an event half sent; the stream's end sets it again. */
+    http_conn_timeout(r, 0);
     /* The kernel's send buffer is part of what a stalled client pins: left to
      * autotuning it grows to megabytes (tcp_wmem) before any backlog forms
      * here. A token stream needs little of it. */

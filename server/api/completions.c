@@ -178,6 +178,7 @@ void cmpl_on_event(void *user, const eng_event *ev)
          * (the continuation set at admission sends it). */
         http_resume(r);
     }
+    if (stream && r->cmpl->ndone < r->cmpl->nchoices) cmpl_stream_bytes_check(r);
     if (ev->kind == ENG_EV_DONE) http_req_release(r); /* the sequence's reference */
 }
 
@@ -652,7 +653,10 @@ enum MHD_Result cmpl_admit(srv_req *r)
     r->cmpl->submitted = first;
     free(bias);
     cmpl_list_add(r);
-    if (q->stream) r->cmpl->sse.limit = s->cfg.stream_backlog_bytes;
+    if (q->stream) { /* the backlog's bound, and what the stream may write in all */
+        r->cmpl->sse.limit = s->cfg.stream_backlog_bytes;
+        r->cmpl->sse.max_bytes = s->cfg.max_response_bytes;
+    }
     if (q->stream && q->echo)
         for (size_t i = 0; i < r->cmpl->nchoices; i++) {
             srv_choice *c = &r->cmpl->choices[i];
@@ -669,6 +673,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
             free(t);
         }
     if (q->stream && q->chat) cmpl_chat_open(r);
+    if (q->stream) cmpl_stream_bytes_check(r);
     step_kick(s);
     if (q->stream) return cmpl_start_stream(r);
     http_req_set_state(r, HTTP_REQ_QUEUED);
@@ -747,6 +752,10 @@ size_t cmpl_cut_all(srv *s, const char *why)
                        "The server is shutting down (%s); the request was cut short; retry on "
                        "another replica",
                        why);
+        /* A stream held back for its slow client would not be read to its
+         * end within the cut's grace: only the rest of the event it is in
+         * stays before its ending. */
+        if (r->cmpl->oreq.stream && r->cmpl->paused) sse_cut(&r->cmpl->sse);
         cmpl_cancel_for(r, MET_CANCEL_SHUTDOWN);
         n++;
     }

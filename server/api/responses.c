@@ -249,19 +249,29 @@ oom:
 
 /* ---- The stream ---------------------------------------------------------- */
 
-/* Queues one event: obj gets its type and sequence_number (takes obj). */
-static void event(srv_req *r, const char *type, json_t *obj)
+/* obj as the event type: its type and the next sequence_number first
+ * (takes obj); NULL when memory ran out (the stream is then broken). */
+static json_t *event_obj(srv_req *r, const char *type, json_t *obj)
 {
     resp_job *j = job_of(r);
-    if (obj == NULL) {
-        r->cmpl->sse.failed = 1;
-        return;
+    json_t *e = obj ? json_pack("{s:s, s:I}", "type", type, "sequence_number", j->seq++) : NULL;
+    if (e != NULL && json_object_update(e, obj) != 0) {
+        json_decref(e);
+        e = NULL;
     }
-    json_t *e = json_pack("{s:s, s:I}", "type", type, "sequence_number", j->seq++);
-    if (e == NULL || json_object_update(e, obj) != 0) r->cmpl->sse.failed = 1;
-    if (e != NULL) sse_event(&r->cmpl->sse, type, e);
-    json_decref(e);
     json_decref(obj);
+    if (e == NULL) r->cmpl->sse.failed = 1;
+    return e;
+}
+
+/* Queues one event (takes obj); one that is not queued (over
+ * max_response_bytes, or after the stream was cut) gives its
+ * sequence_number back, so that the numbers the client gets have no gap. */
+static void event(srv_req *r, const char *type, json_t *obj)
+{
+    json_t *e = event_obj(r, type, obj);
+    if (e != NULL && sse_event(&r->cmpl->sse, type, e) != 0) job_of(r)->seq--;
+    json_decref(e);
 }
 
 /* The fields that place an event in the output: item 0, part 0. */
@@ -307,18 +317,28 @@ static void shape_chunk(srv_choice *c)
     c->text_len = 0;
 }
 
+/* After the headers: the failed response, then the error event. */
+static void finish_failed(srv_req *r)
+{
+    /* Numbered on from the last event the client gets (sse_cut dropped
+     * the rest unsent). */
+    job_of(r)->seq -= (json_int_t)r->cmpl->sse.dropped;
+    r->cmpl->sse.dropped = 0;
+    sse_final(&r->cmpl->sse);
+    event(r, "response.failed",
+          json_pack("{s:o}", "response", response_json(r, "failed", NULL, 0, NULL)));
+    event(r, "error",
+          json_pack("{s:s, s:s, s:n}", "code",
+                    r->cmpl->error_code ? r->cmpl->error_code : "server_error", "message",
+                    r->cmpl->error_msg, "param"));
+    sse_end(&r->cmpl->sse);
+}
+
 static void shape_finish_stream(srv_req *r)
 {
     resp_job *j = job_of(r);
     if (r->cmpl->error_status != 0) {
-        /* After the headers: the failed response, then the error event. */
-        event(r, "response.failed",
-              json_pack("{s:o}", "response", response_json(r, "failed", NULL, 0, NULL)));
-        event(r, "error",
-              json_pack("{s:s, s:s, s:n}", "code",
-                        r->cmpl->error_code ? r->cmpl->error_code : "server_error", "message",
-                        r->cmpl->error_msg, "param"));
-        sse_end(&r->cmpl->sse);
+        finish_failed(r);
         return;
     }
     const char *status = final_status(r);
@@ -327,20 +347,43 @@ static void shape_finish_stream(srv_req *r)
         && ((j->lp == NULL && (j->lp = json_array()) == NULL)
             || json_array_extend(j->lp, (json_t *)rest) != 0))
         r->cmpl->sse.failed = 1;
+    /* The last four events each carry the whole text (and its logprobs):
+     * made first, and queued only if all of them fit under
+     * max_response_bytes, or the stream fails naming it instead. */
+    const char *name[4] = {
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        strcmp(status, "completed") == 0 ? "response.completed" : "response.incomplete"};
+    json_t *ev[4];
+    json_int_t seq = j->seq;
     json_t *o = at_part(r);
     json_object_set_new(o, "text", json_stringn(j->text ? j->text : "", j->len));
     json_object_set_new(o, "logprobs", j->lp ? json_incref(j->lp) : json_array());
-    event(r, "response.output_text.done", o);
+    ev[0] = event_obj(r, name[0], o);
     o = at_part(r);
     json_object_set_new(o, "part", text_part(j->text, j->len, j->lp));
-    event(r, "response.content_part.done", o);
-    event(r, "response.output_item.done",
-          json_pack("{s:i, s:o}", "output_index", 0, "item",
-                    message_item(r, status, json_pack("[o]", text_part(j->text, j->len, j->lp)))));
+    ev[1] = event_obj(r, name[1], o);
+    ev[2] = event_obj(
+        r, name[2],
+        json_pack("{s:i, s:o}", "output_index", 0, "item",
+                  message_item(r, status, json_pack("[o]", text_part(j->text, j->len, j->lp)))));
     json_t *resp = response_json(r, status, j->text, j->len, j->lp);
+    ev[3] = event_obj(r, name[3], json_pack("{s:O}", "response", resp));
+    size_t need = 0;
+    for (int i = 0; i < 4; i++) need += ev[i] ? sse_event_bytes(name[i], ev[i]) : 0;
+    if (!sse_fits(&r->cmpl->sse, need)) {
+        for (int i = 0; i < 4; i++) json_decref(ev[i]);
+        json_decref(resp);
+        j->seq = seq;
+        cmpl_too_large(r);
+        finish_failed(r);
+        return;
+    }
+    for (int i = 0; i < 3; i++)
+        if (ev[i] != NULL) sse_event(&r->cmpl->sse, name[i], ev[i]);
     store_put(r, resp, j->text, j->len);
-    event(r, strcmp(status, "completed") == 0 ? "response.completed" : "response.incomplete",
-          json_pack("{s:o}", "response", resp));
+    if (ev[3] != NULL) sse_event(&r->cmpl->sse, name[3], ev[3]);
+    for (int i = 0; i < 4; i++) json_decref(ev[i]);
+    json_decref(resp);
     sse_end(&r->cmpl->sse);
 }
 
@@ -366,6 +409,14 @@ static enum MHD_Result shape_send(srv_req *r)
     }
     json_t *resp = response_json(r, final_status(r), c->text, c->text_len, lp);
     json_decref(lp);
+    /* What is written, measured: the text is in it twice (output and
+     * output_text), which the count while generating does not know. */
+    if (resp != NULL && json_dumpb(resp, NULL, 0, JSON_COMPACT) > r->s->cfg.max_response_bytes) {
+        json_decref(resp);
+        cmpl_too_large(r);
+        return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
+                               r->cmpl->error_code, NULL, NULL, "%s", r->cmpl->error_msg);
+    }
     if (resp != NULL) store_put(r, resp, c->text, c->text_len);
     return http_send_obj(r, resp);
 }

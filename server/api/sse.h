@@ -24,6 +24,15 @@ typedef struct {
     int done;        /* [DONE] queued: nothing may follow  */
     int failed;      /* out of memory: the stream is broken */
     size_t limit;    /* the backlog bound in bytes (0: none); see sse_over_limit */
+    /* What the stream may hold in all (max_response_bytes): an event that
+     * would take total past max_bytes is refused whole and sets over; the
+     * ending (sse_final) is exempt. 0: no bound. */
+    size_t max_bytes;
+    size_t total;   /* bytes queued over the stream's life (the ending's too) */
+    int over;       /* an event was refused for max_bytes                      */
+    int mid;        /* the bytes taken so far end inside an event (sse_cut)    */
+    size_t dropped; /* events (comments aside) sse_cut dropped unsent         */
+    char last;      /* the last byte taken                                     */
 } sse_queue;
 
 /* An empty queue (all zero). */
@@ -46,6 +55,23 @@ int sse_event(sse_queue *q, const char *name, const json_t *obj);
 int sse_end(sse_queue *q);
 /* Queues "data: [DONE]\n\n" and marks the queue done. */
 int sse_done(sse_queue *q);
+
+/* Whether n more bytes of events fit under max_bytes (always with none). */
+int sse_fits(const sse_queue *q, size_t n);
+/* The bytes sse_event would queue for name and obj (0: obj cannot be
+ * written). */
+size_t sse_event_bytes(const char *name, const json_t *obj);
+/* What is queued from now on is the stream's ending (an error event,
+ * [DONE], a Responses stream's last events): max_bytes no longer applies.
+ * The ending's size is the caller's bound. */
+void sse_final(sse_queue *q);
+/* Cuts a stream whose client stopped reading: of what waits unsent, only
+ * the rest of the event the client has partly taken stays (so that the
+ * stream goes on at an event boundary), the whole events after it are
+ * dropped (counted in dropped, comments aside, for a caller that numbers
+ * its events), and nothing but the ending (sse_final) may follow. Returns
+ * the bytes dropped. */
+size_t sse_cut(sse_queue *q);
 
 /* Bytes waiting to be sent. */
 size_t sse_pending(const sse_queue *q);

@@ -75,6 +75,10 @@ struct srv_daemon {
     uint64_t model_digest[SRV_DIGEST_WORDS];
     int model_digest_ok;
     struct mw_job *model_job;
+    /* The SIGBUS handler's wake-up of the loop: a read past the file's
+     * new end (it shrank under the mapping); closed with the loop's other
+     * handles, after which a SIGBUS exits at once. */
+    uv_async_t sigbus_wake;
 };
 
 /* ---- lifecycle.c, reload.c, modelwatch.c ---------------------------------- */
@@ -138,10 +142,14 @@ void srv_file_id_get(const char *path, srv_file_id *out);
 int srv_file_id_same(const srv_file_id *a, const srv_file_id *b);
 /* Records the served weights file before it is loaded; then watches it
  * (once a second) and drains with SRV_EXIT_MODEL_CHANGED when it changes.
- * Also installs the SIGBUS handler that names the file when a read of its
- * mapping fails (the file shrank under it). */
+ * Also installs the SIGBUS handler for a read of its mapping past the
+ * file's end (it shrank under it): before srv_model_watch_start, one line
+ * naming the file and the exit; after, a page of zeros in place and the
+ * change handled on the loop (the drain cut at once, every stream ended
+ * cleanly). */
 void srv_model_watch_init(srv *s);
 void srv_model_watch_start(srv *s);
+
 /* ---- probes.c, ui.c: the small GET routes --------------------------------- */
 
 enum MHD_Result probe_health(srv_req *r); /* probes.c */

@@ -60,6 +60,7 @@ static void close_all(srv *s)
         (uv_handle_t *)&s->daemon->sigusr1,
         (uv_handle_t *)&s->daemon->sigusr2,
         (uv_handle_t *)&s->daemon->model_timer,
+        (uv_handle_t *)&s->daemon->sigbus_wake,
         (uv_handle_t *)&s->daemon->info_timer,
         (uv_handle_t *)&s->sweep,
     };

@@ -33,9 +33,20 @@
  * hash, and runs one digest at a time: a second
  * change while one runs is looked at by the next tick.
  *
- * A read of a truncated mapping raises SIGBUS before the watch sees the
- * change: its handler writes one preformatted line naming the file (write
- * is async-signal-safe; nothing is formatted in the handler) and exits.
+ * A read of a truncated mapping (`cp` over the file truncates it first,
+ * then writes) raises SIGBUS in the step, usually before the watch sees
+ * the change. Once the loop runs, the handler puts a page of zeros where
+ * the missing page was (the read then goes on: the step finishes, its
+ * text is nonsense, as with any bytes written in place) and wakes the loop
+ * (uv_async_send, async-signal-safe), which treats it as a change in
+ * place: one line, the drain and its cut at once, so that every stream
+ * gets its clean ending before the exit with SRV_EXIT_MODEL_CHANGED. Each
+ * missing page costs one signal. mmap is not on POSIX's list of
+ * async-signal-safe calls; the handler makes the bare system call
+ * (syscall(SYS_mmap)), which takes no lock of the process's. Before the loop runs (a read at load),
+ * or when the page cannot be replaced, the handler writes one
+ * preformatted line naming the file (nothing is formatted in the handler)
+ * and exits with the same status.
  */
 #include "daemon/daemon.h"
 #include "daemon/systemd.h"
@@ -44,7 +55,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* Bytes read at a time (a multiple of 32: whole rounds of the four lanes). */
@@ -158,12 +172,18 @@ static void mw_job_run(uv_work_t *w)
     srv_file_id_get(j->path, &j->after);
 }
 
-/* The file changed: one line, the drain, and the cut when it changed in place. */
-static void model_changed(srv *s, const srv_file_id *now, const char *what)
+/* Whether now is the loaded file's inode (its bytes changed under the mapping). */
+static int same_inode(const srv *s, const srv_file_id *now)
 {
+    return now->exists && now->dev == s->daemon->model_id.dev
+           && now->ino == s->daemon->model_id.ino;
+}
+
+/* The file changed: one line, the drain, and the cut when it changed in place. */
+static void model_changed(srv *s, int in_place, const char *what)
+{
+    if (s->api->draining) return; /* said once */
     uv_timer_stop(&s->daemon->model_timer);
-    int in_place =
-        now->exists && now->dev == s->daemon->model_id.dev && now->ino == s->daemon->model_id.ino;
     log_line("error",
              "the model file %s changed under the running server: %s; draining, then exiting "
              "with status %d so that it restarts on the new file (replace the file with a "
@@ -216,7 +236,7 @@ static void mw_job_done(uv_work_t *w, int status)
         snprintf(what, sizeof what, "another file with other bytes was put in its place");
     else
         snprintf(what, sizeof what, "its bytes were rewritten in place");
-    model_changed(s, &now, what);
+    model_changed(s, same_inode(s, &now), what);
 }
 
 /* Starts a digest of the file (one at a time); 0, or -1 when it cannot. */
@@ -252,19 +272,47 @@ static void on_model_timer(uv_timer_t *t)
         return;
     char what[128];
     describe_change(&s->daemon->model_id, &now, what, sizeof what);
-    model_changed(s, &now, what);
+    model_changed(s, same_inode(s, &now), what);
 }
 
-/* The line the SIGBUS handler writes, made before it can be needed. */
+/* The line the SIGBUS handler writes, made before it can be needed; the
+ * page size; and the loop's wake-up once it runs (NULL before). */
 static char sigbus_line[CFG_STR_MAX + 512];
 static size_t sigbus_len;
+static size_t sigbus_page;
+static uv_async_t *volatile sigbus_wake;
 
-static void on_sigbus(int signum)
+static void on_sigbus(int signum, siginfo_t *si, void *uctx)
 {
     (void)signum;
+    (void)uctx;
+    uv_async_t *wake = sigbus_wake;
+    /* BUS_ADRERR: a page of a file mapping past the file's end. Once the
+     * loop's end closed the wake-up (lifecycle.c), no step runs any more. */
+    if (wake != NULL && !uv_is_closing((uv_handle_t *)wake) && si->si_code == BUS_ADRERR
+        && sigbus_page > 0) {
+        uintptr_t page = (uintptr_t)si->si_addr & ~(uintptr_t)(sigbus_page - 1);
+        /* The system call itself, not a sanitizer's interceptor of mmap. */
+        long p = syscall(SYS_mmap, page, sigbus_page, PROT_READ,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (p != -1) {
+            uv_async_send(wake);
+            return; /* the read is tried again, on the zeros */
+        }
+    }
     ssize_t w = write(STDERR_FILENO, sigbus_line, sigbus_len);
     (void)w;
     _exit(SRV_EXIT_MODEL_CHANGED);
+}
+
+/* The loop's side of a SIGBUS: the file shrank under the mapping. */
+static void on_sigbus_wake(uv_async_t *h)
+{
+    srv *s = h->data;
+    if (s->closed) return;
+    model_changed(s, 1,
+                  "a read of its mapping past the file's new end failed (SIGBUS): it was "
+                  "truncated or is being rewritten in place");
 }
 
 void srv_model_watch_init(srv *s)
@@ -278,9 +326,12 @@ void srv_model_watch_init(srv *s)
                      "status %d\n",
                      srv_sd_journal() ? "<2>" : "", s->daemon->model_path, SRV_EXIT_MODEL_CHANGED);
     sigbus_len = n < 0 ? 0 : (size_t)n < sizeof sigbus_line ? (size_t)n : sizeof sigbus_line - 1;
+    long page = sysconf(_SC_PAGESIZE);
+    sigbus_page = page > 0 ? (size_t)page : 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigbus;
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, NULL);
 }
@@ -290,6 +341,9 @@ void srv_model_watch_start(srv *s)
     uv_timer_init(s->loop, &s->daemon->model_timer);
     s->daemon->model_timer.data = s;
     uv_timer_start(&s->daemon->model_timer, on_model_timer, 1000, 1000);
+    uv_async_init(s->loop, &s->daemon->sigbus_wake, on_sigbus_wake);
+    s->daemon->sigbus_wake.data = s;
+    sigbus_wake = &s->daemon->sigbus_wake;
     if (mw_job_start(s, 1, &s->daemon->model_id) != 0)
         log_line("warn", "cannot take the digest of %s: any change to it restarts the server",
                  s->daemon->model_path);

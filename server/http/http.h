@@ -393,6 +393,12 @@ void http_request_id_new(srv *s, char *buf, size_t len);
  * waiting or not (its close_notify comes first). For a suspended request,
  * which libmicrohttpd does not watch. */
 int http_peer_closed(const srv_req *r);
+/* libmicrohttpd's idle timeout of r's connection: seconds without any
+ * byte sent or received before it closes the connection (0: none), counted
+ * from now. A stream that its client stops reading sends nothing; its
+ * policy (stream_stall_timeout) bounds it instead, and once it has ended,
+ * its client gets this long to read the ending. No connection: nothing. */
+void http_conn_timeout(srv_req *r, unsigned seconds);
 /* Takes one more reference to r (a tokenizer thread, an engine sequence). */
 void http_req_hold(srv_req *r);
 /* Drops one reference; the last frees r (its ops' free, then the record):

@@ -124,6 +124,18 @@ int http_peer_closed(const srv_req *r)
     return 0;
 }
 
+void http_conn_timeout(srv_req *r, unsigned seconds)
+{
+    if (r->conn == NULL) return;
+    /* libmicrohttpd (0.9.75) restarts a connection's idle clock when a
+     * timeout is set on it while it has none: 0 first, so that the seconds
+     * count from now, not from its last byte (the hostile case
+     * stall_cut_event_boundary reads on after the latter would have
+     * passed). */
+    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    if (seconds > 0) MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
+}
+
 void http_req_hold(srv_req *r)
 {
     assert(r->refs > 0);
