@@ -186,8 +186,8 @@ for (const call of [() => client.responses.retrieve(r1.id),
 }
 // A refusal in the API's shape, naming the field.
 try {
-  await client.responses.create({ model: 'gpt2', input: 'x', tools: [{ type: 'function', name: 'f', parameters: {} }] });
-  fail('tools accepted');
+  await client.responses.create({ model: 'gpt2', input: 'x', tools: [{ type: 'web_search_preview' }] });
+  fail('a web_search_preview tool accepted');
 } catch (e) {
   if (e.status !== 400 || e.param !== 'tools') fail('tools error ' + e.status + ' ' + e.param);
 }
