@@ -281,12 +281,14 @@ static json_t *at_part(const srv_req *r)
                      "content_index", 0);
 }
 
-static void shape_open(srv_req *r)
+static void finish_failed(srv_req *r);
+
+/* The output message's item and part, opened (once). */
+static void open_message(srv_req *r)
 {
-    event(r, "response.created",
-          json_pack("{s:o}", "response", response_json(r, "in_progress", NULL, 0, NULL)));
-    event(r, "response.in_progress",
-          json_pack("{s:o}", "response", response_json(r, "in_progress", NULL, 0, NULL)));
+    resp_job *j = job_of(r);
+    if (j->item_open) return;
+    j->item_open = 1;
     event(r, "response.output_item.added",
           json_pack("{s:i, s:o}", "output_index", 0, "item",
                     message_item(r, "in_progress", json_array())));
@@ -295,17 +297,30 @@ static void shape_open(srv_req *r)
     event(r, "response.content_part.added", o);
 }
 
-static void shape_chunk(srv_choice *c)
+/* With tools the output's item waits until the reply is known to be text
+ * (a message) or a call (a function_call). */
+static void shape_open(srv_req *r)
+{
+    event(r, "response.created",
+          json_pack("{s:o}", "response", response_json(r, "in_progress", NULL, 0, NULL)));
+    event(r, "response.in_progress",
+          json_pack("{s:o}", "response", response_json(r, "in_progress", NULL, 0, NULL)));
+    if (r->cmpl->oreq.tool_mode == OAI_TOOLS_NONE) open_message(r);
+}
+
+/* n bytes of the output's text (c's logprobs with them). */
+static void text_delta(srv_choice *c, const char *p, size_t n)
 {
     srv_req *r = c->req;
     resp_job *j = job_of(r);
-    if (c->text_len == 0) return;
-    if (http_append(&j->text, &j->len, &j->cap, c->text, c->text_len) != 0) {
+    if (n == 0) return;
+    open_message(r);
+    if (http_append(&j->text, &j->len, &j->cap, p, n) != 0) {
         cmpl_fail_oom(r);
         return;
     }
     json_t *o = at_part(r), *lp = lp_entries(c);
-    json_object_set_new(o, "delta", json_stringn(c->text, c->text_len));
+    json_object_set_new(o, "delta", json_stringn(p, n));
     json_object_set_new(o, "logprobs", lp ? json_incref(lp) : json_array());
     if (lp != NULL) { /* the delta's entries, kept for the done events */
         if ((j->lp == NULL && (j->lp = json_array()) == NULL) || json_array_extend(j->lp, lp) != 0)
@@ -314,7 +329,105 @@ static void shape_chunk(srv_choice *c)
         c->lp = lp_new(r);
     }
     event(r, "response.output_text.delta", o);
+}
+
+static void rd_text(void *u, const char *p, size_t n)
+{
+    text_delta(u, p, n);
+}
+
+static void rd_head(void *u, const char *name, size_t n)
+{
+    srv_choice *c = u;
+    resp_job *j = job_of(c->req);
+    free(j->call_name);
+    if ((j->call_name = strndup(name, n)) == NULL) {
+        cmpl_fail_oom(c->req);
+        return;
+    }
+    if (http_append(&j->call_args, &j->args_len, &j->args_cap, "", 0) != 0) cmpl_fail_oom(c->req);
+    event(c->req, "response.output_item.added",
+          json_pack("{s:i, s:o}", "output_index", 0, "item", call_item(c->req, "in_progress")));
+}
+
+static void rd_args(void *u, const char *p, size_t n)
+{
+    srv_choice *c = u;
+    resp_job *j = job_of(c->req);
+    if (http_append(&j->call_args, &j->args_len, &j->args_cap, p, n) != 0) {
+        cmpl_fail_oom(c->req);
+        return;
+    }
+    event(c->req, "response.function_call_arguments.delta",
+          json_pack("{s:s+, s:i, s:s%}", "item_id", "fc_", j->msg_id + strlen("msg_"),
+                    "output_index", 0, "delta", p, n));
+}
+
+static const tools_reader_ops resp_rd_ops = {.text = rd_text, .head = rd_head, .args = rd_args};
+
+static void shape_chunk(srv_choice *c)
+{
+    srv_req *r = c->req;
+    resp_job *j = job_of(r);
+    if (r->cmpl->oreq.tool_mode == OAI_TOOLS_NONE)
+        text_delta(c, c->text, c->text_len);
+    else if (tools_reader_feed(&j->rd, c->text ? c->text : "", c->text_len, &resp_rd_ops, c) != 0)
+        cmpl_fail_oom(r);
     c->text_len = 0;
+}
+
+/* A call as the stored conversation keeps it: the prompt's form. NULL: no
+ * memory. */
+static char *call_text(const resp_job *j, size_t *len)
+{
+    json_t *a = json_loads(j->call_args ? j->call_args : "", JSON_DECODE_ANY, NULL);
+    json_t *c = json_pack("{s:s, s:o}", "name", j->call_name, "arguments",
+                          a ? a : json_string(j->call_args ? j->call_args : ""));
+    char *body = c ? json_dumps(c, JSON_COMPACT) : NULL, *out = NULL;
+    json_decref(c);
+    if (body != NULL && asprintf(&out, "%s%s%s", OAI_TOOL_CALL_BEGIN, body, OAI_TOOL_CALL_END) < 0)
+        out = NULL;
+    free(body);
+    *len = out ? strlen(out) : 0;
+    return out;
+}
+
+/* A stream that ended in a call: its last events and the response. */
+static void finish_call(srv_req *r, int whole)
+{
+    resp_job *j = job_of(r);
+    const char *status = whole ? "completed" : "incomplete";
+    const char *name[3] = {"response.function_call_arguments.done", "response.output_item.done",
+                           whole ? "response.completed" : "response.incomplete"};
+    json_t *ev[3];
+    json_int_t seq = j->seq;
+    ev[0] = event_obj(r, name[0],
+                      json_pack("{s:s+, s:i, s:s}", "item_id", "fc_", j->msg_id + strlen("msg_"),
+                                "output_index", 0, "arguments", j->call_args ? j->call_args : ""));
+    ev[1] = event_obj(r, name[1],
+                      json_pack("{s:i, s:o}", "output_index", 0, "item", call_item(r, status)));
+    json_t *resp = response_json(r, status, NULL, 0, NULL);
+    ev[2] = event_obj(r, name[2], json_pack("{s:O}", "response", resp));
+    size_t need = 0;
+    for (int i = 0; i < 3; i++) need += ev[i] ? sse_event_bytes(name[i], ev[i]) : 0;
+    if (!sse_fits(&r->cmpl->sse, need)) {
+        for (int i = 0; i < 3; i++) json_decref(ev[i]);
+        json_decref(resp);
+        j->seq = seq;
+        cmpl_too_large(r);
+        finish_failed(r);
+        return;
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i] != NULL) sse_event(&r->cmpl->sse, name[i], ev[i]);
+    size_t len;
+    char *txt = call_text(j, &len);
+    if (txt != NULL) store_put(r, resp, txt, len);
+    free(txt);
+    if (ev[2] != NULL) sse_event(&r->cmpl->sse, name[2], ev[2]);
+    for (int i = 0; i < 3; i++) json_decref(ev[i]);
+    json_decref(resp);
+    sse_end(&r->cmpl->sse);
 }
 
 /* After the headers: the failed response, then the error event. */
@@ -342,6 +455,15 @@ static void shape_finish_stream(srv_req *r)
         return;
     }
     const char *status = final_status(r);
+    if (r->cmpl->oreq.tool_mode != OAI_TOOLS_NONE) {
+        int whole = tools_reader_end(&j->rd, strcmp(status, "completed") != 0, &resp_rd_ops,
+                                     &r->cmpl->choices[0]);
+        if (j->call_name != NULL) {
+            finish_call(r, whole);
+            return;
+        }
+        open_message(r); /* text, or a call cut before its name: as text */
+    }
     const json_t *rest = lp_entries(&r->cmpl->choices[0]); /* tokens that made no text */
     if (rest != NULL && json_array_size(rest) > 0
         && ((j->lp == NULL && (j->lp = json_array()) == NULL)
@@ -407,7 +529,15 @@ static enum MHD_Result shape_send(srv_req *r)
         if (lp == NULL)
             return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     }
-    json_t *resp = response_json(r, final_status(r), c->text, c->text_len, lp);
+    resp_job *j = job_of(r);
+    char *name, *args;
+    int call = tools_parse_call(c->text ? c->text : "", c->text_len, r->cmpl->oreq.tool_mode, &name,
+                                &args);
+    if (call) {
+        j->call_name = name;
+        j->call_args = args;
+    }
+    json_t *resp = response_json(r, call ? "completed" : final_status(r), c->text, c->text_len, lp);
     json_decref(lp);
     /* What is written, measured: the text is in it twice (output and
      * output_text), which the count while generating does not know. */
@@ -417,7 +547,14 @@ static enum MHD_Result shape_send(srv_req *r)
         return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
                                r->cmpl->error_code, NULL, NULL, "%s", r->cmpl->error_msg);
     }
-    if (resp != NULL) store_put(r, resp, c->text, c->text_len);
+    if (resp != NULL && call) {
+        size_t len;
+        char *txt = call_text(j, &len);
+        if (txt != NULL) store_put(r, resp, txt, len);
+        free(txt);
+    } else if (resp != NULL) {
+        store_put(r, resp, c->text, c->text_len);
+    }
     return http_send_obj(r, resp);
 }
 
@@ -430,6 +567,9 @@ static void shape_free(srv_req *r)
     oai_msgs_free(j->in, j->nin);
     free(j->text);
     json_decref(j->lp);
+    tools_reader_free(&j->rd);
+    free(j->call_name);
+    free(j->call_args);
     free(j);
     r->cmpl->shape_data = NULL;
 }
@@ -532,22 +672,44 @@ static size_t count_tokens(const bpe *tok, const oai_template *t, const oai_msg 
     return nids;
 }
 
-/* The prompt of the instructions (a system message), then kept[from..n)
+/* The messages every prompt begins with, into m: the tools' list and the
+ * instructions (system messages), each where there is one; how many. */
+static size_t fixed_msgs(const resp_job *j, oai_msg *m)
+{
+    size_t k = 0;
+    if (j->rq.tools_text != NULL)
+        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.tools_text, j->rq.tools_text_len, NULL};
+    if (j->rq.instructions != NULL)
+        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+    return k;
+}
+
+/* The prompt of the tools' list and the instructions, then kept[from..n)
  * (oldest first), into *txt; its tokens, at most max, into *ids / *nids.
  * The tokenizer's status (BPE_ENOMEM for no memory). */
 static bpe_status render_encode(srv_req *r, const conv_msg *kept, size_t from, size_t n, size_t max,
                                 char **txt, size_t *len, int32_t **ids, size_t *nids)
 {
     resp_job *j = job_of(r);
-    oai_msg *m = calloc(n - from + 1, sizeof *m);
+    oai_msg *m = calloc(n - from + 2, sizeof *m);
     if (m == NULL) return BPE_ENOMEM;
-    size_t k = 0;
-    if (j->rq.instructions != NULL)
-        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+    size_t k = fixed_msgs(j, m);
     for (size_t i = from; i < n; i++) m[k++] = kept[i].m;
     int rc = oai_render(&r->s->api->chat, m, k, txt, len);
     free(m); /* the texts are j's and the nodes' */
     if (rc != 0) return BPE_ENOMEM;
+    /* A call it must make: the marker ends the prompt, the object is the reply. */
+    static const char marker[] = " " OAI_TOOL_CALL_BEGIN;
+    if (r->cmpl->oreq.tool_mode == OAI_TOOLS_REQUIRED) {
+        char *t = realloc(*txt, *len + sizeof marker);
+        if (t == NULL) {
+            free(*txt);
+            return BPE_ENOMEM;
+        }
+        memcpy(t + *len, marker, sizeof marker);
+        *txt = t;
+        *len += sizeof marker - 1;
+    }
     *ids = NULL;
     *nids = 0;
     bpe_status st = bpe_encode_special_max(r->s->api->tok, *txt, *len, max, ids, nids, r->tok->err,
@@ -590,9 +752,10 @@ static int prepare(srv_req *r)
     /* Past fit and a margin for the counts' error at the messages' joins,
      * the whole can be known not to fit without rendering it. */
     size_t cutoff = fit + fit / 8 + 16;
-    oai_msg ins = {OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+    oai_msg fixed[2];
+    size_t nfixed = fixed_msgs(j, fixed);
     size_t bare = count_tokens(tok, t, NULL, 0, SIZE_MAX); /* begin and generation */
-    size_t total = count_tokens(tok, t, &ins, j->rq.instructions != NULL ? 1 : 0, SIZE_MAX);
+    size_t total = count_tokens(tok, t, fixed, nfixed, SIZE_MAX);
     j->total = (j->prev ? j->prev->chain_msgs : 0) + j->nin;
     conv_msg *kept = NULL;
     size_t n = 0, cap = 0;
@@ -847,6 +1010,7 @@ enum MHD_Result resp_route(srv_req *r)
     /* The prompt is made where it is tokenized: on a tokenizer thread when
      * a stored history or a format is involved (or the body is large). */
     r->tok->heavy = q->format != OAI_FORMAT_NONE || j->prev != NULL;
+    tools_reader_init(&j->rd, q->tool_mode);
     j->fit = fit_limit(r);
     j->budget = prompt_budget(r);
     return tok_prompts(r, prepare, after_tokenize);

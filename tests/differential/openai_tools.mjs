@@ -7,7 +7,9 @@
 // follow-up turn carrying the call and its result (role tool), the AI SDK's
 // generateText with tools and toolChoice 'required' (on openai.chat), and
 // LangChain's bindTools and withStructuredOutput({method:
-// 'functionCalling'}). Every call's arguments are validated by ajv against
+// 'functionCalling'}); then the Responses API (a function_call item whole
+// and streamed, a follow-up with its function_call_output, the AI SDK's
+// default model). Every call's arguments are validated by ajv against
 // its tool's parameters. The model is random: the grammar, not the model,
 // makes the calls valid. Exit 77 (skipped) when the packages are missing.
 import { createRequire } from 'node:module';
@@ -120,6 +122,36 @@ const Person = z.object({ name: z.string().max(12), age: z.number().int().min(0)
 const so = llm.withStructuredOutput(Person, { method: 'functionCalling', name: 'person' });
 const p = await so.invoke('Describe a person.');
 if (!Person.safeParse(p).success) fail('langchain withStructuredOutput ' + JSON.stringify(p));
+
+// The Responses API: a function tool's call (a function_call output item),
+// streamed (the arguments' delta events put together are the done event's),
+// and the next turn carrying its output by previous_response_id.
+const rtools = [{ type: 'function', name: 'add', description: 'Adds two integers', parameters: add, strict: true }];
+const r1 = await client.responses.create({ model: 'gpt2', input: 'Add 2 and 3', tools: rtools, tool_choice: 'required', seed: 7 });
+const fc = r1.output[0];
+if (r1.output.length !== 1 || fc.type !== 'function_call' || fc.name !== 'add' || !/^call_/.test(fc.call_id))
+  fail('responses call ' + JSON.stringify(r1.output));
+if (!ajv.validate(add, JSON.parse(fc.arguments))) fail('responses arguments ' + fc.arguments);
+const r2 = await client.responses.create({
+  model: 'gpt2', previous_response_id: r1.id, tools: rtools, max_output_tokens: 8, seed: 8,
+  input: [{ type: 'function_call_output', call_id: fc.call_id, output: '5' }],
+});
+if (r2.output[0]?.type !== 'message') fail('the turn after a function_call_output: ' + JSON.stringify(r2.output));
+let deltas = '', done = null, added = null;
+for await (const ev of await client.responses.create({ model: 'gpt2', input: 'Add 2 and 3', tools: rtools, tool_choice: { type: 'function', name: 'add' }, seed: 7, stream: true })) {
+  if (ev.type === 'response.output_item.added') added = ev.item;
+  if (ev.type === 'response.function_call_arguments.delta') deltas += ev.delta;
+  if (ev.type === 'response.function_call_arguments.done') done = ev.arguments;
+}
+if (added?.type !== 'function_call' || added.name !== 'add' || done !== deltas || done !== fc.arguments)
+  fail(`responses stream: ${JSON.stringify(added)} ${deltas} ${done}`);
+// The AI SDK's default model speaks the Responses API.
+const g2 = await generateText({
+  model: openai('gpt2'), prompt: 'Add 2 and 3', maxRetries: 0, seed: 9, toolChoice: 'required',
+  tools: { add: tool({ description: 'Adds two integers', inputSchema: jsonSchema(add) }) },
+});
+if (g2.toolCalls.length !== 1 || g2.toolCalls[0].toolName !== 'add' || !ajv.validate(add, g2.toolCalls[0].input))
+  fail('ai (responses) toolCalls ' + JSON.stringify(g2.toolCalls));
 
 // Refusals reach the client as its errors.
 try {
