@@ -319,8 +319,40 @@ def do_bad(conn, rng):
         want(st == 400, "max_tokens 10^7: %d" % st)
 
 
+def do_embed(conn, rng):
+    n = rng.randint(1, 40)
+    body = {"model": "gpt2", "input": [prompt(rng) for _ in range(n)]}
+    if rng.random() < 0.5:
+        body["encoding_format"] = "base64"
+    st, d = post(conn, "/v1/embeddings", body)
+    want(st == 200, "embeddings: status %d %r" % (st, d))
+    want(len(d["data"]) == n and [e["index"] for e in d["data"]] == list(range(n)), "embeddings: %r" % d["data"][:1])
+    e = d["data"][0]["embedding"]
+    if isinstance(e, list):
+        want(abs(sum(x * x for x in e) - 1) < 1e-4, "embeddings: length %r" % sum(x * x for x in e))
+
+
+TOOL = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 12}},
+        "required": ["a", "b"], "additionalProperties": False}
+
+
+def do_tool(conn, rng):
+    body = {"model": "gpt2", "max_tokens": 64, "seed": rng.randint(0, 1 << 30), "tool_choice": "required",
+            "messages": [{"role": "user", "content": prompt(rng)}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": TOOL}}]}
+    st, d = post(conn, "/v1/chat/completions", body)
+    want(st == 200, "tool: status %d %r" % (st, d))
+    c = d["choices"][0]
+    if c["finish_reason"] == "length":  # cut by max_tokens: the call's text as it came
+        return
+    want(c["finish_reason"] == "tool_calls", "tool: %r" % c)
+    a = json.loads(c["message"]["tool_calls"][0]["function"]["arguments"])
+    want(set(a) == {"a", "b"} and type(a["a"]) is int and len(a["b"]) <= 12, "tool: arguments %r" % a)
+
+
 KINDS = [("stream", do_stream, 26), ("whole", do_whole, 17), ("chat", do_chat, 7), ("cancel", do_cancel, 9),
-         ("tokenize", do_tokenize, 14), ("chain", do_chain, 8), ("schema", do_schema, 8), ("bad", do_bad, 11)]
+         ("tokenize", do_tokenize, 14), ("chain", do_chain, 8), ("schema", do_schema, 8), ("bad", do_bad, 11),
+         ("embed", do_embed, 5), ("tool", do_tool, 5)]
 
 
 def client(i):

@@ -3,7 +3,7 @@
 # default configuration on a GPT-2-small-shaped `gpt2d synth` checkpoint:
 # CLIENTS (64) clients from one address send mixed traffic for MINUTES (10)
 # (completions, chat, cancels, tokenize, stored-response chains, structured
-# outputs on chat and /v1/responses, refusals) with every answer checked, a SIGHUP and a touch of the model file midway
+# outputs on chat and /v1/responses, embeddings, forced tool calls, refusals) with every answer checked, a SIGHUP and a touch of the model file midway
 # (bench/soak.py says what and how). Prints the requests, the unexpected
 # errors (the aim is 0), and RSS, descriptors and KV blocks in use at the
 # start, the peak and the end (the aim: back to the start once idle).
