@@ -437,12 +437,12 @@ int srv_main(int argc, char **argv)
         log_fatal("out of memory (the structured outputs' vocabulary trie)");
         goto done;
     }
-    log_line("info", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
+    log_line("debug", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
              eng_model_dtype(a.model), eng_model_layout(a.model),
              (double)eng_model_weight_bytes(a.model) / 1e6, eng_model_kernels(a.model));
     if (eng_model_pair_bytes(a.model) > 0) {
         int q8 = strcmp(eng_model_dtype(a.model), "q8") == 0;
-        log_line("info",
+        log_line("debug",
                  "built the %s copy for the %s kernels: %.1f MB private (GPT2D_KERNELS=avx512 "
                  "reads the file's pages instead)",
                  q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
@@ -471,7 +471,7 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
-    log_line("info", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
+    log_line("debug", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
     const eng_config *mc = eng_model_config(a.model);
     /* system_fingerprint: changes with the build and with the weights file. */
     {

@@ -161,9 +161,10 @@ void srv_reload(srv *s)
         rs_trim(s->api->resp_store, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
     if (dropped > 0)
         log_line("info",
-                 "SIGHUP: %zu stored responses dropped to fit responses_store_max %zu and "
+                 "SIGHUP: %zu stored %s dropped to fit responses_store_max %zu and "
                  "responses_store_bytes %zu",
-                 dropped, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
+                 dropped, log_plural(dropped, "response", "responses"), s->cfg.responses_store_max,
+                 s->cfg.responses_store_bytes);
     if (n > 0)
         log_line("info", "SIGHUP: configuration reloaded; changed: %s", changed);
     else
