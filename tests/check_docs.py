@@ -13,9 +13,10 @@ models/*/README.md:
   download writes: `build-run/`, `models/gpt2`); the dated log,
   docs/benchmarks-history.md, names files as they were then and is not
   held to this;
-- nothing points outside: no `../shared`, no absolute /work path, no issue
-  number ("issue 24", "issues 23, 24"): a reader has the repository, not
-  the tracker.
+- nothing points outside: no `../shared`, no absolute /work path, no
+  STYLE.md (the house style lives beside the repository, not in it), no
+  issue number ("issue 24", "issues 23, 24"): a reader has the
+  repository, not the tracker.
 
 Prints one line per finding (FILE:LINE: what) and exits 1 if there is any.
 """
@@ -87,6 +88,7 @@ OUTSIDE = [
     (re.compile(r"(?<![\w.])/work(?:/|\b)"), "an absolute /work path, outside the repository"),
     (re.compile(r"\bissues?[ -]#?\d+", re.I), "an issue number: say what it is instead"),
     (re.compile(r"\bissues? \d+(?:, \d+)+", re.I), "issue numbers: say what they are instead"),
+    (re.compile(r"\bSTYLE\.md\b"), "the house style guide is not in the repository: say the rule itself"),
 ]
 
 findings = []
