@@ -120,7 +120,8 @@ resuming() { # a part's size, in words, or nothing
 # curl is silent (-s): what went wrong is said once per attempt in words
 # (why), not in curl's. Its progress bar is shown on a terminal once the
 # hub has answered in this run (the small tokenizer files come first), for
-# the long download of the weights.
+# the long download of the weights; a connection lost during it then adds
+# curl's own line under the bar, before ours.
 reached=0
 fetch() { # file: download (resuming) into .partial, verify, move into place
     local f=$1 want=${expect[$1]} part="$dir/.partial/$1" url="$base/$repo/resolve/$revision/$1"
