@@ -74,9 +74,17 @@ def anchors(page):
 
 
 def ignored(path):
-    r = subprocess.run(["git", "-C", root, "check-ignore", "-q", "--no-index", path],
-                       capture_output=True)
-    return r.returncode == 0
+    """Whether git ignores PATH (.gitignore); without git, the same rules by
+    hand: build folders and downloaded models."""
+    try:
+        r = subprocess.run(["git", "-C", root, "check-ignore", "-q", "--no-index", path],
+                           capture_output=True)
+        if r.returncode in (0, 1):
+            return r.returncode == 0
+    except OSError:
+        pass
+    return path.startswith("build") or (path.startswith("models/")
+                                        and not path.startswith("models/gpt2d-tiny"))
 
 
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
