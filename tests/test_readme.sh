@@ -46,6 +46,14 @@ serve=${cmds[0]} test=${cmds[1]}
 echo "readme: 1. $serve"
 echo "readme: 2. $test"
 
+# cpu_now: CPU seconds of this shell's waited-for children so far into
+# $cpu (bash's `times`, its second line; run in this shell, not in a $(...)
+# subshell, whose children are its own).
+cpu_now() {
+    times > "$dir/times"
+    cpu=$(tail -1 "$dir/times" | python3 -c 'import re, sys
+print(round(sum(int(m) * 60 + float(x) for m, x in re.findall(r"(\d+)m([\d.]+)s", sys.stdin.read()))))')
+}
 git clone -q "$src" "$dir/gpt2d"
 port=$(python3 "$here/lib/gpt2d_server.py" free-port)
 t0=$EPOCHREALTIME
@@ -71,12 +79,15 @@ rc=0
 wait "$pid" || rc=$?
 pid=
 [ "$rc" = 0 ] || fail "the serve command's exit status after SIGTERM: $rc"
-echo "readme: 1. served its first answer $(((${t1/./} - ${t0/./}) / 1000000)) s after the clone"
+cpu_now
+c0=$cpu
+echo "readme: 1. served its first answer $(((${t1/./} - ${t0/./}) / 1000000)) s after the clone ($c0 CPU s in all)"
 
 t0=$EPOCHREALTIME
 (cd "$dir/gpt2d" && bash -c "$test") > "$dir/test.log" 2>&1 || fail "the test command failed"
 t1=$EPOCHREALTIME
 grep -Eq '^Ok: +[1-9]' "$dir/test.log" && grep -Eq '^Fail: +0' "$dir/test.log" ||
     fail "the test command ran no test, or a test failed"
-echo "readme: 2. passed in $(((${t1/./} - ${t0/./}) / 1000000)) s ($(grep -E '^Ok:' "$dir/test.log" | tr -s ' '))"
+cpu_now
+echo "readme: 2. passed in $(((${t1/./} - ${t0/./}) / 1000000)) s ($((cpu - c0)) CPU s; $(grep -E '^Ok:' "$dir/test.log" | tr -s ' '))"
 echo "readme: both commands work as written"
