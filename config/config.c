@@ -86,6 +86,9 @@ static const spec specs[] = {
      "may take; the least recently used go first"},
     {"model", K_STR, F(model_dir), 0, 0, "",
      "model directory: model.safetensors, vocab.json, merges.txt, config.json"},
+    {"fallback_model", K_STR, F(fallback_model), 0, 0, "",
+     "model directory served in model's place while model has no model.safetensors (the "
+     "installed gpt2d.conf: the embedded gpt2d-tiny until GPT-2 is downloaded), with a warning"},
     {"model_name", K_NAMES, F(model_name), 0, 0, "gpt2",
      "the model id clients send (several: comma-separated, the first is reported); unset: the "
      "checkpoint's own name (gpt2d.model_name), gpt2 still accepted"},

@@ -38,7 +38,7 @@ declare -A known=(
     [vocab.json]=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
     [merges.txt]=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
 )
-files=(model.safetensors vocab.json merges.txt)
+files=(vocab.json merges.txt model.safetensors)
 
 model=gpt2 dir= base=${GPT2D_HUB:-https://huggingface.co} revision=main retries=5
 declare -A expect=()
@@ -101,8 +101,6 @@ for f in "${files[@]}"; do
     fi
 done
 
-progress=(-sS)
-[ -t 2 ] && progress=(--progress-bar)
 mkdir -p "$dir/.partial"
 why() { # curl's exit status, the HTTP status: what went wrong, in words
     case $1 in
@@ -115,17 +113,29 @@ why() { # curl's exit status, the HTTP status: what went wrong, in words
     *) echo "curl exit $1" ;;
     esac
 }
+resuming() { # a part's size, in words, or nothing
+    [ -s "$1" ] && echo ", resuming at $(stat -c %s "$1") bytes"
+    return 0
+}
+# curl is silent (-s): what went wrong is said once per attempt in words
+# (why), not in curl's. Its progress bar is shown on a terminal once the
+# hub has answered in this run (the small tokenizer files come first), for
+# the long download of the weights; a connection lost during it then adds
+# curl's own line under the bar, before ours.
+reached=0
 fetch() { # file: download (resuming) into .partial, verify, move into place
     local f=$1 want=${expect[$1]} part="$dir/.partial/$1" url="$base/$repo/resolve/$revision/$1"
     if [ -f "$dir/$f" ] && [ "$(sha256sum < "$dir/$f" | cut -d' ' -f1)" = "$want" ]; then
         echo "download: $dir/$f is present and verified; kept"
         return 0
     fi
-    local attempt=1 rc code
+    echo "download: $url -> $dir/$f$(resuming "$part")"
+    local attempt=1 rc code how
     while :; do
-        echo "download: $url -> $dir/$f (attempt $attempt of $retries$([ -s "$part" ] && echo ", resuming at $(stat -c %s "$part") bytes"))"
+        how=(-s)
+        [ -t 2 ] && [ $reached = 1 ] && how=(--progress-bar)
         rc=0
-        code=$(curl "${progress[@]}" -fL --connect-timeout 15 --speed-limit 1024 --speed-time 60 -C - \
+        code=$(curl "${how[@]}" -fL --connect-timeout 15 --speed-limit 1024 --speed-time 60 -C - \
             -w '%{http_code}' -o "$part" "$url") || rc=$?
         if [ $rc = 0 ]; then break; fi
         # 416, or curl's 33: the server cannot resume from here (the part is
@@ -138,12 +148,14 @@ fetch() { # file: download (resuming) into .partial, verify, move into place
         if [ "$attempt" -ge "$retries" ]; then
             local kept="nothing was downloaded"
             [ -s "$part" ] && kept="the $(stat -c %s "$part") bytes received are kept in $part; the same command continues from there"
-            echo "download: $f: failed after $retries attempts: $(why "$rc" "$code"); $kept" >&2
+            echo "download: $f: attempt $attempt of $retries failed: $(why "$rc" "$code"); giving up, $kept" >&2
             return 1
         fi
+        echo "download: $f: attempt $attempt of $retries failed: $(why "$rc" "$code"); trying again$(resuming "$part")" >&2
         attempt=$((attempt + 1))
         sleep 1
     done
+    reached=1
     local got
     got=$(sha256sum < "$part" | cut -d' ' -f1)
     if [ "$got" != "$want" ]; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# scripts/setup.sh [--test]: installs the Debian 12 packages gpt2d needs,
-# when they are missing. Idempotent; uses sudo when not root.
+# scripts/setup.sh [--fast|--test]: installs the Debian 12 packages gpt2d
+# needs, when they are missing. Idempotent; uses sudo when not root.
 #   scripts/setup.sh          what building and serving need (scripts/run.sh)
+#   scripts/setup.sh --fast   that and what the `fast` test suite needs: the
+#                             check library, PyYAML (scripts/test.sh --fast)
 #   scripts/setup.sh --test   that and the test and benchmark tools:
 #                             chromium, promtool, valgrind, nginx, clang,
 #                             wrk, numpy, Node.js, oneDNN (libdnnl-dev, for
@@ -15,23 +17,28 @@ packages=(
     python3                                              # the build's page embedding
     curl ca-certificates                                 # scripts/download.sh
 )
+fast_packages=(
+    check                                                # unit tests
+    python3-yaml                                         # the Kubernetes manifests' check
+)
 test_packages=(
+    "${fast_packages[@]}"
     build-essential clang                                # libFuzzer
     clang-format git                                     # the format check
-    check                                                # unit tests
     libgnutls28-dev openssl                              # HTTPS (-Dtls=auto); test certificates
     systemd                                              # systemd tools
     python3-numpy                                        # numeric reference
     valgrind wrk
-    nginx-light python3-yaml                             # scale-out tests
+    nginx-light                                          # scale-out tests
     chromium prometheus                                  # playground test, promtool
     libdnnl-dev                                          # bench_dnnl only (oneDNN): benchmark-only
 )
 case "${1:-}" in
 "") ;;
+--fast) packages+=("${fast_packages[@]}") ;;
 --test) packages+=("${test_packages[@]}") ;;
 *)
-    echo "usage: scripts/setup.sh [--test]" >&2
+    echo "usage: scripts/setup.sh [--fast|--test]" >&2
     exit 2
     ;;
 esac

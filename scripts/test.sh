@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# scripts/test.sh [--quick]: installs what is missing, builds gpt2d and runs
-# every test. This is the README's test command and what CI runs.
+# scripts/test.sh [--fast|--quick]: installs what is missing, builds gpt2d
+# and runs every test. This is the README's test command and what CI runs.
+#   --fast: only the `fast` suite, the README's test-while-you-work
+#      command: installs what it needs (scripts/setup.sh --fast), configures
+#      build/ if it is not there, and runs `meson test -C build --suite
+#      fast`, which compiles only what those tests need. A test whose tool is
+#      missing may skip here.
 #   1. release-like build (-O2 -g, warnings are errors), all meson tests,
 #      then `meson install` into a scratch DESTDIR (tests/test_install.sh),
 #      then a --buildtype=release (-O3) compile. Every build here passes
@@ -11,8 +16,15 @@
 #      ThreadSanitizer
 #   4. every libFuzzer target for FUZZ_SECONDS (default 60) each
 # --quick runs step 1 only.
+# Step 1 includes the README's own first two commands in a fresh clone
+# (tests/test_readme.sh, suite readme), which the sanitized build skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --fast ]; then
+    scripts/setup.sh --fast
+    [ -f build/build.ninja ] || meson setup build --buildtype=debugoptimized -Dwerror=true > /dev/null
+    exec meson test -C build --suite fast --print-errorlogs --num-processes 2
+fi
 # Every test must run here: a test that would skip (exit 77: a missing npm
 # package, chromium or promtool) fails the run instead (no_skips below), and
 # the tests that check for their tools themselves read this.
@@ -62,7 +74,7 @@ echo "== sanitizers (build-asan/)"
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 2
+    meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 2 --no-suite readme
 no_skips build-asan
 
 echo "== ThreadSanitizer (build-tsan/): the worker pool, the scheduler, the server's threads"

@@ -308,6 +308,15 @@ grep -q 'info running [0-9]*, queued [0-9]*; prompt [0-9.]* tokens/s, generation
     { sleep 1.2; grep -q 'info running' "$dir/main.log"; } || fail "no info line while busy"
 grep -q 'access POST /v1/chat/completions status=200 .* ttft_ms=[0-9.]* tokens_per_s=[0-9.]*' "$dir/main.log" ||
     fail "access line without ttft_ms/tokens_per_s"
+# An id only where the route gives the answer one: chat's chatcmpl-, not
+# /health's or /v1/models' lines.
+grep -q 'access POST /v1/chat/completions status=200 id=chatcmpl-[0-9a-f]* request_id=' "$dir/main.log" ||
+    fail "no chatcmpl- id on the chat access line"
+curl -s "$base/health" > /dev/null
+sleep 0.2
+grep 'access GET /health ' "$dir/main.log" | grep -q . || fail "no access line for GET /health"
+! grep -E 'access GET /(health|v1/models) .* id=' "$dir/main.log" ||
+    fail "an id on a route that gives none: $(grep -E 'access GET /(health|v1/models) .* id=' "$dir/main.log" | head -2)"
 # Silent when idle: the interval's line after the last request, then none.
 sleep 2.2
 idle=$(grep -c 'info running' "$dir/main.log")

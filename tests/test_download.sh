@@ -118,7 +118,8 @@ rm "$t/model.safetensors.lfs-oid"
 }
 
 # 6. gpt2: the published checksums built into the script. The real tokenizer
-#    files pass; the stand-in weights do not match the published value.
+#    files pass (fetched first); the stand-in weights do not match the
+#    published value.
 case_published_checksums() {
 set +e
 "$dl" --model gpt2 --dir "$dir/m6" --base-url "$base" > "$dir/out6" 2>&1
@@ -131,9 +132,9 @@ grep -q 'model.safetensors: sha256 mismatch (expected 248dfc3911869ec493c76e65bf
 "$dl" --model gpt2 --dir "$dir/m6" --base-url "$base" \
     --sha256 "model.safetensors=$(sha "$hub/openai-community/gpt2/model.safetensors")" > "$dir/out6b" 2>&1 ||
     fail "gpt2 tokenizer files: $(cat "$dir/out6b")"
-grep -q 'vocab.json verified (sha256 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783)' "$dir/out6b" ||
+grep -q 'vocab.json verified (sha256 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783)' "$dir/out6" ||
     fail "vocab.json not checked against the published value"
-grep -q 'merges.txt verified (sha256 1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5)' "$dir/out6b" ||
+grep -q 'merges.txt verified (sha256 1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5)' "$dir/out6" ||
     fail "merges.txt not checked against the published value"
 }
 
@@ -143,7 +144,8 @@ set +e
 "$dl" --model gpt2 --dir "$dir/m7" --base-url http://127.0.0.1:9 --retries 1 > "$dir/out7" 2>&1
 rc=$?
 set -e
-[ $rc = 1 ] && grep -q 'failed after 1 attempts' "$dir/out7" || fail "unreachable hub: $rc $(cat "$dir/out7")"
+[ $rc = 1 ] && grep -q 'attempt 1 of 1 failed: cannot connect to 127.0.0.1:9' "$dir/out7" &&
+    ! grep -q '^curl' "$dir/out7" || fail "unreachable hub: $rc $(cat "$dir/out7")"
 }
 
 CASES=(usage fresh kept mismatch resume resume_partial corrupt_partial lfs_checksum published_checksums

@@ -1347,6 +1347,8 @@ def case_ctrl_c_terminal(ctx):
     text = out.decode("utf-8", "replace")
     check("Ctrl-C: stopping" in text and "press Ctrl-C again to stop at once" in text,
           "no terminal words for Ctrl-C: %r" % text[-400:])
+    # Nothing ran: said so, not as "0 requests still running".
+    check("Ctrl-C: stopping (nothing is running)" in text, "Ctrl-C with nothing running: %r" % text[-400:])
 
 
 def case_double_signal(ctx):

@@ -10,6 +10,9 @@
 # function case_NAME; name cases to run only those, `--list` lists them
 # (tests/lib/cases.sh). Without nginx (or the openai npm package) it skips
 # with the reason; with GPT2D_REQUIRE_ALL=1 (scripts/test.sh) it fails.
+# The case `documented` is docs/operations.md's "Two replicas behind
+# nginx" with its own ports and files: replicas as `systemctl enable --now
+# gpt2d@8081 gpt2d@8082` starts them, nginx on 8080 with the shipped site.
 set -euo pipefail
 gpt2d=$(realpath "$1")
 shift
@@ -20,6 +23,7 @@ chmod 755 "$dir"
 . "$here/lib/server.sh"
 cleanup() {
     [ -f "$dir/nginx.pid" ] && kill "$(cat "$dir/nginx.pid")" 2>/dev/null
+    [ -f "$dir/doc/nginx.pid" ] && kill "$(cat "$dir/doc/nginx.pid")" 2>/dev/null
     srv_stop_all
     rm -rf "$dir"
 }
@@ -233,5 +237,87 @@ if errors:
 PY
 }
 
-CASES=(proxy:proxy openai_client:proxy tls_proxy:proxy both_replicas:proxy many_clients:proxy failover:proxy)
+# 5. The documented deployment, on the documented ports, from the shipped
+#    files (docs/operations.md, "Two replicas behind nginx"): the replicas
+#    gpt2d@8081 and gpt2d@8082 run as systemd runs them (deploy/gpt2d@.service's
+#    ExecStart, %i the port) with the gpt2d.conf `meson install` installs
+#    (its model this test's), and nginx with deploy/nginx/gpt2d.conf as
+#    shipped (8080, and 8443 with this test's certificate in place of
+#    /etc/nginx/tls/: the one change). A completion and a stream on 8080,
+#    HTTPS on 8443, and both replicas serve.
+case_documented() {
+local p build
+build=$(dirname "$(dirname "$gpt2d")")
+[ -f "$build/deploy/gpt2d.conf" ] || fail "no $build/deploy/gpt2d.conf (the installed configuration, built by meson)"
+for p in 8080 8081 8082 8443; do
+    if (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
+        skip "port $p is taken on this machine: this case needs the documented ports 8080-8082 and 8443"
+    fi
+done
+mkdir -p "$dir/doc"
+sed -e "s|^model = .*|model = $dir/model|" -e 's|^fallback_model = .*|fallback_model =|' \
+    "$build/deploy/gpt2d.conf" > "$dir/doc/gpt2d.conf"
+echo "kv_cache_mb = 64" >> "$dir/doc/gpt2d.conf"
+local exec_start cmd
+exec_start=$(sed -n 's/^ExecStart=//p' "$here/../deploy/gpt2d@.service")
+for p in 8081 8082; do
+    cmd=${exec_start//%i/$p}
+    cmd=${cmd/#\/usr\/local\/bin\/gpt2d /$gpt2d }
+    cmd=${cmd/ \/etc\/gpt2d\/gpt2d.conf / $dir/doc/gpt2d.conf }
+    [ "$cmd" = "$gpt2d serve --config $dir/doc/gpt2d.conf --port $p" ] || fail "gpt2d@$p's command line: $cmd"
+    $cmd > "$dir/doc/replica-$p.log" 2>&1 &
+    srv_pids+=($!)
+done
+for p in 8081 8082; do
+    for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$p/health" && break; sleep 0.1; done
+    curl -s -o /dev/null "http://127.0.0.1:$p/health" || fail "gpt2d@$p did not start: $(tail -3 "$dir/doc/replica-$p.log")"
+done
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj "/CN=gpt2d-nginx-test" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$dir/doc/tls.key" -out "$dir/doc/tls.crt" 2> "$dir/doc/openssl.log" || fail "openssl: $(cat "$dir/doc/openssl.log")"
+sed -e "s|/etc/nginx/tls/gpt2d.crt;|$dir/doc/tls.crt;|" -e "s|/etc/nginx/tls/gpt2d.key;|$dir/doc/tls.key;|" \
+    "$here/../deploy/nginx/gpt2d.conf" > "$dir/doc/site.conf"
+# Only the certificate's two lines differ from the shipped site.
+[ "$(diff "$here/../deploy/nginx/gpt2d.conf" "$dir/doc/site.conf" | grep -c '^>')" = 2 ] ||
+    fail "the site differs from deploy/nginx/gpt2d.conf in more than the certificate's paths"
+local user=
+[ "$(id -u)" = 0 ] && user="user root;"
+cat > "$dir/doc/nginx.conf" <<CONF
+$user
+worker_processes 1;
+pid $dir/doc/nginx.pid;
+error_log $dir/doc/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log $dir/doc/nginx-access.log;
+    client_body_temp_path $dir/doc/body;
+    proxy_temp_path $dir/doc/proxy;
+    fastcgi_temp_path $dir/doc/fastcgi;
+    uwsgi_temp_path $dir/doc/uwsgi;
+    scgi_temp_path $dir/doc/scgi;
+    include $dir/doc/site.conf;
+}
+CONF
+nginx -t -p "$dir/doc" -c "$dir/doc/nginx.conf" > "$dir/doc/nginx-t.log" 2>&1 || fail "nginx -t: $(cat "$dir/doc/nginx-t.log")"
+nginx -p "$dir/doc" -c "$dir/doc/nginx.conf" || fail "nginx did not start"
+for _ in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:8080/health && break; sleep 0.1; done
+base=http://127.0.0.1:8080
+for _ in 1 2 3 4; do complete | check_json || fail "a completion on 8080"; done
+curl -s -N -m 30 "$base/v1/completions" -H 'Content-Type: application/json' -d "$sreq" | check_stream ||
+    fail "a stream on 8080"
+curl -s -m 30 --cacert "$dir/doc/tls.crt" -w '\n%{http_code}' https://127.0.0.1:8443/v1/completions \
+    -H 'Content-Type: application/json' -d "$req" | check_json || fail "a completion on 8443 (HTTPS)"
+# least_conn with concurrent clients reaches both replicas.
+local cpids=() i
+for i in $(seq 12); do complete > "$dir/doc/c$i.out" & cpids+=($!); done
+wait "${cpids[@]}"
+for i in $(seq 12); do check_json < "$dir/doc/c$i.out" || fail "request $i of 12 on 8080"; done
+n_a=$(count 8081); n_b=$(count 8082)
+[ "${n_a:-0}" -gt 0 ] && [ "${n_b:-0}" -gt 0 ] || fail "traffic on 8080 did not reach both replicas: 8081=$n_a 8082=$n_b"
+kill "$(cat "$dir/doc/nginx.pid")"
+for _ in $(seq 50); do [ -f "$dir/doc/nginx.pid" ] || break; sleep 0.1; done
+echo "nginx: the documented setup served on 8080 and 8443 (gpt2d@8081 $n_a, gpt2d@8082 $n_b completions)"
+}
+
+CASES=(proxy:proxy openai_client:proxy tls_proxy:proxy both_replicas:proxy many_clients:proxy failover:proxy documented)
 run_cases "$@"

@@ -3,8 +3,13 @@
 systemd's own tools where they exist:
 
 - the unit files (as meson configures them for installation) pass
-  `systemd-analyze verify` with no warning at all, and `systemd-analyze
-  security` rates the service's exposure at most 2.0;
+  `systemd-analyze verify` with no warning at all, the template
+  gpt2d@.service as the instance gpt2d@8081.service too, and
+  `systemd-analyze security` rates both services' exposure at most 2.0;
+- gpt2d@.service is gpt2d.service line for line but for its Description
+  and the instance's port on ExecStart (`--port %i`), and that ExecStart,
+  run as systemd runs it for an instance (%i the port) with a
+  configuration that names another port, serves on the instance's port;
 - a fake NOTIFY_SOCKET receives STATUS=loading, READY=1 (only once the model
   is loaded and the socket listens), STATUS=serving, WATCHDOG=1 at half
   WATCHDOG_USEC, STOPPING=1 and STATUS=draining on SIGTERM, in that order;
@@ -138,7 +143,7 @@ try:
     # ---- the unit files ----------------------------------------------------
     units = os.path.join(tmp, "units")
     os.mkdir(units)
-    for u in ("gpt2d.service", "gpt2d.socket"):
+    for u in ("gpt2d.service", "gpt2d@.service", "gpt2d.socket"):
         text = open(os.path.join(unitdir, u)).read()
         exec_start = [l for l in text.splitlines() if l.startswith("ExecStart=")]
         if u.endswith(".service"):
@@ -148,15 +153,28 @@ try:
             # at the binary just built, the rest of the file unchanged.
             text = text.replace(exec_start[0].split("=", 1)[1].split()[0], gpt2d)
         open(os.path.join(units, u), "w").write(text)
+    # An instance, as `systemctl enable gpt2d@8081` names it: a link to the
+    # template, whose %i is then 8081.
+    os.symlink("gpt2d@.service", os.path.join(units, "gpt2d@8081.service"))
     r = subprocess.run(["systemd-analyze", "verify", os.path.join(units, "gpt2d.service"),
-                        os.path.join(units, "gpt2d.socket")], capture_output=True, text=True)
+                        os.path.join(units, "gpt2d@8081.service"), os.path.join(units, "gpt2d.socket")],
+                       capture_output=True, text=True)
     if r.returncode != 0 or r.stdout.strip() or r.stderr.strip():
         fail("systemd-analyze verify: %d %s %s" % (r.returncode, r.stdout, r.stderr))
-    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=20",
-                        os.path.join(units, "gpt2d.service")], capture_output=True, text=True)
-    if r.returncode != 0 or "Overall exposure level for gpt2d.service: 1." not in r.stdout:
-        fail("systemd-analyze security: exposure above 2.0: " + r.stdout[-300:] + r.stderr)
+    for u in ("gpt2d.service", "gpt2d@8081.service"):
+        r = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=20",
+                            os.path.join(units, u)], capture_output=True, text=True)
+        if r.returncode != 0 or f"Overall exposure level for {u}: 1." not in r.stdout:
+            fail(f"systemd-analyze security {u}: exposure above 2.0: " + r.stdout[-300:] + r.stderr)
     service = open(os.path.join(units, "gpt2d.service")).read()
+    template = open(os.path.join(units, "gpt2d@.service")).read()
+
+    def directives(text):  # the lines systemd reads, but the Description
+        return [l for l in text.splitlines() if l and not l.startswith(("#", "Description="))]
+    want = [l + " --port %i" if l.startswith("ExecStart=") else l for l in directives(service)]
+    if directives(template) != want:
+        diff = [l for l in directives(template) if l not in want] + ["!" + l for l in want if l not in directives(template)]
+        fail("gpt2d@.service is not gpt2d.service with --port %%i: %r" % diff)
     for directive in ("Type=notify", "WatchdogSec=", "DynamicUser=yes", "ProtectSystem=strict",
                       "ProtectHome=yes", "PrivateTmp=yes", "NoNewPrivileges=yes",
                       "RestrictAddressFamilies=", "SystemCallFilter=@system-service",
@@ -166,6 +184,38 @@ try:
     print("units: verify clean, security", r.stdout.strip().splitlines()[-1])
 
     model = gpt2d_server.make_model(gpt2d, os.path.join(tmp, "model"), gpt2d_server.SHAPES["tiny"])
+
+    # ---- a template instance, as systemd runs it --------------------------------
+    # ExecStart with %i the instance's port (systemd's expansion) and the
+    # configuration file replaced by one naming the test model and another
+    # port: the instance's port wins.
+    port = gpt2d_server.free_port()
+    conf = os.path.join(tmp, "instance.conf")
+    with open(conf, "w") as f:
+        f.write(f"model = {model}\nport = 1\nkv_cache_mb = 64\n")
+    line = [l for l in template.splitlines() if l.startswith("ExecStart=")][0].split("=", 1)[1]
+    argv = [conf if a == "/etc/gpt2d/gpt2d.conf" or a.endswith("/gpt2d/gpt2d.conf") else a.replace("%i", str(port))
+            for a in line.split()]
+    if argv[-2:] != ["--port", str(port)] or conf not in argv:
+        fail("could not make the instance's command line from %r: %r" % (line, argv))
+    with open(os.path.join(tmp, "instance.log"), "wb") as log:
+        inst = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=gpt2d_server.server_env())
+    try:
+        def up():
+            if inst.poll() is not None:
+                fail("the instance exited: %s" % open(os.path.join(tmp, "instance.log")).read()[-500:])
+            return log_port("instance")
+        if wait_for(up, 30, "the instance gpt2d@%d" % port) != port:
+            fail("the instance serves on %s, not its port %d" % (log_port("instance"), port))
+        complete(port)
+        inst.terminate()
+        if inst.wait(30) != 0:
+            fail("the instance: exit status %s after SIGTERM" % inst.returncode)
+    finally:
+        if inst.poll() is None:
+            inst.kill()
+            inst.wait()
+    print("template: gpt2d@%d served on its port, past the file's port = 1" % port)
 
     # ---- notifications, in order ---------------------------------------------
     n = Notify("notify")

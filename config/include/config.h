@@ -79,6 +79,7 @@ typedef struct {
     size_t structured_cache_mb;
     /* The model */
     char model_dir[CFG_STR_MAX];
+    char fallback_model[CFG_STR_MAX];     /* served while model_dir has no weights; "": none */
     char model_name[128];                 /* the first name: what responses and /v1/models report */
     char model_names[CFG_MAX_NAMES][128]; /* every name a request's `model` may use */
     size_t n_model_names;

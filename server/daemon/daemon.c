@@ -426,24 +426,44 @@ int srv_main(int argc, char **argv)
         flags |= MHD_USE_TLS;
     }
     const char *scheme = s.tls != NULL ? "https" : "http";
+    {
+        char wanted[CFG_STR_MAX];
+        if (srv_model_fallback(&s.cfg, wanted, sizeof wanted))
+            log_line("warn",
+                     "no model in %s yet: serving fallback_model %s until there is one; "
+                     "gpt2d-download fetches GPT-2 (operations.md, \"The model\"), then restart "
+                     "gpt2d",
+                     wanted, s.cfg.model_dir);
+    }
     log_line("info", "loading %s", s.cfg.model_dir);
     srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
     srv_model_watch_init(&s); /* the file's identity before it is read */
     if (bpe_load_dir(s.cfg.model_dir, &a.tok, err, sizeof err) != BPE_OK
         || eng_model_load(s.cfg.model_dir, &a.model, err, sizeof err) != ENG_OK) {
-        log_fatal(err);
+        /* A folder with no weights yet: say where they come from. */
+        char msg[sizeof err + CFG_STR_MAX + 160];
+        if (srv_model_present(s.cfg.model_dir))
+            snprintf(msg, sizeof msg, "%s", err);
+        else
+            snprintf(
+                msg, sizeof msg,
+                "%s; %s has no model yet: gpt2d-download fetches the published GPT-2 "
+                "(operations.md, \"The model\"), or --model (model in gpt2d.conf) names another "
+                "folder",
+                err, s.cfg.model_dir);
+        log_fatal(msg);
         goto done;
     }
     if (srv_grammar_init(&s) != 0) {
         log_fatal("out of memory (the structured outputs' vocabulary trie)");
         goto done;
     }
-    log_line("info", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
+    log_line("debug", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
              eng_model_dtype(a.model), eng_model_layout(a.model),
              (double)eng_model_weight_bytes(a.model) / 1e6, eng_model_kernels(a.model));
     if (eng_model_pair_bytes(a.model) > 0) {
         int q8 = strcmp(eng_model_dtype(a.model), "q8") == 0;
-        log_line("info",
+        log_line("debug",
                  "built the %s copy for the %s kernels: %.1f MB private (GPT2D_KERNELS=avx512 "
                  "reads the file's pages instead)",
                  q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
@@ -472,7 +492,7 @@ int srv_main(int argc, char **argv)
         log_fatal(err);
         goto done;
     }
-    log_line("info", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
+    log_line("debug", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
     const eng_config *mc = eng_model_config(a.model);
     /* system_fingerprint: changes with the build and with the weights file. */
     {

@@ -96,6 +96,15 @@ struct srv_daemon {
  * option. */
 cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size_t errlen);
 
+/* Whether DIR holds a model's weights (DIR/model.safetensors exists). */
+int srv_model_present(const char *dir);
+/* fallback_model in model's place when model has no weights yet (the
+ * installed configuration: the embedded gpt2d-tiny until GPT-2 is
+ * downloaded): 1 with c->model_dir replaced and the folder that was wanted
+ * in wanted (when not NULL), else 0 and c unchanged. Start-up and SIGHUP
+ * both apply it, so that a reload compares like with like. */
+int srv_model_fallback(cfg_config *c, char *wanted, size_t len);
+
 /* Descriptors gpt2d needs beside its connections' and the
  * SRV_CONN_HEADROOM past max_connections: stdio, the listener, the epoll
  * and event descriptors of libmicrohttpd and libuv, libuv's signal pipe,

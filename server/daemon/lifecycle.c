@@ -90,10 +90,9 @@ static void drain_check(uv_timer_t *t)
     if (!s->api->cut && now - s->daemon->drain_started >= s->cfg.shutdown_timeout_s) {
         srv_drain_cut(s, "shutdown_timeout");
     } else if (s->api->cut && now - s->daemon->cut_at >= SRV_CUT_GRACE_S) {
-        log_line("warn",
-                 "%zu requests not answered %.1f s after the drain's end; closing their "
-                 "connections",
-                 s->active, SRV_CUT_GRACE_S);
+        log_line("warn", "%zu %s not answered %.1f s after the drain's end; closing %s", s->active,
+                 log_plural(s->active, "request", "requests"), SRV_CUT_GRACE_S,
+                 log_plural(s->active, "its connection", "their connections"));
         close_all(s);
     }
 }
@@ -118,7 +117,11 @@ void srv_drain_cut(srv *s, const char *why)
     s->api->cut = 1;
     s->daemon->cut_at = log_now();
     size_t n = cmpl_cut_all(s, why);
-    log_line("info", "drain ended (%s): %zu requests still generating are cut short", why, n);
+    if (n == 0)
+        log_line("info", "drain ended (%s): nothing was still generating", why);
+    else
+        log_line("info", "drain ended (%s): %zu %s still generating %s cut short", why, n,
+                 log_plural(n, "request", "requests"), log_plural(n, "is", "are"));
     loop_mhd_run(s); /* write what the cancellations queued */
 }
 
@@ -130,10 +133,16 @@ static void on_stop_signal(uv_signal_t *h, int signum)
     if (signum == SIGINT && !s->api->draining && isatty(STDERR_FILENO)) {
         eng_sched_stats st;
         eng_sched_stats_get(s->sched, &st);
-        log_line("info",
-                 "Ctrl-C: stopping. %zu requests still running get up to %.0f s to finish; "
-                 "press Ctrl-C again to stop at once",
-                 st.running + st.queued, s->cfg.shutdown_timeout_s);
+        size_t n = st.running + st.queued;
+        if (n == 0)
+            log_line("info", "Ctrl-C: stopping (nothing is running); press Ctrl-C again to stop at "
+                             "once");
+        else
+            log_line("info",
+                     "Ctrl-C: stopping. %zu %s still running %s up to %.0f s to finish; press "
+                     "Ctrl-C again to stop at once",
+                     n, log_plural(n, "request", "requests"), log_plural(n, "gets", "get"),
+                     s->cfg.shutdown_timeout_s);
     }
     if (!s->api->draining) {
         srv_drain_begin(s, 0, name);

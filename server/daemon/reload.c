@@ -69,6 +69,21 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
     return st;
 }
 
+int srv_model_present(const char *dir)
+{
+    char path[CFG_STR_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    return access(path, F_OK) == 0;
+}
+
+int srv_model_fallback(cfg_config *c, char *wanted, size_t len)
+{
+    if (c->fallback_model[0] == '\0' || srv_model_present(c->model_dir)) return 0;
+    if (wanted != NULL) snprintf(wanted, len, "%s", c->model_dir);
+    snprintf(c->model_dir, sizeof c->model_dir, "%s", c->fallback_model);
+    return 1;
+}
+
 size_t srv_fd_fit(size_t max_connections)
 {
     struct rlimit rl;
@@ -111,6 +126,7 @@ void srv_reload(srv *s)
         srv_sd_notify("READY=1");
         return;
     }
+    srv_model_fallback(&next, NULL, 0); /* as at start-up */
     /* HTTPS is on or off for the process's life (libmicrohttpd's
      * listener): the certificate's paths change, not whether there is one. */
     if ((next.tls_cert_file[0] != '\0') != (s->tls != NULL)) {
@@ -161,16 +177,17 @@ void srv_reload(srv *s)
         rs_trim(s->api->resp_store, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
     if (dropped > 0)
         log_line("info",
-                 "SIGHUP: %zu stored responses dropped to fit responses_store_max %zu and "
+                 "SIGHUP: %zu stored %s dropped to fit responses_store_max %zu and "
                  "responses_store_bytes %zu",
-                 dropped, s->cfg.responses_store_max, s->cfg.responses_store_bytes);
+                 dropped, log_plural(dropped, "response", "responses"), s->cfg.responses_store_max,
+                 s->cfg.responses_store_bytes);
     /* A lowered structured_cache_mb applies now too. */
     size_t gone = s->api->gcache != NULL
                       ? gram_cache_set_max_bytes(s->api->gcache, s->cfg.structured_cache_mb << 20)
                       : 0;
     if (gone > 0)
-        log_line("info", "SIGHUP: %zu compiled formats dropped to fit structured_cache_mb %zu",
-                 gone, s->cfg.structured_cache_mb);
+        log_line("info", "SIGHUP: %zu compiled %s dropped to fit structured_cache_mb %zu", gone,
+                 log_plural(gone, "format", "formats"), s->cfg.structured_cache_mb);
     if (n > 0)
         log_line("info", "SIGHUP: configuration reloaded; changed: %s", changed);
     else

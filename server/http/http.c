@@ -462,7 +462,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     double now = log_now();
     log_access_rec a = {.method = r->method,
                         .url = r->url,
-                        .id = r->id,
+                        .id = r->kind == R_COMPLETIONS ? r->id : NULL, /* ids: only answers' */
                         .req_id = r->req_id,
                         .status = status,
                         .prompt_tokens = prompt_tokens,

@@ -152,6 +152,12 @@ void log_line(const char *level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* ONE when n is 1, else MANY: a count in a log line in a user's words
+ * ("1 request", "2 requests"). */
+static inline const char *log_plural(size_t n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
 /* in[0..n) made safe for one log line into out (outlen bytes, always
  * terminated): control bytes (C0, DEL), bytes that are not valid UTF-8
  * and the backslash become \xNN, and so does each byte of the characters
@@ -170,7 +176,8 @@ void log_set_level(const char *level);
 void log_set_journal(int on);
 /* What the access log line of a finished request says (http.c fills it). */
 typedef struct {
-    const char *method, *url, *id, *req_id;
+    const char *method, *url, *req_id;
+    const char *id; /* the answer's id (cmpl-..., chatcmpl-..., resp_...); NULL: none */
     unsigned status;
     size_t prompt_tokens, completion_tokens;
     double duration_s; /* the head to the end */

@@ -149,10 +149,11 @@ void log_access(const log_access_rec *a)
     /* ttft_ms: to the first generated token (0: none); tokens_per_s: the
      * completion tokens over the whole request. */
     log_line("info",
-             "access %s %s status=%u id=%s request_id=%s prompt_tokens=%zu "
+             "access %s %s status=%u%s%s request_id=%s prompt_tokens=%zu "
              "completion_tokens=%zu duration_ms=%.1f ttft_ms=%.1f tokens_per_s=%.1f client=%s%s%s",
-             a->method, a->url, a->status, a->id, a->req_id, a->prompt_tokens, a->completion_tokens,
-             a->duration_s * 1e3, a->ttft_s * 1e3,
+             a->method, a->url, a->status, a->id != NULL ? " id=" : "", a->id != NULL ? a->id : "",
+             a->req_id, a->prompt_tokens, a->completion_tokens, a->duration_s * 1e3,
+             a->ttft_s * 1e3,
              a->duration_s > 0 ? (double)a->completion_tokens / a->duration_s : 0.0,
              a->client != NULL && a->client[0] != '\0' ? a->client : "-",
              a->cut ? " cut=shutdown" : "", a->aborted ? " aborted=1" : "");
@@ -161,7 +162,7 @@ void log_access(const log_access_rec *a)
 void log_access_conn(const char *req_id, unsigned status, double duration_s)
 {
     log_line("info",
-             "access - - status=%u id=- request_id=%s prompt_tokens=0 completion_tokens=0 "
+             "access - - status=%u request_id=%s prompt_tokens=0 completion_tokens=0 "
              "duration_ms=%.1f ttft_ms=0.0 tokens_per_s=0.0",
              status, req_id != NULL ? req_id : "-", duration_s * 1e3);
 }

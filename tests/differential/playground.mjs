@@ -164,9 +164,22 @@ if (origin) {
   const elsewhere = [];
   own.on('request', (r) => { if (r.url().startsWith(origin)) elsewhere.push(r.url()); });
   await own.goto(base + '/?api=' + encodeURIComponent(origin), { waitUntil: 'load', timeout: 20000 });
-  await own.waitForFunction(() => /cannot reach the server/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
+  await own.waitForFunction(() => /^cannot reach gpt2d at .* is it running\?$/.test(document.getElementById('model-info').textContent), { timeout: 10000 })
     .catch(async () => fail(browser, own, '?api= on gpt2d\'s own page: ' + await own.$eval('#model-info', (e) => e.textContent)));
   if (elsewhere.length) await fail(browser, own, 'gpt2d\'s page called ' + elsewhere.join(' '));
+  // A server it cannot reach is said in a user's words, in both views, not
+  // as the browser's bare "Failed to fetch".
+  const unreachable = 'cannot reach gpt2d at ' + origin + ' \u2014 is it running?';
+  await own.click('#run');
+  await own.waitForFunction((w) => document.getElementById('status').textContent === w, { timeout: 10000 }, unreachable)
+    .catch(async () => fail(browser, own, 'completion, no server: ' + await own.$eval('#status', (e) => e.textContent)));
+  await own.click('#tab-chat');
+  await own.type('#message', 'Hello');
+  await own.click('#send');
+  await own.waitForFunction((w) => document.getElementById('chat-status').textContent === w, { timeout: 10000 }, unreachable)
+    .catch(async () => fail(browser, own, 'chat, no server: ' + await own.$eval('#chat-status', (e) => e.textContent)));
+  await own.click('#new-chat');  // the failed turn is not left in the origin's storage
+  await own.close();
   cross = `; cross-origin chat from ${origin} ok, from ${refusedOrigin} refused; the page's copy on ${origin} ok, gpt2d's own page kept to its origin`;
 }
 // ---- The chat view ---------------------------------------------------------------
