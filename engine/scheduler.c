@@ -465,7 +465,10 @@ int eng_sched_plan(eng_sched *s)
     s->nitems = 0;
     s->rows = 0;
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && s->nitems > 0) embed_budget = s->o.embed_tokens_beside_decode;
+        if (pass == 1 && s->nitems > 0)
+            embed_budget = s->nitems * 4 > s->o.embed_tokens_beside_decode
+                               ? s->nitems * 4
+                               : s->o.embed_tokens_beside_decode;
         for (size_t i = 0; i < s->nrunning; i++) {
             sch_seq *q = s->running[i];
             int decoding = q->prefilled == q->req.nprompt;

@@ -350,7 +350,10 @@ static const struct {
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
      "\"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\", \"stop\": "
      "\"}\"}",
-     "stop", "required tool call"},
+     "stop", "could cut a call short"},
+    {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\"}}], \"stop\": \"a\"}",
+     "stop", "could cut a call short"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"parallel_tool_calls\": 1}",
      "parallel_tool_calls", "must be a boolean"},
     {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}", "functions",

@@ -1087,6 +1087,24 @@ START_TEST(rs_keys_share_fairly)
     ck_assert_ptr_nonnull(rs_get(st, "resp_a", 1));
     ck_assert_ptr_nonnull(rs_get(st, "resp_c", 3));
     rs_free(st);
+
+    /* A key with nothing stored whose one entry is over its share, in a
+     * store that must make room for it, is not kept: it takes nothing from
+     * a key within its share. */
+    st = rs_new();
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof id, "resp_b%d", i);
+        ck_assert_int_eq(rs_put(st, entry_in(st, id, 2, 1000), 50, 200000), 1);
+    }
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_big", 1, 196000), 50, 200000), 0);
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof id, "resp_b%d", i);
+        ck_assert_ptr_nonnull(rs_get(st, id, 2));
+    }
+    /* Within its share it is kept, and the key over its share gives way. */
+    ck_assert_int_eq(rs_put(st, entry_in(st, "resp_fit", 1, 90000), 50, 200000), 1);
+    ck_assert_uint_eq(rs_count(st), 6);
+    rs_free(st);
 }
 END_TEST
 

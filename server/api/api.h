@@ -262,6 +262,7 @@ struct cmpl_job {
      * at most SRV_EMBED_WINDOW ahead of those done, under this salt. */
     size_t submitted;
     uint64_t salt;
+    double t_progress;       /* when the last of them finished (or the first went) */
     const cmpl_shape *shape; /* NULL: completions' or chat's own */
     void *shape_data;        /* the shape's state */
     /* Structured outputs: the compiled format (a reference), or NULL; a
@@ -448,10 +449,10 @@ int tools_begin(srv_req *r);
  * with the call's marker, then the marker's tokens and the call compiled in
  * g (a reference is taken). 0, or -1 (out of memory). */
 int tools_mask_new(srv_req *r, gram *g, eng_mask *out);
-/* A whole reply read as a call (mode: the request's tool_mode): 1 with its
- * name and arguments (compact JSON), both malloc'd; 0 when it is text or a
- * call cut short. */
-int tools_parse_call(const char *text, size_t len, int mode, char **name, char **args);
+/* A whole reply read as a call of one of q's tools (by q's tool_mode): 1
+ * with its name and arguments (compact JSON), both malloc'd; 0 when it is
+ * text, a call cut short, or not one of the tools. */
+int tools_parse_call(const char *text, size_t len, const oai_request *q, char **name, char **args);
 /* The id of choice index's call: "call_" and 24 hex digits. */
 void tools_call_id(const srv_req *r, size_t index, char *out, size_t len);
 /* A reply read as it streams (chat's and Responses' streams): its text
@@ -482,8 +483,9 @@ int tools_reader_is_call(const tools_reader *t);
 
 /* The engine requests an embeddings request keeps in flight at once: its
  * inputs go in as earlier ones finish, so a batch of thousands neither
- * fills the wait queue nor holds more than this many sequences. */
-#define SRV_EMBED_WINDOW 32
+ * fills the wait queue (which every request shares) nor holds more than
+ * this many sequences. */
+#define SRV_EMBED_WINDOW 8
 enum MHD_Result embed_route(srv_req *r); /* POST /v1/embeddings */
 
 /* ---- responses.c ------------------------------------------------------------ */

@@ -174,18 +174,24 @@ void tools_call_id(const srv_req *r, size_t index, char *out, size_t len)
              (unsigned long long)(b & 0xffffffffu));
 }
 
-int tools_parse_call(const char *text, size_t len, int mode, char **name, char **args)
+int tools_parse_call(const char *text, size_t len, const oai_request *q, char **name, char **args)
 {
     static const char begin[] = OAI_TOOL_CALL_BEGIN;
-    if (mode == OAI_TOOLS_NONE) return 0;
-    if (mode == OAI_TOOLS_AUTO) {
+    if (q->tool_mode == OAI_TOOLS_NONE) return 0;
+    if (q->tool_mode == OAI_TOOLS_AUTO) {
+        while (len > 0 && *text == ' ') { /* the marker's space (a template without trim_reply) */
+            text++;
+            len--;
+        }
         if (len < sizeof begin - 1 || memcmp(text, begin, sizeof begin - 1) != 0) return 0;
         text += sizeof begin - 1;
         len -= sizeof begin - 1;
     }
     json_t *o = json_loadb(text, len, 0, NULL);
     const json_t *n = json_object_get(o, "name"), *a = json_object_get(o, "arguments");
-    int ok = json_is_string(n) && a != NULL;
+    int ok = 0;
+    for (size_t i = 0; json_is_string(n) && a != NULL && i < q->ntools; i++)
+        ok |= strcmp(q->tool_names[i], json_string_value(n)) == 0; /* one of the tools */
     if (ok) {
         *name = strdup(json_string_value(n));
         *args = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
@@ -266,16 +272,18 @@ int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_read
     }
     if (http_append(&t->buf, &t->len, &t->cap, p, n) != 0) return -1;
     if (t->state == TR_DECIDE) {
-        size_t k = t->len < sizeof begin - 1 ? t->len : sizeof begin - 1;
-        if (memcmp(t->buf, begin, k) != 0) { /* text after all */
+        size_t sp = 0; /* the marker's space (a template without trim_reply) */
+        while (sp < t->len && t->buf[sp] == ' ') sp++;
+        size_t have = t->len - sp, k = have < sizeof begin - 1 ? have : sizeof begin - 1;
+        if (memcmp(t->buf + sp, begin, k) != 0) { /* text after all */
             t->state = TR_TEXT;
             ops->text(u, t->buf, t->len);
             t->len = 0;
             return 0;
         }
-        if (t->len < sizeof begin - 1) return 0;
-        memmove(t->buf, t->buf + sizeof begin - 1, t->len - (sizeof begin - 1));
-        t->len -= sizeof begin - 1;
+        if (have < sizeof begin - 1) return 0;
+        memmove(t->buf, t->buf + sp + sizeof begin - 1, have - (sizeof begin - 1));
+        t->len = have - (sizeof begin - 1);
         t->state = TR_HEAD;
     }
     if (t->state == TR_HEAD)
@@ -287,7 +295,9 @@ int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_read
 
 int tools_reader_end(tools_reader *t, int cut, const tools_reader_ops *ops, void *u)
 {
-    if (t->state == TR_DECIDE && t->len > 0) { /* it could still have been the marker */
+    if ((t->state == TR_DECIDE || t->state == TR_HEAD) && t->len > 0) {
+        /* It could still have been the marker, or a call cut before its
+         * name: what came is text, as in a whole answer. */
         ops->text(u, t->buf, t->len);
         t->len = 0;
     }
@@ -405,7 +415,7 @@ static enum MHD_Result shape_send(srv_req *r)
         char *name, *args;
         json_t *msg;
         const char *finish = c->finish;
-        if (tools_parse_call(c->text ? c->text : "", c->text_len, mode_of(r), &name, &args)) {
+        if (tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &name, &args)) {
             msg = json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls",
                             call_json(r, i, name, args));
             free(name);

@@ -129,24 +129,27 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                                 const char *const *stops, uint64_t seed, uint64_t salt, char *err,
                                 size_t errlen);
 
-/* An embeddings request's next input into the engine, as one finished;
- * none once it failed or its client left. A refused one fails the request
- * (its 429 or 500, as at admission). */
+/* An embeddings request's next inputs into the engine, up to its window
+ * (SRV_EMBED_WINDOW in flight), as earlier ones finish or at the tick; none
+ * once it failed or its client left. A full wait queue leaves them for the
+ * next chance (the tick's queue_timeout bounds the wait); another refusal
+ * fails the request, the inputs in flight finishing first. */
 static void embed_next(srv_req *r)
 {
     cmpl_job *j = r->cmpl;
-    if (j->submitted >= j->nchoices || j->error_status != 0 || r->conn == NULL) return;
-    char err[256];
-    size_t i = j->submitted++;
-    eng_status st = choice_submit(r, i, NULL, NULL, 0, j->salt, err, sizeof err);
-    if (st == ENG_EFULL)
-        cmpl_set_error(r, 429, "rate_limit_exceeded", "The server is busy (%s); retry", err);
-    else if (st != ENG_OK)
-        cmpl_set_error(r, 500, NULL, "embedding input %zu not computed: %s", i, err);
-    if (st != ENG_OK) {
-        j->submitted = j->nchoices; /* the rest are not computed: the answer is the error */
-        j->ndone += j->nchoices - i;
-        cmpl_cancel_for(r, MET_CANCEL_CLIENT_CLOSED);
+    while (j->submitted < j->nchoices && j->nlive < SRV_EMBED_WINDOW && j->error_status == 0
+           && r->conn != NULL) {
+        char err[256];
+        size_t i = j->submitted;
+        eng_status st = choice_submit(r, i, NULL, NULL, 0, j->salt, err, sizeof err);
+        if (st == ENG_EFULL) return;
+        if (st != ENG_OK) {
+            cmpl_set_error(r, 500, NULL, "embedding input %zu not computed: %s", i, err);
+            j->ndone += j->nchoices - i; /* never computed: the answer is the error */
+            j->submitted = j->nchoices;
+            return;
+        }
+        j->submitted++;
     }
 }
 
@@ -170,7 +173,10 @@ void cmpl_on_event(void *user, const eng_event *ev)
         if (stream) cmpl_chunk_flush(c);
     } else if (ev->kind == ENG_EV_DONE) {
         on_done(c, ev, stream);
-        if (r->cmpl->oreq.embed) embed_next(r);
+        if (r->cmpl->oreq.embed) {
+            r->cmpl->t_progress = log_now();
+            embed_next(r);
+        }
     }
     if (r->conn != NULL
         && (r->state == HTTP_REQ_STREAMING || r->cmpl->ndone == r->cmpl->nchoices)) {
@@ -651,6 +657,7 @@ enum MHD_Result cmpl_admit(srv_req *r)
         }
     }
     r->cmpl->submitted = first;
+    r->cmpl->t_progress = log_now();
     free(bias);
     cmpl_list_add(r);
     if (q->stream) { /* the backlog's bound, and what the stream may write in all */
@@ -688,8 +695,27 @@ void cmpl_tick(srv *s, double now)
     srv_req *next;
     for (srv_req *r = s->api->cmpl_list; r != NULL; r = next) {
         next = r->cmpl->next;
+        cmpl_job *j = r->cmpl;
+        if (r->conn != NULL && j->oreq.embed && j->nlive == 0 && j->submitted < j->nchoices) {
+            /* Inputs the full wait queue turned away: again now, or, past
+             * queue_timeout without progress, a 503. */
+            embed_next(r);
+            if (j->nlive == 0 && j->error_status == 0
+                && now - j->t_progress > s->cfg.queue_timeout_s)
+                cmpl_set_error(r, 503, NULL,
+                               "The request waited %.0f s for room in the wait queue "
+                               "(queue_timeout); retry later",
+                               now - j->t_progress);
+            if (j->error_status != 0 && j->nlive == 0) {
+                j->ndone = j->nchoices;
+                http_resume(r); /* its answer is the error */
+            }
+            continue;
+        }
         if (r->conn == NULL || r->cmpl->nlive == 0) continue;
-        double age = now - r->t_start;
+        /* An embeddings request's inputs enter a window at a time: its age
+         * in the queue counts from its last progress. */
+        double age = now - (j->oreq.embed ? j->t_progress : r->t_start);
         int waiting = 0;
         for (size_t i = 0; i < r->cmpl->nchoices; i++)
             if (r->cmpl->choices[i].live && eng_sched_waiting(s->sched, r->cmpl->choices[i].id))

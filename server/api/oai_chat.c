@@ -225,10 +225,14 @@ int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *
                 r->format_param, r->format_param);
         goto fail;
     }
-    if (mode == OAI_TOOLS_REQUIRED && r->nstop > 0) {
+    if (mode != OAI_TOOLS_NONE && r->nstop > 0) {
         oai_bad(err, "stop",
-                "'stop' cannot be combined with a required tool call: a stop string would cut "
-                "the call short");
+                "'stop' cannot be combined with 'tools': a stop string could cut a call short "
+                "(send tool_choice \"none\" to use 'stop')");
+        goto fail;
+    }
+    if (mode != OAI_TOOLS_NONE && r->logprobs >= 0) {
+        oai_bad(err, "logprobs", "'logprobs' cannot be combined with 'tools' on this server");
         goto fail;
     }
     r->tool_mode = mode;

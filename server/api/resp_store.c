@@ -300,10 +300,11 @@ static int over(const resp_store *st, size_t max_count, size_t max_bytes, size_t
     return st->count + count > max_count || st->bytes + need > max_bytes;
 }
 
-/* The key whose least recently used entry goes next: `putter` (0 for none:
- * a trim) when it is over its fair share with `need` bytes more, else the
- * key furthest over its share (count or bytes, whichever bound is passed).
- * NULL when no key has an entry. */
+/* The key whose least recently used entry goes next: `putter` (NULL for
+ * none: a trim) when it is over its fair share with `need` bytes more (NULL
+ * when it has no entry left to give), else the key furthest over its share
+ * (count or bytes, whichever bound is passed); never a key within its
+ * share. NULL when there is none. */
 static rs_key *victim(resp_store *st, const rs_key *putter, size_t max_count, size_t max_bytes,
                       size_t need)
 {
@@ -311,14 +312,17 @@ static rs_key *victim(resp_store *st, const rs_key *putter, size_t max_count, si
     for (size_t i = 0; i < st->nkeys; i++) nk += st->keys[i].count > 0 || &st->keys[i] == putter;
     if (nk == 0) return NULL;
     size_t share_count = max_count / nk, share_bytes = max_bytes / nk;
-    if (putter != NULL && putter->tail != NULL
-        && (putter->count + 1 > share_count || putter->bytes + need > share_bytes))
-        return (rs_key *)putter;
+    if (putter != NULL && (putter->count + 1 > share_count || putter->bytes + need > share_bytes))
+        /* Over its share: its own go, and when it has none left, nothing
+         * of another key's does (its entry is not kept). */
+        return putter->tail != NULL ? (rs_key *)putter : NULL;
     int by_count = st->count + (putter != NULL) > max_count;
     rs_key *worst = NULL;
     for (size_t i = 0; i < st->nkeys; i++) {
         rs_key *k = &st->keys[i];
-        if (k->tail == NULL) continue;
+        if (k->tail == NULL || k == putter
+            || (by_count ? k->count <= share_count : k->bytes <= share_bytes))
+            continue; /* within its share: untouched */
         if (worst == NULL || (by_count ? k->count > worst->count : k->bytes > worst->bytes))
             worst = k;
     }

@@ -531,8 +531,7 @@ static enum MHD_Result shape_send(srv_req *r)
     }
     resp_job *j = job_of(r);
     char *name, *args;
-    int call = tools_parse_call(c->text ? c->text : "", c->text_len, r->cmpl->oreq.tool_mode, &name,
-                                &args);
+    int call = tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &name, &args);
     if (call) {
         j->call_name = name;
         j->call_args = args;
@@ -886,8 +885,10 @@ static void new_ids(srv *s, char *resp_id, size_t resp_len, char *msg_id, size_t
 
 /* An input's item_reference (m->ref) made the message it names, a copy:
  * "msg_X" is response resp_X's output, "msg_X_inK" its input item K, of a
- * response stored for this key. 0; -1 with the 404 sent (*rc). */
-static int resolve_ref(srv_req *r, oai_msg *m, size_t i, enum MHD_Result *rc)
+ * response stored for this key. The copies of one request add up to at
+ * most max_body_bytes (*bytes so far), as a body's text does. 0; -1 with
+ * the 404 or 400 sent (*rc). */
+static int resolve_ref(srv_req *r, oai_msg *m, size_t i, size_t *bytes, enum MHD_Result *rc)
 {
     char rid[64];
     const char *hex = strncmp(m->ref, "msg_", 4) == 0 ? m->ref + 4 : NULL;
@@ -919,6 +920,15 @@ static int resolve_ref(srv_req *r, oai_msg *m, size_t i, enum MHD_Result *rc)
                               i, m->ref);
         return -1;
     }
+    if (src->len > r->s->cfg.max_body_bytes - *bytes) {
+        *rc = http_send_error(r, 400, "invalid_request_error", NULL, "input", NULL,
+                              "'input[%zu]': the item references' messages come to more than "
+                              "%zu bytes (max_body_bytes, as the body's own text); refer to "
+                              "fewer, or use previous_response_id",
+                              i, r->s->cfg.max_body_bytes);
+        return -1;
+    }
+    *bytes += src->len;
     m->text = malloc(src->len + 1);
     if (m->text == NULL) {
         *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
@@ -951,8 +961,10 @@ static int build_conv(srv_req *r, enum MHD_Result *rc)
         }
         j->prev = rs_turns_ref(prev->turns);
     }
+    size_t bytes = 0;
     for (size_t i = 0; i < j->rq.nmsgs; i++)
-        if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, rc) != 0) return -1;
+        if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, &bytes, rc) != 0)
+            return -1;
     j->in = j->rq.msgs; /* moved */
     j->nin = j->rq.nmsgs;
     j->rq.msgs = NULL;
