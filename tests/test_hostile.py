@@ -3616,6 +3616,34 @@ def case_structured_cache_bytes(ctx):
     check(srv.metric("gpt2d_structured_cache_entries") < n, "the reload evicted nothing")
 
 
+def case_responses_item_reference_bound(ctx):
+    """34: item references cannot multiply a stored message: 1,500
+    references to one 900 KB stored input in a 105 KB body are a 400 naming
+    `input` (their copies would pass max_body_bytes), answered at once,
+    with RSS flat and /health quick. (Before: each reference copied the
+    message on the loop thread: +1.3 GB, /health 1.5 s.)"""
+    srv = Server(ctx, ctx.models.get("long"))
+    st, _, b = request(srv.port, "POST", "/v1/responses",
+                       {"input": [{"role": "user", "content": "word " * 180000}, {"role": "user", "content": "hi"}],
+                        "truncation": "auto", "max_output_tokens": 1}, timeout=60)
+    check(st == 200, "the stored message: %d %r" % (st, b[:200]))
+    msg = json.loads(b)["output"][0]["id"]
+    base = srv.rss_kib()
+    body = {"input": [{"type": "item_reference", "id": msg + "_in0"}] * 1500 + [{"role": "user", "content": "hi"}],
+            "truncation": "auto", "max_output_tokens": 1, "store": False}
+    t0 = time.monotonic()
+    st, _, b = request(srv.port, "POST", "/v1/responses", body, timeout=60)
+    dt = time.monotonic() - t0
+    e = error_envelope(b, "1,500 references")
+    check(st == 400 and e["param"] == "input" and "max_body_bytes" in e["message"], "1,500 references: %d %r" % (st, e))
+    grew = (srv.rss_kib() - base) / 1024.0
+    check(grew < 64 and dt < 2, "1,500 references: RSS +%.0f MiB, %.2f s" % (grew, dt))
+    # One reference is still a message of the conversation.
+    st, _, b = request(srv.port, "POST", "/v1/responses",
+                       {"input": [{"type": "item_reference", "id": msg + "_in1"}], "max_output_tokens": 1})
+    check(st == 200, "one reference: %d %r" % (st, b[:200]))
+
+
 def case_embeddings_hostile(ctx):
     """38: hostile /v1/embeddings bodies get 400s naming `input` (mixed
     kinds, nested lists, non-integers, over max_embedding_inputs, an input
@@ -3824,6 +3852,7 @@ CASES = [
     ("responses_store", case_responses_store),
     ("responses_store_reload", case_responses_store_reload),
     ("responses_cut", case_responses_cut),
+    ("responses_item_reference_bound", case_responses_item_reference_bound),
     ("embeddings_hostile", case_embeddings_hostile),
     ("responses_history_amplification", case_responses_history_amplification),
     ("responses_store_counted_bytes", case_responses_store_counted_bytes),
