@@ -251,9 +251,11 @@ START_TEST(oai_parse_chat_renders_the_default_transcript)
     ck_assert_str_eq(r.prompts[0].text, "Be brief.\n\nUser: Hi\n\nAssistant: Hello.\n\n"
                                         "User: How are you?\n\nAssistant:");
     ck_assert_uint_eq(r.prompts[0].text_len, strlen(r.prompts[0].text));
-    /* The turn separator is the implicit stop; no max_tokens: the context. */
+    /* The next turn's marker is the implicit stop, not a blank line (an
+     * empty first line must not end the reply, issue 35); no max_tokens:
+     * the context. */
     ck_assert_uint_eq(r.nstop, 2);
-    ck_assert_str_eq(r.stop[0], "\n\n");
+    ck_assert_str_eq(r.stop[0], "\n\nUser:");
     ck_assert_str_eq(r.stop[1], "\nUser:");
     ck_assert_int_eq(r.max_tokens_auto, 1);
     ck_assert_int_eq(r.max_completion, 0);
