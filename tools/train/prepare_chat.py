@@ -48,9 +48,9 @@ sys.path.insert(0, HERE)
 import prepare  # noqa: E402
 
 PACKAGES = {"perl-doc": "GPL-1+ or Artistic", "python3.11-doc": "PSF License",
-            "debian-faq": "permissive (verbatim and modified copies under the same notice), SPI",
-            "jargon-text": "public domain", "doc-debian": "GPL-2+ and Open Publication License",
-            "debian-reference-en": "GPL-2+ or MIT-style (Debian Reference)"}
+            "debian-faq": "verbatim and modified copying permitted under the same notice (Software in the Public Interest)",
+            "jargon-text": "public domain", "doc-debian": "GPL (the bug-tracking system guides) and Open Publication License (the web pages)",
+            "debian-reference-en": "GPL-2+"}
 DIALOGUE_ROUNDS = 10
 
 
