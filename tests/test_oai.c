@@ -251,10 +251,14 @@ START_TEST(oai_parse_chat_renders_the_default_transcript)
     ck_assert_str_eq(r.prompts[0].text, "Be brief.\n\nUser: Hi\n\nAssistant: Hello.\n\n"
                                         "User: How are you?\n\nAssistant:");
     ck_assert_uint_eq(r.prompts[0].text_len, strlen(r.prompts[0].text));
-    /* The turn separator is the implicit stop; no max_tokens: the context. */
-    ck_assert_uint_eq(r.nstop, 2);
-    ck_assert_str_eq(r.stop[0], "\n\n");
+    /* The next turn's marker is the implicit stop, not a blank line (an
+     * empty first line must not end the reply, issue 35); no max_tokens:
+     * the context. */
+    ck_assert_uint_eq(r.nstop, 4);
+    ck_assert_str_eq(r.stop[0], "\n\nUser:");
     ck_assert_str_eq(r.stop[1], "\nUser:");
+    ck_assert_str_eq(r.stop[2], "\n\nAssistant:");
+    ck_assert_str_eq(r.stop[3], "\nAssistant:");
     ck_assert_int_eq(r.max_tokens_auto, 1);
     ck_assert_int_eq(r.max_completion, 0);
     ck_assert_uint_eq(r.max_tokens, lim.chat_max_tokens); /* not the whole context */
@@ -284,7 +288,7 @@ START_TEST(oai_parse_chat_every_field)
     ck_assert_int_eq(r.max_completion, 1);
     ck_assert_uint_eq(r.n, 2);
     ck_assert_uint_eq(r.best_of, 2);
-    ck_assert_uint_eq(r.nstop, 3); /* the request's, then the template's */
+    ck_assert_uint_eq(r.nstop, 5); /* the request's, then the template's */
     ck_assert_str_eq(r.stop[0], "END");
     ck_assert(r.stream && r.include_usage && r.has_seed && r.seed == 4);
     ck_assert_int_eq(r.logprobs, 3);
@@ -657,7 +661,7 @@ START_TEST(oai_parse_responses_renders_as_chat)
     ck_assert_int_eq(rq.req.has_seed, 1);
     ck_assert_int_eq(rq.req.chat, 1);
     ck_assert_uint_eq(rq.req.n, 1);
-    ck_assert_uint_eq(rq.req.nstop, 2); /* the template's */
+    ck_assert_uint_eq(rq.req.nstop, 4); /* the template's */
     ck_assert_int_eq(rq.req.logprobs, 3);
     oai_msg all[5] = {{OAI_ROLE_SYSTEM, rq.instructions, rq.instructions_len, NULL}};
     for (size_t i = 0; i < 4; i++) all[i + 1] = rq.msgs[i];

@@ -216,7 +216,8 @@ typedef struct {
     double t_last;        /* when the last token came (inter-token latency) */
     double lp_sum;        /* best_of: the sum and count of the chosen    */
     size_t lp_n;          /* tokens' logprobs                            */
-    int trim;             /* chat: leading spaces of the reply still dropped */
+    int trim;             /* chat: leading white space of the reply still dropped */
+    int trim_tail;        /* chat: white space the stop matcher holds at the end is dropped */
     size_t cached;        /* DONE: prompt tokens from the prefix cache   */
     float *embedding;     /* DONE of an embedding: n_embd floats (owned) */
 } srv_choice;

@@ -63,8 +63,12 @@ static int set_string(char **slot, const char *text)
 
 /*
  * The default: a plain transcript that a base model continues sensibly.
- * Turns are separated by a blank line, which is also the implicit stop, so
- * the reply ends where the model would start the next turn.
+ * Turns are separated by a blank line. The reply ends where the model
+ * begins the next turn, the user's or another of its own ("\n\nUser:",
+ * "\n\nAssistant:", or either after a single newline), not at a blank line: a model that answers "Assistant:" with an empty line
+ * first would otherwise end every reply before its first word (issue 35).
+ * trim_reply drops the white space before the first word and a white-space
+ * tail the stop matcher still holds when the model ends with <|endoftext|>.
  */
 int oai_template_default(oai_template *t)
 {
@@ -75,13 +79,14 @@ int oai_template_default(oai_template *t)
         || set_role(t, OAI_ROLE_ASSISTANT, "Assistant: {content}\n\n") != 0
         || set_string(&t->generation, "Assistant:") != 0)
         goto oom;
-    t->stop[0] = strdup("\n\n");
-    t->stop[1] = strdup("\nUser:");
-    if (t->stop[0] == NULL || t->stop[1] == NULL) goto oom;
-    t->nstop = 2;
+    static const char *const stops[] = {"\n\nUser:", "\nUser:", "\n\nAssistant:", "\nAssistant:"};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        t->stop[i] = strdup(stops[i]);
+        if (t->stop[i] == NULL) goto oom;
+        t->nstop = i + 1;
+    }
     return 0;
 oom:
-    t->nstop = t->stop[0] ? (t->stop[1] ? 2 : 1) : 0;
     oai_template_free(t);
     return -1;
 }

@@ -24,9 +24,16 @@
  * of the cache_salt oai.c accepts. */
 _Static_assert(OAI_MAX_CACHE_SALT == HTTP_MAX_CACHE_SALT, "cache_salt bounds disagree");
 
+static int is_space(char ch)
+{
+    return ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r';
+}
+
 void cmpl_choice_text(srv_choice *c, const char *p, size_t n)
 {
-    while (c->trim && n > 0 && *p == ' ') { /* chat: the reply starts at its first word */
+    /* chat: the reply starts at its first word, after the space the model
+     * writes after "Assistant:" and any empty lines before it */
+    while (c->trim && n > 0 && is_space(*p)) {
         p++;
         n--;
     }
@@ -102,7 +109,11 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
         choice_feed(c, tail, n);
         if (c->stop != NULL && !c->stopped) {
             char out[SRV_MAX_STOP_BYTES];
-            cmpl_choice_text(c, out, stop_flush(c->stop, out));
+            size_t k = stop_flush(c->stop, out), blank = 0;
+            while (c->trim_tail && blank < k && is_space(out[blank])) blank++;
+            /* chat: the "\n\n" held as the start of "\n\nUser:" when the
+             * model ends its turn with <|endoftext|> is not part of the reply */
+            if (blank < k || !c->trim_tail) cmpl_choice_text(c, out, k);
         }
     }
     if (ev->finish == ENG_FINISH_ERROR)
@@ -530,7 +541,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
     }
     if (q->nstop > 0 && (c->stop = stop_new(stops, q->stop_len, q->nstop)) == NULL)
         return ENG_ENOMEM;
-    c->trim = q->chat && r->s->api->chat.trim_reply;
+    c->trim = c->trim_tail = q->chat && r->s->api->chat.trim_reply;
     eng_request er = {
         .prompt = r->tok->prompt_ids[c->prompt],
         .nprompt = r->tok->prompt_len[c->prompt],

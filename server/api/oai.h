@@ -161,7 +161,7 @@ typedef struct {
     char *generation;                  /* owned */
     char *stop[OAI_TEMPLATE_MAX_STOP]; /* owned */
     size_t nstop;
-    int trim_reply; /* 1: leading spaces of the reply are not part of its content */
+    int trim_reply; /* 1: leading white space of the reply is not part of its content */
 } oai_template;
 
 /* The built-in transcript template (docs/api.md). Returns 0, or -1 when out

@@ -11,8 +11,10 @@ out=${3:-$(dirname "$0")/../../models/gpt2d-tiny}
 mkdir -p "$out"
 "$gpt2d" convert "$run/model.safetensors" "$out/model.safetensors" --dtype bf16 --layout panel64 \
     --meta gpt2d.model_name=gpt2d-tiny --meta gpt2d.owned_by=gpt2d --meta gpt2d.weights=trained \
-    --meta "gpt2d.description=a small model with GPT-2's architecture and tokenizer, trained by the gpt2d project on English text from Debian packages (models/gpt2d-tiny/README.md); not OpenAI's GPT-2"
+    --meta "gpt2d.description=a small model with GPT-2's architecture and tokenizer, trained by the gpt2d project on English text and question-and-answer dialogues from Debian packages (models/gpt2d-tiny/README.md); not OpenAI's GPT-2"
 cp "$run/config.json" "$out/config.json"
-# the held-out tokens the card's perplexity is measured on, when they are there
-(cd "$out" && sha256sum model.safetensors config.json $([ -f heldout.u16 ] && echo heldout.u16) > SHA256SUMS)
+# the held-out tokens the card's perplexities are measured on and the chat
+# prompts its reply rate is, when they are there
+(cd "$out" && sha256sum model.safetensors config.json \
+    $(for f in heldout.u16 other_heldout.u16 chat_prompts.txt; do [ -f "$f" ] && echo "$f"; done) > SHA256SUMS)
 cat "$out/SHA256SUMS"
