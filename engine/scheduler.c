@@ -35,7 +35,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.tenant_spare == 0) o.tenant_spare = o.max_running / 8 > 0 ? o.max_running / 8 : 1;
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
-    if (o.embed_tokens_beside_decode == 0) o.embed_tokens_beside_decode = 8;
+    if (o.embed_tokens_beside_decode == 0) o.embed_tokens_beside_decode = 16;
     eng_sched *s = calloc(1, sizeof *s);
     if (s == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;

@@ -206,7 +206,7 @@ typedef struct {
     size_t threads;      /* step threads; 0 = one per CPU                   */
     int prefix_cache;    /* 1: reuse the KV blocks of prompts seen before   */
     /* Prompt rows of embedding requests (eng_request.embed) in a step that
-     * also decodes: this many (8), or 4 a decode row when more decode, so
+     * also decodes: this many (16), or 4 a decode row when more decode, so
      * a batch of embeddings keeps one stream beside it flowing and still
      * moves beside many; the whole step_tokens when nothing decodes. */
     size_t embed_tokens_beside_decode;
