@@ -51,7 +51,7 @@ static size_t answer_bound(const srv_req *r, size_t C)
     const oai_request *q = &r->cmpl->oreq;
     size_t per =
         EMBED_ENTRY_BYTES + (q->embed_base64 ? b64_len(C * sizeof(float)) : C * EMBED_FLOAT_BYTES);
-    return 256 + strlen(r->s->cfg.model_name) + q->nprompts * per;
+    return 256 + 2 * strlen(r->s->cfg.model_name) + q->nprompts * per;
 }
 
 static enum MHD_Result send_answer(srv_req *r)
@@ -104,10 +104,20 @@ static enum MHD_Result send_answer(srv_req *r)
         out[len++] = '}';
     }
     size_t n = tok_prompt_tokens(r);
+    /* The name as a JSON string: printable ASCII, but '"' and '\\' may be
+     * in it (answer_bound leaves room for each byte escaped). */
+    json_t *name = json_string(r->s->cfg.model_name);
+    char *qname = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
+    json_decref(name);
+    if (qname == NULL) {
+        free(out);
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+    }
     len += (size_t)snprintf(out + len, cap - len,
-                            "],\"model\":\"%s\",\"usage\":{\"prompt_tokens\":%zu,\"total_tokens\":"
+                            "],\"model\":%s,\"usage\":{\"prompt_tokens\":%zu,\"total_tokens\":"
                             "%zu}}",
-                            r->s->cfg.model_name, n, n);
+                            qname, n, n);
+    free(qname);
     enum MHD_Result rc = http_send_json(r, 200, out, NULL);
     free(out);
     return rc;
