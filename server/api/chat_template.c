@@ -65,10 +65,11 @@ static int set_string(char **slot, const char *text)
  * The default: a plain transcript that a base model continues sensibly.
  * Turns are separated by a blank line. The reply ends where the model
  * begins the next turn, the user's or another of its own ("\n\nUser:",
- * "\n\nAssistant:", or either after a single newline), not at a blank line: a model that answers "Assistant:" with an empty line
- * first would otherwise end every reply before its first word (issue 35).
- * trim_reply drops the white space before the first word and a white-space
- * tail the stop matcher still holds when the model ends with <|endoftext|>.
+ * "\n\nAssistant:", or either after a single newline), not at a blank
+ * line: a model that answers "Assistant:" with an empty line first would
+ * otherwise end every reply before its first word. trim_reply drops the
+ * white space before the first word and a white-space tail the stop
+ * matcher still holds when the model ends with <|endoftext|>.
  */
 int oai_template_default(oai_template *t)
 {
