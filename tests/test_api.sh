@@ -715,8 +715,9 @@ need_node_module @langchain/openai
 node "$here/differential/openai_embeddings.mjs" "$base/v1" test-key-123 || fail "embeddings clients"
 }
 
+# The long fixture last of the shared ones: starting it sets $base.
 CASES=(command_line bad_template model_ids:main model_names:main chat_transcript:main
-       chat_fields:main chat_clients:main responses_clients:main tool_calls:long tool_clients:long embeddings:main embeddings_clients:main
-       version:main metrics:main nochat template playground
+       chat_fields:main chat_clients:main responses_clients:main embeddings:main embeddings_clients:main
+       version:main metrics:main tool_calls:long tool_clients:long nochat template playground
        model_labels)
 run_cases "$@"
