@@ -714,14 +714,14 @@ static void cache_get(gram_cache *c, const char *src)
     gram_unref(g);
 }
 
-/* issue 34: the cache is bounded by bytes as well as entries, least
- * recently used out first. */
+/* The cache is bounded by bytes as well as entries, least recently used
+ * out first. */
 START_TEST(gram_cache_get_over_max_bytes_evicts_lru)
 {
     const char *src[4] = {"{\"type\":\"boolean\"}", "{\"type\":\"null\"}",
                           "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}",
-                          "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},"
-                          "\"required\":[\"a\"]}"};
+                          ("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},"
+                           "\"required\":[\"a\"]}")};
     size_t b[4];
     for (int i = 0; i < 4; i++) b[i] = entry_bytes(src[i]);
     /* Three fit at first; src[3] fits once src[1] and src[2] (the least
