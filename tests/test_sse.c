@@ -320,10 +320,11 @@ START_TEST(sse_cut_ends_on_an_event_boundary)
     sse_free(&q);
     /* Inside an event (its first newline taken, too): the rest of it, then
      * the ending; the events after it are gone. */
+    static const char event[] = ": 0123456789\n\n";
     for (size_t k = 1; k < 14; k++) {
         char *rest = cut_after(14 + k, &len);
         ck_assert_uint_eq(len, 14 - k + strlen(ending));
-        ck_assert_int_eq(memcmp(rest, ": 0123456789\n\n" + k, 14 - k), 0);
+        ck_assert_int_eq(memcmp(rest, event + k, 14 - k), 0);
         ck_assert_int_eq(memcmp(rest + 14 - k, ending, strlen(ending)), 0);
         free(rest);
     }
