@@ -20,7 +20,9 @@
  *                  completion (its template, job, SSE writer), the
  *                  response object and its semantic stream events;
  *                  GET/DELETE /v1/responses/{id}, .../input_items
- *   resp_store.c   the stored responses (bounded, LRU, per API key)
+ *   resp_prompt.c  a Responses request's prompt, made where it is tokenized
+ *   resp_routes.c  GET/DELETE /v1/responses/{id}, .../input_items
+ *   resp_store.c   the stored responses (bounded, shared fairly by API keys)
  *   oai.c          OpenAI request parsing and validation (pure): errors,
  *                  completions, the readers every route shares
  *   oai_chat.c     chat's messages and their rendering (pure)
@@ -577,6 +579,45 @@ rs_entry *rs_get(resp_store *st, const char *id, uint64_t owner);
 int rs_delete(resp_store *st, const char *id, uint64_t owner);
 size_t rs_count(const resp_store *st);
 size_t rs_bytes(const resp_store *st);
+
+/* The state of one Responses request (the completion job's shape_data;
+ * responses.c makes and frees it, resp_prompt.c makes its prompt). */
+typedef struct {
+    oai_resp_request rq; /* what the request said (its req moved to cmpl->oreq) */
+    rs_turns *prev;      /* previous_response_id's conversation (a reference), or NULL */
+    oai_msg *in;         /* the input's messages, after it */
+    size_t nin;
+    /* The prompt, made where it is tokenized (prepare), within limits read
+     * on the loop thread (fit_limit, prompt_budget): */
+    size_t fit, budget;
+    size_t total;   /* messages in the conversation (history and input) */
+    size_t dropped; /* truncation auto: the oldest of them left out */
+    int too_long;   /* the prompt does not fit: ... */
+    int over;       /* ... known to pass `tokens` (else it has that many) */
+    size_t tokens;
+    char msg_id[48]; /* the output message's id */
+    char *text;      /* a stream: the output so far */
+    size_t len, cap;
+    json_t *lp;     /* a stream with logprobs: every token's entry so far */
+    json_int_t seq; /* the next event's sequence_number */
+    /* Tools (rq.req.tool_mode): the reply read as text or a call; a call's
+     * name and arguments (owned) once known; a stream's message item is
+     * opened when the reply turns out to be text. */
+    tools_reader rd;
+    int item_open;
+    char *call_name, *call_args;
+    size_t args_len, args_cap;
+} resp_job;
+
+/* resp_prompt.c: the prompt of a Responses request, made where it is
+ * tokenized (the tokenizer job's parser; a tokenizer thread when a stored
+ * history or a format is involved): the conversation from its newest
+ * message back, fitted to the context as truncation says. 0. */
+int resp_prepare(srv_req *r);
+/* The most tokens a prompt that fits may have, and what truncation "auto"
+ * cuts one to (read on the loop thread into resp_job.fit / .budget). */
+size_t resp_fit_limit(const srv_req *r);
+size_t resp_prompt_budget(const srv_req *r);
 
 /* ---- logprobs.c ----------------------------------------------------------- */
 
