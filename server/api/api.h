@@ -18,8 +18,7 @@
  *                  libuv work queue, then the srv_api's after-step hook
  *   responses.c    /v1/responses: a Responses request onto the chat
  *                  completion (its template, job, SSE writer), the
- *                  response object and its semantic stream events;
- *                  GET/DELETE /v1/responses/{id}, .../input_items
+ *                  response object and its semantic stream events
  *   resp_prompt.c  a Responses request's prompt, made where it is tokenized
  *   resp_routes.c  GET/DELETE /v1/responses/{id}, .../input_items
  *   resp_store.c   the stored responses (bounded, shared fairly by API keys)
