@@ -337,6 +337,31 @@ static char *call_text(const resp_job *j, size_t *len)
     return out;
 }
 
+/* A stream's last n events (taken), the last the response's end: queued
+ * only if all of them fit under max_response_bytes (else the stream fails
+ * naming it, its numbering back at seq), and resp stored (text: its
+ * conversation's last message) before the last goes out. */
+static void finish_with(srv_req *r, const char *const *name, json_t **ev, int n, json_int_t seq,
+                        json_t *resp, const char *text, size_t len)
+{
+    size_t need = 0;
+    for (int i = 0; i < n; i++) need += ev[i] ? sse_event_bytes(name[i], ev[i]) : 0;
+    int fits = sse_fits(&r->cmpl->sse, need);
+    for (int i = 0; fits && i < n; i++) {
+        if (i == n - 1 && text != NULL) store_put(r, resp, text, len);
+        if (ev[i] != NULL) sse_event(&r->cmpl->sse, name[i], ev[i]);
+    }
+    for (int i = 0; i < n; i++) json_decref(ev[i]);
+    json_decref(resp);
+    if (!fits) {
+        job_of(r)->seq = seq;
+        cmpl_too_large(r);
+        finish_failed(r);
+        return;
+    }
+    sse_end(&r->cmpl->sse);
+}
+
 /* A stream that ended in a call: its last events and the response. */
 static void finish_call(srv_req *r, int whole)
 {
@@ -353,26 +378,10 @@ static void finish_call(srv_req *r, int whole)
                       json_pack("{s:i, s:o}", "output_index", 0, "item", call_item(r, status)));
     json_t *resp = response_json(r, status, NULL, 0, NULL);
     ev[2] = event_obj(r, name[2], json_pack("{s:O}", "response", resp));
-    size_t need = 0;
-    for (int i = 0; i < 3; i++) need += ev[i] ? sse_event_bytes(name[i], ev[i]) : 0;
-    if (!sse_fits(&r->cmpl->sse, need)) {
-        for (int i = 0; i < 3; i++) json_decref(ev[i]);
-        json_decref(resp);
-        j->seq = seq;
-        cmpl_too_large(r);
-        finish_failed(r);
-        return;
-    }
-    for (int i = 0; i < 2; i++)
-        if (ev[i] != NULL) sse_event(&r->cmpl->sse, name[i], ev[i]);
     size_t len;
     char *txt = call_text(j, &len);
-    if (txt != NULL) store_put(r, resp, txt, len);
+    finish_with(r, name, ev, 3, seq, resp, txt, len);
     free(txt);
-    if (ev[2] != NULL) sse_event(&r->cmpl->sse, name[2], ev[2]);
-    for (int i = 0; i < 3; i++) json_decref(ev[i]);
-    json_decref(resp);
-    sse_end(&r->cmpl->sse);
 }
 
 /* After the headers: the failed response, then the error event. */
@@ -435,23 +444,7 @@ static void shape_finish_stream(srv_req *r)
                   message_item(r, status, json_pack("[o]", text_part(j->text, j->len, j->lp)))));
     json_t *resp = response_json(r, status, j->text, j->len, j->lp);
     ev[3] = event_obj(r, name[3], json_pack("{s:O}", "response", resp));
-    size_t need = 0;
-    for (int i = 0; i < 4; i++) need += ev[i] ? sse_event_bytes(name[i], ev[i]) : 0;
-    if (!sse_fits(&r->cmpl->sse, need)) {
-        for (int i = 0; i < 4; i++) json_decref(ev[i]);
-        json_decref(resp);
-        j->seq = seq;
-        cmpl_too_large(r);
-        finish_failed(r);
-        return;
-    }
-    for (int i = 0; i < 3; i++)
-        if (ev[i] != NULL) sse_event(&r->cmpl->sse, name[i], ev[i]);
-    store_put(r, resp, j->text, j->len);
-    if (ev[3] != NULL) sse_event(&r->cmpl->sse, name[3], ev[3]);
-    for (int i = 0; i < 4; i++) json_decref(ev[i]);
-    json_decref(resp);
-    sse_end(&r->cmpl->sse);
+    finish_with(r, name, ev, 4, seq, resp, j->text ? j->text : "", j->len);
 }
 
 static enum MHD_Result shape_send(srv_req *r)
