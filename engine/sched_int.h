@@ -48,6 +48,21 @@ typedef struct {
     size_t step_first, step_n; /* rows [first, first + n) of the prompt or the last token */
     int step_samples;
     size_t step_result, step_nresults; /* into s->results */
+    /* Speculation (sched_spec.c). The drafted tokens of a step sit in
+     * tokens[ntokens, ntokens + step_draft), so the step's item is the
+     * last token and the draft, and the sampler's penalties read the
+     * accepted ones as generated. */
+    int32_t *pred; /* the request's prediction (owned), or NULL */
+    size_t npred;
+    size_t pred_pos;     /* the prediction's next expected token */
+    int pred_lost;       /* the output left the prediction, not yet back */
+    size_t spec_k;       /* drafted tokens wanted next (adapted) */
+    size_t spec_skip;    /* steps to decode plainly after drafts that missed */
+    unsigned spec_miss;  /* verify steps in a row that accepted nothing */
+    eng_drafter spec_by; /* this step's drafter */
+    size_t step_draft;   /* this step: drafted tokens (0: plain decoding) */
+    size_t step_accepted; /* this step: drafted tokens the sampler drew */
+    size_t drafted, accepted; /* the request's totals (DONE) */
 } sch_seq;
 
 /* One row to sample from, or one echoed prompt position's logprobs: the
@@ -93,6 +108,20 @@ struct eng_sched {
     double exec_seconds, exec_sample;
     eng_sched_stats stats;
 };
+
+/* sched_spec.c, below both halves (and above sched_seq.c). Extra rows of
+ * logits a step keeps for drafts (beyond one a sequence). */
+#define SPEC_ROWS 64
+/* Plan (loop thread): drafts up to `room` tokens for decoding sequence q
+ * into q->tokens[q->ntokens...]; returns how many (0: decode plainly). */
+size_t spec_propose(eng_sched *s, sch_seq *q, size_t room);
+/* Complete (loop thread), before its blocks are committed: the KV
+ * positions past the accepted draft rolled back, the statistics counted,
+ * the next draft's length adapted. */
+void spec_settle(eng_sched *s, sch_seq *q);
+/* Complete, after q's tokens from `from` on were appended: the
+ * prediction's place follows the output. */
+void spec_follow(sch_seq *q, size_t from);
 
 /* sched_seq.c, below both halves. Monotonic seconds. */
 double sch_now(void);

@@ -24,6 +24,7 @@ void sch_seq_free(eng_sched *s, sch_seq *q)
     free(q->phash);
     free(q->plp);
     free(q->embed);
+    free(q->pred);
     free(q->tokens);
     free((void *)q->req.sampling.bias);
     if (q->req.mask.ops != NULL) q->req.mask.ops->free(q->req.mask.self);
@@ -48,7 +49,9 @@ void sch_finish(eng_sched *s, sch_seq *q, eng_finish why, const char *message)
                     .finish = why,
                     .message = message,
                     .index = q->generated,
-                    .cached = q->cached};
+                    .cached = q->cached,
+                    .drafted = q->drafted,
+                    .accepted = q->accepted};
     eng_event_cb cb = q->req.on_event;
     void *user = q->req.user;
     /* An embedding that is whole: its mean, scaled to length 1 (summed in

@@ -25,27 +25,49 @@ static void sample_unit(eng_sched *s, const samp_unit *u, size_t tid)
         samp_logprobs(ev, it->logits + u->row * V, V, ev->token, ENG_MAX_TOP);
         return;
     }
-    float *last = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1) * V : 0);
-    samp_seq sq = {.sp = &q->req.sampling,
-                   .generated = q->tokens + q->req.nprompt,
-                   .ngenerated = q->ntokens > q->req.nprompt ? q->ntokens - q->req.nprompt : 0,
-                   .logprobs = q->req.logprobs};
+    /* The sampled rows: the last (plain decoding, a prompt's end), or with
+     * a draft of d tokens the d + 1 rows of the last token and the draft,
+     * drawn in order as plain decoding would draw them one step at a time:
+     * row j sees the tokens before it (the accepted draft) as generated,
+     * the mask and the random stream advance once a row, and the run stops
+     * at the first token that is not the draft's, or that ends the
+     * sequence. */
+    size_t d = q->step_draft;
+    float *rows = it->logits + (it->want == ENG_LOGITS_ALL ? (it->n - 1 - d) * V : 0);
+    size_t ngen = q->ntokens > q->req.nprompt ? q->ntokens - q->req.nprompt : 0;
     const eng_mask *mk = &q->req.mask;
-    if (mk->ops != NULL) { /* this sequence's own constraint */
-        size_t nallowed = 0;
-        sq.allow = mk->ops->allowed(mk->self, &nallowed);
-        if (sq.allow == NULL || nallowed == 0) {
+    size_t kept = 0;
+    for (size_t j = 0; j <= d; j++) {
+        eng_event *e = ev + j;
+        if (j > 0) *e = (eng_event){.kind = ENG_EV_TOKEN, .id = q->id, .index = ev->index + j};
+        samp_seq sq = {.sp = &q->req.sampling,
+                       .generated = q->tokens + q->req.nprompt,
+                       .ngenerated = ngen + j,
+                       .logprobs = q->req.logprobs};
+        if (mk->ops != NULL) { /* this sequence's own constraint */
+            size_t nallowed = 0;
+            sq.allow = mk->ops->allowed(mk->self, &nallowed);
+            if (sq.allow == NULL || nallowed == 0) {
+                q->mask_stuck = 1;
+                q->mask_err = mk->ops->error(mk->self);
+                e->token = BPE_EOT;
+                break;
+            }
+        }
+        samp_row(e, &s->thr[tid], rows + j * V, V, &sq, &q->rng);
+        if (mk->ops != NULL && mk->ops->accept(mk->self, e->token) != 0) {
             q->mask_stuck = 1;
             q->mask_err = mk->ops->error(mk->self);
-            ev->token = BPE_EOT;
-            return;
+            break;
         }
+        kept = j + 1;
+        if (j == d || e->token != q->tokens[q->ntokens + j]) break;
+        q->step_accepted++;
+        if ((e->token == BPE_EOT && (!q->req.ignore_eos || mk->ops != NULL))
+            || q->generated + j + 1 == q->req.max_tokens)
+            break;
     }
-    samp_row(ev, &s->thr[tid], last, V, &sq, &q->rng);
-    if (mk->ops != NULL && mk->ops->accept(mk->self, ev->token) != 0) {
-        q->mask_stuck = 1;
-        q->mask_err = mk->ops->error(mk->self);
-    }
+    if (d > 0) q->step_nresults = kept;
 }
 
 static void sample_task(void *arg, size_t begin, size_t end, size_t tid)
@@ -84,7 +106,8 @@ void eng_sched_execute(eng_sched *s)
             if (q->step_samples) {
                 s->results[s->nresults] =
                     (eng_event){.kind = ENG_EV_TOKEN, .id = q->id, .index = q->generated};
-                s->units[nunits++] = (samp_unit){i, SAMPLE_ROW, s->nresults++};
+                s->units[nunits++] = (samp_unit){i, SAMPLE_ROW, s->nresults};
+                s->nresults += 1 + q->step_draft; /* a drafted row's token each */
             }
             q->step_nresults = s->nresults - q->step_result;
         }
@@ -170,17 +193,18 @@ void eng_sched_complete(eng_sched *s)
             sch_finish(s, q, ENG_FINISH_ERROR, s->step_err);
             continue;
         }
-        if (q->mask_err != NULL) { /* the mask failed: an error, never a quiet cut */
+        /* The mask failed at the step's first sampled row; at a later
+         * row of a draft, the tokens before it are delivered first (as
+         * plain decoding's earlier steps would have), then it ends. */
+        int mask_ends = q->mask_err != NULL || q->mask_stuck;
+        if (mask_ends && (q->step_draft == 0 || q->step_nresults == 0)) {
             sch_running_remove(s, q);
-            s->stats.mask_errors++;
-            sch_finish(s, q, ENG_FINISH_ERROR, q->mask_err);
+            if (q->mask_err != NULL) s->stats.mask_errors++; /* an error, never a quiet cut */
+            sch_finish(s, q, q->mask_err != NULL ? ENG_FINISH_ERROR : ENG_FINISH_LENGTH,
+                       q->mask_err); /* stuck: cut short as max_tokens cuts */
             continue;
         }
-        if (q->mask_stuck) { /* cut short, as max_tokens cuts: the output is not whole */
-            sch_running_remove(s, q);
-            sch_finish(s, q, ENG_FINISH_LENGTH, NULL);
-            continue;
-        }
+        spec_settle(s, q);
         if (q->prefilled < q->req.nprompt) {
             q->prefilled += q->step_n;
             s->stats.prompt_computed += q->step_n;
@@ -193,6 +217,7 @@ void eng_sched_complete(eng_sched *s)
         eng_finish why = ENG_FINISH_LENGTH;
         /* max_tokens 0: done once the prompt (and its echo) is through */
         int done = q->req.max_tokens == 0 && q->prefilled == q->req.nprompt;
+        size_t from = q->ntokens;
         for (size_t k = 0; k < q->step_nresults && !q->cancelled; k++) {
             eng_event *ev = &s->results[q->step_result + k];
             if (ev->kind == ENG_EV_PROMPT_LOGPROB) {
@@ -219,7 +244,13 @@ void eng_sched_complete(eng_sched *s)
         } else if (done) {
             sch_running_remove(s, q);
             sch_finish(s, q, why, NULL);
+        } else if (mask_ends) {
+            sch_running_remove(s, q);
+            if (q->mask_err != NULL) s->stats.mask_errors++;
+            sch_finish(s, q, q->mask_err != NULL ? ENG_FINISH_ERROR : ENG_FINISH_LENGTH,
+                       q->mask_err);
         } else {
+            spec_follow(q, from);
             q->in_step = 0;
         }
     }

@@ -36,6 +36,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (o.max_queue == 0) o.max_queue = 256;
     if (o.step_tokens == 0) o.step_tokens = 512;
     if (o.embed_tokens_beside_decode == 0) o.embed_tokens_beside_decode = 16;
+    if (o.spec_max_batch == 0) o.spec_max_batch = 4;
     eng_sched *s = calloc(1, sizeof *s);
     if (s == NULL) return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     s->m = m;
@@ -52,7 +53,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
         errbuf_set(err, errlen, "cannot allocate the step workspace");
         goto fail;
     }
-    s->logit_rows = s->slots + ECHO_ROWS;
+    s->logit_rows = s->slots + ECHO_ROWS + SPEC_ROWS;
     s->running = calloc(s->slots, sizeof *s->running);
     s->queue = calloc(o.max_queue, sizeof *s->queue);
     s->qlimit = o.max_queue;
@@ -185,6 +186,17 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     if (r->logprobs > ENG_MAX_TOP)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "logprobs %d is over %d", r->logprobs,
                            ENG_MAX_TOP);
+    if (r->speculative_tokens > ENG_SPEC_MAX)
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "speculative_tokens %zu is over %d",
+                           r->speculative_tokens, ENG_SPEC_MAX);
+    if ((unsigned)r->drafter >= ENG_DRAFTERS)
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "drafter %d is not one", (int)r->drafter);
+    if (r->drafter == ENG_DRAFT_MODEL && r->speculative_tokens > 0 && s->o.draft == NULL)
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "no draft model is loaded");
+    for (size_t i = 0; i < r->nprediction; i++)
+        if (r->prediction[i] < 0 || (size_t)r->prediction[i] >= c->n_vocab)
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "prediction token %d is not in 0..%zu",
+                               r->prediction[i], c->n_vocab - 1);
     const eng_mask_ops *mo = r->mask.ops;
     if (mo != NULL
         && (mo->allowed == NULL || mo->accept == NULL || mo->accepting == NULL || mo->error == NULL
@@ -220,8 +232,12 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     int keep_lp = s->o.prefix_cache && r->echo;
     kv_lp *plp = keep_lp ? calloc(r->nprompt, sizeof *plp) : NULL;
     float *embed = r->embed ? calloc(c->n_embd, sizeof *embed) : NULL;
+    size_t npred = r->speculative_tokens > 0 ? r->nprediction : 0;
+    int32_t *pred = npred ? malloc(npred * sizeof *pred) : NULL;
     if (q == NULL || tokens == NULL || (r->sampling.nbias && bias == NULL)
-        || (nphash && phash == NULL) || (keep_lp && plp == NULL) || (r->embed && embed == NULL)) {
+        || (nphash && phash == NULL) || (keep_lp && plp == NULL) || (r->embed && embed == NULL)
+        || (npred && pred == NULL)) {
+        free(pred);
         free(q);
         free(tokens);
         free(bias);
@@ -250,6 +266,12 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     /* q->req.mask: the sequence owns the mask from here (sch_seq_free) */
     q->tokens = tokens;
     q->ntokens = r->nprompt;
+    if (npred) memcpy(pred, r->prediction, npred * sizeof *pred);
+    q->pred = pred;
+    q->npred = npred;
+    q->req.prediction = pred;
+    q->req.nprediction = npred;
+    q->spec_k = r->speculative_tokens;
     eng_rng_seed(&q->rng, r->seed);
     inherit_stamps(s, q);
     s->queue[(s->qhead + s->qlen) % s->o.max_queue] = q;
@@ -464,6 +486,13 @@ int eng_sched_plan(eng_sched *s)
     size_t embed_budget = SIZE_MAX; /* set once the decode rows are known */
     s->nitems = 0;
     s->rows = 0;
+    /* Speculation only in a step of few decoding sequences (memory-bound:
+     * reading the weights once for several positions is what it saves);
+     * the drafted rows come out of the prompt budget and SPEC_ROWS. */
+    size_t decoders = 0, spec_rows = 0;
+    for (size_t i = 0; i < s->nrunning; i++)
+        decoders += !s->running[i]->paused && s->running[i]->prefilled == s->running[i]->req.nprompt;
+    if (decoders <= s->o.spec_max_batch) spec_rows = SPEC_ROWS;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && s->nitems > 0)
             embed_budget = s->nitems * 4 > s->o.embed_tokens_beside_decode
@@ -482,9 +511,14 @@ int eng_sched_plan(eng_sched *s)
                 if (waits_for_earlier(s, i)) continue;
             }
             size_t n;
+            q->step_draft = 0;
             if (decoding) {
                 q->step_first = q->ntokens - 1;
-                n = 1;
+                size_t room = spec_rows < budget ? spec_rows : budget;
+                size_t d = room > 0 ? spec_propose(s, q, room) : 0;
+                spec_rows -= d;
+                budget -= d;
+                n = 1 + d;
             } else {
                 q->step_first = q->prefilled;
                 n = q->req.nprompt - q->prefilled;
@@ -502,9 +536,9 @@ int eng_sched_plan(eng_sched *s)
             q->step_n = n;
             q->step_samples =
                 q->req.max_tokens > 0 && (decoding || q->prefilled + n == q->req.nprompt);
-            eng_logits want = q->req.echo && !decoding ? ENG_LOGITS_ALL
-                              : q->step_samples        ? ENG_LOGITS_LAST
-                                                       : ENG_LOGITS_NONE;
+            eng_logits want = (q->req.echo && !decoding) || q->step_draft > 0 ? ENG_LOGITS_ALL
+                              : q->step_samples                           ? ENG_LOGITS_LAST
+                                                                          : ENG_LOGITS_NONE;
             size_t lrows = want == ENG_LOGITS_ALL ? n : want == ENG_LOGITS_LAST ? 1 : 0;
             if (want == ENG_LOGITS_ALL) echo_rows += n;
             s->items[s->nitems] = (eng_item){.seq = &q->kv,

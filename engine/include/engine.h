@@ -210,6 +210,16 @@ typedef struct {
      * a batch of embeddings keeps one stream beside it flowing and still
      * moves beside many; the whole step_tokens when nothing decodes. */
     size_t embed_tokens_beside_decode;
+    /* Speculation: drafts only in steps with at most this many decoding
+     * sequences (0: 4): past it a step is bound by compute, not by reading
+     * the weights, and verifying drafts costs what it saves. */
+    size_t spec_max_batch;
+    /* The draft model for ENG_DRAFT_MODEL (NULL: none): a GPT-2 with the
+     * target's vocabulary and at least its context, borrowed (the caller
+     * frees it after the scheduler). It keeps its own KV pages, draft_kv_bytes
+     * of them (0: a quarter of kv_bytes, at least one sequence's worth). */
+    const eng_model *draft;
+    size_t draft_kv_bytes;
 } eng_sched_opts;
 
 typedef enum {
@@ -243,6 +253,8 @@ typedef struct {
     size_t cached;          /* DONE: prompt tokens taken from the prefix cache */
     const float *embedding; /* DONE of an embed request that finished: n_embd
                              * floats, valid during the callback; else NULL */
+    size_t drafted;  /* DONE: tokens drafted for the request (speculation) */
+    size_t accepted; /* DONE: of those, tokens the model drew as drafted */
 } eng_event;
 
 /* Called on the thread of eng_sched_complete / eng_sched_cancel with each
@@ -283,6 +295,29 @@ typedef struct {
     size_t n_vocab; /* the bitset's vocabulary: must be the model's */
 } eng_mask;
 
+/* Speculative decoding (engine/sched_spec.c): a drafter proposes up to k
+ * tokens past a decoding sequence's last one; one step computes the
+ * model's logits at those k + 1 positions as a prefill chunk (the same
+ * bits as k + 1 single steps), and the sampler draws position by position
+ * exactly what plain decoding would have drawn (the same shaping, mask
+ * and random draws in the same order), keeping a drafted token only where
+ * it is that token. The first disagreement keeps the model's token and
+ * ends the run; the KV positions past it are rolled back. So every event
+ * (tokens, logprobs, finish) is the same bits with speculation or
+ * without; only the number of steps changes. Drafters, also the index of
+ * the statistics by drafter: */
+typedef enum {
+    ENG_DRAFT_LOOKUP = 0,     /* prompt lookup: what followed the sequence's last
+                               * n-gram where it occurred before in its tokens */
+    ENG_DRAFT_PREDICTION = 1, /* the request's prediction (the client's guess
+                               * of the output), followed where it agrees */
+    ENG_DRAFT_MODEL = 2,      /* a smaller model with the same vocabulary
+                               * (eng_sched_opts.draft), greedy, k steps */
+    ENG_DRAFTERS = 3
+} eng_drafter;
+/* The most tokens drafted for one sequence in one step. */
+#define ENG_SPEC_MAX 8
+
 typedef struct {
     const int32_t *prompt; /* copied at submit; at least one token */
     size_t nprompt;
@@ -319,6 +354,19 @@ typedef struct {
      * compares them. tenant: whose request (the server: an API key's index
      * or the client's address, never the key). group: the submissions of
      * one client request share it; 0: a group of its own. */
+    /* Speculation (above): at most this many drafted tokens a step (0:
+     * none; at most ENG_SPEC_MAX). With a prediction (copied at submit;
+     * tokens of the model's vocabulary) the drafts follow it while the
+     * output does; otherwise, or where it has nothing to say, they come
+     * from `drafter`: LOOKUP, MODEL (where the scheduler has a draft
+     * model) or PREDICTION (the prediction alone, nothing else). The
+     * scheduler adapts the count to what the sequence's drafts earn and
+     * drafts nothing in steps of more than spec_max_batch decoding
+     * sequences. Changes no event. */
+    size_t speculative_tokens;
+    eng_drafter drafter;
+    const int32_t *prediction;
+    size_t nprediction;
     uint64_t tenant;
     uint64_t group;
     eng_event_cb on_event;
@@ -397,6 +445,13 @@ typedef struct {
     /* Sequences ended because their mask failed (eng_mask_ops.error: for
      * structured outputs, a matcher bound passed). */
     uint64_t mask_errors;
+    /* Speculation, by drafter (eng_drafter): verify steps' drafted tokens
+     * and those accepted, and by position in the draft (0: the first
+     * drafted token) how often a position was drafted and accepted. */
+    uint64_t spec_drafted[ENG_DRAFTERS], spec_accepted[ENG_DRAFTERS];
+    uint64_t spec_drafted_at[ENG_DRAFTERS][ENG_SPEC_MAX];
+    uint64_t spec_accepted_at[ENG_DRAFTERS][ENG_SPEC_MAX];
+    uint64_t spec_steps; /* steps in which some sequence verified a draft */
 } eng_sched_stats;
 
 void eng_sched_stats_get(const eng_sched *s, eng_sched_stats *out);
