@@ -68,8 +68,8 @@ int main(int argc, char **argv)
     size_t S = argc > 3 ? (size_t)atoi(argv[3]) : 1;
     size_t K = argc > 4 ? (size_t)atoi(argv[4]) : 4;
     int rounds = argc > 5 ? atoi(argv[5]) : 5;
-    if (ntok < 2 || ntok > MAX_TOKENS / 2 || S < 1 || S > MAX_STREAMS || K < 1
-        || K > ENG_SPEC_MAX || rounds < 1 || rounds > MAX_ROUNDS) {
+    if (ntok < 2 || ntok > MAX_TOKENS / 2 || S < 1 || S > MAX_STREAMS || K < 1 || K > ENG_SPEC_MAX
+        || rounds < 1 || rounds > MAX_ROUNDS) {
         fprintf(stderr, "bench_spec: TOKENS 2..%d, STREAMS 1..%d, K 1..%d, ROUNDS 1..%d\n",
                 MAX_TOKENS / 2, MAX_STREAMS, ENG_SPEC_MAX, MAX_ROUNDS);
         return 2;

@@ -98,6 +98,19 @@ static const spec specs[] = {
     {"chat_max_tokens", K_SIZE, F(chat_max_tokens), 1, 1048576, "256",
      "the longest chat reply when a request sends no max_tokens (capped by max_tokens_limit and "
      "the context)"},
+    {"speculative_tokens", K_SIZE, F(speculative_tokens), 0, 8, "4",
+     "tokens drafted a step for a decoding sequence and verified in one batched step "
+     "(speculative decoding: the same output bit for bit); a request's speculative_tokens "
+     "overrides it; 0: off for every request, predictions too"},
+    {"speculative_drafter", K_STR, F(speculative_drafter), 0, 0, "lookup",
+     "where drafts come from when a request names none: lookup (the sequence's own earlier "
+     "text), draft_model (draft_model's guesses) or none (only a request's prediction)"},
+    {"speculative_max_batch", K_SIZE, F(speculative_max_batch), 1, 4096, "4",
+     "steps with more decoding sequences than this draft nothing (they are bound by compute, "
+     "where verifying drafts costs what it saves)"},
+    {"draft_model", K_STR, F(draft_model), 0, 0, "",
+     "model directory of a smaller GPT-2 with the same vocabulary whose greedy tokens are the "
+     "drafts of speculative_drafter = draft_model (\"\": none)"},
     {"threads", K_SIZE, F(threads), 0, 1024, "0", "engine threads (0: one per CPU)"},
     {"kv_cache_mb", K_SIZE, F(kv_cache_mb), 1, 1048576, "2048",
      "memory for the paged KV cache, in MiB"},
@@ -459,6 +472,16 @@ cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
             c->info_interval_s);
     if (c->model_dir[0] == '\0')
         return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
+    if (strcmp(c->speculative_drafter, "lookup") != 0
+        && strcmp(c->speculative_drafter, "draft_model") != 0
+        && strcmp(c->speculative_drafter, "none") != 0)
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                           "speculative_drafter must be lookup, draft_model or none, not '%s'",
+                           c->speculative_drafter);
+    if (strcmp(c->speculative_drafter, "draft_model") == 0 && c->draft_model[0] == '\0')
+        return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                           "speculative_drafter = draft_model needs draft_model (a model "
+                           "directory)");
     if ((c->tls_cert_file[0] == '\0') != (c->tls_key_file[0] == '\0'))
         return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
                            "%s is set without %s: HTTPS needs both a certificate and its key",
@@ -496,6 +519,8 @@ static const char *const reloadable[] = {
     "stream_backlog_bytes",
     "stream_stall_timeout",
     "prefix_cache_shared_across_keys",
+    "speculative_tokens",
+    "speculative_drafter",
     /* The files are read again on every SIGHUP (certificate rotation);
      * turning HTTPS on or off still needs a restart (daemon/reload.c). */
     "tls_cert_file",

@@ -179,6 +179,11 @@ void eng_sched_complete(eng_sched *s)
     s->stats.steps++;
     s->stats.last_step_rows = s->rows;
     s->stats.last_step_seqs = s->nitems;
+    for (size_t i = 0; i < s->nitems; i++)
+        if (s->step_seqs[i]->step_draft > 0) {
+            s->stats.spec_steps++;
+            break;
+        }
     for (size_t i = 0; i < s->nitems; i++) {
         sch_seq *q = s->step_seqs[i];
         /* in_step stays set while its events are delivered, so a cancel from

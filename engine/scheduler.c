@@ -491,7 +491,8 @@ int eng_sched_plan(eng_sched *s)
      * the drafted rows come out of the prompt budget and SPEC_ROWS. */
     size_t decoders = 0, spec_rows = 0;
     for (size_t i = 0; i < s->nrunning; i++)
-        decoders += !s->running[i]->paused && s->running[i]->prefilled == s->running[i]->req.nprompt;
+        decoders +=
+            !s->running[i]->paused && s->running[i]->prefilled == s->running[i]->req.nprompt;
     if (decoders <= s->o.spec_max_batch) spec_rows = SPEC_ROWS;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && s->nitems > 0)
@@ -537,8 +538,8 @@ int eng_sched_plan(eng_sched *s)
             q->step_samples =
                 q->req.max_tokens > 0 && (decoding || q->prefilled + n == q->req.nprompt);
             eng_logits want = (q->req.echo && !decoding) || q->step_draft > 0 ? ENG_LOGITS_ALL
-                              : q->step_samples                           ? ENG_LOGITS_LAST
-                                                                          : ENG_LOGITS_NONE;
+                              : q->step_samples                               ? ENG_LOGITS_LAST
+                                                                              : ENG_LOGITS_NONE;
             size_t lrows = want == ENG_LOGITS_ALL ? n : want == ENG_LOGITS_LAST ? 1 : 0;
             if (want == ENG_LOGITS_ALL) echo_rows += n;
             s->items[s->nitems] = (eng_item){.seq = &q->kv,

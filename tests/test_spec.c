@@ -34,8 +34,8 @@ static void setup(void)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char out[320];
     snprintf(out, sizeof out, "%s/model.safetensors", dir);
-    char *argv[] = {"synth", out, "--layers", "2", "--embd", "64", "--heads", "4",
-                    "--ctx", "256", "--seed", "5"};
+    char *argv[] = {"synth",   out, "--layers", "2",   "--embd", "64",
+                    "--heads", "4", "--ctx",    "256", "--seed", "5"};
     ck_assert_int_eq(tool_synth(12, argv), 0);
     static const char *dtypes[] = {"f16", "bf16", "q8"};
     for (size_t i = 0; i < 3; i++) {
@@ -58,8 +58,10 @@ static void teardown(void)
 static eng_model *load(const char *dtype)
 {
     char sub[320], err[512];
-    if (dtype == NULL) snprintf(sub, sizeof sub, "%s", dir);
-    else snprintf(sub, sizeof sub, "%s/%s", dir, dtype);
+    if (dtype == NULL)
+        snprintf(sub, sizeof sub, "%s", dir);
+    else
+        snprintf(sub, sizeof sub, "%s/%s", dir, dtype);
     eng_model *m;
     ck_assert_msg(eng_model_load(sub, &m, err, sizeof err) == ENG_OK, "%s", err);
     return m;
@@ -196,8 +198,10 @@ static void make_req(req *r, size_t i)
     r->nprompt = 3 + rnd_n(40);
     unsigned family = (unsigned)rnd_n(4);
     for (size_t k = 0; k < r->nprompt; k++)
-        if (k < 20) r->prompt[k] = (int32_t)((family * 977 + k * 131) % 50000);
-        else r->prompt[k] = r->prompt[k % 7 + 5]; /* a repeat */
+        if (k < 20)
+            r->prompt[k] = (int32_t)((family * 977 + k * 131) % 50000);
+        else
+            r->prompt[k] = r->prompt[k % 7 + 5]; /* a repeat */
     r->prompt[r->nprompt - 1] = (int32_t)rnd_n(50000);
     r->max_tokens = 1 + rnd_n(MAXTOK - 1);
     static const float temps[] = {0.0f, 0.0f, 0.6f, 1.0f, 1.7f};

@@ -86,6 +86,10 @@ typedef struct {
     int model_name_set; /* 1: a file or option set model_name (else the checkpoint's name may) */
     char chat_template[CFG_STR_MAX]; /* "default", "none" or a template file */
     size_t chat_max_tokens;          /* a chat reply without max_tokens: at most this */
+    size_t speculative_tokens;       /* drafted tokens a step (0: no speculation)      */
+    char speculative_drafter[16];    /* lookup, draft_model or none                    */
+    size_t speculative_max_batch;    /* no drafts in steps of more decoding sequences  */
+    char draft_model[CFG_STR_MAX];   /* the draft model's directory; "": none          */
     /* The engine */
     size_t threads; /* 0: one per CPU */
     size_t kv_cache_mb;

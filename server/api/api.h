@@ -95,6 +95,7 @@ struct srv_api {
      * chat_template is "none"); the daemon loads them. The scheduler is
      * srv.sched. */
     eng_model *model;
+    eng_model *draft; /* draft_model (speculative decoding), or NULL */
     bpe *tok;
     oai_template chat;
     int chat_on;
@@ -168,6 +169,13 @@ struct tok_job {
     int32_t **prompt_ids;  /* [nprompts][prompt_len[i]] */
     size_t *prompt_len;
     size_t nprompts;
+    /* A prediction (speculative decoding) to encode beside the prompts:
+     * its text (its request's parsed body holds it; NULL: none), cut to
+     * pred_max_bytes first; its ids (ordinary text: no special token). */
+    const char *pred_text;
+    size_t pred_text_len, pred_max_bytes;
+    int32_t *pred_ids;
+    size_t npred;
     int parse_failed; /* parse returned -1 (its error is its caller's) */
     int body_status;  /* /(de)tokenize: a 400 for the body (body_param, err) */
     const char *body_param;
@@ -220,6 +228,8 @@ typedef struct {
     int trim;             /* chat: leading white space of the reply still dropped */
     int trim_tail;        /* chat: white space the stop matcher holds at the end is dropped */
     size_t cached;        /* DONE: prompt tokens from the prefix cache   */
+    size_t drafted;       /* DONE: speculation's drafted tokens, and      */
+    size_t accepted;      /* those the model drew as drafted              */
     float *embedding;     /* DONE of an embedding: n_embd floats (owned) */
 } srv_choice;
 
@@ -388,6 +398,23 @@ int cmpl_job_prompts(srv_req *r);
  * format: compiles it through the grammar cache; a refusal becomes the
  * request's format_err (cmpl_admit answers it). Always 0. */
 int cmpl_compile_format(srv_req *r);
+/* A fresh walk of g for one sequence, as its mask (cmpl_format.c); 0, or
+ * -1 out of memory. */
+int cmpl_format_mask_new(srv *s, gram *g, eng_mask *out);
+/* Speculative decoding (cmpl_spec.c). The request's drafting: its
+ * speculative_tokens and speculative_drafter over the server's, its
+ * prediction's ids (from r->tok); into er. */
+void cmpl_speculation(const srv_req *r, eng_request *er);
+/* The request's prediction into its tokenizer job (encoded beside the
+ * prompts). */
+void cmpl_job_prediction(srv_req *r);
+/* 1 when the request's speculation can be served; else 0 with its 400
+ * queued (*rc): a draft_model drafter on a server without one. */
+int cmpl_speculation_ok(srv_req *r, enum MHD_Result *rc);
+/* The usage's completion_tokens_details of a request with a prediction
+ * (OpenAI's accepted_prediction_tokens, rejected_prediction_tokens), added
+ * to usage; nothing without one. */
+void cmpl_usage_prediction(const srv_req *r, json_t *usage);
 /* The 1 s tick (daemon/timers.c): each completion's wait limit (queue_timeout,
  * 503), its own timeout, a stalled stream's cancel, a waiting stream's
  * ": waiting" comment; then the tokenizer's wait list. */

@@ -115,12 +115,14 @@ json_t *cmpl_usage_json(const srv_req *r)
     double ttft = r->t_first > 0 ? r->t_first - r->t_start : 0;
     /* Whole numbers: jansson writes a double with 17 digits (4.1 as
      * 4.0999999999999996), which says nothing more about a timing. */
-    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:I, s:I, s:I}}", "prompt_tokens", (json_int_t)pt,
-                     "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)usage_cached(r),
-                     "timings", "ttft_ms", (json_int_t)llround(ttft * 1e3), "total_ms",
-                     (json_int_t)llround(total * 1e3), "completion_tokens_per_second",
-                     (json_int_t)(total > 0 ? llround((double)ct / total) : 0));
+    json_t *u = json_pack(
+        "{s:I, s:I, s:I, s:{s:I}, s:{s:I, s:I, s:I}}", "prompt_tokens", (json_int_t)pt,
+        "completion_tokens", (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct),
+        "prompt_tokens_details", "cached_tokens", (json_int_t)usage_cached(r), "timings", "ttft_ms",
+        (json_int_t)llround(ttft * 1e3), "total_ms", (json_int_t)llround(total * 1e3),
+        "completion_tokens_per_second", (json_int_t)(total > 0 ? llround((double)ct / total) : 0));
+    if (u != NULL) cmpl_usage_prediction(r, u);
+    return u;
 }
 
 void cmpl_finish_stream(srv_req *r)

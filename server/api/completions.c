@@ -101,6 +101,8 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
 {
     srv_req *r = c->req;
     c->cached = ev->cached;
+    c->drafted = ev->drafted;
+    c->accepted = ev->accepted;
     c->live = 0;
     r->cmpl->nlive--;
     if (!c->stopped) {
@@ -199,95 +201,6 @@ void cmpl_on_event(void *user, const eng_event *ev)
     if (ev->kind == ENG_EV_DONE) http_req_release(r); /* the sequence's reference */
 }
 
-/* ---- Structured outputs as the engine's mask (eng_mask) -------------------
- * The engine knows only eng_mask_ops; here a structured-outputs matcher
- * (structured.h) answers them for one sequence. */
-
-static const uint64_t *mask_allowed(void *self, size_t *nallowed)
-{
-    return gram_matcher_mask(self, nallowed);
-}
-
-static int mask_accept(void *self, int32_t token)
-{
-    return gram_matcher_feed(self, token);
-}
-
-static int mask_accepting(const void *self)
-{
-    return gram_matcher_accepting(self);
-}
-
-static const char *mask_error(const void *self)
-{
-    return gram_matcher_error(self);
-}
-
-static void mask_free(void *self)
-{
-    gram_matcher_free(self);
-}
-
-static const eng_mask_ops format_mask_ops = {
-    .allowed = mask_allowed,
-    .accept = mask_accept,
-    .accepting = mask_accepting,
-    .error = mask_error,
-    .free = mask_free,
-};
-
-/* A fresh walk of g for one sequence, as its mask; 0, or -1 out of memory. */
-static int format_mask_new(srv *s, gram *g, eng_mask *out)
-{
-    gram_matcher *m = gram_matcher_new(g, s->api->gvocab);
-    if (m == NULL) return -1;
-    *out =
-        (eng_mask){.ops = &format_mask_ops, .self = m, .n_vocab = gram_vocab_size(s->api->gvocab)};
-    return 0;
-}
-
-int srv_grammar_init(srv *s)
-{
-    size_t V = bpe_vocab_size(s->api->tok);
-    const char **tok = malloc(V * sizeof *tok);
-    size_t *len = malloc(V * sizeof *len);
-    int rc = -1;
-    if (tok != NULL && len != NULL) {
-        for (size_t i = 0; i < V; i++) tok[i] = bpe_token_bytes(s->api->tok, (int32_t)i, &len[i]);
-        rc = gram_vocab_new(tok, len, V, BPE_EOT, &s->api->gvocab);
-    }
-    free(tok);
-    free(len);
-    if (rc == 0 && (s->api->gcache = gram_cache_new(GRAM_CACHE_ENTRIES)) == NULL) rc = -1;
-    if (rc == 0) /* structured_cache_mb is at most 2^20: no overflow */
-        gram_cache_set_max_bytes(s->api->gcache, s->cfg.structured_cache_mb << 20);
-    return rc;
-}
-
-/* The request's output format compiled (through the cache), on a tokenizer
- * thread (tok_job.work); a refusal becomes format_err, the 400 that names
- * the keyword and its path. Always 0: the tokenizing goes on. */
-int cmpl_compile_format(srv_req *r)
-{
-    cmpl_job *j = r->cmpl;
-    const oai_request *q = &j->oreq;
-    gram_error ge;
-    if (gram_cache_get(r->s->api->gcache, (gram_kind)q->format, q->format_src ? q->format_src : "",
-                       q->format_len, &j->grammar, &ge)
-        != 0) {
-        j->format_failed = 1;
-        const char *kw = ge.keyword[0] ? ge.keyword : q->format_param;
-        if (q->format == OAI_FORMAT_SCHEMA)
-            oai_error_set(&j->format_err, 400, "invalid_request_error", "invalid_schema",
-                          q->format_param, "Invalid schema: '%s' at %s: %s", kw, ge.path,
-                          ge.message);
-        else
-            oai_error_set(&j->format_err, 400, "invalid_request_error", NULL, q->format_param,
-                          "'%s' is refused: %s", q->format_param, ge.message);
-    }
-    return 0;
-}
-
 int cmpl_parse(srv_req *r)
 {
     srv *s = r->s;
@@ -322,6 +235,7 @@ int cmpl_job_prompts(srv_req *r)
             r->tok->prompt_len[i] = p->nids;
         }
     }
+    cmpl_job_prediction(r);
     return 0;
 oom:
     oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -372,7 +286,7 @@ static int parsed_ok(srv_req *r, enum MHD_Result *rc)
                               need, q->nprompts, cand, q->best_of, queue_cap);
         return 0;
     }
-    return 1;
+    return cmpl_speculation_ok(r, rc);
 }
 
 /* The continuation of a large body, parsed and tokenized on a tokenizer
@@ -569,9 +483,10 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
         .on_event = cmpl_on_event,
         .user = c,
     };
+    cmpl_speculation(r, &er);
     if (r->cmpl->grammar != NULL
         && (q->tool_mode == OAI_TOOLS_AUTO ? tools_mask_new(r, r->cmpl->grammar, &er.mask)
-                                           : format_mask_new(r->s, r->cmpl->grammar, &er.mask))
+                                           : cmpl_format_mask_new(r->s, r->cmpl->grammar, &er.mask))
                != 0)
         return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     eng_status st = eng_sched_submit(r->s->sched, &er, &c->id, err, errlen);

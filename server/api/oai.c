@@ -55,6 +55,7 @@ void oai_request_free(oai_request *r)
     free(r->format_src);
     for (size_t i = 0; i < r->ntools; i++) free(r->tool_names[i]);
     free(r->tool_names);
+    free(r->prediction);
     memset(r, 0, sizeof *r);
     r->format = OAI_FORMAT_NONE;
 }
@@ -423,6 +424,73 @@ static int parse_formats(const json_t *o, oai_request *r, oai_error *err)
 
 /* The fields every route shares: sampling, n, stream, stop,
  * penalties, logit_bias, seed, user and the extensions. */
+/* prediction: {"type": "content", "content": a string or an array of
+ * {"type": "text", "text": ...} parts}, as OpenAI's Predicted Outputs; the
+ * parts joined in order. */
+static int parse_prediction(const json_t *o, oai_request *r, oai_error *err)
+{
+    const json_t *p = json_object_get(o, "prediction");
+    if (p == NULL || json_is_null(p)) return 0;
+    if (!json_is_object(p))
+        return oai_bad(err, "prediction", "'prediction' must be an object, got %s",
+                       oai_json_kind(p));
+    const json_t *type = json_object_get(p, "type");
+    if (!oai_str_is(type, "content"))
+        return oai_bad(err, "prediction.type", "'prediction.type' must be \"content\"");
+    const json_t *c = json_object_get(p, "content");
+    size_t n = json_is_array(c) ? json_array_size(c) : 1, len = 0;
+    if (!json_is_string(c) && !json_is_array(c))
+        return oai_bad(err, "prediction.content",
+                       "'prediction.content' must be a string or an array of text parts, got %s",
+                       c == NULL ? "nothing" : oai_json_kind(c));
+    for (size_t i = 0; i < n; i++) { /* the parts first checked and measured */
+        const json_t *t = c;
+        if (json_is_array(c)) {
+            const json_t *part = json_array_get(c, i);
+            if (!json_is_object(part) || !oai_str_is(json_object_get(part, "type"), "text")
+                || !json_is_string(t = json_object_get(part, "text")))
+                return oai_bad(err, "prediction.content",
+                               "'prediction.content' part %zu must be {\"type\": \"text\", "
+                               "\"text\": a string}",
+                               i);
+        }
+        len += json_string_length(t);
+    }
+    if ((r->prediction = malloc(len + 1)) == NULL)
+        return oai_bad(err, "prediction", "out of memory");
+    r->prediction_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_is_array(c) ? json_object_get(json_array_get(c, i), "text") : c;
+        memcpy(r->prediction + r->prediction_len, json_string_value(t), json_string_length(t));
+        r->prediction_len += json_string_length(t);
+    }
+    r->prediction[len] = '\0';
+    return 0;
+}
+
+/* prediction, and the extensions speculative_tokens and
+ * speculative_drafter (docs/api.md, "Speculative decoding"). */
+static int parse_speculation(const json_t *o, oai_request *r, oai_error *err)
+{
+    if (parse_prediction(o, r, err) != 0) return -1;
+    long long k = -1;
+    if (oai_get_int(o, "speculative_tokens", 0, OAI_MAX_SPECULATIVE, &k, err) != 0) return -1;
+    r->has_speculative_tokens = k >= 0;
+    r->speculative_tokens = k >= 0 ? (int)k : 0;
+    const json_t *d = json_object_get(o, "speculative_drafter");
+    if (d == NULL || json_is_null(d)) return 0;
+    if (oai_str_is(d, "lookup"))
+        r->drafter = OAI_DRAFT_LOOKUP;
+    else if (oai_str_is(d, "draft_model"))
+        r->drafter = OAI_DRAFT_MODEL;
+    else if (oai_str_is(d, "none"))
+        r->drafter = OAI_DRAFT_NONE;
+    else
+        return oai_bad(err, "speculative_drafter",
+                       "'speculative_drafter' must be \"lookup\", \"draft_model\" or \"none\"");
+    return 0;
+}
+
 int oai_parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai_error *err)
 {
     long long ll;
@@ -470,6 +538,7 @@ int oai_parse_shared(const json_t *o, const oai_limits *lim, oai_request *r, oai
     if (get_number(o, "timeout", 0, 86400, &r->timeout_s, err) != 0) return -1;
     if (parse_cache_salt(o, r, err) != 0) return -1;
     if (parse_formats(o, r, err) != 0) return -1;
+    if (parse_speculation(o, r, err) != 0) return -1;
     return 0;
 }
 

@@ -92,12 +92,31 @@ typedef struct {
     char **tool_names; /* owned */
     size_t ntools;
     int tool_mode; /* oai_tool_mode */
+    /* Speculative decoding (docs/api.md): prediction, OpenAI's Predicted
+     * Outputs (the text the output is expected to resemble; its content
+     * parts joined; owned, NULL: none); speculative_tokens (extension;
+     * 0..OAI_MAX_SPECULATIVE where has_speculative_tokens, else the
+     * server's) and speculative_drafter (extension; an oai_drafter). */
+    char *prediction;
+    size_t prediction_len;
+    int has_speculative_tokens;
+    int speculative_tokens;
+    int drafter;
     /* POST /v1/embeddings: prompts are the inputs, each an embedding */
     int embed;
     int embed_base64; /* encoding_format base64 */
 } oai_request;
 
 typedef enum { OAI_TOOLS_NONE = 0, OAI_TOOLS_AUTO = 1, OAI_TOOLS_REQUIRED = 2 } oai_tool_mode;
+/* speculative_drafter: absent (the server's), "lookup", "draft_model",
+ * "none" (predictions only). */
+typedef enum {
+    OAI_DRAFT_SERVER = 0,
+    OAI_DRAFT_LOOKUP = 1,
+    OAI_DRAFT_MODEL = 2,
+    OAI_DRAFT_NONE = 3
+} oai_drafter;
+#define OAI_MAX_SPECULATIVE 8
 #define OAI_TOOL_CALL_BEGIN "<tool_call>"
 #define OAI_TOOL_CALL_END "</tool_call>"
 #define OAI_MAX_TOOLS 128

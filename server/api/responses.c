@@ -698,6 +698,8 @@ enum MHD_Result resp_route(srv_req *r)
     if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     q->nprompts = 1;
+    cmpl_job_prediction(r);
+    if (!cmpl_speculation_ok(r, &rc)) return rc;
     if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
         r->tok->work = cmpl_compile_format;
     /* The prompt is made where it is tokenized: on a tokenizer thread when

@@ -78,6 +78,7 @@ void tok_job_free(tok_job *t)
     free(t->prompt_len);
     free(t->text);
     free(t->text_len);
+    free(t->pred_ids);
     json_decref(t->tokenize_body);
     free(t->answer);
     free(t);
@@ -253,6 +254,17 @@ static void tokenize_run(srv_req *r)
         }
     }
     if (r->kind == R_TOKENIZE && !r->tok->failed) tokenize_body_answer(r);
+    if (r->tok->pred_text != NULL && !r->tok->failed) {
+        /* Only drafts: a prediction that cannot be encoded (memory) is
+         * none, and no output changes. Past what max_tokens can use it is
+         * cut (at a byte: its last token may differ; a draft still). */
+        size_t n = r->tok->pred_text_len;
+        if (n > r->tok->pred_max_bytes) n = r->tok->pred_max_bytes;
+        if (bpe_encode(r->s->api->tok, r->tok->pred_text, n, &r->tok->pred_ids, &r->tok->npred,
+                       NULL, 0)
+            != BPE_OK)
+            r->tok->npred = 0;
+    }
 }
 
 /* Starts r's tokenization on a tokenizer thread. */

@@ -482,7 +482,8 @@ int srv_main(int argc, char **argv)
                          .max_queue = s.cfg.max_queue,
                          .step_tokens = s.cfg.step_tokens,
                          .threads = s.cfg.threads,
-                         .prefix_cache = s.cfg.prefix_cache};
+                         .prefix_cache = s.cfg.prefix_cache,
+                         .spec_max_batch = s.cfg.speculative_max_batch};
     if (eng_sched_new(a.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
         log_fatal(err);
         goto done;

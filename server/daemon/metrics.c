@@ -74,6 +74,40 @@ static void sample_d(FILE *m, const char *name, const char *type, const char *he
     fprintf(m, "%s %.6f\n", name, v);
 }
 
+/* Speculative decoding by drafter: drafted and accepted tokens, and by
+ * position in the draft (0: its first token). */
+static void spec_render(FILE *m, const eng_sched_stats *st)
+{
+    static const char *const by[ENG_DRAFTERS] = {[ENG_DRAFT_LOOKUP] = "lookup",
+                                                 [ENG_DRAFT_PREDICTION] = "prediction",
+                                                 [ENG_DRAFT_MODEL] = "draft_model"};
+    family(m, "gpt2d_spec_drafted_tokens_total", "counter",
+           "Tokens drafted for speculative decoding and verified, by drafter.");
+    for (int d = 0; d < ENG_DRAFTERS; d++)
+        fprintf(m, "gpt2d_spec_drafted_tokens_total{drafter=\"%s\"} %llu\n", by[d],
+                (unsigned long long)st->spec_drafted[d]);
+    family(m, "gpt2d_spec_accepted_tokens_total", "counter",
+           "Drafted tokens the model drew as drafted (kept), by drafter.");
+    for (int d = 0; d < ENG_DRAFTERS; d++)
+        fprintf(m, "gpt2d_spec_accepted_tokens_total{drafter=\"%s\"} %llu\n", by[d],
+                (unsigned long long)st->spec_accepted[d]);
+    family(m, "gpt2d_spec_position_drafted_total", "counter",
+           "Drafts that reached this position (0: a draft's first token), by drafter.");
+    for (int d = 0; d < ENG_DRAFTERS; d++)
+        for (int j = 0; j < ENG_SPEC_MAX; j++)
+            fprintf(m, "gpt2d_spec_position_drafted_total{drafter=\"%s\",position=\"%d\"} %llu\n",
+                    by[d], j, (unsigned long long)st->spec_drafted_at[d][j]);
+    family(m, "gpt2d_spec_position_accepted_total", "counter",
+           "Drafts accepted through this position, by drafter: over the drafted count, the "
+           "acceptance rate at each position.");
+    for (int d = 0; d < ENG_DRAFTERS; d++)
+        for (int j = 0; j < ENG_SPEC_MAX; j++)
+            fprintf(m, "gpt2d_spec_position_accepted_total{drafter=\"%s\",position=\"%d\"} %llu\n",
+                    by[d], j, (unsigned long long)st->spec_accepted_at[d][j]);
+    sample_u(m, "gpt2d_spec_verify_steps_total", "counter",
+             "Steps in which some sequence verified a draft.", (unsigned long long)st->spec_steps);
+}
+
 int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_stats *st,
                const met_info *info, char **out, size_t *len)
 {
@@ -163,6 +197,7 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
     sample_u(m, "gpt2d_grammar_bound_errors_total", "counter",
              "Structured-output sequences ended because their matcher passed a bound.",
              (unsigned long long)st->mask_errors);
+    spec_render(m, st);
     sample_u(m, "gpt2d_responses_stored", "gauge",
              "Responses kept for previous_response_id and GET /v1/responses/{id}.",
              (unsigned long long)info->responses_stored);
