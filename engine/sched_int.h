@@ -63,6 +63,12 @@ typedef struct {
     size_t step_draft;   /* this step: drafted tokens (0: plain decoding) */
     size_t step_accepted; /* this step: drafted tokens the sampler drew */
     size_t drafted, accepted; /* the request's totals (DONE) */
+    /* The draft model (sched_draft.c): the sequence's blocks in its pool,
+     * this step's rows fed to it (0: none), and whether it drafts no more
+     * (its pool was full, or a draft step failed). */
+    eng_seq dkv;
+    size_t draft_feed;
+    int draft_off;
 } sch_seq;
 
 /* One row to sample from, or one echoed prompt position's logprobs: the
@@ -107,6 +113,15 @@ struct eng_sched {
      * also while a step runs. */
     double exec_seconds, exec_sample;
     eng_sched_stats stats;
+    /* The draft model (o.draft; sched_draft.c), or NULLs: its KV pool and
+     * workspace, a round's items, the step's drafting sequences, a row of
+     * logits each; the rows its next step may still take (plan). */
+    eng_kv *dkv;
+    eng_workspace *dws;
+    eng_item *ditems;
+    sch_seq **dseqs;
+    float *dlogits;
+    size_t draft_rows_left;
 };
 
 /* sched_spec.c, below both halves (and above sched_seq.c). Extra rows of
@@ -122,6 +137,28 @@ void spec_settle(eng_sched *s, sch_seq *q);
 /* Complete, after q's tokens from `from` on were appended: the
  * prediction's place follows the output. */
 void spec_follow(sch_seq *q, size_t from);
+
+/* sched_draft.c (below sched_spec.c). Rows a draft model's step takes at
+ * most for its sequences' catch-up (their first drafted rows included). */
+#define DRAFT_ROWS 512
+/* eng_sched_new: the draft's pool and workspace, after its checks (the
+ * same vocabulary, at least the context); draft_free undoes it. */
+eng_status draft_new(eng_sched *s, char *err, size_t errlen);
+void draft_free(eng_sched *s);
+/* Plan: q drafts k tokens this step if the draft has (or can take within
+ * *rows_left) all of q's tokens; otherwise a chunk of them is fed and 0
+ * returned. */
+size_t draft_plan(eng_sched *s, sch_seq *q, size_t k, size_t *rows_left);
+/* Execute, before the verify pass: the draft's rounds, the drafts written
+ * after each drafting sequence's last token. On an error draft_abandon
+ * turns the step's drafts off (the verify pass goes on without them). */
+eng_status draft_run(eng_sched *s, char *err, size_t errlen);
+void draft_abandon(eng_sched *s);
+/* Complete (spec_settle): the draft's cache rolled back past the
+ * accepted drafts. */
+void draft_settle(sch_seq *q);
+/* sch_seq_free: q's blocks back to the draft's pool. */
+void draft_release(eng_sched *s, sch_seq *q);
 
 /* sched_seq.c, below both halves. Monotonic seconds. */
 double sch_now(void);

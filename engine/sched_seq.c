@@ -21,6 +21,7 @@ double sch_now(void)
 void sch_seq_free(eng_sched *s, sch_seq *q)
 {
     eng_kv_release(s->kv, &q->kv);
+    draft_release(s, q);
     free(q->phash);
     free(q->plp);
     free(q->embed);

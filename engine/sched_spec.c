@@ -55,7 +55,6 @@ static size_t realign(const int32_t *p, size_t np, size_t from, const int32_t *o
 
 size_t spec_propose(eng_sched *s, sch_seq *q, size_t room)
 {
-    (void)s;
     q->step_draft = 0;
     q->step_accepted = 0;
     if (q->req.speculative_tokens == 0) return 0;
@@ -80,6 +79,9 @@ size_t spec_propose(eng_sched *s, sch_seq *q, size_t room)
         q->spec_by = ENG_DRAFT_LOOKUP;
         size_t at = lookup_end(q->tokens, q->ntokens);
         for (; at > 0 && d < k && at + d < q->ntokens; d++) out[d] = q->tokens[at + d];
+    } else if (q->req.drafter == ENG_DRAFT_MODEL && s->dkv != NULL) {
+        q->spec_by = ENG_DRAFT_MODEL; /* the step writes them (sched_draft.c) */
+        d = draft_plan(s, q, k, &s->draft_rows_left);
     }
     q->step_draft = d;
     return d;
@@ -89,6 +91,7 @@ void spec_settle(eng_sched *s, sch_seq *q)
 {
     size_t d = q->step_draft, a = q->step_accepted;
     if (d == 0) return;
+    if (q->spec_by == ENG_DRAFT_MODEL) draft_settle(q);
     /* The step wrote positions for the last token and every drafted one;
      * those past the accepted run hold what the model will not see. */
     q->kv.len -= d - a;

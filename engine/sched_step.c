@@ -81,6 +81,10 @@ void eng_sched_execute(eng_sched *s)
     if (!s->planned) return;
     double t0 = sch_now();
     s->nresults = 0;
+    /* The draft model's tokens first, where it drafts (a failure there
+     * only turns the drafts off: the verify pass decodes plainly). */
+    if (s->dkv != NULL && draft_run(s, s->step_err, sizeof s->step_err) != ENG_OK)
+        draft_abandon(s);
     s->step_rc =
         eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err, sizeof s->step_err);
     double t_sample = sch_now();

@@ -72,6 +72,7 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
         goto fail;
     }
     s->stats.kv_blocks_total = eng_kv_blocks_total(s->kv);
+    if (o.draft != NULL && (rc = draft_new(s, err, errlen)) != ENG_OK) goto fail;
     *out = s;
     return ENG_OK;
 fail:
@@ -123,6 +124,7 @@ void eng_sched_free(eng_sched *s)
     for (size_t i = 0; i < s->nrunning; i++) sch_seq_free(s, s->running[i]);
     for (size_t i = 0; i < s->qlen; i++) sch_seq_free(s, s->queue[(s->qhead + i) % s->o.max_queue]);
     eng_workspace_free(s->ws);
+    draft_free(s);
     eng_kv_free(s->kv);
     free(s->running);
     free(s->queue);
@@ -191,7 +193,7 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
                            r->speculative_tokens, ENG_SPEC_MAX);
     if ((unsigned)r->drafter >= ENG_DRAFTERS)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "drafter %d is not one", (int)r->drafter);
-    if (r->drafter == ENG_DRAFT_MODEL && r->speculative_tokens > 0 && s->o.draft == NULL)
+    if (r->drafter == ENG_DRAFT_MODEL && r->speculative_tokens > 0 && s->dkv == NULL)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "no draft model is loaded");
     for (size_t i = 0; i < r->nprediction; i++)
         if (r->prediction[i] < 0 || (size_t)r->prediction[i] >= c->n_vocab)
@@ -494,6 +496,7 @@ int eng_sched_plan(eng_sched *s)
         decoders +=
             !s->running[i]->paused && s->running[i]->prefilled == s->running[i]->req.nprompt;
     if (decoders <= s->o.spec_max_batch) spec_rows = SPEC_ROWS;
+    s->draft_rows_left = DRAFT_ROWS;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && s->nitems > 0)
             embed_budget = s->nitems * 4 > s->o.embed_tokens_beside_decode
@@ -513,6 +516,7 @@ int eng_sched_plan(eng_sched *s)
             }
             size_t n;
             q->step_draft = 0;
+            q->draft_feed = 0;
             if (decoding) {
                 q->step_first = q->ntokens - 1;
                 size_t room = spec_rows < budget ? spec_rows : budget;

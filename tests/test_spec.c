@@ -37,6 +37,14 @@ static void setup(void)
     char *argv[] = {"synth",   out, "--layers", "2",   "--embd", "64",
                     "--heads", "4", "--ctx",    "256", "--seed", "5"};
     ck_assert_int_eq(tool_synth(12, argv), 0);
+    /* A draft: one layer, another seed, the same vocabulary. */
+    char draft[320], dout[400];
+    snprintf(draft, sizeof draft, "%s/draft", dir);
+    mkdir(draft, 0755);
+    snprintf(dout, sizeof dout, "%s/model.safetensors", draft);
+    char *dv[] = {"synth", dout, "--layers", "1", "--embd", "32", "--heads", "2",
+                  "--ctx", "256", "--seed", "6"};
+    ck_assert_int_eq(tool_synth(12, dv), 0);
     static const char *dtypes[] = {"f16", "bf16", "q8"};
     for (size_t i = 0; i < 3; i++) {
         char sub[320], to[400];
@@ -257,6 +265,9 @@ static void submit(eng_sched *s, req *r, size_t k, eng_drafter by, const int32_t
     ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
 }
 
+static const eng_model *draft_model; /* for make_sched: NULL, none */
+static size_t draft_kv_bytes;
+
 static eng_sched *make_sched(eng_model *m, int prefix_cache, size_t spec_max_batch)
 {
     eng_sched_opts o = {.kv_bytes = 4u << 20,
@@ -266,7 +277,9 @@ static eng_sched *make_sched(eng_model *m, int prefix_cache, size_t spec_max_bat
                         .step_tokens = 64,
                         .threads = 2,
                         .prefix_cache = prefix_cache,
-                        .spec_max_batch = spec_max_batch};
+                        .spec_max_batch = spec_max_batch,
+                        .draft = draft_model,
+                        .draft_kv_bytes = draft_kv_bytes};
     eng_sched *s;
     char err[256];
     ck_assert_msg(eng_sched_new(m, &o, &s, err, sizeof err) == ENG_OK, "%s", err);
@@ -318,6 +331,7 @@ static size_t make_pred(const req *plain, int kind, int32_t *out)
 static void same_events_in(const char *dtype, int prefix_cache, size_t spec_max_batch)
 {
     eng_model *m = load(dtype);
+    eng_drafter by = draft_model != NULL ? ENG_DRAFT_MODEL : ENG_DRAFT_LOOKUP;
     static req plain[NREQ], spec[NREQ];
     static int32_t pred[NREQ][MAXTOK + 1];
     for (size_t i = 0; i < NREQ; i++) make_req(&plain[i], i);
@@ -335,7 +349,7 @@ static void same_events_in(const char *dtype, int prefix_cache, size_t spec_max_
             int kind = (int)rnd_n(6);
             size_t np = kind == 0 ? 0 : make_pred(&plain[i], kind, pred[i]);
             size_t k = i % 5 == 4 ? 0 : 1 + rnd_n(ENG_SPEC_MAX);
-            submit(s, &spec[i], k, ENG_DRAFT_LOOKUP, np ? pred[i] : NULL, np);
+            submit(s, &spec[i], k, by, np ? pred[i] : NULL, np);
         }
         run(s);
     }
@@ -353,7 +367,7 @@ static void same_events_in(const char *dtype, int prefix_cache, size_t spec_max_
      * statistics count what the requests were told. */
     ck_assert_uint_gt(st.spec_drafted[ENG_DRAFT_PREDICTION], 0);
     ck_assert_uint_gt(st.spec_accepted[ENG_DRAFT_PREDICTION], 0);
-    ck_assert_uint_gt(st.spec_drafted[ENG_DRAFT_LOOKUP], 0);
+    ck_assert_uint_gt(st.spec_drafted[by], 0);
     uint64_t sd = 0, sa = 0;
     for (int d = 0; d < ENG_DRAFTERS; d++) {
         sd += st.spec_drafted[d];
@@ -383,6 +397,81 @@ START_TEST(spec_same_events_as_plain_decoding)
         same_events_in(NULL, 0, 4);
         same_events_in(NULL, 1, 64);
     }
+}
+END_TEST
+
+/* The draft model: a smaller one (its guesses mostly wrong), and one whose
+ * pool holds a single sequence (the others decode plainly); then the
+ * model as its own draft: with greedy decoding every drafted token is the
+ * model's own, so every one is accepted, which only a draft cache that
+ * holds exactly the sequence's tokens gives. */
+START_TEST(spec_draft_model_same_events)
+{
+    draft_model = load("draft");
+    same_events_in(NULL, 1, 4);
+    same_events_in("bf16", 0, 64);
+    draft_kv_bytes = 1; /* raised to one sequence's worth */
+    same_events_in(NULL, 1, 64);
+    draft_kv_bytes = 0;
+    eng_model_free((eng_model *)draft_model);
+    eng_model *m = load(NULL);
+    draft_model = m;
+    eng_sched *s = make_sched(m, 1, 8);
+    static req plain[8], self[8];
+    for (size_t i = 0; i < 8; i++) {
+        make_req(&plain[i], 500 + i);
+        plain[i].masked = 0;
+        plain[i].cancel_after = 0;
+        plain[i].sp = (eng_sampling){.temperature = 0, .top_p = 1};
+        plain[i].max_tokens = 40;
+        submit(s, &plain[i], 0, ENG_DRAFT_LOOKUP, NULL, 0);
+    }
+    run(s);
+    for (size_t i = 0; i < 8; i++) {
+        self[i] = plain[i];
+        submit(s, &self[i], 1 + i % ENG_SPEC_MAX, ENG_DRAFT_MODEL, NULL, 0);
+    }
+    run(s);
+    for (size_t i = 0; i < 8; i++) {
+        assert_same(&plain[i], &self[i], i);
+        ck_assert_uint_gt(self[i].drafted, 0);
+        ck_assert_uint_eq(self[i].accepted, self[i].drafted);
+    }
+    eng_sched_free(s);
+    eng_model_free(m);
+    draft_model = NULL;
+}
+END_TEST
+
+/* A draft whose vocabulary or context differs is refused, naming why. */
+START_TEST(spec_draft_model_must_match)
+{
+    eng_model *m = load(NULL);
+    char sub[320], out[400], err[256];
+    snprintf(sub, sizeof sub, "%s/small-vocab", dir);
+    mkdir(sub, 0755);
+    snprintf(out, sizeof out, "%s/model.safetensors", sub);
+    char *a[] = {"synth", out, "--layers", "1", "--embd", "32", "--heads", "2",
+                 "--ctx", "256", "--vocab", "600", "--seed", "1"};
+    ck_assert_int_eq(tool_synth(14, a), 0);
+    eng_model *d = load("small-vocab");
+    eng_sched_opts o = {.kv_bytes = 4u << 20, .draft = d};
+    eng_sched *s;
+    ck_assert_int_eq(eng_sched_new(m, &o, &s, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "vocabulary"));
+    eng_model_free(d);
+    snprintf(sub, sizeof sub, "%s/short", dir);
+    mkdir(sub, 0755);
+    snprintf(out, sizeof out, "%s/model.safetensors", sub);
+    char *b[] = {"synth", out, "--layers", "1", "--embd", "32", "--heads", "2",
+                 "--ctx", "128", "--seed", "1"};
+    ck_assert_int_eq(tool_synth(12, b), 0);
+    d = load("short");
+    o.draft = d;
+    ck_assert_int_eq(eng_sched_new(m, &o, &s, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "context"));
+    eng_model_free(d);
+    eng_model_free(m);
 }
 END_TEST
 
@@ -491,6 +580,8 @@ int main(void)
     tcase_add_loop_test(tc, spec_same_events_as_plain_decoding, 0, 4);
     tcase_add_test(tc, spec_right_drafts_save_steps_wrong_ones_back_off);
     tcase_add_test(tc, spec_bad_parameters_are_refused);
+    tcase_add_test(tc, spec_draft_model_same_events);
+    tcase_add_test(tc, spec_draft_model_must_match);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
