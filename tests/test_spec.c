@@ -400,11 +400,48 @@ START_TEST(spec_same_events_as_plain_decoding)
 }
 END_TEST
 
+/* What the scheduler's policy (sched_spec.c) makes of drafts that are
+ * the model's own greedy tokens (top[i], the first alternative of token
+ * i's logprobs), for output tok[0..n): the tokens drafted and accepted. */
+static void simulate_self_draft(const req *r, size_t K, size_t *drafted, size_t *accepted)
+{
+    size_t n = r->n, g = 1, skip = 0, k_now = K;
+    unsigned miss = 0;
+    *drafted = *accepted = 0;
+    while (g < n) {
+        if (skip > 0) {
+            skip--;
+            g++;
+            continue;
+        }
+        size_t left = n - g, d = k_now < left - 1 ? k_now : left - 1, a = 0;
+        if (left <= 1 || d == 0) {
+            g++;
+            continue;
+        }
+        while (a < d && r->ev[g + a].token == r->ev[g + a].top_ids[0]) a++;
+        *drafted += d;
+        *accepted += a;
+        g += a + 1;
+        k_now = a == d ? (k_now < K ? k_now + 1 : K) : a + 1;
+        if (a == 0) {
+            if (miss < 4) miss++;
+            skip = (size_t)1 << miss;
+            if (skip > 16) skip = 16;
+        } else {
+            miss = 0;
+        }
+    }
+}
+
 /* The draft model: a smaller one (its guesses mostly wrong), and one whose
  * pool holds a single sequence (the others decode plainly); then the
- * model as its own draft: with greedy decoding every drafted token is the
- * model's own, so every one is accepted, which only a draft cache that
- * holds exactly the sequence's tokens gives. */
+ * model as its own draft. Its drafts are the model's greedy tokens, so
+ * which are accepted follows from the plain output (the sampled token
+ * against the first alternative) and the policy: the counts equal the
+ * simulation's only if the draft's cache holds exactly the sequence's
+ * tokens after every rollback (greedy: all accepted; sampled: some
+ * refused, then rolled back). */
 START_TEST(spec_draft_model_same_events)
 {
     draft_model = load("draft");
@@ -422,21 +459,30 @@ START_TEST(spec_draft_model_same_events)
         make_req(&plain[i], 500 + i);
         plain[i].masked = 0;
         plain[i].cancel_after = 0;
-        plain[i].sp = (eng_sampling){.temperature = 0, .top_p = 1};
+        plain[i].ignore_eos = 1;
+        plain[i].logprobs = 1;
+        plain[i].sp = (eng_sampling){.temperature = i < 4 ? 0.0f : 0.7f, .top_p = 1};
         plain[i].max_tokens = 40;
         submit(s, &plain[i], 0, ENG_DRAFT_LOOKUP, NULL, 0);
     }
     run(s);
+    size_t refused = 0;
     for (size_t i = 0; i < 8; i++) {
         self[i] = plain[i];
-        submit(s, &self[i], 1 + i % ENG_SPEC_MAX, ENG_DRAFT_MODEL, NULL, 0);
+        submit(s, &self[i], 2 + i % 7, ENG_DRAFT_MODEL, NULL, 0);
     }
     run(s);
     for (size_t i = 0; i < 8; i++) {
         assert_same(&plain[i], &self[i], i);
+        size_t drafted, accepted;
+        simulate_self_draft(&plain[i], 2 + i % 7, &drafted, &accepted);
         ck_assert_uint_gt(self[i].drafted, 0);
-        ck_assert_uint_eq(self[i].accepted, self[i].drafted);
+        ck_assert_uint_eq(self[i].drafted, drafted);
+        ck_assert_uint_eq(self[i].accepted, accepted);
+        if (i < 4) ck_assert_uint_eq(self[i].accepted, self[i].drafted);
+        refused += self[i].drafted - self[i].accepted;
     }
+    ck_assert_uint_gt(refused, 0); /* the rollback was exercised */
     eng_sched_free(s);
     eng_model_free(m);
     draft_model = NULL;
