@@ -330,11 +330,62 @@ static sft_status match_entry(const char *path, const char *entry, const regex_t
     return SFT_OK;
 }
 
+/* A Python regular expression (PEFT's re.fullmatch) as POSIX extended
+ * syntax into out (cap bytes, at least 13 per input byte plus 5), anchored:
+ * the escapes of a special character (\\. \\( ...) are ERE's too; \\d and
+ * \\w become their classes; any other escape, a backslash inside brackets
+ * and the (?...) extensions have no ERE equivalent: -1. */
+static int python_to_ere(const char *pat, char *out, size_t cap)
+{
+    size_t o = 0;
+    int bracket = 0; /* inside [...] */
+    memcpy(out + o, "^(", 2);
+    o += 2;
+    for (const char *p = pat; *p != '\0'; p++) {
+        if (o + 16 > cap) return -1;
+        const char *emit = NULL;
+        char one[3] = {*p, 0, 0};
+        if (bracket) {
+            if (*p == '\\') return -1;
+            if (*p == ']') bracket = 0;
+        } else if (*p == '\\') {
+            p++;
+            if (*p == 'd')
+                emit = "[0-9]";
+            else if (*p == 'w')
+                emit = "[A-Za-z0-9_]";
+            else if (*p != '\0' && strchr(".^$*+?()[]{}|\\", *p) != NULL) {
+                one[0] = '\\';
+                one[1] = *p;
+            } else if (*p == '/' || *p == '-' || *p == '_')
+                one[0] = *p;
+            else
+                return -1;
+        } else if (*p == '(' && p[1] == '?') {
+            return -1;
+        } else if (*p == '[') {
+            bracket = 1;
+            out[o++] = *p++;
+            if (*p == '^') out[o++] = *p++;
+            if (*p == '\0') return -1;
+            one[0] = *p; /* a ']' here is literal */
+            if (*p == '\\') return -1;
+        }
+        if (emit == NULL) emit = one;
+        size_t n = strlen(emit);
+        memcpy(out + o, emit, n);
+        o += n;
+    }
+    if (bracket) return -1;
+    memcpy(out + o, ")$", 3);
+    return 0;
+}
+
 /* want[] from target_modules: a list of names, "all-linear" (every
  * projection but the LM head, PEFT's meaning), or a regular expression
- * matched against each whole name (PEFT's re.fullmatch), read as POSIX
- * extended syntax; one with Python-only syntax (a backslash, "(?") is
- * refused rather than read differently. */
+ * matched against each whole name (PEFT's re.fullmatch), read through
+ * python_to_ere; one it cannot translate is refused rather than read
+ * differently. */
 static sft_status match_targets(const char *path, const config *c, size_t n_layer,
                                 unsigned char *want, char *err, size_t errlen)
 {
@@ -351,20 +402,21 @@ static sft_status match_targets(const char *path, const config *c, size_t n_laye
         memset(want, 1, n_layer * LORA_NMODULES);
         return SFT_OK;
     }
-    if (strchr(pat, '\\') != NULL || strstr(pat, "(?") != NULL || strlen(pat) > 1000)
+    size_t cap = 13 * strlen(pat) + 32;
+    char *ere = strlen(pat) <= 1000 ? malloc(cap) : NULL;
+    if (strlen(pat) <= 1000 && ere == NULL)
+        return sft__fail(err, errlen, SFT_ENOMEM, path, "out of memory");
+    if (ere == NULL || python_to_ere(pat, ere, cap) != 0) {
+        free(ere);
         return sft__fail(err, errlen, SFT_EFORMAT, path,
-                         "target_modules: the regular expression '%s' uses syntax (a "
-                         "backslash, \"(?\") or a length this reader does not read",
+                         "target_modules: the regular expression '%s' uses syntax this reader "
+                         "does not read (only POSIX extended syntax, \\d, \\w and escaped "
+                         "characters; at most 1000 bytes)",
                          pat);
-    size_t n = strlen(pat);
-    char *anchored = malloc(n + 5);
-    if (anchored == NULL) return sft__fail(err, errlen, SFT_ENOMEM, path, "out of memory");
-    memcpy(anchored, "^(", 2);
-    memcpy(anchored + 2, pat, n);
-    memcpy(anchored + 2 + n, ")$", 3);
+    }
     regex_t re;
-    int rc = regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB);
-    free(anchored);
+    int rc = regcomp(&re, ere, REG_EXTENDED | REG_NOSUB);
+    free(ere);
     if (rc != 0)
         return sft__fail(err, errlen, SFT_EFORMAT, path,
                          "target_modules: '%s' is not a regular expression this reader reads", pat);

@@ -109,8 +109,8 @@ static void write_text(const char *name, const char *text)
 /* What the test adapter holds: layers x the modules in `modules`, width C,
  * rank r, in dtype; and one change. */
 typedef struct {
-    size_t layers, C, r;
-    unsigned modules; /* bit per lora_module */
+    size_t from, layers, C, r; /* layers from..layers-1 are written */
+    unsigned modules;          /* bit per lora_module */
     sft_dtype dtype;
     const char *drop;     /* a tensor left out */
     const char *extra;    /* an extra [r, C] tensor of this name */
@@ -158,7 +158,7 @@ static void write_adapter(const spec *s)
     int64_t shapes[MAXT][3];
     void *bufs[MAXT];
     size_t n = 0;
-    for (size_t l = 0; l < s->layers; l++)
+    for (size_t l = s->from; l < s->layers; l++)
         for (size_t m = 0; m < LORA_NMODULES; m++) {
             if (!(s->modules & (1u << m))) continue;
             size_t in, out;
@@ -358,6 +358,22 @@ START_TEST(lora_read_all_linear_and_regex_targets_are_ok)
     ck_assert_msg(read_default(&a) == SFT_OK, "%s", err);
     ck_assert_uint_eq(a->targets, 1u << LORA_ATTN_C_ATTN);
     lora_free(a);
+    /* Python's escapes (PEFT's re.fullmatch): \. and \d, layer 1's MLP only. */
+    write_config(
+        "{\"target_modules\": \"transformer\\\\.h\\\\.[1-9]\\\\d*\\\\.mlp\\\\.c_(fc|proj)\"}");
+    s.modules = (1u << LORA_MLP_C_FC) | (1u << LORA_MLP_C_PROJ);
+    write_adapter(&s);
+    ck_assert_int_eq(read_default(&a), SFT_EFORMAT); /* layer 0's tensors are not targets */
+    ck_assert_msg(strstr(err, "h.0.mlp.c_fc.lora_A.weight': layer 0's mlp.c_fc is not in") != NULL,
+                  "%s", err);
+    s.from = 1;
+    write_adapter(&s);
+    ck_assert_msg(read_default(&a) == SFT_OK, "%s", err);
+    ck_assert_uint_eq(a->targets, s.modules);
+    ck_assert_uint_eq(a->n_adapted, 2);
+    ck_assert_ptr_null(lora_pair_at(a, 0, LORA_MLP_C_FC)->a);
+    ck_assert_float_eq(lora_pair_at(a, 1, LORA_MLP_C_PROJ)->b[3], factor_value(1, 3, 1, 1, 1));
+    lora_free(a);
 }
 END_TEST
 
@@ -424,8 +440,10 @@ REFUSAL(lora_read_target_block_is_eformat, "{\"target_modules\": [\"attn\"]}",
         "names transformer.h.0.attn,")
 REFUSAL(lora_read_target_unknown_is_eformat, "{\"target_modules\": [\"q_proj\"]}",
         "'q_proj' names no module")
-REFUSAL(lora_read_target_python_regex_is_eformat,
-        "{\"target_modules\": \"transformer\\\\.h\\\\.\\\\d+\\\\.attn\\\\.c_attn\"}",
+REFUSAL(lora_read_target_python_only_regex_is_eformat,
+        "{\"target_modules\": \"(?:transformer[.]h[.][0-9]+[.]attn[.]c_attn)\"}",
+        "target_modules: the regular expression")
+REFUSAL(lora_read_target_python_escape_is_eformat, "{\"target_modules\": \".*\\\\bc_attn\"}",
         "target_modules: the regular expression")
 REFUSAL(lora_read_target_empty_is_eformat, "{\"target_modules\": []}", "target_modules")
 REFUSAL(lora_read_dora_is_eformat, "{\"use_dora\": true}", "use_dora: DoRA")
@@ -645,6 +663,12 @@ START_TEST(lora_module_names_and_dims)
 }
 END_TEST
 
+START_TEST(lora_free_null_is_a_no_op)
+{
+    lora_free(NULL);
+}
+END_TEST
+
 static Suite *lora_suite(void)
 {
     Suite *s = suite_create("lora");
@@ -670,7 +694,8 @@ static Suite *lora_suite(void)
                                   lora_read_target_ln_f_regex_is_eformat,
                                   lora_read_target_block_is_eformat,
                                   lora_read_target_unknown_is_eformat,
-                                  lora_read_target_python_regex_is_eformat,
+                                  lora_read_target_python_only_regex_is_eformat,
+                                  lora_read_target_python_escape_is_eformat,
                                   lora_read_target_empty_is_eformat,
                                   lora_read_dora_is_eformat,
                                   lora_read_rank_pattern_is_eformat,
@@ -703,6 +728,9 @@ static Suite *lora_suite(void)
     TCase *tm = tcase_create("lora_module");
     tcase_add_test(tm, lora_module_names_and_dims);
     suite_add_tcase(s, tm);
+    TCase *tf = tcase_create("lora_free");
+    tcase_add_test(tf, lora_free_null_is_a_no_op);
+    suite_add_tcase(s, tf);
     return s;
 }
 

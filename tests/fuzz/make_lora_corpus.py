@@ -62,6 +62,8 @@ SEEDS = {
                                target_modules=["c_attn"]),
     "good-bf16-rslora": adapter(r=1, dtype="BF16", use_rslora=True, target_modules="all-linear"),
     "good-regex": adapter(modules={"mlp.c_fc": MODULES["mlp.c_fc"]}, target_modules=".*mlp[.]c_fc"),
+    "good-python-regex": adapter(modules={"mlp.c_fc": MODULES["mlp.c_fc"]},
+                                 target_modules=r"transformer\.h\.\d+\.mlp\.c_fc"),
     "refused-dora": adapter(use_dora=True),
     "refused-wte": adapter(target_modules=["c_attn", "wte"]),
     "refused-missing": adapter(drop="base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"),
