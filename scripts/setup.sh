@@ -6,7 +6,7 @@
 #                             check library, PyYAML (scripts/test.sh --fast)
 #   scripts/setup.sh --test   that and the test and benchmark tools:
 #                             chromium, promtool, valgrind, nginx, clang,
-#                             wrk, numpy, Node.js, oneDNN (libdnnl-dev, for
+#                             wrk, numpy, PyTorch, Node.js, oneDNN (libdnnl-dev, for
 #                             bench/bench_dnnl only)... (scripts/test.sh)
 set -euo pipefail
 
@@ -28,6 +28,7 @@ test_packages=(
     libgnutls28-dev openssl                              # HTTPS (-Dtls=auto); test certificates
     systemd                                              # systemd tools
     python3-numpy                                        # numeric reference
+    python3-torch                                        # the LoRA reference (tests/test_lora_reference.py)
     valgrind wrk
     nginx-light                                          # scale-out tests
     chromium prometheus                                  # playground test, promtool

@@ -17,12 +17,13 @@ typedef struct {
 
 static const command commands[] = {
     {"serve", srv_main, "serve the model over HTTP (OpenAI-compatible /v1/completions)"},
-    {"inspect", tool_inspect, "validate a safetensors file and list its tensors"},
+    {"inspect", tool_inspect, "validate a safetensors file or a LoRA adapter and list its tensors"},
     {"synth", tool_synth, "write a random-weight GPT-2 checkpoint in the Hugging Face layout"},
     {"tokenize", tool_tokenize, "text on stdin -> GPT-2 token ids (JSON)"},
     {"detokenize", tool_detokenize, "GPT-2 token ids (JSON) on stdin -> bytes"},
     {"generate", tool_generate, "continue a prompt with a model, offline"},
     {"convert", tool_convert, "write an aligned copy of a safetensors file (maps without copying)"},
+    {"lora", tool_lora, "merge a PEFT LoRA adapter into a checkpoint (gpt2d lora merge)"},
     {"bench", tool_bench, "measure bandwidth, prefill and batched decode speed (JSON)"},
 };
 

@@ -464,6 +464,51 @@ got = bf16["model"]["pair_copy_bytes"]
 assert got == (want if bf16["model"]["kernels"] == "avx512-bf16" else 0), (got, want, bf16["model"])
 PY
 }
+# PEFT LoRA adapters: inspect names a shipped adapter's rank, scaling,
+# targets and layers (text and --json, the folder or its safetensors
+# file); a malformed one is refused in one line; `lora merge` writes the
+# same F32 hf file twice, from the BF16 panel64 base and from its q8 copy
+# (dequantized), refuses a base of another shape and words its usage errors.
+case_lora() {
+models=$here/../models
+"$gpt2d" inspect "$models/gpt2d-tiny-pirate" > "$dir/lora.txt" || fail "inspect adapter"
+grep -q '^rank        8$' "$dir/lora.txt" || fail "inspect: rank"
+grep -q '^scaling     2 (lora_alpha 16 / r)$' "$dir/lora.txt" || fail "inspect: scaling"
+grep -q '^targets     attn.c_attn attn.c_proj mlp.c_fc mlp.c_proj$' "$dir/lora.txt" || fail "inspect: targets"
+grep -q '^layers      0-5 (of 6; width 128)$' "$dir/lora.txt" || fail "inspect: layers"
+"$gpt2d" inspect --json "$models/gpt2d-tiny-formal/adapter_model.safetensors" > "$dir/lora.json" \
+    || fail "inspect --json adapter file"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert (j["kind"], j["rank"], j["scaling"], j["dtype"], j["layers"]) == ("lora", 8, 2.0, "F32", [0, 1, 2, 3, 4, 5]), j' \
+    "$dir/lora.json" || fail "inspect --json: fields"
+mkdir -p "$dir/dora"
+cp "$models/gpt2d-tiny-pirate/adapter_model.safetensors" "$dir/dora/"
+sed 's/"use_dora": false/"use_dora": true/' "$models/gpt2d-tiny-pirate/adapter_config.json" > "$dir/dora/adapter_config.json"
+rc=0
+"$gpt2d" inspect "$dir/dora" > /dev/null 2> "$dir/err" || rc=$?
+[ "$rc" = 1 ] && [ "$(wc -l < "$dir/err")" = 1 ] && grep -q 'use_dora: DoRA' "$dir/err" \
+    || { cat "$dir/err"; fail "a DoRA adapter is not refused in one line (rc $rc)"; }
+for args in "lora" "lora frob" "lora merge a b" "lora merge --bogus a b c"; do
+    rc=0
+    "$gpt2d" $args > /dev/null 2>&1 || rc=$?
+    [ "$rc" = 2 ] || fail "gpt2d $args: exit $rc, not 2"
+done
+"$gpt2d" lora merge "$models/gpt2d-tiny" "$models/gpt2d-tiny-pirate" "$dir/merged1.safetensors" 2> /dev/null \
+    || fail "lora merge"
+"$gpt2d" convert "$models/gpt2d-tiny/model.safetensors" "$dir/tiny_q8.safetensors" --dtype q8 2> /dev/null
+"$gpt2d" lora merge "$dir/tiny_q8.safetensors" "$models/gpt2d-tiny-pirate" "$dir/merged_q8.safetensors" \
+    2> /dev/null || fail "lora merge of a q8 base"
+"$gpt2d" lora merge "$models/gpt2d-tiny/model.safetensors" "$models/gpt2d-tiny-pirate" \
+    "$dir/merged2.safetensors" 2> /dev/null || fail "lora merge (file)"
+cmp -s "$dir/merged1.safetensors" "$dir/merged2.safetensors" || fail "two merges differ"
+"$gpt2d" inspect "$dir/merged_q8.safetensors" > "$dir/insp"
+grep -q '^format      f32 ' "$dir/insp" || fail "merged q8 base is not f32"
+need_a
+rc=0
+"$gpt2d" lora merge "$dir/a.safetensors" "$models/gpt2d-tiny-pirate" "$dir/bad.safetensors" 2> "$dir/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "layer 2, but the base has 2 layers" "$dir/err" \
+    || { cat "$dir/err"; fail "a base of another shape is not refused (rc $rc)"; }
+[ ! -e "$dir/bad.safetensors" ] || fail "a refused merge wrote its output"
+}
 CASES=(usage inspect_small synth invalid_file tokenize bench convert_dtype q8_values q8_malformed
-       dtype_usage panel64 panel_width bench_format)
+       dtype_usage panel64 panel_width bench_format lora)
 run_cases "$@"

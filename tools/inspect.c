@@ -1,12 +1,16 @@
 /*
  * tools/inspect.c: `gpt2d inspect FILE [--json]`, a safetensors file's header,
- * validated. Exit 0 when the file is valid, 1 with one line on stderr when it
- * is not, 2 on a usage error.
+ * validated; or a PEFT LoRA adapter (a folder with adapter_config.json, or
+ * the adapter_model.safetensors in one): its rank, scaling, targets, layers
+ * and dtype, read by formats' lora_read with every check. Exit 0 when the
+ * file is valid, 1 with one line on stderr when it is not, 2 on a usage
+ * error.
  */
 #include "tools.h"
 
 #include "engine.h"
 
+#include "lora.h"
 #include "safetensors.h"
 #include "wformat.h"
 
@@ -14,13 +18,16 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void inspect_usage(FILE *out)
 {
-    fprintf(out, "usage: gpt2d inspect FILE [--json]\n"
+    fprintf(out, "usage: gpt2d inspect FILE|ADAPTER_DIR [--json]\n"
                  "Validates a safetensors file and prints its weight format (f32, f16, bf16,\n"
                  "q8 or mixed; a malformed q8 file is refused), layout (hf or panel64),\n"
-                 "metadata and tensors.\n"
+                 "metadata and tensors. A PEFT LoRA adapter (a folder with\n"
+                 "adapter_config.json, or its adapter_model.safetensors) is validated as\n"
+                 "an adapter: its rank, scaling, targets, layers and dtype.\n"
                  "  --json   machine-readable output\n"
                  "  --help   this text\n");
 }
@@ -113,6 +120,105 @@ static void print_table(const sft_file *f, const char *format, const char *layou
            aligned, sft_count(f) - aligned);
 }
 
+/* Whether path is a LoRA adapter: a folder with adapter_config.json, or an
+ * adapter_model.safetensors with one beside it. */
+static int is_adapter(const char *path)
+{
+    struct stat st;
+    char cfg[4096];
+    if (stat(path, &st) != 0) return 0;
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(cfg, sizeof cfg, "%s/%s", path, LORA_CONFIG_FILE);
+        return stat(cfg, &st) == 0;
+    }
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (strcmp(base, LORA_WEIGHTS_FILE) != 0) return 0;
+    snprintf(cfg, sizeof cfg, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path,
+             LORA_CONFIG_FILE);
+    return stat(cfg, &st) == 0;
+}
+
+/* The adapted layers as "0-5" or "0, 2, 4" (runs joined). */
+static void layers_text(char *buf, size_t len, const lora_adapter *a)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t l = 0; l < a->n_layer && used < len; l++) {
+        int on = 0;
+        for (size_t m = 0; m < LORA_NMODULES; m++)
+            on |= lora_pair_at(a, l, (lora_module)m)->a != NULL;
+        if (!on) continue;
+        size_t e = l;
+        while (e + 1 < a->n_layer) {
+            int next = 0;
+            for (size_t m = 0; m < LORA_NMODULES; m++)
+                next |= lora_pair_at(a, e + 1, (lora_module)m)->a != NULL;
+            if (!next) break;
+            e++;
+        }
+        used +=
+            (size_t)(e > l ? snprintf(buf + used, len - used, "%s%zu-%zu", used ? ", " : "", l, e)
+                           : snprintf(buf + used, len - used, "%s%zu", used ? ", " : "", l));
+        l = e;
+    }
+}
+
+static int inspect_adapter(const char *path, int json)
+{
+    char err[512];
+    lora_adapter *a = NULL;
+    sft_status s = lora_read(path, 0, 0, &a, err, sizeof err);
+    if (s != SFT_OK) {
+        fprintf(stderr, "gpt2d inspect: %s: %s\n", sft_strerror(s), err);
+        return 1;
+    }
+    size_t params = 0;
+    for (size_t i = 0; i < a->n_layer * LORA_NMODULES; i++)
+        if (a->pairs[i].a != NULL) params += a->rank * (a->pairs[i].in + a->pairs[i].out);
+    const char *dtype = a->mixed_dtype ? "mixed" : sft_dtype_name(a->dtype);
+    char layers[512];
+    layers_text(layers, sizeof layers, a);
+    int rc = 0;
+    if (json) {
+        json_t *targets = json_array(), *adapted = json_array();
+        for (size_t m = 0; m < LORA_NMODULES; m++)
+            if (a->targets & (1u << m))
+                json_array_append_new(targets, json_string(lora_module_name((lora_module)m)));
+        for (size_t l = 0; l < a->n_layer; l++) {
+            int on = 0;
+            for (size_t m = 0; m < LORA_NMODULES; m++)
+                on |= lora_pair_at(a, l, (lora_module)m)->a != NULL;
+            if (on) json_array_append_new(adapted, json_integer((json_int_t)l));
+        }
+        json_t *root =
+            json_pack("{s:s, s:s, s:s?, s:I, s:f, s:b, s:f, s:o, s:o, s:I, s:I, s:I, s:s, s:I}",
+                      "path", a->dir, "kind", "lora", "base_model", a->base_model, "rank",
+                      (json_int_t)a->rank, "alpha", a->alpha, "use_rslora", a->rslora, "scaling",
+                      (double)a->scaling, "targets", targets, "layers", adapted, "n_layer",
+                      (json_int_t)a->n_layer, "n_embd", (json_int_t)a->n_embd, "modules_adapted",
+                      (json_int_t)a->n_adapted, "dtype", dtype, "parameters", (json_int_t)params);
+        rc = root != NULL && json_dumpf(root, stdout, JSON_INDENT(2)) == 0 ? 0 : 1;
+        fputc('\n', stdout);
+        json_decref(root);
+    } else {
+        printf("adapter     %s\n", a->dir);
+        printf("type        PEFT LoRA%s%s\n", a->base_model ? ", base " : "",
+               a->base_model ? a->base_model : "");
+        printf("rank        %zu\n", a->rank);
+        printf("scaling     %g (lora_alpha %g / %s)\n", (double)a->scaling, a->alpha,
+               a->rslora ? "sqrt(r), use_rslora" : "r");
+        printf("targets    ");
+        for (size_t m = 0; m < LORA_NMODULES; m++)
+            if (a->targets & (1u << m)) printf(" %s", lora_module_name((lora_module)m));
+        printf("\nlayers      %s (of %zu; width %zu)\n", layers, a->n_layer, a->n_embd);
+        printf("dtype       %s\n", dtype);
+        printf("size        %zu modules adapted, %zu parameters\n", a->n_adapted, params);
+    }
+    lora_free(a);
+    return rc;
+}
+
 int tool_inspect(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -135,6 +241,7 @@ int tool_inspect(int argc, char **argv)
         inspect_usage(stderr);
         return 2;
     }
+    if (is_adapter(argv[optind])) return inspect_adapter(argv[optind], json);
     char err[512];
     sft_file *f = NULL;
     /* Mapped, so that only the pages that are checked (BOOL tensors) are read. */

@@ -16,6 +16,7 @@ int tool_detokenize(int argc, char **argv);
 int tool_generate(int argc, char **argv);
 int tool_convert(int argc, char **argv);
 int tool_bench(int argc, char **argv);
+int tool_lora(int argc, char **argv); /* `gpt2d lora merge` */
 
 /* Prints the one line for getopt_long's answer c (optstring ":"): ':' an
  * option without its value, '?' an unknown option, anything else a bad
