@@ -504,10 +504,10 @@ cmp -s "$dir/merged1.safetensors" "$dir/merged2.safetensors" || fail "two merges
 grep -q '^format      f32 ' "$dir/insp" || fail "merged q8 base is not f32"
 need_a
 rc=0
-"$gpt2d" lora merge "$dir/a.safetensors" "$models/gpt2d-tiny-pirate" "$dir/bad.safetensors" 2> "$dir/err" || rc=$?
+"$gpt2d" lora merge "$dir/a.safetensors" "$models/gpt2d-tiny-pirate" "$dir/lora_refused.safetensors" 2> "$dir/err" || rc=$?
 [ "$rc" = 1 ] && grep -q "layer 2, but the base has 2 layers" "$dir/err" \
     || { cat "$dir/err"; fail "a base of another shape is not refused (rc $rc)"; }
-[ ! -e "$dir/bad.safetensors" ] || fail "a refused merge wrote its output"
+[ ! -e "$dir/lora_refused.safetensors" ] || fail "a refused merge wrote its output"
 }
 CASES=(usage inspect_small synth invalid_file tokenize bench convert_dtype q8_values q8_malformed
        dtype_usage panel64 panel_width bench_format lora)
