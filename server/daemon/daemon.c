@@ -308,6 +308,50 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
 }
 #define SRV_MAX_ROUTES 16
 
+/* 1 when files a and b hold the same bytes (both readable). */
+static int same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa != NULL && fb != NULL;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa != NULL) fclose(fa);
+    if (fb != NULL) fclose(fb);
+    return same;
+}
+
+/* draft_model: loaded beside the model (speculative decoding). Its
+ * tokenizer files, where it has them, must be the model's; the scheduler
+ * checks the vocabulary's size and the context. 0, or -1 with err. */
+static int draft_load(srv *s, char *err, size_t errlen)
+{
+    static const char *const files[] = {"vocab.json", "merges.txt"};
+    for (size_t i = 0; i < 2; i++) {
+        char mine[CFG_STR_MAX + 16], theirs[CFG_STR_MAX + 16];
+        snprintf(mine, sizeof mine, "%s/%s", s->cfg.model_dir, files[i]);
+        snprintf(theirs, sizeof theirs, "%s/%s", s->cfg.draft_model, files[i]);
+        if (access(theirs, F_OK) == 0 && !same_file(mine, theirs)) {
+            snprintf(err, errlen,
+                     "draft_model %.512s: its %s differs from the model's: a draft must share "
+                     "the model's tokenizer",
+                     s->cfg.draft_model, files[i]);
+            return -1;
+        }
+    }
+    char why[256];
+    if (eng_model_load(s->cfg.draft_model, &s->api->draft, why, sizeof why) != ENG_OK) {
+        snprintf(err, errlen, "draft_model: %.900s", why);
+        return -1;
+    }
+    const eng_config *c = eng_model_config(s->api->draft);
+    log_line("info", "draft model %s: %zu layers, width %zu (%s weights), for speculative decoding",
+             s->cfg.draft_model, c->n_layer, c->n_embd, eng_model_dtype(s->api->draft));
+    return 0;
+}
+
 int srv_main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -454,6 +498,10 @@ int srv_main(int argc, char **argv)
         log_fatal(msg);
         goto done;
     }
+    if (s.cfg.draft_model[0] != '\0' && draft_load(&s, err, sizeof err) != 0) {
+        log_fatal(err);
+        goto done;
+    }
     if (srv_grammar_init(&s) != 0) {
         log_fatal("out of memory (the structured outputs' vocabulary trie)");
         goto done;
@@ -483,7 +531,8 @@ int srv_main(int argc, char **argv)
                          .step_tokens = s.cfg.step_tokens,
                          .threads = s.cfg.threads,
                          .prefix_cache = s.cfg.prefix_cache,
-                         .spec_max_batch = s.cfg.speculative_max_batch};
+                         .spec_max_batch = s.cfg.speculative_max_batch,
+                         .draft = a.draft};
     if (eng_sched_new(a.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
         log_fatal(err);
         goto done;
@@ -641,6 +690,7 @@ done:
     oai_template_free(&a.chat);
     eng_sched_free(s.sched);
     eng_model_free(a.model);
+    eng_model_free(a.draft);
     gram_cache_free(a.gcache);
     free(a.tool_marker);
     free(a.all_tokens);
