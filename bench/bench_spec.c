@@ -1,5 +1,5 @@
 /*
- * bench/bench_spec.c DIR [TOKENS [STREAMS [K [ROUNDS [PROMPT_FILE]]]]]:
+ * bench/bench_spec.c DIR [TOKENS [STREAMS [K [ROUNDS [PROMPT_FILE [DRAFT_DIR]]]]]]:
  * speculative decoding through the scheduler (eng_sched_step on this
  * thread, the step's workers as the server has them), against plain
  * decoding, side by side: every round runs each mode once, in turn, and
@@ -8,7 +8,8 @@
  * plain output: every draft accepted, the verify step's efficiency);
  * wrong (a prediction that proposes a wrong token after each of the
  * output's: nothing accepted, the backing off's cost); lookup (prompt
- * lookup). STREAMS sequences (1) of TOKENS greedy tokens (128) each after
+ * lookup); with DRAFT_DIR, draft (that checkpoint as the draft model,
+ * its own KV pool of 256 MiB). STREAMS sequences (1) of TOKENS greedy tokens (128) each after
  * the prompt: PROMPT_FILE's token ids (whitespace-separated, as `gpt2d
  * tokenize` prints them), or 16 fixed tokens. K: speculative_tokens (4).
  * Tokens are checked to be the same in every mode. A benchmark, never a
@@ -24,7 +25,7 @@
 #define MAX_STREAMS 64
 #define MAX_TOKENS 1024
 #define MAX_ROUNDS 15
-#define MODES 4
+#define MODES 5
 
 static double now(void)
 {
@@ -56,12 +57,14 @@ static void on_event(void *user, const eng_event *e)
     }
 }
 
-static const char *mode_name[MODES] = {"plain", "right", "wrong", "lookup"};
+static const char *mode_name[MODES] = {"plain", "right", "wrong", "lookup", "draft"};
 
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_spec DIR [TOKENS [STREAMS [K [ROUNDS [PROMPT_FILE]]]]]\n");
+        fprintf(
+            stderr,
+            "usage: bench_spec DIR [TOKENS [STREAMS [K [ROUNDS [PROMPT_FILE [DRAFT_DIR]]]]]]\n");
         return 2;
     }
     size_t ntok = argc > 2 ? (size_t)atoi(argv[2]) : 128;
@@ -76,7 +79,7 @@ int main(int argc, char **argv)
     }
     int32_t prompt[MAX_TOKENS];
     size_t np = 0;
-    if (argc > 6) {
+    if (argc > 6 && strcmp(argv[6], "-") != 0) {
         FILE *f = fopen(argv[6], "r");
         if (f == NULL) {
             perror(argv[6]);
@@ -94,7 +97,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_spec: %s\n", err);
         return 1;
     }
-    eng_sched_opts o = {.kv_bytes = (size_t)2 << 30, .prefix_cache = 0};
+    eng_model *draft = NULL;
+    if (argc > 7 && eng_model_load(argv[7], &draft, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "bench_spec: %s\n", err);
+        return 1;
+    }
+    int modes = draft != NULL ? MODES : MODES - 1;
+    eng_sched_opts o = {.kv_bytes = (size_t)2 << 30,
+                        .prefix_cache = 0,
+                        .draft = draft,
+                        .draft_kv_bytes = (size_t)256 << 20};
     eng_sched *s;
     if (eng_sched_new(m, &o, &s, err, sizeof err) != ENG_OK
         || eng_sched_warmup(s, err, sizeof err) != ENG_OK) {
@@ -108,7 +120,7 @@ int main(int argc, char **argv)
     double part[MODES][5] = {{0}};
     uint64_t steps[MODES] = {0};
     for (int r = 0; r < rounds; r++)
-        for (int mode = 0; mode < MODES; mode++) {
+        for (int mode = 0; mode < modes; mode++) {
             eng_sched_stats before, after;
             eng_sched_stats_get(s, &before);
             for (size_t i = 0; i < S; i++) {
@@ -130,7 +142,9 @@ int main(int argc, char **argv)
                                  .ignore_eos = 1,
                                  .logprobs = -1,
                                  .speculative_tokens = mode == 0 ? 0 : K,
-                                 .drafter = mode == 3 ? ENG_DRAFT_LOOKUP : ENG_DRAFT_PREDICTION,
+                                 .drafter = mode == 3   ? ENG_DRAFT_LOOKUP
+                                            : mode == 4 ? ENG_DRAFT_MODEL
+                                                        : ENG_DRAFT_PREDICTION,
                                  .prediction = npred ? pred[i] : NULL,
                                  .nprediction = npred,
                                  .tenant = i,
@@ -169,7 +183,7 @@ int main(int argc, char **argv)
            "k=%zu, %d rounds\n",
            argv[1], eng_model_dtype(m), eng_model_kernels(m), S, np, ntok, K, rounds);
     double base = 0;
-    for (int mode = 0; mode < MODES; mode++) {
+    for (int mode = 0; mode < modes; mode++) {
         qsort(tps[mode], (size_t)rounds, sizeof(double), cmp_double);
         double med = tps[mode][rounds / 2];
         if (mode == 0) base = med;
@@ -183,6 +197,7 @@ int main(int argc, char **argv)
                1e3 * part[mode][3] / rounds, 1e3 * part[mode][4] / rounds);
     }
     eng_sched_free(s);
+    eng_model_free(draft);
     eng_model_free(m);
     return 0;
 }

@@ -1,11 +1,13 @@
 /*
- * engine/sched_int.h: the scheduler's state, shared by its three files:
+ * engine/sched_int.h: the scheduler's state, shared by its five files:
  * scheduler.c (submit, the queue, fair admission, plan: the loop thread's
  * side), sched_step.c (execute: the forward pass and sampling on the
  * step's threads; complete: events and retirement on the loop thread;
- * eng_sched_step, plan + execute + complete) and, below both,
- * sched_seq.c (one sequence's end). Calls go one way: sched_step.c ->
- * scheduler.c -> sched_seq.c. Internal to those three.
+ * eng_sched_step, plan + execute + complete), and below both sched_seq.c
+ * (one sequence's end), sched_spec.c (speculative decoding's drafts and
+ * their settling) and sched_draft.c (the draft model). Calls go one way:
+ * sched_step.c -> scheduler.c -> sched_seq.c, both -> sched_spec.c ->
+ * sched_draft.c, sched_seq.c -> sched_draft.c. Internal to those five.
  */
 #ifndef GPT2D_ENGINE_SCHED_INT_H
 #define GPT2D_ENGINE_SCHED_INT_H
