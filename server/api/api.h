@@ -478,10 +478,12 @@ int tools_begin(srv_req *r);
  * with the call's marker, then the marker's tokens and the call compiled in
  * g (a reference is taken). 0, or -1 (out of memory). */
 int tools_mask_new(srv_req *r, gram *g, eng_mask *out);
-/* A whole reply read as a call of one of q's tools (by q's tool_mode): 1
- * with its name and arguments (compact JSON), both malloc'd; 0 when it is
- * text, a call cut short, or not one of the tools. */
-int tools_parse_call(const char *text, size_t len, const oai_request *q, char **name, char **args);
+/* A whole reply read as a call of one of q's tools (by q's tool_mode; with
+ * auto, a call begins with template t's marker): 1 with its name and
+ * arguments (compact JSON), both malloc'd; 0 when it is text, a call cut
+ * short, or not one of the tools. */
+int tools_parse_call(const char *text, size_t len, const oai_request *q, const oai_template *t,
+                     char **name, char **args);
 /* The id of choice index's call: "call_" and 24 hex digits. */
 void tools_call_id(const srv_req *r, size_t index, char *out, size_t len);
 /* A reply read as it streams (chat's and Responses' streams): its text
@@ -496,8 +498,11 @@ typedef struct {
     int state;
     char *buf;
     size_t len, cap;
+    const char *marker; /* the template's call_prefix (borrowed: the server's) */
 } tools_reader;
-void tools_reader_init(tools_reader *t, int mode);
+/* A reader for a reply of tool_mode mode whose calls begin with marker
+ * (borrowed; the chat template's call_prefix). */
+void tools_reader_init(tools_reader *t, int mode, const char *marker);
 void tools_reader_free(tools_reader *t);
 /* n more bytes of the reply (whole characters). 0, or -1 (out of memory). */
 int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_reader_ops *ops,
@@ -525,11 +530,16 @@ enum MHD_Result resp_route_delete(srv_req *r); /* DELETE /v1/responses/{id}     
 
 /* ---- resp_store.c ----------------------------------------------------------- */
 
-/* One message of a stored conversation (its text in its node). */
+/* One item of a stored conversation (its strings in its node): a message,
+ * or a function call (text: its arguments) or a call's output (text: the
+ * output), as oai_msg. */
 typedef struct {
     oai_role role;
     const char *text; /* NUL-terminated */
     size_t len;
+    int kind;            /* oai_msg_kind */
+    const char *name;    /* a call's; else NULL */
+    const char *call_id; /* a call's or an output's; else NULL */
 } rs_msg;
 
 /* A node of a stored conversation: its messages after those of parent,

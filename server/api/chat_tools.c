@@ -4,14 +4,16 @@
  * (oai_request.tool_mode, the call's schema in format_src); this file makes
  * the call happen and answers it in OpenAI's shape.
  *
- * A call is the text OAI_TOOL_CALL_BEGIN then {"name":N,"arguments":{...}}
- * (compact JSON, name first: the structured-outputs grammar writes an
- * object's properties in the order its schema gives them).
+ * A call is the chat template's marker (oai_template.call_prefix, after
+ * its call_lead) then {"name":N,"arguments":{...}} (compact JSON, name
+ * first: the structured-outputs grammar writes an object's properties in
+ * the order its schema gives them).
  *   - tool_choice required, or a named function: the prompt ends with the
  *     marker and the whole reply is the object, constrained from its first
  *     token (the format mask of completions.c).
  *   - auto: the reply is free text, unless its first token is the first
- *     token of " <tool_call>"; then the marker's other tokens follow,
+ *     token of the lead and marker (" <tool_call>" by default); then the
+ *     marker's other tokens follow,
  *     forced, and the rest is the object, constrained (the mask here).
  * Either way the call always parses and its arguments validate against
  * the tool's parameters, on any weights. One call per reply.
@@ -106,17 +108,19 @@ static const eng_mask_ops tool_mask_ops = {
     .free = tm_free,
 };
 
-/* The marker's tokens and the all-tokens bitset, once. 0, or -1. */
+/* The marker's tokens (the template's lead and marker) and the
+ * all-tokens bitset, once. 0, or -1. */
 static int tools_init(srv_api *a)
 {
     if (a->tool_marker != NULL) return 0;
     size_t V = gram_vocab_size(a->gvocab), words = (V + 63) / 64;
-    char err[64];
+    char err[64], *marker = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    static const char marker[] = " " OAI_TOOL_CALL_BEGIN;
-    if (bpe_encode_special(a->tok, marker, sizeof marker - 1, &ids, &n, err, sizeof err) != BPE_OK
-        || n == 0) {
+    if (asprintf(&marker, "%s%s", a->chat.call_lead, a->chat.call_prefix) < 0) return -1;
+    bpe_status st = bpe_encode_special(a->tok, marker, strlen(marker), &ids, &n, err, sizeof err);
+    free(marker);
+    if (st != BPE_OK || n == 0) {
         free(ids);
         return -1;
     }
@@ -174,18 +178,25 @@ void tools_call_id(const srv_req *r, size_t index, char *out, size_t len)
              (unsigned long long)(b & 0xffffffffu));
 }
 
-int tools_parse_call(const char *text, size_t len, const oai_request *q, char **name, char **args)
+/* White space: what a template's call_lead is made of. */
+static int is_lead(char c)
 {
-    static const char begin[] = OAI_TOOL_CALL_BEGIN;
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+int tools_parse_call(const char *text, size_t len, const oai_request *q, const oai_template *t,
+                     char **name, char **args)
+{
     if (q->tool_mode == OAI_TOOLS_NONE) return 0;
     if (q->tool_mode == OAI_TOOLS_AUTO) {
-        while (len > 0 && *text == ' ') { /* the marker's space (a template without trim_reply) */
+        size_t nb = strlen(t->call_prefix);
+        while (len > 0 && is_lead(*text)) { /* the lead (a template without trim_reply) */
             text++;
             len--;
         }
-        if (len < sizeof begin - 1 || memcmp(text, begin, sizeof begin - 1) != 0) return 0;
-        text += sizeof begin - 1;
-        len -= sizeof begin - 1;
+        if (len < nb || memcmp(text, t->call_prefix, nb) != 0) return 0;
+        text += nb;
+        len -= nb;
     }
     json_t *o = json_loadb(text, len, 0, NULL);
     const json_t *n = json_object_get(o, "name"), *a = json_object_get(o, "arguments");
@@ -220,11 +231,12 @@ static json_t *call_json(const srv_req *r, size_t index, const char *name, const
 
 enum { TR_DECIDE, TR_TEXT, TR_HEAD, TR_ARGS };
 
-void tools_reader_init(tools_reader *t, int mode)
+void tools_reader_init(tools_reader *t, int mode, const char *marker)
 {
     *t = (tools_reader){.state = mode == OAI_TOOLS_REQUIRED ? TR_HEAD
                                  : mode == OAI_TOOLS_AUTO   ? TR_DECIDE
-                                                            : TR_TEXT};
+                                                            : TR_TEXT,
+                        .marker = marker};
 }
 
 void tools_reader_free(tools_reader *t)
@@ -264,7 +276,6 @@ static void read_head(tools_reader *t, const tools_reader_ops *ops, void *u)
 int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_reader_ops *ops,
                       void *u)
 {
-    static const char begin[] = OAI_TOOL_CALL_BEGIN;
     if (n == 0) return 0;
     if (t->state == TR_TEXT) {
         ops->text(u, p, n);
@@ -272,18 +283,18 @@ int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_read
     }
     if (http_append(&t->buf, &t->len, &t->cap, p, n) != 0) return -1;
     if (t->state == TR_DECIDE) {
-        size_t sp = 0; /* the marker's space (a template without trim_reply) */
-        while (sp < t->len && t->buf[sp] == ' ') sp++;
-        size_t have = t->len - sp, k = have < sizeof begin - 1 ? have : sizeof begin - 1;
-        if (memcmp(t->buf + sp, begin, k) != 0) { /* text after all */
+        size_t sp = 0, nb = strlen(t->marker); /* the lead (a template without trim_reply) */
+        while (sp < t->len && is_lead(t->buf[sp])) sp++;
+        size_t have = t->len - sp, k = have < nb ? have : nb;
+        if (memcmp(t->buf + sp, t->marker, k) != 0) { /* text after all */
             t->state = TR_TEXT;
             ops->text(u, t->buf, t->len);
             t->len = 0;
             return 0;
         }
-        if (have < sizeof begin - 1) return 0;
-        memmove(t->buf, t->buf + sp + sizeof begin - 1, have - (sizeof begin - 1));
-        t->len = have - (sizeof begin - 1);
+        if (have < nb) return 0;
+        memmove(t->buf, t->buf + sp + nb, have - nb);
+        t->len = have - nb;
         t->state = TR_HEAD;
     }
     if (t->state == TR_HEAD)
@@ -415,7 +426,8 @@ static enum MHD_Result shape_send(srv_req *r)
         char *name, *args;
         json_t *msg;
         const char *finish = c->finish;
-        if (tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &name, &args)) {
+        if (tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &r->s->api->chat,
+                             &name, &args)) {
             msg = json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls",
                             call_json(r, i, name, args));
             free(name);
@@ -462,7 +474,8 @@ int tools_begin(srv_req *r)
         return -1;
     }
     st->n = n;
-    for (size_t i = 0; i < n; i++) tools_reader_init(&st->rd[i], q->tool_mode);
+    for (size_t i = 0; i < n; i++)
+        tools_reader_init(&st->rd[i], q->tool_mode, r->s->api->chat.call_prefix);
     r->cmpl->shape = &tools_shape;
     r->cmpl->shape_data = st;
     return tools_init(r->s->api);

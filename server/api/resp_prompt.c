@@ -72,7 +72,7 @@ static int conv_next(conv_iter *it, oai_msg *m)
 {
     if (it->k > 0) {
         const oai_msg *src = &it->j->in[--it->k];
-        *m = (oai_msg){src->role, src->text, src->len, NULL};
+        *m = (oai_msg){src->role, src->text, src->len, NULL, src->kind, src->name, src->call_id};
         return 1;
     }
     while (it->t != NULL && it->i == 0) {
@@ -80,8 +80,9 @@ static int conv_next(conv_iter *it, oai_msg *m)
         it->i = it->t ? it->t->n : 0;
     }
     if (it->t == NULL) return 0;
-    const rs_msg *src = &it->t->msg[--it->i];
-    *m = (oai_msg){src->role, (char *)src->text, src->len, NULL}; /* read only */
+    const rs_msg *src = &it->t->msg[--it->i]; /* read only: */
+    *m = (oai_msg){src->role,         (char *)src->text,   src->len, NULL, src->kind,
+                   (char *)src->name, (char *)src->call_id};
     return 1;
 }
 
@@ -110,9 +111,11 @@ static size_t fixed_msgs(const resp_job *j, oai_msg *m)
 {
     size_t k = 0;
     if (j->rq.tools_text != NULL)
-        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.tools_text, j->rq.tools_text_len, NULL};
+        m[k++] = (oai_msg){
+            .role = OAI_ROLE_SYSTEM, .text = j->rq.tools_text, .len = j->rq.tools_text_len};
     if (j->rq.instructions != NULL)
-        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+        m[k++] = (oai_msg){
+            .role = OAI_ROLE_SYSTEM, .text = j->rq.instructions, .len = j->rq.instructions_len};
     return k;
 }
 
@@ -131,16 +134,18 @@ static bpe_status render_encode(srv_req *r, const conv_msg *kept, size_t from, s
     free(m); /* the texts are j's and the nodes' */
     if (rc != 0) return BPE_ENOMEM;
     /* A call it must make: the marker ends the prompt, the object is the reply. */
-    static const char marker[] = " " OAI_TOOL_CALL_BEGIN;
+    const oai_template *tp = &r->s->api->chat;
     if (r->cmpl->oreq.tool_mode == OAI_TOOLS_REQUIRED) {
-        char *t = realloc(*txt, *len + sizeof marker);
+        size_t nl = strlen(tp->call_lead), nm = strlen(tp->call_prefix);
+        char *t = realloc(*txt, *len + nl + nm + 1);
         if (t == NULL) {
             free(*txt);
             return BPE_ENOMEM;
         }
-        memcpy(t + *len, marker, sizeof marker);
+        memcpy(t + *len, tp->call_lead, nl);
+        memcpy(t + *len + nl, tp->call_prefix, nm + 1);
         *txt = t;
-        *len += sizeof marker - 1;
+        *len += nl + nm;
     }
     *ids = NULL;
     *nids = 0;

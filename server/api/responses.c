@@ -155,8 +155,8 @@ static const char *final_status(const srv_req *r)
 }
 
 /* Keeps the finished response (store) with its conversation: the history,
- * the input and the output (not the instructions, which a
- * previous_response_id does not carry over). */
+ * the input and the output (text: the reply's, or a call's arguments; not
+ * the instructions, which a previous_response_id does not carry over). */
 static void store_put(srv_req *r, json_t *response, const char *text, size_t len)
 {
     resp_job *j = job_of(r);
@@ -169,8 +169,18 @@ static void store_put(srv_req *r, json_t *response, const char *text, size_t len
     if (s->api->resp_store == NULL && (s->api->resp_store = rs_new()) == NULL) goto oom;
     rs_msg *m = malloc((j->nin + 1) * sizeof *m);
     if (m == NULL) goto oom;
-    for (size_t i = 0; i < j->nin; i++) m[i] = (rs_msg){j->in[i].role, j->in[i].text, j->in[i].len};
-    m[j->nin] = (rs_msg){OAI_ROLE_ASSISTANT, text ? text : "", text ? len : 0};
+    for (size_t i = 0; i < j->nin; i++)
+        m[i] = (rs_msg){j->in[i].role, j->in[i].text, j->in[i].len,
+                        j->in[i].kind, j->in[i].name, j->in[i].call_id};
+    char call_id[48];
+    tools_call_id(r, 0, call_id, sizeof call_id);
+    m[j->nin] =
+        (rs_msg){.role = OAI_ROLE_ASSISTANT, .text = text ? text : "", .len = text ? len : 0};
+    if (j->call_name != NULL) { /* the reply was a call */
+        m[j->nin].kind = OAI_MSG_CALL;
+        m[j->nin].name = j->call_name;
+        m[j->nin].call_id = call_id;
+    }
     rs_turns *t = rs_turns_new(s->api->resp_store, r->key_id, j->prev, m, j->nin + 1,
                                s->cfg.responses_store_chain_bytes);
     free(m);
@@ -321,22 +331,6 @@ static void shape_chunk(srv_choice *c)
     c->text_len = 0;
 }
 
-/* A call as the stored conversation keeps it: the prompt's form. NULL: no
- * memory. */
-static char *call_text(const resp_job *j, size_t *len)
-{
-    json_t *a = json_loads(j->call_args ? j->call_args : "", JSON_DECODE_ANY, NULL);
-    json_t *c = json_pack("{s:s, s:o}", "name", j->call_name, "arguments",
-                          a ? a : json_string(j->call_args ? j->call_args : ""));
-    char *body = c ? json_dumps(c, JSON_COMPACT) : NULL, *out = NULL;
-    json_decref(c);
-    if (body != NULL && asprintf(&out, "%s%s%s", OAI_TOOL_CALL_BEGIN, body, OAI_TOOL_CALL_END) < 0)
-        out = NULL;
-    free(body);
-    *len = out ? strlen(out) : 0;
-    return out;
-}
-
 /* A stream's last n events (taken), the last the response's end: queued
  * only if all of them fit under max_response_bytes (else the stream fails
  * naming it, its numbering back at seq), and resp stored (text: its
@@ -378,10 +372,8 @@ static void finish_call(srv_req *r, int whole)
                       json_pack("{s:i, s:o}", "output_index", 0, "item", call_item(r, status)));
     json_t *resp = response_json(r, status, NULL, 0, NULL);
     ev[2] = event_obj(r, name[2], json_pack("{s:O}", "response", resp));
-    size_t len;
-    char *txt = call_text(j, &len);
-    finish_with(r, name, ev, 3, seq, resp, txt, len);
-    free(txt);
+    finish_with(r, name, ev, 3, seq, resp, j->call_args ? j->call_args : "",
+                j->call_args ? strlen(j->call_args) : 0);
 }
 
 /* After the headers: the failed response, then the error event. */
@@ -469,7 +461,8 @@ static enum MHD_Result shape_send(srv_req *r)
     }
     resp_job *j = job_of(r);
     char *name, *args;
-    int call = tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &name, &args);
+    int call = tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq,
+                                &r->s->api->chat, &name, &args);
     if (call) {
         j->call_name = name;
         j->call_args = args;
@@ -484,14 +477,10 @@ static enum MHD_Result shape_send(srv_req *r)
         return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
                                r->cmpl->error_code, NULL, NULL, "%s", r->cmpl->error_msg);
     }
-    if (resp != NULL && call) {
-        size_t len;
-        char *txt = call_text(j, &len);
-        if (txt != NULL) store_put(r, resp, txt, len);
-        free(txt);
-    } else if (resp != NULL) {
+    if (resp != NULL && call)
+        store_put(r, resp, j->call_args, strlen(j->call_args));
+    else if (resp != NULL)
         store_put(r, resp, c->text, c->text_len);
-    }
     return http_send_obj(r, resp);
 }
 
@@ -564,15 +553,19 @@ static void new_ids(srv *s, char *resp_id, size_t resp_len, char *msg_id, size_t
     snprintf(msg_id, msg_len, "msg_%s", hex);
 }
 
-/* An input's item_reference (m->ref) made the message it names, a copy:
- * "msg_X" is response resp_X's output, "msg_X_inK" its input item K, of a
+/* An input's item_reference (m->ref) made the item it names, a copy:
+ * "msg_X" (or "fc_X", a call) is response resp_X's output, "msg_X_inK"
+ * (or "fc_X_inK", "fco_X_inK": a call, an output) its input item K, of a
  * response stored for this key. The copies of one request add up to at
  * most max_body_bytes (*bytes so far), as a body's text does. 0; -1 with
  * the 404 or 400 sent (*rc). */
 static int resolve_ref(srv_req *r, oai_msg *m, size_t i, size_t *bytes, enum MHD_Result *rc)
 {
     char rid[64];
-    const char *hex = strncmp(m->ref, "msg_", 4) == 0 ? m->ref + 4 : NULL;
+    static const char *const kinds[] = {"msg_", "fc_", "fco_"};
+    const char *hex = NULL;
+    for (size_t p = 0; hex == NULL && p < sizeof kinds / sizeof kinds[0]; p++)
+        if (strncmp(m->ref, kinds[p], strlen(kinds[p])) == 0) hex = m->ref + strlen(kinds[p]);
     size_t hn = hex ? strcspn(hex, "_") : 0;
     unsigned long k = 0;
     int input = hex != NULL && strncmp(hex + hn, "_in", 3) == 0;
@@ -618,6 +611,13 @@ static int resolve_ref(srv_req *r, oai_msg *m, size_t i, size_t *bytes, enum MHD
     memcpy(m->text, src->text, src->len + 1);
     m->len = src->len;
     m->role = src->role;
+    m->kind = src->kind;
+    m->name = src->name ? strdup(src->name) : NULL;
+    m->call_id = src->call_id ? strdup(src->call_id) : NULL;
+    if ((src->name && m->name == NULL) || (src->call_id && m->call_id == NULL)) {
+        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
     free(m->ref);
     m->ref = NULL;
     return 0;
@@ -705,7 +705,7 @@ enum MHD_Result resp_route(srv_req *r)
     /* The prompt is made where it is tokenized: on a tokenizer thread when
      * a stored history or a format is involved (or the body is large). */
     r->tok->heavy = q->format != OAI_FORMAT_NONE || j->prev != NULL;
-    tools_reader_init(&j->rd, q->tool_mode);
+    tools_reader_init(&j->rd, q->tool_mode, s->api->chat.call_prefix);
     j->fit = resp_fit_limit(r);
     j->budget = resp_prompt_budget(r);
     return tok_prompts(r, resp_prepare, after_tokenize);
