@@ -233,5 +233,58 @@ print("responses tool items: ok")
 PY
 }
 
-CASES=(tool_calls:long tool_clients:long responses_tool_items:long tool_template)
+# logprobs with tools, as OpenAI defines them (the tokens of the message's
+# content): a reply that is text has every token's entry, whole and
+# streamed; a call has none ({"content": null}; streamed, its chunks'
+# logprobs null); Responses: a text reply's output_text part has them, a
+# function_call item has no logprobs.
+case_tool_logprobs() {
+/usr/bin/python3 - "$base" <<'PY'
+import json, sys, urllib.request
+base = sys.argv[1]
+H = {"Authorization": "Bearer test-key-123", "Content-Type": "application/json"}
+def call(path, body, raw=False):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(), H)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read().decode() if raw else json.load(r)
+def chunks(raw):
+    return [json.loads(l[6:]) for l in raw.split("\n\n") if l.startswith("data: {")]
+add = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+       "required": ["a", "b"], "additionalProperties": False}
+tools = [{"type": "function", "function": {"name": "add", "parameters": add}}]
+msgs = [{"role": "user", "content": "Add 2 and 3."}]
+lp = {"logprobs": True, "top_logprobs": 2}
+# auto, a text reply: every token's entry, the same whole and streamed.
+body = dict({"messages": msgs, "tools": tools, "max_tokens": 8, "seed": 1}, **lp)
+d = call("/v1/chat/completions", body)
+c = d["choices"][0]
+assert "tool_calls" not in c["message"], c
+ents = c["logprobs"]["content"]
+assert len(ents) == d["usage"]["completion_tokens"] and all(len(e["top_logprobs"]) == 2 for e in ents), d
+got = []
+for ch in chunks(call("/v1/chat/completions", dict(body, stream=True), raw=True)):
+    got += ((ch["choices"][0]["logprobs"] or {}).get("content") or [])
+assert got == ents, (got, ents)
+# a call (required; auto pushed to the marker): content null, whole and streamed.
+first = call("/tokenize", {"prompt": " <"})["tokens"][0]
+for extra in ({"tool_choice": "required"}, {"logit_bias": {str(first): 100}}):
+    body = dict({"messages": msgs, "tools": tools, "max_tokens": 100, "seed": 2}, **lp, **extra)
+    c = call("/v1/chat/completions", body)["choices"][0]
+    assert c["finish_reason"] == "tool_calls" and c["logprobs"] == {"content": None}, c
+    for ch in chunks(call("/v1/chat/completions", dict(body, stream=True), raw=True)):
+        assert ch["choices"][0]["logprobs"] is None, ch
+# Responses: a text reply's part has them; a call's item has none.
+rtools = [{"type": "function", "name": "add", "parameters": add}]
+r = call("/v1/responses", {"input": "Add 2 and 3.", "tools": rtools, "max_output_tokens": 8, "seed": 1,
+                           "include": ["message.output_text.logprobs"]})
+part = r["output"][0]["content"][0]
+assert r["output"][0]["type"] == "message" and len(part["logprobs"]) == r["usage"]["output_tokens"], r
+r = call("/v1/responses", {"input": "Add 2 and 3.", "tools": rtools, "tool_choice": "required",
+                           "max_output_tokens": 60, "seed": 1, "include": ["message.output_text.logprobs"]})
+assert r["output"][0]["type"] == "function_call" and "logprobs" not in r["output"][0], r
+print("tool logprobs: ok")
+PY
+}
+
+CASES=(tool_calls:long tool_logprobs:long tool_clients:long responses_tool_items:long tool_template)
 run_cases "$@"

@@ -23,6 +23,11 @@
  * delta.tool_calls[0] with index, id, type and the name first, then the
  * arguments in pieces as they come. A reply that is text is content, as
  * without tools. The shape's state is one parser per choice.
+ *
+ * logprobs are those of the message's content, as OpenAI defines them: a
+ * reply that is text has its tokens' entries ({content: [...]}, streamed
+ * with the text they made), a call has none ({content: null}; the marker's
+ * and the call's tokens are not content).
  */
 #include "api/api.h"
 
@@ -339,27 +344,51 @@ static int mode_of(const srv_req *r)
     return r->cmpl->oreq.tool_mode;
 }
 
-static void send_delta(srv_req *r, size_t index, json_t *delta, const char *finish)
+/* One chunk of choice index: delta and lp (its logprobs, NULL: null) taken. */
+static void send_delta_lp(srv_req *r, size_t index, json_t *delta, json_t *lp, const char *finish)
 {
     json_t *o = cmpl_base(r);
     json_object_set_new(o, "choices",
-                        json_pack("[{s:I, s:o, s:n, s:o}]", "index", (json_int_t)index, "delta",
-                                  delta, "logprobs", "finish_reason",
+                        json_pack("[{s:I, s:o, s:o, s:o}]", "index", (json_int_t)index, "delta",
+                                  delta, "logprobs", lp ? lp : json_null(), "finish_reason",
                                   finish ? json_string(finish) : json_null()));
     if (r->cmpl->oreq.include_usage) json_object_set_new(o, "usage", json_null());
     cmpl_sse_event(r, o);
+}
+
+static void send_delta(srv_req *r, size_t index, json_t *delta, const char *finish)
+{
+    send_delta_lp(r, index, delta, NULL, finish);
+}
+
+/* Choice c's logprobs entries so far (a stream's, with logprobs asked), to
+ * go with its next delta: the object (taken by the caller), c's entries
+ * started again; NULL when there are none. */
+static json_t *take_lp(srv_choice *c)
+{
+    if (c->lp == NULL || lp_count(c->lp) == 0) return NULL;
+    json_t *lp = c->lp;
+    c->lp = lp_new(c->req);
+    return lp;
+}
+
+/* A call's tokens have no logprobs entries: c's so far are dropped. */
+static void drop_lp(srv_choice *c)
+{
+    json_decref(take_lp(c));
 }
 
 /* The reader's ops for chat: u is the choice. */
 static void chat_text(void *u, const char *p, size_t n)
 {
     srv_choice *c = u;
-    send_delta(c->req, c->index, json_pack("{s:s%}", "content", p, n), NULL);
+    send_delta_lp(c->req, c->index, json_pack("{s:s%}", "content", p, n), take_lp(c), NULL);
 }
 
 static void chat_head(void *u, const char *name, size_t n)
 {
     srv_choice *c = u;
+    drop_lp(c);
     char id[48];
     tools_call_id(c->req, c->index, id, sizeof id);
     send_delta(c->req, c->index,
@@ -372,6 +401,7 @@ static void chat_head(void *u, const char *name, size_t n)
 static void chat_args(void *u, const char *p, size_t n)
 {
     srv_choice *c = u;
+    drop_lp(c);
     send_delta(c->req, c->index,
                json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t)0, "function",
                          "arguments", p, n),
@@ -393,11 +423,19 @@ static void shape_open(srv_req *r)
 static void shape_chunk(srv_choice *c)
 {
     srv_req *r = c->req;
-    tools_state *st = state_of(r);
-    if (tools_reader_feed(&st->rd[c->index], c->text ? c->text : "", c->text_len, &chat_ops, c)
-        != 0)
+    tools_reader *rd = &state_of(r)->rd[c->index];
+    if (tools_reader_feed(rd, c->text ? c->text : "", c->text_len, &chat_ops, c) != 0)
         cmpl_fail_oom(r);
     c->text_len = 0;
+    /* Tokens that made no text yet: a text reply's go out now (as chat's
+     * without tools), a call's are dropped; undecided, they wait with the
+     * text they may still make. */
+    if (rd->state == TR_TEXT) {
+        json_t *lp = take_lp(c);
+        if (lp != NULL) send_delta_lp(r, c->index, json_pack("{s:s}", "content", ""), lp, NULL);
+    } else if (tools_reader_is_call(rd)) {
+        drop_lp(c);
+    }
 }
 
 static void shape_finish_stream(srv_req *r)
@@ -407,7 +445,12 @@ static void shape_finish_stream(srv_req *r)
         srv_choice *c = &r->cmpl->choices[i];
         int cut = c->finish != NULL && strcmp(c->finish, "length") == 0;
         int whole = tools_reader_end(&st->rd[i], cut, &chat_ops, c);
-        send_delta(r, i, json_object(), whole ? "tool_calls" : c->finish);
+        json_t *lp = take_lp(c); /* the last tokens', if they made no text */
+        if (tools_reader_is_call(&st->rd[i])) {
+            json_decref(lp);
+            lp = NULL;
+        }
+        send_delta_lp(r, i, json_object(), lp, whole ? "tool_calls" : c->finish);
     }
     cmpl_finish_stream_tail(r);
 }
@@ -426,6 +469,10 @@ static enum MHD_Result shape_send(srv_req *r)
         char *name, *args;
         json_t *msg;
         const char *finish = c->finish;
+        json_t *lp = NULL; /* logprobs asked: the content's ({content: null} for a call) */
+        if (c->lp != NULL) {
+            if ((lp = json_pack("{s:n}", "content")) == NULL) goto oom;
+        }
         if (tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &r->s->api->chat,
                              &name, &args)) {
             msg = json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls",
@@ -436,10 +483,26 @@ static enum MHD_Result shape_send(srv_req *r)
         } else {
             msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", c->text ? c->text : "",
                             c->text_len);
+            json_t *entries = lp ? json_array() : NULL;
+            for (size_t k = 0; entries != NULL && k < c->lpe_n; k++)
+                if (json_array_append_new(entries, lp_entry_json(r, &c->lpe[k], 1)) != 0) {
+                    json_decref(entries);
+                    entries = NULL;
+                }
+            if (lp != NULL && (entries == NULL || json_object_set_new(lp, "content", entries) != 0))
+                goto oom_lp;
         }
-        json_array_append_new(choices, json_pack("{s:I, s:o, s:n, s:s}", "index", (json_int_t)i,
-                                                 "message", msg, "logprobs", "finish_reason",
-                                                 finish ? finish : "stop"));
+        json_array_append_new(choices, json_pack("{s:I, s:o, s:o, s:s}", "index", (json_int_t)i,
+                                                 "message", msg, "logprobs", lp ? lp : json_null(),
+                                                 "finish_reason", finish ? finish : "stop"));
+        continue;
+    oom_lp:
+        json_decref(msg);
+        json_decref(lp);
+    oom:
+        json_decref(o);
+        json_decref(choices);
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", cmpl_usage_json(r));

@@ -232,10 +232,6 @@ int oai_parse_tools(const json_t *o, const oai_template *t, oai_request *r, oai_
                 "(send tool_choice \"none\" to use 'stop')");
         goto fail;
     }
-    if (mode != OAI_TOOLS_NONE && r->logprobs >= 0) {
-        oai_bad(err, "logprobs", "'logprobs' cannot be combined with 'tools' on this server");
-        goto fail;
-    }
     r->tool_mode = mode;
     if (mode != OAI_TOOLS_NONE) {
         json_t *schema = json_array_size(branches) == 1 ? json_incref(json_array_get(branches, 0))

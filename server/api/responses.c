@@ -291,10 +291,20 @@ static void rd_text(void *u, const char *p, size_t n)
     text_delta(u, p, n);
 }
 
+/* A call's tokens have no logprobs (an output_text part has them; a
+ * function_call item has none): c's entries so far are dropped. */
+static void drop_lp(srv_choice *c)
+{
+    if (c->lp == NULL || lp_count(c->lp) == 0) return;
+    json_decref(c->lp);
+    c->lp = lp_new(c->req);
+}
+
 static void rd_head(void *u, const char *name, size_t n)
 {
     srv_choice *c = u;
     resp_job *j = job_of(c->req);
+    drop_lp(c);
     free(j->call_name);
     if ((j->call_name = strndup(name, n)) == NULL) {
         cmpl_fail_oom(c->req);
@@ -309,6 +319,7 @@ static void rd_args(void *u, const char *p, size_t n)
 {
     srv_choice *c = u;
     resp_job *j = job_of(c->req);
+    drop_lp(c);
     if (http_append(&j->call_args, &j->args_len, &j->args_cap, p, n) != 0) {
         cmpl_fail_oom(c->req);
         return;
