@@ -623,9 +623,15 @@ typedef struct {
     rs_turns *prev;      /* previous_response_id's conversation (a reference), or NULL */
     oai_msg *in;         /* the input's messages, after it */
     size_t nin;
-    /* The prompt, made where it is tokenized (prepare), within limits read
-     * on the loop thread (fit_limit, prompt_budget): */
+    /* The prompt, made where it is tokenized (prepare), within limits fixed
+     * at routing (the model's context n_ctx, the tokenizer job's
+     * max_prompt_tokens: fit_limit, prompt_budget): */
+    size_t n_ctx;
     size_t fit, budget;
+    /* A large body parsed on a tokenizer thread whose conversation names
+     * stored items (previous_response_id, item_reference): its prompt is
+     * made after the loop thread has read them from the store. */
+    int deferred;
     size_t total;   /* messages in the conversation (history and input) */
     size_t dropped; /* truncation auto: the oldest of them left out */
     int too_long;   /* the prompt does not fit: ... */
@@ -651,7 +657,8 @@ typedef struct {
  * message back, fitted to the context as truncation says. 0. */
 int resp_prepare(srv_req *r);
 /* The most tokens a prompt that fits may have, and what truncation "auto"
- * cuts one to (read on the loop thread into resp_job.fit / .budget). */
+ * cuts one to (into resp_job.fit / .budget where the body is parsed; they
+ * read only what was fixed at routing). */
 size_t resp_fit_limit(const srv_req *r);
 size_t resp_prompt_budget(const srv_req *r);
 

@@ -18,29 +18,28 @@ static resp_job *job_of(const srv_req *r)
 
 /* The most tokens a prompt that fits can have: max_prompt_tokens, and the
  * context with max_output_tokens (without it, any room left: the reply is
- * cut to what fits). */
+ * cut to what fits). The limits are those fixed at routing (the job's
+ * n_ctx, the tokenizer job's max_prompt_tokens): any thread. */
 size_t resp_fit_limit(const srv_req *r)
 {
-    const eng_config *mc = eng_model_config(r->s->api->model);
+    size_t n_ctx = job_of(r)->n_ctx, max = r->tok->max_prompt_tokens;
     const oai_request *q = &r->cmpl->oreq;
-    size_t n = q->max_tokens_auto          ? mc->n_ctx - 1
-               : q->max_tokens < mc->n_ctx ? mc->n_ctx - q->max_tokens
-                                           : 0;
-    return n < r->s->cfg.max_prompt_tokens ? n : r->s->cfg.max_prompt_tokens;
+    size_t n = q->max_tokens_auto ? n_ctx - 1 : q->max_tokens < n_ctx ? n_ctx - q->max_tokens : 0;
+    return n < max ? n : max;
 }
 
 /* What truncation "auto" cuts a prompt to: max_prompt_tokens, and room in
  * the context for max_output_tokens (without it, for chat_max_tokens or
- * half the context, whichever is less). */
+ * half the context, whichever is less). Any thread, as resp_fit_limit. */
 size_t resp_prompt_budget(const srv_req *r)
 {
-    const eng_config *mc = eng_model_config(r->s->api->model);
+    size_t n_ctx = job_of(r)->n_ctx, max = r->tok->max_prompt_tokens;
     const oai_request *q = &r->cmpl->oreq;
     size_t out = q->max_tokens;
-    if (q->max_tokens_auto && out > mc->n_ctx / 2) out = mc->n_ctx / 2;
+    if (q->max_tokens_auto && out > n_ctx / 2) out = n_ctx / 2;
     if (q->max_tokens_auto && out == 0) out = 1;
-    size_t budget = out < mc->n_ctx ? mc->n_ctx - out : 0;
-    return budget < r->s->cfg.max_prompt_tokens ? budget : r->s->cfg.max_prompt_tokens;
+    size_t budget = out < n_ctx ? n_ctx - out : 0;
+    return budget < max ? budget : max;
 }
 
 /* ---- The prompt, made where it is tokenized --------------------------------

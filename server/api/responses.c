@@ -664,6 +664,95 @@ static int build_conv(srv_req *r, enum MHD_Result *rc)
     return 0;
 }
 
+/* The body parsed into the job, and what its prompt's making needs (the
+ * request moved to the completion job, its prompt slot, the format's work,
+ * the reader, the limits): pure, on the loop thread or a tokenizer thread.
+ * 0, or -1 with cmpl->parse_err set. */
+static int parse_body(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &r->s->api->chat,
+                            &j->rq, &r->cmpl->parse_err)
+        != 0)
+        return -1;
+    r->cmpl->oreq = j->rq.req; /* moved: the job frees it */
+    memset(&j->rq.req, 0, sizeof j->rq.req);
+    oai_request *q = &r->cmpl->oreq;
+    q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
+    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0) {
+        oai_error_set(&r->cmpl->parse_err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    q->nprompts = 1;
+    cmpl_job_prediction(r); /* a prediction: encoded where the prompt is tokenized */
+    if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
+        r->tok->work = cmpl_compile_format;
+    tools_reader_init(&j->rd, q->tool_mode, r->s->api->chat.call_prefix);
+    j->fit = resp_fit_limit(r);
+    j->budget = resp_prompt_budget(r);
+    return 0;
+}
+
+/* A large body's work on a tokenizer thread (tok_prompts' parser): the
+ * parse, then the prompt, unless the conversation names stored items, which
+ * only the loop thread may read (deferred: its prompt is made after). */
+static int parse_and_prepare(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    if (parse_body(r) != 0) return -1;
+    j->deferred = j->rq.previous_id != NULL;
+    for (size_t i = 0; i < j->rq.nmsgs; i++) j->deferred |= j->rq.msgs[i].ref != NULL;
+    if (j->deferred) { /* the prediction too is encoded on the second trip */
+        r->tok->pred_text = NULL;
+        return 0;
+    }
+    j->in = j->rq.msgs; /* the conversation is the input alone (moved) */
+    j->nin = j->rq.nmsgs;
+    j->rq.msgs = NULL;
+    j->rq.nmsgs = 0;
+    return resp_prepare(r);
+}
+
+/* The response's ids, the model it names and its speculation's drafter. 1,
+ * or 0 with the 404 or 400 queued (*rc). */
+static int named_ok(srv_req *r, enum MHD_Result *rc)
+{
+    srv *s = r->s;
+    const oai_request *q = &r->cmpl->oreq;
+    new_ids(s, r->id, sizeof r->id, job_of(r)->msg_id, sizeof job_of(r)->msg_id);
+    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model)) {
+        *rc = http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                              "The model '%s' does not exist; this server serves '%s'", q->model,
+                              s->cfg.model_name);
+        return 0;
+    }
+    return cmpl_speculation_ok(r, rc);
+}
+
+/* A parsed body's conversation (the store read here, on the loop thread),
+ * then its prompt, made where it is tokenized: on a tokenizer thread when
+ * a stored history or a format is involved, or the body is large. */
+static enum MHD_Result start_prompt(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    enum MHD_Result rc;
+    if (build_conv(r, &rc) != 0) return rc;
+    cmpl_job_prediction(r);
+    r->tok->heavy = r->cmpl->oreq.format != OAI_FORMAT_NONE || j->prev != NULL;
+    return tok_prompts(r, resp_prepare, after_tokenize);
+}
+
+/* The continuation of a large body parsed (and its prompt made, unless
+ * deferred) on a tokenizer thread. */
+static enum MHD_Result after_worker_parse(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_TOKENIZING);
+    if (r->tok->parse_failed) return cmpl_send_oai_error(r, &r->cmpl->parse_err);
+    enum MHD_Result rc;
+    if (!named_ok(r, &rc)) return rc;
+    return job_of(r)->deferred ? start_prompt(r) : after_tokenize(r);
+}
+
 enum MHD_Result resp_route(srv_req *r)
 {
     assert(r->state == HTTP_REQ_BODY);
@@ -683,7 +772,10 @@ enum MHD_Result resp_route(srv_req *r)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     r->cmpl->shape = &resp_shape;
     r->cmpl->shape_data = j;
+    /* What a tokenizer thread may read, fixed here (a reload changes the
+     * config on the loop thread meanwhile). */
     r->tok->max_prompt_tokens = s->cfg.max_prompt_tokens;
+    j->n_ctx = mc->n_ctx;
     r->cmpl->chat = 1;
     r->cmpl->lim = (oai_limits){.vocab_size = mc->n_vocab,
                                 .max_tokens_limit = s->cfg.max_tokens_limit,
@@ -691,33 +783,13 @@ enum MHD_Result resp_route(srv_req *r)
                                 .max_stop_bytes = SRV_MAX_STOP_BYTES,
                                 .max_prompts = 1,
                                 .chat_max_tokens = s->cfg.chat_max_tokens};
-    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &s->api->chat,
-                            &j->rq, &r->cmpl->parse_err)
-        != 0)
-        return cmpl_send_oai_error(r, &r->cmpl->parse_err);
-    r->cmpl->oreq = j->rq.req; /* moved: the job frees it */
-    memset(&j->rq.req, 0, sizeof j->rq.req);
-    oai_request *q = &r->cmpl->oreq;
-    new_ids(s, r->id, sizeof r->id, j->msg_id, sizeof j->msg_id);
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
-        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                               "The model '%s' does not exist; this server serves '%s'", q->model,
-                               s->cfg.model_name);
+    /* A large body is parsed, and its prompt made, on a tokenizer thread
+     * (parsing 1 MB of JSON holds every stream's next token ~10 ms), as
+     * completions' and chat's are. */
+    if (r->body_len >= SRV_TOKENIZE_INLINE_BYTES)
+        return tok_prompts(r, parse_and_prepare, after_worker_parse);
+    if (parse_body(r) != 0) return cmpl_send_oai_error(r, &r->cmpl->parse_err);
     enum MHD_Result rc;
-    if (build_conv(r, &rc) != 0) return rc;
-    q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
-    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0)
-        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-    q->nprompts = 1;
-    cmpl_job_prediction(r);
-    if (!cmpl_speculation_ok(r, &rc)) return rc;
-    if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
-        r->tok->work = cmpl_compile_format;
-    /* The prompt is made where it is tokenized: on a tokenizer thread when
-     * a stored history or a format is involved (or the body is large). */
-    r->tok->heavy = q->format != OAI_FORMAT_NONE || j->prev != NULL;
-    tools_reader_init(&j->rd, q->tool_mode, s->api->chat.call_prefix);
-    j->fit = resp_fit_limit(r);
-    j->budget = resp_prompt_budget(r);
-    return tok_prompts(r, resp_prepare, after_tokenize);
+    if (!named_ok(r, &rc)) return rc;
+    return start_prompt(r);
 }
