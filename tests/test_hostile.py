@@ -1109,6 +1109,26 @@ def case_responses_flood(ctx):
     check(st1 == 200 and st2 == 200, "greedy responses: %d, %d" % (st1, st2))
     t1, t2 = json.loads(b1)["output_text"], json.loads(b2)["output_text"]
     check(t1 == t2, "a body padded past 64 KiB gave %r, the compact one %r" % (t2, t1))
+    # A large body naming stored items: parsed on a tokenizer thread, the
+    # store read on the loop thread, the prompt made on a second trip.
+    st, _, b = request(srv.port, "POST", "/v1/responses", json.dumps(
+        {"model": "gpt2", "input": "Remember", "max_output_tokens": 3, "temperature": 0}))
+    check(st == 200, "a stored response: %d %r" % (st, b[:200]))
+    first = json.loads(b)
+    follow = {"model": "gpt2", "previous_response_id": first["id"], "max_output_tokens": 5, "temperature": 0,
+              "store": False, "input": [{"type": "item_reference", "id": first["output"][0]["id"]},
+                                        {"role": "user", "content": "Again"}]}
+    st1, _, b1 = request(srv.port, "POST", "/v1/responses", json.dumps(follow))
+    st2, _, b2 = request(srv.port, "POST", "/v1/responses", (json.dumps(follow) + " " * 70000).encode())
+    check(st1 == 200 and st2 == 200, "a follow-up, compact and padded: %d %r, %d %r" % (st1, b1[:200], st2, b2[:200]))
+    r1, r2 = json.loads(b1), json.loads(b2)
+    check(r1["output_text"] == r2["output_text"] and r1["usage"]["input_tokens"] == r2["usage"]["input_tokens"],
+          "a padded follow-up gave %r (%d input tokens), the compact one %r (%d)"
+          % (r2["output_text"], r2["usage"]["input_tokens"], r1["output_text"], r1["usage"]["input_tokens"]))
+    st, _, b = request(srv.port, "POST", "/v1/responses", (json.dumps(dict(follow, previous_response_id="resp_x"))
+                                                          + " " * 70000).encode())
+    check(st == 404 and error_envelope(b, "a padded unknown id")["param"] == "previous_response_id",
+          "a padded body naming no stored response got %d %r" % (st, b[:200]))
     st, _, b = request(srv.port, "POST", "/v1/responses",
                        (json.dumps({"input": "x", "reasoning": {"effort": "high"}}) + " " * 70000).encode())
     check(st == 400 and error_envelope(b, "a padded refusal").get("param") == "reasoning",
