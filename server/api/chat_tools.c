@@ -428,12 +428,13 @@ static void shape_chunk(srv_choice *c)
         cmpl_fail_oom(r);
     c->text_len = 0;
     /* Tokens that made no text yet: a text reply's go out now (as chat's
-     * without tools), a call's are dropped; undecided, they wait with the
-     * text they may still make. */
+     * without tools), a call's arguments' are dropped; undecided (the
+     * marker, or a call's head before its name: a reply cut there is
+     * text), they wait with the text they may still make. */
     if (rd->state == TR_TEXT) {
         json_t *lp = take_lp(c);
         if (lp != NULL) send_delta_lp(r, c->index, json_pack("{s:s}", "content", ""), lp, NULL);
-    } else if (tools_reader_is_call(rd)) {
+    } else if (rd->state == TR_ARGS) {
         drop_lp(c);
     }
 }
@@ -446,7 +447,7 @@ static void shape_finish_stream(srv_req *r)
         int cut = c->finish != NULL && strcmp(c->finish, "length") == 0;
         int whole = tools_reader_end(&st->rd[i], cut, &chat_ops, c);
         json_t *lp = take_lp(c); /* the last tokens', if they made no text */
-        if (tools_reader_is_call(&st->rd[i])) {
+        if (st->rd[i].state == TR_ARGS) {
             json_decref(lp);
             lp = NULL;
         }
