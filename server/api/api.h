@@ -19,7 +19,8 @@
  *   responses.c    /v1/responses: a Responses request onto the chat
  *                  completion (its template, job, SSE writer), the
  *                  response object and its semantic stream events
- *   resp_prompt.c  a Responses request's prompt, made where it is tokenized
+ *   resp_prompt.c  a Responses request's conversation (the store read) and
+ *                  its prompt, made where it is tokenized
  *   resp_routes.c  GET/DELETE /v1/responses/{id}, .../input_items
  *   resp_store.c   the stored responses (bounded, shared fairly by API keys)
  *   oai.c          OpenAI request parsing and validation (pure): errors,
@@ -651,6 +652,11 @@ typedef struct {
     size_t args_len, args_cap;
 } resp_job;
 
+/* resp_prompt.c: the conversation of a Responses request: the previous
+ * response's stored node (a reference), then the input's items, each
+ * item_reference made the stored item it names (a copy). Thread: loop (the
+ * store is the loop's). 0; -1 with the error sent (*rc). */
+int resp_build_conv(srv_req *r, enum MHD_Result *rc);
 /* resp_prompt.c: the prompt of a Responses request, made where it is
  * tokenized (the tokenizer job's parser; a tokenizer thread when a stored
  * history or a format is involved): the conversation from its newest

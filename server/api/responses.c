@@ -564,106 +564,6 @@ static void new_ids(srv *s, char *resp_id, size_t resp_len, char *msg_id, size_t
     snprintf(msg_id, msg_len, "msg_%s", hex);
 }
 
-/* An input's item_reference (m->ref) made the item it names, a copy:
- * "msg_X" (or "fc_X", a call) is response resp_X's output, "msg_X_inK"
- * (or "fc_X_inK", "fco_X_inK": a call, an output) its input item K, of a
- * response stored for this key. The copies of one request add up to at
- * most max_body_bytes (*bytes so far), as a body's text does. 0; -1 with
- * the 404 or 400 sent (*rc). */
-static int resolve_ref(srv_req *r, oai_msg *m, size_t i, size_t *bytes, enum MHD_Result *rc)
-{
-    char rid[64];
-    static const char *const kinds[] = {"msg_", "fc_", "fco_"};
-    const char *hex = NULL;
-    for (size_t p = 0; hex == NULL && p < sizeof kinds / sizeof kinds[0]; p++)
-        if (strncmp(m->ref, kinds[p], strlen(kinds[p])) == 0) hex = m->ref + strlen(kinds[p]);
-    size_t hn = hex ? strcspn(hex, "_") : 0;
-    unsigned long k = 0;
-    int input = hex != NULL && strncmp(hex + hn, "_in", 3) == 0;
-    if (input) {
-        char *end;
-        k = strtoul(hex + hn + 3, &end, 10);
-        if (*end != '\0' || hex[hn + 3] == '\0') hex = NULL;
-    } else if (hex != NULL && hex[hn] != '\0') {
-        hex = NULL;
-    }
-    const rs_entry *e = NULL;
-    if (hex != NULL && hn > 0 && hn + 6 < sizeof rid) {
-        snprintf(rid, sizeof rid, "resp_%.*s", (int)hn, hex);
-        e = rs_get(r->s->api->resp_store, rid, r->key_id);
-    }
-    const rs_turns *t = e ? e->turns : NULL;
-    const rs_msg *src = t == NULL || t->n < e->nin + 1 ? NULL
-                        : !input                       ? &t->msg[t->n - 1]
-                        : k < e->nin                   ? &t->msg[t->n - 1 - e->nin + k]
-                                                       : NULL;
-    if (src == NULL) {
-        *rc = http_send_error(r, 404, "invalid_request_error", "item_not_found", "input", NULL,
-                              "'input[%zu]' refers to item '%.64s', which is not a message of a "
-                              "response stored for this key (stored responses live in memory, "
-                              "bounded, until a restart): send the message itself",
-                              i, m->ref);
-        return -1;
-    }
-    if (src->len > r->s->cfg.max_body_bytes - *bytes) {
-        *rc = http_send_error(r, 400, "invalid_request_error", NULL, "input", NULL,
-                              "'input[%zu]': the item references' messages come to more than "
-                              "%zu bytes (max_body_bytes, as the body's own text); refer to "
-                              "fewer, or use previous_response_id",
-                              i, r->s->cfg.max_body_bytes);
-        return -1;
-    }
-    *bytes += src->len;
-    m->text = malloc(src->len + 1);
-    if (m->text == NULL) {
-        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-        return -1;
-    }
-    memcpy(m->text, src->text, src->len + 1);
-    m->len = src->len;
-    m->role = src->role;
-    m->kind = src->kind;
-    m->name = src->name ? strdup(src->name) : NULL;
-    m->call_id = src->call_id ? strdup(src->call_id) : NULL;
-    if ((src->name && m->name == NULL) || (src->call_id && m->call_id == NULL)) {
-        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-        return -1;
-    }
-    free(m->ref);
-    m->ref = NULL;
-    return 0;
-}
-
-/* The conversation: the previous response's (a reference to its stored
- * node, not a copy), then the input's messages (moved). 0; -1 with the
- * error sent (*rc). */
-static int build_conv(srv_req *r, enum MHD_Result *rc)
-{
-    resp_job *j = job_of(r);
-    if (j->rq.previous_id != NULL) {
-        const rs_entry *prev = rs_get(r->s->api->resp_store, j->rq.previous_id, r->key_id);
-        if (prev == NULL) {
-            *rc = http_send_error(r, 404, "invalid_request_error", "previous_response_not_found",
-                                  "previous_response_id", NULL,
-                                  "Previous response with id '%.64s' not found (never made, "
-                                  "made with another key, deleted, or no longer kept: stored "
-                                  "responses live in memory, bounded, until a restart)",
-                                  j->rq.previous_id);
-            return -1;
-        }
-        j->prev = rs_turns_ref(prev->turns);
-    }
-    size_t bytes = 0;
-    for (size_t i = 0; i < j->rq.nmsgs; i++)
-        if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, &bytes, rc) != 0)
-            return -1;
-    j->in = j->rq.msgs; /* moved */
-    j->nin = j->rq.nmsgs;
-    j->rq.msgs = NULL;
-    j->rq.nmsgs = 0;
-    return 0;
-}
-
 /* The body parsed into the job, and what its prompt's making needs (the
  * request moved to the completion job, its prompt slot, the format's work,
  * the reader, the limits): pure, on the loop thread or a tokenizer thread.
@@ -684,7 +584,7 @@ static int parse_body(srv_req *r)
         return -1;
     }
     q->nprompts = 1;
-    cmpl_job_prediction(r); /* a prediction: encoded where the prompt is tokenized */
+    cmpl_job_prediction(r);           /* a prediction: encoded where the prompt is tokenized */
     if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
         r->tok->work = cmpl_compile_format;
     tools_reader_init(&j->rd, q->tool_mode, r->s->api->chat.call_prefix);
@@ -736,7 +636,7 @@ static enum MHD_Result start_prompt(srv_req *r)
 {
     resp_job *j = job_of(r);
     enum MHD_Result rc;
-    if (build_conv(r, &rc) != 0) return rc;
+    if (resp_build_conv(r, &rc) != 0) return rc;
     cmpl_job_prediction(r);
     r->tok->heavy = r->cmpl->oreq.format != OAI_FORMAT_NONE || j->prev != NULL;
     return tok_prompts(r, resp_prepare, after_tokenize);
