@@ -34,11 +34,6 @@ post() { curl -s -m 30 "$base$1" -H 'Content-Type: application/json' -d "$2"; }
 fixture_main() {
     start main --model-name gpt2,gpt-3.5-turbo-instruct,openai-community/gpt2 --api-key test-key-123 --info-interval 1
 }
-# Tools need room: their list alone is over the tiny model's 128 positions.
-fixture_long() {
-    srv_model "$dir/long" long
-    srv_start long "$dir/long" --kv-cache-mb 64 --api-key test-key-123
-}
 auth=(-H 'Authorization: Bearer test-key-123')
 v=$("$gpt2d" --version)
 
@@ -539,109 +534,6 @@ labels trained "$dir/trained" gpt2d-tiny gpt2d trained "$desc"
 labels named "$dir/trained" my-model gpt2d trained "$desc" --model-name my-model,gpt2
 }
 
-# Function tools on chat, on the wire: tool_choice auto answers text, and
-# a reply whose first token begins the marker (forced here with logit_bias)
-# becomes a call, whole and streamed (no marker in any content delta);
-# required and a named function; the prompt reads earlier calls and tool
-# results; refusals name the field (a schema outside the subset: `tools`).
-case_tool_calls() {
-/usr/bin/python3 - "$base" <<'PY'
-import json, sys, urllib.request, urllib.error
-base = sys.argv[1]
-H = {"Authorization": "Bearer test-key-123", "Content-Type": "application/json"}
-def call(path, body, raw=False):
-    req = urllib.request.Request(base + path, json.dumps(body).encode(), H)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, (r.read().decode() if raw else json.load(r))
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
-add = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-       "required": ["a", "b"], "additionalProperties": False}
-tools = [{"type": "function", "function": {"name": "add", "description": "Adds", "parameters": add}}]
-msgs = [{"role": "user", "content": "Add 2 and 3."}]
-def valid(c):
-    f = c["function"]
-    a = json.loads(f["arguments"])
-    assert f["name"] == "add" and set(a) == {"a", "b"} and all(type(v) is int for v in a.values()), c
-    assert c["type"] == "function" and c["id"].startswith("call_") and len(c["id"]) == 29, c
-st, tok = call("/tokenize", {"prompt": " <"})
-marker0 = tok["tokens"][0]
-# auto, no push: text, as without tools.
-st, d = call("/v1/chat/completions", {"messages": msgs, "tools": tools, "max_tokens": 6, "seed": 1})
-m = d["choices"][0]["message"]
-assert st == 200 and isinstance(m["content"], str) and "tool_calls" not in m, d
-# auto, the first token pushed to begin the marker: a call, valid.
-push = {"logit_bias": {str(marker0): 100}}
-st, d = call("/v1/chat/completions", dict({"messages": msgs, "tools": tools, "max_tokens": 100, "seed": 2}, **push))
-c = d["choices"][0]
-assert st == 200 and c["finish_reason"] == "tool_calls" and c["message"]["content"] is None, d
-valid(c["message"]["tool_calls"][0])
-# ... streamed: no marker in the content, the same call.
-st, raw = call("/v1/chat/completions", dict({"messages": msgs, "tools": tools, "max_tokens": 100, "seed": 2,
-                                             "stream": True}, **push), raw=True)
-name, args, finish = "", "", None
-for line in raw.split("\n\n"):
-    if not line.startswith("data: {"):
-        continue
-    ch = json.loads(line[6:])["choices"][0]
-    assert "<tool" not in (ch["delta"].get("content") or ""), ch
-    for t in ch["delta"].get("tool_calls", []):
-        name += t.get("function", {}).get("name", "")
-        args += t.get("function", {}).get("arguments", "")
-    finish = ch["finish_reason"] or finish
-assert finish == "tool_calls" and name == "add" and args == c["message"]["tool_calls"][0]["function"]["arguments"], (name, args, finish)
-# required and named, n = 2: every choice a valid call.
-for choice in ("required", {"type": "function", "function": {"name": "add"}}):
-    st, d = call("/v1/chat/completions", {"messages": msgs, "tools": tools, "tool_choice": choice, "n": 2,
-                                          "max_tokens": 100, "seed": 3})
-    assert st == 200 and len(d["choices"]) == 2, d
-    for c in d["choices"]:
-        assert c["finish_reason"] == "tool_calls", c
-        valid(c["message"]["tool_calls"][0])
-# tool_choice none: the tools are not offered (no call, no format).
-st, d = call("/v1/chat/completions", dict({"messages": msgs, "tools": tools, "tool_choice": "none",
-                                           "max_tokens": 6, "seed": 2}, **push))
-assert st == 200 and "tool_calls" not in d["choices"][0]["message"], d
-# A conversation with an earlier call and its result.
-turn = msgs + [{"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":2,\"b\":3}"}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
-st, d = call("/v1/chat/completions", {"messages": turn, "tools": tools, "max_tokens": 4})
-assert st == 200, d
-# Refusals, each naming its field.
-deep = {"type": "integer"}  # past the structured outputs' nesting bound
-for _ in range(70):
-    deep = {"items": deep}
-deep = {"type": "object", "properties": {"x": deep}}
-for body, param in (
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}],
-          "tool_choice": "required"}, "tools"),
-        ({"tools": [{"type": "function", "function": {"name": "f%d" % i}} for i in range(129)]}, "tools"),
-        ({"tools": [{"type": "code_interpreter"}]}, "tools"),
-        ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "sub"}}}, "tool_choice"),
-        ({"tools": tools, "response_format": {"type": "json_object"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": deep}}], "tool_choice": "required"}, "tools")):
-    st, d = call("/v1/chat/completions", dict({"messages": msgs, "max_tokens": 4}, **body))
-    assert st == 400 and d["error"]["param"] == param, (param, st, d)
-print("tool calls: ok")
-PY
-}
-
-# Function tools on chat through the clients (tests/differential/openai_tools.mjs):
-# the OpenAI client (required, a named function, streamed, a follow-up with
-# the result), the AI SDK's generateText with toolChoice 'required' and
-# LangChain's bindTools and withStructuredOutput (functionCalling); every
-# call's arguments validated against its schema.
-case_tool_clients() {
-need_node_module openai
-need_node_module ai
-need_node_module @ai-sdk/openai
-need_node_module @langchain/openai
-need_node_module ajv
-node "$here/differential/openai_tools.mjs" "$base/v1" test-key-123 || fail "tool clients"
-}
-
 # POST /v1/embeddings: OpenAI's shape (float and base64 the same numbers),
 # the vector against the numpy reference (the mean of ln_f's rows, length
 # 1) on the tiny checkpoint, the same bits alone and among 80 other inputs,
@@ -721,6 +613,6 @@ node "$here/differential/openai_embeddings.mjs" "$base/v1" test-key-123 || fail 
 # The long fixture last of the shared ones: starting it sets $base.
 CASES=(command_line bad_template model_ids:main model_names:main chat_transcript:main
        chat_fields:main chat_clients:main responses_clients:main embeddings:main embeddings_clients:main
-       version:main metrics:main tool_calls:long tool_clients:long nochat template playground
+       version:main metrics:main nochat template playground
        model_labels)
 run_cases "$@"

@@ -45,7 +45,7 @@ CASE_LIMIT_S = 30
 # windows, and six more when the first comparison fails). Under a sanitizer
 # every limit is doubled (run_cases): several cases use 60-75 % of theirs
 # under ASan on a loaded machine.
-CASE_LIMITS = {"tokenize_flood": 75, "completion_flood": 150, "big_answers_allowed": 240}
+CASE_LIMITS = {"tokenize_flood": 75, "completion_flood": 150, "responses_flood": 120, "big_answers_allowed": 240}
 
 
 class Fail(Exception):
@@ -1005,6 +1005,8 @@ def flood_windows(srv, route, big):
                 loaded.append(window(True))
             u, l = statistics.median(unloaded), statistics.median(loaded)
             if l <= 2 * u:
+                print("  %s flood: median inter-token gap %.1f ms, unloaded %.1f ms (%d bodies posted)"
+                      % (route, l * 1e3, u * 1e3, state["posted"]))
                 break
             check(attempt == 1, "median inter-token gap %.1f ms during the %s flood, unloaded %.1f ms, "
                   "twice (over 2x; windows unloaded %s, loaded %s ms; %d bodies posted)"
@@ -1081,6 +1083,56 @@ def case_completion_flood(ctx):
     check(st1 == 200 and st2 == 200, "greedy completions: %d, %d" % (st1, st2))
     t1, t2 = json.loads(b1)["choices"][0]["text"], json.loads(b2)["choices"][0]["text"]
     check(t1 == t2, "a body padded past 64 KiB gave %r, the compact one %r" % (t2, t1))
+
+
+def case_responses_flood(ctx):
+    """3: eight clients posting 1 MB /v1/responses bodies (15,000 input
+    messages each, a conversation past the context: parsed, its prompt
+    counted and refused) keep a stream's median inter-token gap within 2x
+    its unloaded value: a Responses body of 64 KiB or more is parsed, and
+    its prompt made, on a tokenizer thread as completions' and chat's are;
+    one parsed on the loop thread holds every stream's next token."""
+    srv = Server(ctx, ctx.models.get("slow"), "--max-body-bytes", "2000000", "--max-prompt-tokens", "1024",
+                 "--tokenize-concurrency", "1")
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hello there %d" % i} for i in range(15000)]
+    big = json.dumps({"model": "gpt2", "input": msgs, "max_output_tokens": 1}).encode()
+    check(len(big) > 600000, "the flood's body is only %d bytes" % len(big))
+    st, _, b = request(srv.port, "POST", "/v1/responses", big, timeout=25)
+    check(st == 400 and "context" in error_envelope(b, "a 15,000-message input")["message"],
+          "a conversation past the context got %d %r" % (st, b[:200]))
+    flood_windows(srv, "/v1/responses", big)
+    # The body parsed off the loop gives what the compact one gives, and a
+    # large body's errors still name their field.
+    greedy = {"model": "gpt2", "input": "Padded", "max_output_tokens": 5, "temperature": 0, "store": False}
+    st1, _, b1 = request(srv.port, "POST", "/v1/responses", json.dumps(greedy))
+    st2, _, b2 = request(srv.port, "POST", "/v1/responses", (json.dumps(greedy) + " " * 70000).encode())
+    check(st1 == 200 and st2 == 200, "greedy responses: %d, %d" % (st1, st2))
+    t1, t2 = json.loads(b1)["output_text"], json.loads(b2)["output_text"]
+    check(t1 == t2, "a body padded past 64 KiB gave %r, the compact one %r" % (t2, t1))
+    # A large body naming stored items: parsed on a tokenizer thread, the
+    # store read on the loop thread, the prompt made on a second trip.
+    st, _, b = request(srv.port, "POST", "/v1/responses", json.dumps(
+        {"model": "gpt2", "input": "Remember", "max_output_tokens": 3, "temperature": 0}))
+    check(st == 200, "a stored response: %d %r" % (st, b[:200]))
+    first = json.loads(b)
+    follow = {"model": "gpt2", "previous_response_id": first["id"], "max_output_tokens": 5, "temperature": 0,
+              "store": False, "input": [{"type": "item_reference", "id": first["output"][0]["id"]},
+                                        {"role": "user", "content": "Again"}]}
+    st1, _, b1 = request(srv.port, "POST", "/v1/responses", json.dumps(follow))
+    st2, _, b2 = request(srv.port, "POST", "/v1/responses", (json.dumps(follow) + " " * 70000).encode())
+    check(st1 == 200 and st2 == 200, "a follow-up, compact and padded: %d %r, %d %r" % (st1, b1[:200], st2, b2[:200]))
+    r1, r2 = json.loads(b1), json.loads(b2)
+    check(r1["output_text"] == r2["output_text"] and r1["usage"]["input_tokens"] == r2["usage"]["input_tokens"],
+          "a padded follow-up gave %r (%d input tokens), the compact one %r (%d)"
+          % (r2["output_text"], r2["usage"]["input_tokens"], r1["output_text"], r1["usage"]["input_tokens"]))
+    st, _, b = request(srv.port, "POST", "/v1/responses", (json.dumps(dict(follow, previous_response_id="resp_x"))
+                                                          + " " * 70000).encode())
+    check(st == 404 and error_envelope(b, "a padded unknown id")["param"] == "previous_response_id",
+          "a padded body naming no stored response got %d %r" % (st, b[:200]))
+    st, _, b = request(srv.port, "POST", "/v1/responses",
+                       (json.dumps({"input": "x", "reasoning": {"effort": "high"}}) + " " * 70000).encode())
+    check(st == 400 and error_envelope(b, "a padded refusal").get("param") == "reasoning",
+          "a padded body asking for reasoning got %d %r" % (st, b[:200]))
 
 
 def thread_nices(pid):
@@ -3063,7 +3115,7 @@ def case_big_answers_allowed(ctx):
 
 
 # The checkpoints a case uses, made before its time limit starts.
-CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
+CASE_MODELS = {"tokenize_flood": ["slow"], "completion_flood": ["slow"], "responses_flood": ["slow"], "stalled_stream": ["thin"], "never_admissible": ["deep"], "model_overwritten": ["long", "long2"],
                "model_rename_exit3": ["long", "long2"], "model_inplace_exit3": ["long", "long2"],
                "model_change_clean_endings": ["long", "long2"],
                "unseeded_replicas": ["tiny"]}
@@ -3835,6 +3887,7 @@ CASES = [
     ("stalled_stream", case_stalled_stream),
     ("tokenize_flood", case_tokenize_flood),
     ("completion_flood", case_completion_flood),
+    ("responses_flood", case_responses_flood),
     ("tokenize_queue", case_tokenize_queue),
     ("tokenizer_priority", case_tokenizer_priority),
     ("sigterm_timeout", case_sigterm_timeout),

@@ -663,7 +663,8 @@ START_TEST(oai_parse_responses_renders_as_chat)
     ck_assert_uint_eq(rq.req.n, 1);
     ck_assert_uint_eq(rq.req.nstop, 4); /* the template's */
     ck_assert_int_eq(rq.req.logprobs, 3);
-    oai_msg all[5] = {{OAI_ROLE_SYSTEM, rq.instructions, rq.instructions_len, NULL}};
+    oai_msg all[5] = {
+        {.role = OAI_ROLE_SYSTEM, .text = rq.instructions, .len = rq.instructions_len}};
     for (size_t i = 0; i < 4; i++) all[i + 1] = rq.msgs[i];
     char *text;
     size_t len;

@@ -946,7 +946,8 @@ static rs_entry *entry_after(resp_store *st, const char *id, uint64_t owner, siz
     ck_assert_ptr_nonnull(text);
     memset(text, 'x', bytes);
     text[bytes] = '\0';
-    rs_msg m[2] = {{OAI_ROLE_USER, "hi", 2}, {OAI_ROLE_ASSISTANT, text, bytes}};
+    rs_msg m[2] = {{.role = OAI_ROLE_USER, .text = "hi", .len = 2},
+                   {.role = OAI_ROLE_ASSISTANT, .text = text, .len = bytes}};
     rs_turns *t = rs_turns_new(st, owner, parent, m, 2, chain_max);
     free(text);
     ck_assert_ptr_nonnull(t);
@@ -1176,7 +1177,7 @@ START_TEST(rs_counted_bytes_match_heap)
     resp_store *st = rs_new();
     enum { N = 30, MSGS = 3000 };
     rs_msg *m = malloc(MSGS * sizeof *m);
-    for (int i = 0; i < MSGS; i++) m[i] = (rs_msg){OAI_ROLE_USER, "a", 1};
+    for (int i = 0; i < MSGS; i++) m[i] = (rs_msg){.role = OAI_ROLE_USER, .text = "a", .len = 1};
     char id[24];
     for (int k = 0; k < N; k++) {
         rs_turns *t = rs_turns_new(st, 9, NULL, m, MSGS, SIZE_MAX);
@@ -1186,7 +1187,8 @@ START_TEST(rs_counted_bytes_match_heap)
         json_decref(resp);
     }
     for (int k = 0; k < 20; k++) {
-        rs_msg big[2] = {{OAI_ROLE_USER, "q", 1}, {OAI_ROLE_ASSISTANT, NULL, 200000}};
+        rs_msg big[2] = {{.role = OAI_ROLE_USER, .text = "q", .len = 1},
+                         {.role = OAI_ROLE_ASSISTANT, .len = 200000}};
         char *text = calloc(200001, 1);
         memset(text, 'y', 200000);
         big[1].text = text;

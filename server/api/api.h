@@ -19,7 +19,8 @@
  *   responses.c    /v1/responses: a Responses request onto the chat
  *                  completion (its template, job, SSE writer), the
  *                  response object and its semantic stream events
- *   resp_prompt.c  a Responses request's prompt, made where it is tokenized
+ *   resp_prompt.c  a Responses request's conversation (the store read) and
+ *                  its prompt, made where it is tokenized
  *   resp_routes.c  GET/DELETE /v1/responses/{id}, .../input_items
  *   resp_store.c   the stored responses (bounded, shared fairly by API keys)
  *   oai.c          OpenAI request parsing and validation (pure): errors,
@@ -478,10 +479,12 @@ int tools_begin(srv_req *r);
  * with the call's marker, then the marker's tokens and the call compiled in
  * g (a reference is taken). 0, or -1 (out of memory). */
 int tools_mask_new(srv_req *r, gram *g, eng_mask *out);
-/* A whole reply read as a call of one of q's tools (by q's tool_mode): 1
- * with its name and arguments (compact JSON), both malloc'd; 0 when it is
- * text, a call cut short, or not one of the tools. */
-int tools_parse_call(const char *text, size_t len, const oai_request *q, char **name, char **args);
+/* A whole reply read as a call of one of q's tools (by q's tool_mode; with
+ * auto, a call begins with template t's marker): 1 with its name and
+ * arguments (compact JSON), both malloc'd; 0 when it is text, a call cut
+ * short, or not one of the tools. */
+int tools_parse_call(const char *text, size_t len, const oai_request *q, const oai_template *t,
+                     char **name, char **args);
 /* The id of choice index's call: "call_" and 24 hex digits. */
 void tools_call_id(const srv_req *r, size_t index, char *out, size_t len);
 /* A reply read as it streams (chat's and Responses' streams): its text
@@ -496,8 +499,11 @@ typedef struct {
     int state;
     char *buf;
     size_t len, cap;
+    const char *marker; /* the template's call_prefix (borrowed: the server's) */
 } tools_reader;
-void tools_reader_init(tools_reader *t, int mode);
+/* A reader for a reply of tool_mode mode whose calls begin with marker
+ * (borrowed; the chat template's call_prefix). */
+void tools_reader_init(tools_reader *t, int mode, const char *marker);
 void tools_reader_free(tools_reader *t);
 /* n more bytes of the reply (whole characters). 0, or -1 (out of memory). */
 int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_reader_ops *ops,
@@ -525,11 +531,16 @@ enum MHD_Result resp_route_delete(srv_req *r); /* DELETE /v1/responses/{id}     
 
 /* ---- resp_store.c ----------------------------------------------------------- */
 
-/* One message of a stored conversation (its text in its node). */
+/* One item of a stored conversation (its strings in its node): a message,
+ * or a function call (text: its arguments) or a call's output (text: the
+ * output), as oai_msg. */
 typedef struct {
     oai_role role;
     const char *text; /* NUL-terminated */
     size_t len;
+    int kind;            /* oai_msg_kind */
+    const char *name;    /* a call's; else NULL */
+    const char *call_id; /* a call's or an output's; else NULL */
 } rs_msg;
 
 /* A node of a stored conversation: its messages after those of parent,
@@ -613,9 +624,15 @@ typedef struct {
     rs_turns *prev;      /* previous_response_id's conversation (a reference), or NULL */
     oai_msg *in;         /* the input's messages, after it */
     size_t nin;
-    /* The prompt, made where it is tokenized (prepare), within limits read
-     * on the loop thread (fit_limit, prompt_budget): */
+    /* The prompt, made where it is tokenized (prepare), within limits fixed
+     * at routing (the model's context n_ctx, the tokenizer job's
+     * max_prompt_tokens: fit_limit, prompt_budget): */
+    size_t n_ctx;
     size_t fit, budget;
+    /* A large body parsed on a tokenizer thread whose conversation names
+     * stored items (previous_response_id, item_reference): its prompt is
+     * made after the loop thread has read them from the store. */
+    int deferred;
     size_t total;   /* messages in the conversation (history and input) */
     size_t dropped; /* truncation auto: the oldest of them left out */
     int too_long;   /* the prompt does not fit: ... */
@@ -635,13 +652,19 @@ typedef struct {
     size_t args_len, args_cap;
 } resp_job;
 
+/* resp_prompt.c: the conversation of a Responses request: the previous
+ * response's stored node (a reference), then the input's items, each
+ * item_reference made the stored item it names (a copy). Thread: loop (the
+ * store is the loop's). 0; -1 with the error sent (*rc). */
+int resp_build_conv(srv_req *r, enum MHD_Result *rc);
 /* resp_prompt.c: the prompt of a Responses request, made where it is
  * tokenized (the tokenizer job's parser; a tokenizer thread when a stored
  * history or a format is involved): the conversation from its newest
  * message back, fitted to the context as truncation says. 0. */
 int resp_prepare(srv_req *r);
 /* The most tokens a prompt that fits may have, and what truncation "auto"
- * cuts one to (read on the loop thread into resp_job.fit / .budget). */
+ * cuts one to (into resp_job.fit / .budget where the body is parsed; they
+ * read only what was fixed at routing). */
 size_t resp_fit_limit(const srv_req *r);
 size_t resp_prompt_budget(const srv_req *r);
 

@@ -6,7 +6,13 @@
  * "string"` per line, `#` comments, C-style escapes (\n \t \r \\ \") in the
  * strings. Keys: begin, system, user, assistant (each with `{content}`
  * exactly once), generation, stop (repeatable, up to four), trim_reply
- * (true/false, unquoted). docs/api.md shows an example.
+ * (true/false, unquoted); and how tools are written (docs/api.md, "Tool
+ * calls"): tools ({tools} once: the system message that lists them),
+ * tool_call ({call} once: a call as the model writes it; the text before
+ * {call} is the marker a reply begins a call with), tool_call_lead (white
+ * space a reply writes before the marker) and tool_result ({content} once:
+ * a tool's result, inside a user message). Each tool key is optional: the
+ * built-in format is the default. docs/api.md shows an example.
  */
 #include "errbuf.h"
 #include "oai.h"
@@ -19,6 +25,16 @@
 #define TEMPLATE_MAX_STRING 4096
 #define TEMPLATE_MAX_STOP_BYTES 256
 #define CONTENT "{content}"
+#define TOOLS "{tools}"
+#define CALL "{call}"
+
+/* The built-in tool format (docs/api.md, "Tool calls"). */
+#define DEFAULT_TOOLS                                                                              \
+    "You can call these tools. To call one, answer with <tool_call>{\"name\": ..., "               \
+    "\"arguments\": {...}}</tool_call>.\n" TOOLS
+#define DEFAULT_TOOL_CALL "<tool_call>" CALL "</tool_call>"
+#define DEFAULT_TOOL_CALL_LEAD " "
+#define DEFAULT_TOOL_RESULT "Tool result: " CONTENT
 
 void oai_template_free(oai_template *t)
 {
@@ -30,26 +46,41 @@ void oai_template_free(oai_template *t)
         free(t->suffix[i]);
     }
     for (size_t i = 0; i < t->nstop; i++) free(t->stop[i]);
+    free(t->tools_prefix);
+    free(t->tools_suffix);
+    free(t->call_prefix);
+    free(t->call_suffix);
+    free(t->call_lead);
+    free(t->result_prefix);
+    free(t->result_suffix);
     memset(t, 0, sizeof *t);
 }
 
-/* Splits a role's text at its one {content} into prefix and suffix. */
-static int set_role(oai_template *t, oai_role role, const char *text)
+/* Splits text at its one place (a placeholder, "{content}" ...) into
+ * *prefix and *suffix (replaced). 0; 1 when place is not there exactly
+ * once; -1 when out of memory. */
+static int set_split(char **prefix, char **suffix, const char *text, const char *place)
 {
-    const char *at = strstr(text, CONTENT);
-    if (at == NULL || strstr(at + 1, CONTENT) != NULL) return 1;
+    const char *at = strstr(text, place);
+    if (at == NULL || strstr(at + 1, place) != NULL) return 1;
     size_t n = (size_t)(at - text);
-    char *pre = strndup(text, n), *suf = strdup(at + strlen(CONTENT));
+    char *pre = strndup(text, n), *suf = strdup(at + strlen(place));
     if (pre == NULL || suf == NULL) {
         free(pre);
         free(suf);
         return -1;
     }
-    free(t->prefix[role]);
-    free(t->suffix[role]);
-    t->prefix[role] = pre;
-    t->suffix[role] = suf;
+    free(*prefix);
+    free(*suffix);
+    *prefix = pre;
+    *suffix = suf;
     return 0;
+}
+
+/* Splits a role's text at its one {content} into prefix and suffix. */
+static int set_role(oai_template *t, oai_role role, const char *text)
+{
+    return set_split(&t->prefix[role], &t->suffix[role], text, CONTENT);
 }
 
 static int set_string(char **slot, const char *text)
@@ -59,6 +90,19 @@ static int set_string(char **slot, const char *text)
     free(*slot);
     *slot = s;
     return 0;
+}
+
+/* The built-in tool format into t (a loaded file's keys replace it). 0, or
+ * -1 when out of memory. */
+static int set_tools_default(oai_template *t)
+{
+    return set_split(&t->tools_prefix, &t->tools_suffix, DEFAULT_TOOLS, TOOLS) != 0
+                   || set_split(&t->call_prefix, &t->call_suffix, DEFAULT_TOOL_CALL, CALL) != 0
+                   || set_string(&t->call_lead, DEFAULT_TOOL_CALL_LEAD) != 0
+                   || set_split(&t->result_prefix, &t->result_suffix, DEFAULT_TOOL_RESULT, CONTENT)
+                          != 0
+               ? -1
+               : 0;
 }
 
 /*
@@ -78,7 +122,7 @@ int oai_template_default(oai_template *t)
     if (set_string(&t->begin, "") != 0 || set_role(t, OAI_ROLE_SYSTEM, "{content}\n\n") != 0
         || set_role(t, OAI_ROLE_USER, "User: {content}\n\n") != 0
         || set_role(t, OAI_ROLE_ASSISTANT, "Assistant: {content}\n\n") != 0
-        || set_string(&t->generation, "Assistant:") != 0)
+        || set_string(&t->generation, "Assistant:") != 0 || set_tools_default(t) != 0)
         goto oom;
     static const char *const stops[] = {"\n\nUser:", "\nUser:", "\n\nAssistant:", "\nAssistant:"};
     for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
@@ -177,6 +221,38 @@ static int load_line(oai_template *t, char *s, const char *where, unsigned *seen
         if (key[0] == 'g') *seen |= 1u << OAI_NROLES;
         return 0;
     }
+    if (strcmp(key, "tools") == 0 || strcmp(key, "tool_call") == 0
+        || strcmp(key, "tool_result") == 0) { /* key[5]: '\0', 'c' or 'r' */
+        const char *place = key[5] == 'c' ? CALL : key[5] == 'r' ? CONTENT : TOOLS;
+        char **pre = key[5] == 'c'   ? &t->call_prefix
+                     : key[5] == 'r' ? &t->result_prefix
+                                     : &t->tools_prefix;
+        char **suf = key[5] == 'c'   ? &t->call_suffix
+                     : key[5] == 'r' ? &t->result_suffix
+                                     : &t->tools_suffix;
+        int rc = set_split(pre, suf, text, place);
+        if (rc > 0)
+            return ERRBUF_FAIL(err, errlen, -1, "%s: %s must hold %s exactly once", where, key,
+                               place);
+        if (rc < 0) return ERRBUF_FAIL(err, errlen, -1, "%s: out of memory", where);
+        /* The marker: a reply that begins with it is a call. */
+        if (key[5] == 'c' && (t->call_prefix[0] == '\0' || strspn(t->call_prefix, " \t\r\n") > 0))
+            return ERRBUF_FAIL(err, errlen, -1,
+                               "%s: tool_call must begin with its marker (text before %s, not "
+                               "starting with white space)",
+                               where, CALL);
+        return 0;
+    }
+    if (strcmp(key, "tool_call_lead") == 0) {
+        if (strspn(text, " \t\r\n") != (size_t)n)
+            return ERRBUF_FAIL(err, errlen, -1,
+                               "%s: tool_call_lead must be white space (spaces, tabs, newlines) "
+                               "or empty",
+                               where);
+        if (set_string(&t->call_lead, text) != 0)
+            return ERRBUF_FAIL(err, errlen, -1, "%s: out of memory", where);
+        return 0;
+    }
     if (strcmp(key, "stop") == 0) {
         if (n == 0 || n > TEMPLATE_MAX_STOP_BYTES)
             return ERRBUF_FAIL(err, errlen, -1, "%s: a stop string must be 1 to %d bytes", where,
@@ -191,7 +267,7 @@ static int load_line(oai_template *t, char *s, const char *where, unsigned *seen
     }
     return ERRBUF_FAIL(err, errlen, -1,
                        "%s: unknown key '%.40s' (begin, system, user, assistant, generation, stop, "
-                       "trim_reply)",
+                       "trim_reply, tools, tool_call, tool_call_lead, tool_result)",
                        where, key);
 }
 
@@ -206,7 +282,7 @@ int oai_template_load(const char *path, oai_template *t, char *err, size_t errle
     char *line = NULL, where[512];
     size_t cap = 0, lineno = 0;
     ssize_t got;
-    if (set_string(&t->begin, "") != 0) {
+    if (set_string(&t->begin, "") != 0 || set_tools_default(t) != 0) {
         errbuf_set(err, errlen, "%s: out of memory", path);
         goto done;
     }

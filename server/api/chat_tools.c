@@ -4,14 +4,16 @@
  * (oai_request.tool_mode, the call's schema in format_src); this file makes
  * the call happen and answers it in OpenAI's shape.
  *
- * A call is the text OAI_TOOL_CALL_BEGIN then {"name":N,"arguments":{...}}
- * (compact JSON, name first: the structured-outputs grammar writes an
- * object's properties in the order its schema gives them).
+ * A call is the chat template's marker (oai_template.call_prefix, after
+ * its call_lead) then {"name":N,"arguments":{...}} (compact JSON, name
+ * first: the structured-outputs grammar writes an object's properties in
+ * the order its schema gives them).
  *   - tool_choice required, or a named function: the prompt ends with the
  *     marker and the whole reply is the object, constrained from its first
  *     token (the format mask of completions.c).
  *   - auto: the reply is free text, unless its first token is the first
- *     token of " <tool_call>"; then the marker's other tokens follow,
+ *     token of the lead and marker (" <tool_call>" by default); then the
+ *     marker's other tokens follow,
  *     forced, and the rest is the object, constrained (the mask here).
  * Either way the call always parses and its arguments validate against
  * the tool's parameters, on any weights. One call per reply.
@@ -21,6 +23,11 @@
  * delta.tool_calls[0] with index, id, type and the name first, then the
  * arguments in pieces as they come. A reply that is text is content, as
  * without tools. The shape's state is one parser per choice.
+ *
+ * logprobs are those of the message's content, as OpenAI defines them: a
+ * reply that is text has its tokens' entries ({content: [...]}, streamed
+ * with the text they made), a call has none ({content: null}; the marker's
+ * and the call's tokens are not content).
  */
 #include "api/api.h"
 
@@ -106,17 +113,19 @@ static const eng_mask_ops tool_mask_ops = {
     .free = tm_free,
 };
 
-/* The marker's tokens and the all-tokens bitset, once. 0, or -1. */
+/* The marker's tokens (the template's lead and marker) and the
+ * all-tokens bitset, once. 0, or -1. */
 static int tools_init(srv_api *a)
 {
     if (a->tool_marker != NULL) return 0;
     size_t V = gram_vocab_size(a->gvocab), words = (V + 63) / 64;
-    char err[64];
+    char err[64], *marker = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    static const char marker[] = " " OAI_TOOL_CALL_BEGIN;
-    if (bpe_encode_special(a->tok, marker, sizeof marker - 1, &ids, &n, err, sizeof err) != BPE_OK
-        || n == 0) {
+    if (asprintf(&marker, "%s%s", a->chat.call_lead, a->chat.call_prefix) < 0) return -1;
+    bpe_status st = bpe_encode_special(a->tok, marker, strlen(marker), &ids, &n, err, sizeof err);
+    free(marker);
+    if (st != BPE_OK || n == 0) {
         free(ids);
         return -1;
     }
@@ -174,18 +183,25 @@ void tools_call_id(const srv_req *r, size_t index, char *out, size_t len)
              (unsigned long long)(b & 0xffffffffu));
 }
 
-int tools_parse_call(const char *text, size_t len, const oai_request *q, char **name, char **args)
+/* White space: what a template's call_lead is made of. */
+static int is_lead(char c)
 {
-    static const char begin[] = OAI_TOOL_CALL_BEGIN;
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+int tools_parse_call(const char *text, size_t len, const oai_request *q, const oai_template *t,
+                     char **name, char **args)
+{
     if (q->tool_mode == OAI_TOOLS_NONE) return 0;
     if (q->tool_mode == OAI_TOOLS_AUTO) {
-        while (len > 0 && *text == ' ') { /* the marker's space (a template without trim_reply) */
+        size_t nb = strlen(t->call_prefix);
+        while (len > 0 && is_lead(*text)) { /* the lead (a template without trim_reply) */
             text++;
             len--;
         }
-        if (len < sizeof begin - 1 || memcmp(text, begin, sizeof begin - 1) != 0) return 0;
-        text += sizeof begin - 1;
-        len -= sizeof begin - 1;
+        if (len < nb || memcmp(text, t->call_prefix, nb) != 0) return 0;
+        text += nb;
+        len -= nb;
     }
     json_t *o = json_loadb(text, len, 0, NULL);
     const json_t *n = json_object_get(o, "name"), *a = json_object_get(o, "arguments");
@@ -220,11 +236,12 @@ static json_t *call_json(const srv_req *r, size_t index, const char *name, const
 
 enum { TR_DECIDE, TR_TEXT, TR_HEAD, TR_ARGS };
 
-void tools_reader_init(tools_reader *t, int mode)
+void tools_reader_init(tools_reader *t, int mode, const char *marker)
 {
     *t = (tools_reader){.state = mode == OAI_TOOLS_REQUIRED ? TR_HEAD
                                  : mode == OAI_TOOLS_AUTO   ? TR_DECIDE
-                                                            : TR_TEXT};
+                                                            : TR_TEXT,
+                        .marker = marker};
 }
 
 void tools_reader_free(tools_reader *t)
@@ -264,7 +281,6 @@ static void read_head(tools_reader *t, const tools_reader_ops *ops, void *u)
 int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_reader_ops *ops,
                       void *u)
 {
-    static const char begin[] = OAI_TOOL_CALL_BEGIN;
     if (n == 0) return 0;
     if (t->state == TR_TEXT) {
         ops->text(u, p, n);
@@ -272,18 +288,18 @@ int tools_reader_feed(tools_reader *t, const char *p, size_t n, const tools_read
     }
     if (http_append(&t->buf, &t->len, &t->cap, p, n) != 0) return -1;
     if (t->state == TR_DECIDE) {
-        size_t sp = 0; /* the marker's space (a template without trim_reply) */
-        while (sp < t->len && t->buf[sp] == ' ') sp++;
-        size_t have = t->len - sp, k = have < sizeof begin - 1 ? have : sizeof begin - 1;
-        if (memcmp(t->buf + sp, begin, k) != 0) { /* text after all */
+        size_t sp = 0, nb = strlen(t->marker); /* the lead (a template without trim_reply) */
+        while (sp < t->len && is_lead(t->buf[sp])) sp++;
+        size_t have = t->len - sp, k = have < nb ? have : nb;
+        if (memcmp(t->buf + sp, t->marker, k) != 0) { /* text after all */
             t->state = TR_TEXT;
             ops->text(u, t->buf, t->len);
             t->len = 0;
             return 0;
         }
-        if (have < sizeof begin - 1) return 0;
-        memmove(t->buf, t->buf + sp + sizeof begin - 1, have - (sizeof begin - 1));
-        t->len = have - (sizeof begin - 1);
+        if (have < nb) return 0;
+        memmove(t->buf, t->buf + sp + nb, have - nb);
+        t->len = have - nb;
         t->state = TR_HEAD;
     }
     if (t->state == TR_HEAD)
@@ -328,27 +344,51 @@ static int mode_of(const srv_req *r)
     return r->cmpl->oreq.tool_mode;
 }
 
-static void send_delta(srv_req *r, size_t index, json_t *delta, const char *finish)
+/* One chunk of choice index: delta and lp (its logprobs, NULL: null) taken. */
+static void send_delta_lp(srv_req *r, size_t index, json_t *delta, json_t *lp, const char *finish)
 {
     json_t *o = cmpl_base(r);
     json_object_set_new(o, "choices",
-                        json_pack("[{s:I, s:o, s:n, s:o}]", "index", (json_int_t)index, "delta",
-                                  delta, "logprobs", "finish_reason",
+                        json_pack("[{s:I, s:o, s:o, s:o}]", "index", (json_int_t)index, "delta",
+                                  delta, "logprobs", lp ? lp : json_null(), "finish_reason",
                                   finish ? json_string(finish) : json_null()));
     if (r->cmpl->oreq.include_usage) json_object_set_new(o, "usage", json_null());
     cmpl_sse_event(r, o);
+}
+
+static void send_delta(srv_req *r, size_t index, json_t *delta, const char *finish)
+{
+    send_delta_lp(r, index, delta, NULL, finish);
+}
+
+/* Choice c's logprobs entries so far (a stream's, with logprobs asked), to
+ * go with its next delta: the object (taken by the caller), c's entries
+ * started again; NULL when there are none. */
+static json_t *take_lp(srv_choice *c)
+{
+    if (c->lp == NULL || lp_count(c->lp) == 0) return NULL;
+    json_t *lp = c->lp;
+    c->lp = lp_new(c->req);
+    return lp;
+}
+
+/* A call's tokens have no logprobs entries: c's so far are dropped. */
+static void drop_lp(srv_choice *c)
+{
+    json_decref(take_lp(c));
 }
 
 /* The reader's ops for chat: u is the choice. */
 static void chat_text(void *u, const char *p, size_t n)
 {
     srv_choice *c = u;
-    send_delta(c->req, c->index, json_pack("{s:s%}", "content", p, n), NULL);
+    send_delta_lp(c->req, c->index, json_pack("{s:s%}", "content", p, n), take_lp(c), NULL);
 }
 
 static void chat_head(void *u, const char *name, size_t n)
 {
     srv_choice *c = u;
+    drop_lp(c);
     char id[48];
     tools_call_id(c->req, c->index, id, sizeof id);
     send_delta(c->req, c->index,
@@ -361,6 +401,7 @@ static void chat_head(void *u, const char *name, size_t n)
 static void chat_args(void *u, const char *p, size_t n)
 {
     srv_choice *c = u;
+    drop_lp(c);
     send_delta(c->req, c->index,
                json_pack("{s:[{s:I, s:{s:s%}}]}", "tool_calls", "index", (json_int_t)0, "function",
                          "arguments", p, n),
@@ -382,11 +423,20 @@ static void shape_open(srv_req *r)
 static void shape_chunk(srv_choice *c)
 {
     srv_req *r = c->req;
-    tools_state *st = state_of(r);
-    if (tools_reader_feed(&st->rd[c->index], c->text ? c->text : "", c->text_len, &chat_ops, c)
-        != 0)
+    tools_reader *rd = &state_of(r)->rd[c->index];
+    if (tools_reader_feed(rd, c->text ? c->text : "", c->text_len, &chat_ops, c) != 0)
         cmpl_fail_oom(r);
     c->text_len = 0;
+    /* Tokens that made no text yet: a text reply's go out now (as chat's
+     * without tools), a call's arguments' are dropped; undecided (the
+     * marker, or a call's head before its name: a reply cut there is
+     * text), they wait with the text they may still make. */
+    if (rd->state == TR_TEXT) {
+        json_t *lp = take_lp(c);
+        if (lp != NULL) send_delta_lp(r, c->index, json_pack("{s:s}", "content", ""), lp, NULL);
+    } else if (rd->state == TR_ARGS) {
+        drop_lp(c);
+    }
 }
 
 static void shape_finish_stream(srv_req *r)
@@ -396,7 +446,12 @@ static void shape_finish_stream(srv_req *r)
         srv_choice *c = &r->cmpl->choices[i];
         int cut = c->finish != NULL && strcmp(c->finish, "length") == 0;
         int whole = tools_reader_end(&st->rd[i], cut, &chat_ops, c);
-        send_delta(r, i, json_object(), whole ? "tool_calls" : c->finish);
+        json_t *lp = take_lp(c); /* the last tokens', if they made no text */
+        if (st->rd[i].state == TR_ARGS) {
+            json_decref(lp);
+            lp = NULL;
+        }
+        send_delta_lp(r, i, json_object(), lp, whole ? "tool_calls" : c->finish);
     }
     cmpl_finish_stream_tail(r);
 }
@@ -415,7 +470,12 @@ static enum MHD_Result shape_send(srv_req *r)
         char *name, *args;
         json_t *msg;
         const char *finish = c->finish;
-        if (tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &name, &args)) {
+        json_t *lp = NULL; /* logprobs asked: the content's ({content: null} for a call) */
+        if (c->lp != NULL) {
+            if ((lp = json_pack("{s:n}", "content")) == NULL) goto oom;
+        }
+        if (tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &r->s->api->chat,
+                             &name, &args)) {
             msg = json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls",
                             call_json(r, i, name, args));
             free(name);
@@ -424,10 +484,26 @@ static enum MHD_Result shape_send(srv_req *r)
         } else {
             msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", c->text ? c->text : "",
                             c->text_len);
+            json_t *entries = lp ? json_array() : NULL;
+            for (size_t k = 0; entries != NULL && k < c->lpe_n; k++)
+                if (json_array_append_new(entries, lp_entry_json(r, &c->lpe[k], 1)) != 0) {
+                    json_decref(entries);
+                    entries = NULL;
+                }
+            if (lp != NULL && (entries == NULL || json_object_set_new(lp, "content", entries) != 0))
+                goto oom_lp;
         }
-        json_array_append_new(choices, json_pack("{s:I, s:o, s:n, s:s}", "index", (json_int_t)i,
-                                                 "message", msg, "logprobs", "finish_reason",
-                                                 finish ? finish : "stop"));
+        json_array_append_new(choices, json_pack("{s:I, s:o, s:o, s:s}", "index", (json_int_t)i,
+                                                 "message", msg, "logprobs", lp ? lp : json_null(),
+                                                 "finish_reason", finish ? finish : "stop"));
+        continue;
+    oom_lp:
+        json_decref(msg);
+        json_decref(lp);
+    oom:
+        json_decref(o);
+        json_decref(choices);
+        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", cmpl_usage_json(r));
@@ -462,7 +538,8 @@ int tools_begin(srv_req *r)
         return -1;
     }
     st->n = n;
-    for (size_t i = 0; i < n; i++) tools_reader_init(&st->rd[i], q->tool_mode);
+    for (size_t i = 0; i < n; i++)
+        tools_reader_init(&st->rd[i], q->tool_mode, r->s->api->chat.call_prefix);
     r->cmpl->shape = &tools_shape;
     r->cmpl->shape_data = st;
     return tools_init(r->s->api);

@@ -83,12 +83,13 @@ typedef struct {
     size_t format_len;
     char format_param[48];
     /* Function tools (chat; docs/api.md "Tool calls"): their names, and
-     * how a reply may call one. A call is written as OAI_TOOL_CALL_BEGIN
-     * then {"name": ..., "arguments": {...}} (format_src: the schema of that
-     * object, one branch a tool): with REQUIRED (tool_choice required or a
-     * named function) the reply is that object from its first token, the
-     * marker at the end of the prompt; with AUTO the reply may begin with
-     * the marker, and then the rest is that object. */
+     * how a reply may call one. A call is written as the template's marker
+     * (oai_template.call_prefix) then {"name": ..., "arguments": {...}}
+     * (format_src: the schema of that object, one branch a tool): with
+     * REQUIRED (tool_choice required or a named function) the reply is that
+     * object from its first token, the marker at the end of the prompt;
+     * with AUTO the reply may begin with the marker, and then the rest is
+     * that object. */
     char **tool_names; /* owned */
     size_t ntools;
     int tool_mode; /* oai_tool_mode */
@@ -117,8 +118,6 @@ typedef enum {
     OAI_DRAFT_NONE = 3
 } oai_drafter;
 #define OAI_MAX_SPECULATIVE 8
-#define OAI_TOOL_CALL_BEGIN "<tool_call>"
-#define OAI_TOOL_CALL_END "</tool_call>"
 #define OAI_MAX_TOOLS 128
 
 /* What the output must be (the values of structured/include/structured.h's
@@ -181,6 +180,18 @@ typedef struct {
     char *stop[OAI_TEMPLATE_MAX_STOP]; /* owned */
     size_t nstop;
     int trim_reply; /* 1: leading white space of the reply is not part of its content */
+    /* How tools are written (docs/api.md, "Tool calls"; owned, each set:
+     * the built-in format unless a template file gives its own): the
+     * system message that lists them, tools_prefix + one compact JSON line
+     * a tool + tools_suffix; a call, call_prefix + {"name": N, "arguments":
+     * {...}} + call_suffix, where call_prefix (non-empty) is the marker a
+     * reply begins a call with, after call_lead (white space, maybe none);
+     * a tool's result, result_prefix + output + result_suffix, the content
+     * of a user message. */
+    char *tools_prefix, *tools_suffix;
+    char *call_prefix, *call_suffix;
+    char *call_lead;
+    char *result_prefix, *result_suffix;
 } oai_template;
 
 /* The built-in transcript template (docs/api.md). Returns 0, or -1 when out
@@ -231,14 +242,24 @@ char *oai_error_json(const oai_error *err);
 
 /* ---- POST /v1/responses ---------------------------------------------------- */
 
-/* One message of a conversation: a role and its text (owned); or, from
- * an input's item_reference, the id of an earlier message (ref, owned; text
- * NULL) that its route resolves. */
+/* What an item of a conversation is: a message, a function call (the
+ * assistant's) or a call's output (read as the user's). */
+typedef enum { OAI_MSG_TEXT = 0, OAI_MSG_CALL = 1, OAI_MSG_CALL_OUTPUT = 2 } oai_msg_kind;
+
+/* One item of a conversation: a role and its text (owned): a message's
+ * text, a call's arguments (as sent) or a call output's output; or, from
+ * an input's item_reference, the id of an earlier item (ref, owned; text
+ * NULL) that its route resolves. A call has its name and call_id, an
+ * output its call_id (owned; NULL otherwise). The template writes each
+ * kind its own way (oai_render). */
 typedef struct {
     oai_role role;
     char *text;
     size_t len;
     char *ref;
+    int kind; /* oai_msg_kind */
+    char *name;
+    char *call_id;
 } oai_msg;
 
 /* A Responses request: the sampling fields in req (its prompts still empty:
@@ -276,11 +297,13 @@ int oai_parse_responses(const char *body, size_t len, const oai_limits *lim, con
 void oai_resp_request_free(oai_resp_request *rq);
 
 /* Renders msgs[0..n) through template t: begin, each message as its role's
- * prefix + text + suffix, then generation (the text a chat request with
- * these messages makes). *out is malloc'd and NUL-terminated. 0, or -1
- * when out of memory. */
+ * prefix + text + suffix (a call's text: the template's call form, an
+ * output's: its result form), then generation (the text a chat request
+ * with these messages makes). *out is malloc'd and NUL-terminated. 0, or
+ * -1 when out of memory. */
 int oai_render(const oai_template *t, const oai_msg *msgs, size_t n, char **out, size_t *outlen);
-/* The bytes msg takes in a rendering (its prefix, text and suffix). */
+/* The bytes msg takes in a rendering (its prefix, text and suffix); SIZE_MAX
+ * when out of memory. */
 size_t oai_render_len(const oai_template *t, const oai_msg *msg);
 void oai_msgs_free(oai_msg *msgs, size_t n);
 

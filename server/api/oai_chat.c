@@ -98,7 +98,8 @@ static int name_ok(const json_t *v)
     return 1;
 }
 
-int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *err)
+int oai_parse_tools(const json_t *o, const oai_template *t, oai_request *r, oai_textbuf *b,
+                    oai_error *err)
 {
     const json_t *tools = json_object_get(o, "tools");
     const json_t *choice = json_object_get(o, "tool_choice");
@@ -231,10 +232,6 @@ int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *
                 "(send tool_choice \"none\" to use 'stop')");
         goto fail;
     }
-    if (mode != OAI_TOOLS_NONE && r->logprobs >= 0) {
-        oai_bad(err, "logprobs", "'logprobs' cannot be combined with 'tools' on this server");
-        goto fail;
-    }
     r->tool_mode = mode;
     if (mode != OAI_TOOLS_NONE) {
         json_t *schema = json_array_size(branches) == 1 ? json_incref(json_array_get(branches, 0))
@@ -245,17 +242,15 @@ int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *
         r->format_len = strlen(r->format_src);
         r->format = OAI_FORMAT_SCHEMA;
         snprintf(r->format_param, sizeof r->format_param, "tools");
-        /* The text of the system message that lists them. */
-        if (tb_str(b, "You can call these tools. To call one, answer with " OAI_TOOL_CALL_BEGIN
-                      "{\"name\": ..., \"arguments\": {...}}" OAI_TOOL_CALL_END ".")
-            != 0)
-            goto oom;
+        /* The text of the system message that lists them, one line a tool. */
+        if (tb_str(b, t->tools_prefix) != 0) goto oom;
         for (size_t i = 0; i < json_array_size(listing); i++) {
             char *line = json_dumps(json_array_get(listing, i), JSON_COMPACT);
-            int bad = line == NULL || tb_str(b, "\n") != 0 || tb_str(b, line) != 0;
+            int bad = line == NULL || (i > 0 && tb_str(b, "\n") != 0) || tb_str(b, line) != 0;
             free(line);
             if (bad) goto oom;
         }
+        if (tb_str(b, t->tools_suffix) != 0) goto oom;
     }
     json_decref(branches);
     json_decref(listing);
@@ -268,8 +263,23 @@ fail:
     return -1;
 }
 
+int oai_tb_call(oai_textbuf *b, const oai_template *t, const char *name, size_t name_len,
+                const char *args, size_t args_len)
+{
+    json_t *a = json_loadb(args, args_len, JSON_DECODE_ANY, NULL);
+    json_t *call = json_pack("{s:s%, s:o}", "name", name, name_len, "arguments",
+                             a ? a : json_stringn(args, args_len));
+    char *txt = call ? json_dumps(call, JSON_COMPACT) : NULL;
+    json_decref(call);
+    int bad = txt == NULL || tb_str(b, t->call_prefix) != 0 || tb_str(b, txt) != 0
+              || tb_str(b, t->call_suffix) != 0;
+    free(txt);
+    return bad ? -1 : 0;
+}
+
 /* An assistant message's tool_calls, each as the model would write it. */
-static int add_calls(oai_textbuf *b, const json_t *calls, size_t i, oai_error *err)
+static int add_calls(oai_textbuf *b, const oai_template *t, const json_t *calls, size_t i,
+                     oai_error *err)
 {
     if (!json_is_array(calls))
         return oai_bad(err, "messages", "'messages[%zu].tool_calls' must be a list", i);
@@ -282,15 +292,10 @@ static int add_calls(oai_textbuf *b, const json_t *calls, size_t i, oai_error *e
                            "'messages[%zu].tool_calls[%zu]' must be {\"id\", \"type\": "
                            "\"function\", \"function\": {\"name\", \"arguments\": a string}}",
                            i, k);
-        json_t *a = args ? json_loads(json_string_value(args), JSON_DECODE_ANY, NULL) : NULL;
-        json_t *call = json_pack("{s:O, s:o}", "name", name, "arguments",
-                                 a ? a : json_string(args ? json_string_value(args) : ""));
-        char *txt = call ? json_dumps(call, JSON_COMPACT) : NULL;
-        json_decref(call);
-        int bad = txt == NULL || tb_str(b, OAI_TOOL_CALL_BEGIN) != 0 || tb_str(b, txt) != 0
-                  || tb_str(b, OAI_TOOL_CALL_END) != 0;
-        free(txt);
-        if (bad) return oai_bad(err, "messages", "out of memory");
+        if (oai_tb_call(b, t, json_string_value(name), json_string_length(name),
+                        args ? json_string_value(args) : "", args ? json_string_length(args) : 0)
+            != 0)
+            return oai_bad(err, "messages", "out of memory");
     }
     return 0;
 }
@@ -308,7 +313,7 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
     oai_textbuf b = {0};
     if (tb_str(&b, t->begin) != 0) goto oom;
     oai_textbuf tl = {0};
-    if (oai_parse_tools(o, r, &tl, err) != 0) goto fail;
+    if (oai_parse_tools(o, t, r, &tl, err) != 0) goto fail;
     int listed =
         tl.len > 0
         && (tb_str(&b, t->prefix[OAI_ROLE_SYSTEM]) != 0 || oai_tb_add(&b, tl.p, tl.len) != 0
@@ -359,15 +364,18 @@ static int render_messages(const json_t *o, const oai_template *t, oai_request *
             goto fail;
         }
         if (tb_str(&b, t->prefix[rl]) != 0) goto oom;
-        if (tool && tb_str(&b, "Tool result: ") != 0) goto oom;
+        if (tool && tb_str(&b, t->result_prefix) != 0) goto oom;
         if (content != NULL && !json_is_null(content) && add_content(&b, content, i, err) != 0)
             goto fail;
-        if (has_calls && add_calls(&b, calls, i, err) != 0) goto fail;
+        if (tool && tb_str(&b, t->result_suffix) != 0) goto oom;
+        if (has_calls && add_calls(&b, t, calls, i, err) != 0) goto fail;
         if (tb_str(&b, t->suffix[rl]) != 0) goto oom;
     }
     if (tb_str(&b, t->generation) != 0) goto oom;
     /* A call it must make: the marker is the prompt's, the object the reply. */
-    if (r->tool_mode == OAI_TOOLS_REQUIRED && tb_str(&b, " " OAI_TOOL_CALL_BEGIN) != 0) goto oom;
+    if (r->tool_mode == OAI_TOOLS_REQUIRED
+        && (tb_str(&b, t->call_lead) != 0 || tb_str(&b, t->call_prefix) != 0))
+        goto oom;
     r->prompts = calloc(1, sizeof *r->prompts);
     if (r->prompts == NULL) goto oom;
     r->nprompts = 1;
@@ -462,23 +470,43 @@ void oai_msgs_free(oai_msg *msgs, size_t n)
     for (size_t i = 0; msgs != NULL && i < n; i++) {
         free(msgs[i].text);
         free(msgs[i].ref);
+        free(msgs[i].name);
+        free(msgs[i].call_id);
     }
     free(msgs);
 }
 
+/* One item as the template writes it: its role's prefix, the message's
+ * text (a call in the call form, an output in the result form), the
+ * role's suffix. 0, or -1 when out of memory. */
+static int render_msg(oai_textbuf *b, const oai_template *t, const oai_msg *m)
+{
+    if (tb_str(b, t->prefix[m->role]) != 0) return -1;
+    int bad;
+    if (m->kind == OAI_MSG_CALL)
+        bad = oai_tb_call(b, t, m->name ? m->name : "", m->name ? strlen(m->name) : 0, m->text,
+                          m->len);
+    else if (m->kind == OAI_MSG_CALL_OUTPUT)
+        bad = tb_str(b, t->result_prefix) != 0 || oai_tb_add(b, m->text, m->len) != 0
+              || tb_str(b, t->result_suffix) != 0;
+    else
+        bad = oai_tb_add(b, m->text, m->len) != 0;
+    return bad || tb_str(b, t->suffix[m->role]) != 0 ? -1 : 0;
+}
+
 size_t oai_render_len(const oai_template *t, const oai_msg *msg)
 {
-    return strlen(t->prefix[msg->role]) + msg->len + strlen(t->suffix[msg->role]);
+    oai_textbuf b = {0};
+    size_t n = render_msg(&b, t, msg) == 0 ? b.len : SIZE_MAX;
+    free(b.p);
+    return n;
 }
 
 int oai_render(const oai_template *t, const oai_msg *msgs, size_t n, char **out, size_t *outlen)
 {
     oai_textbuf b = {0};
     int bad_alloc = tb_str(&b, t->begin) != 0;
-    for (size_t i = 0; i < n && !bad_alloc; i++)
-        bad_alloc = tb_str(&b, t->prefix[msgs[i].role]) != 0
-                    || oai_tb_add(&b, msgs[i].text, msgs[i].len) != 0
-                    || tb_str(&b, t->suffix[msgs[i].role]) != 0;
+    for (size_t i = 0; i < n && !bad_alloc; i++) bad_alloc = render_msg(&b, t, &msgs[i]) != 0;
     if (bad_alloc || tb_str(&b, t->generation) != 0) {
         free(b.p);
         return -1;

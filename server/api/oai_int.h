@@ -79,9 +79,16 @@ int oai_refuse(const json_t *o, const char *key, const char *why, int loose, oai
  * description, parameters, strict}}], tool_choice, parallel_tool_calls,
  * and the old function_call as a tool_choice) -> r->tool_names, tool_mode
  * and the call's schema as r's format (param "tools"); into b the text of
- * the system message that lists them (nothing with tool_choice none or no
- * tools). 0, or -1 with err. */
-int oai_parse_tools(const json_t *o, oai_request *r, oai_textbuf *b, oai_error *err);
+ * the system message that lists them in template t's form (nothing with
+ * tool_choice none or no tools). 0, or -1 with err. */
+int oai_parse_tools(const json_t *o, const oai_template *t, oai_request *r, oai_textbuf *b,
+                    oai_error *err);
+
+/* Appends a call of name with args (JSON text, written compact; other
+ * text as a string) in template t's call form: call_prefix +
+ * {"name":N,"arguments":A} + call_suffix. 0, or -1 when out of memory. */
+int oai_tb_call(oai_textbuf *b, const oai_template *t, const char *name, size_t name_len,
+                const char *args, size_t args_len);
 
 /* Appends template t's stop strings to r's (chat and responses): they end a
  * free reply; a formatted one ends where its grammar does, so it gets none.

@@ -90,6 +90,41 @@ static int resp_content(const json_t *content, size_t i, oai_textbuf *b, oai_err
     return 0;
 }
 
+/* A string of 1 to 64 bytes without NUL (a call_id, a function's name). */
+static int short_id(const json_t *v)
+{
+    return json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) <= 64
+           && memchr(json_string_value(v), '\0', json_string_length(v)) == NULL;
+}
+
+/* A function_call item (call: {call_id, name, arguments}) or a
+ * function_call_output ({call_id, output}) into *out: kept as they came,
+ * the template writes them (oai_render). 0, or -1 with the 400 in err. */
+static int resp_call_item(const json_t *m, size_t i, int call, oai_msg *out, oai_error *err)
+{
+    const json_t *id = json_object_get(m, "call_id"), *name = json_object_get(m, "name");
+    const json_t *text = json_object_get(m, call ? "arguments" : "output");
+    if (call ? !short_id(name) || !json_is_string(text) : !json_is_string(text))
+        return oai_bad(err, "input",
+                       call ? "'input[%zu]' (function_call) needs 'name' and 'arguments' strings"
+                            : "'input[%zu]' (function_call_output) needs an 'output' string",
+                       i);
+    if (!short_id(id))
+        return oai_bad(err, "input", "'input[%zu].call_id' must be a string of 1 to 64 bytes", i);
+    size_t n = json_string_length(text);
+    *out = (oai_msg){call ? OAI_ROLE_ASSISTANT : OAI_ROLE_USER,
+                     malloc(n + 1),
+                     n,
+                     NULL,
+                     call ? OAI_MSG_CALL : OAI_MSG_CALL_OUTPUT,
+                     call ? strdup(json_string_value(name)) : NULL,
+                     strdup(json_string_value(id))};
+    if (out->text == NULL || (call && out->name == NULL) || out->call_id == NULL)
+        return oai_bad(err, "input", "out of memory"); /* freed with the messages */
+    memcpy(out->text, json_string_value(text), n + 1);
+    return 0;
+}
+
 /* input: a string (one user message) or a list of message items. */
 static int resp_input(const json_t *o, oai_resp_request *rq, oai_error *err)
 {
@@ -121,7 +156,8 @@ static int resp_input(const json_t *o, oai_resp_request *rq, oai_error *err)
                     || memchr(json_string_value(id), '\0', json_string_length(id)) != NULL)
                     return oai_bad(err, "input", "'input[%zu].id' must be a message id (msg_...)",
                                    i);
-                rq->msgs[i] = (oai_msg){OAI_ROLE_ASSISTANT, NULL, 0, strdup(json_string_value(id))};
+                rq->msgs[i] =
+                    (oai_msg){.role = OAI_ROLE_ASSISTANT, .ref = strdup(json_string_value(id))};
                 if (rq->msgs[i].ref == NULL) return oai_bad(err, "input", "out of memory");
                 rq->nmsgs = i + 1;
                 continue;
@@ -129,41 +165,8 @@ static int resp_input(const json_t *o, oai_resp_request *rq, oai_error *err)
             if (json_is_string(type)
                 && (oai_str_is(type, "function_call")
                     || oai_str_is(type, "function_call_output"))) {
-                /* A call and its result, as the prompt writes them. */
-                oai_textbuf b = {0};
-                int call = oai_str_is(type, "function_call");
-                const json_t *name = json_object_get(m, "name"),
-                             *args = json_object_get(m, "arguments"),
-                             *out = json_object_get(m, "output");
-                if (call ? !json_is_string(name) || !json_is_string(args) : !json_is_string(out))
-                    return oai_bad(err, "input",
-                                   call ? "'input[%zu]' (function_call) needs 'name' and "
-                                          "'arguments' strings"
-                                        : "'input[%zu]' (function_call_output) needs an 'output' "
-                                          "string",
-                                   i);
-                int bad;
-                if (call) {
-                    json_t *a = json_loads(json_string_value(args), JSON_DECODE_ANY, NULL);
-                    json_t *c = json_pack("{s:O, s:o}", "name", name, "arguments",
-                                          a ? a : json_incref((json_t *)args));
-                    char *txt = c ? json_dumps(c, JSON_COMPACT) : NULL;
-                    json_decref(c);
-                    bad = txt == NULL
-                          || oai_tb_add(&b, OAI_TOOL_CALL_BEGIN, strlen(OAI_TOOL_CALL_BEGIN))
-                          || oai_tb_add(&b, txt, strlen(txt))
-                          || oai_tb_add(&b, OAI_TOOL_CALL_END, strlen(OAI_TOOL_CALL_END));
-                    free(txt);
-                } else {
-                    bad = oai_tb_add(&b, "Tool result: ", 13)
-                          || oai_tb_add(&b, json_string_value(out), json_string_length(out));
-                }
-                if (bad) {
-                    free(b.p);
-                    return oai_bad(err, "input", "out of memory");
-                }
-                rq->msgs[i] =
-                    (oai_msg){call ? OAI_ROLE_ASSISTANT : OAI_ROLE_USER, b.p, b.len, NULL};
+                if (resp_call_item(m, i, oai_str_is(type, "function_call"), &rq->msgs[i], err) != 0)
+                    return -1;
                 rq->nmsgs = i + 1;
                 continue;
             }
@@ -188,7 +191,7 @@ static int resp_input(const json_t *o, oai_resp_request *rq, oai_error *err)
             free(b.p);
             return -1;
         }
-        rq->msgs[i] = (oai_msg){role, b.p, b.len, NULL};
+        rq->msgs[i] = (oai_msg){.role = role, .text = b.p, .len = b.len};
         rq->nmsgs = i + 1;
     }
     return 0;
@@ -250,7 +253,7 @@ static int resp_logprobs(const json_t *o, oai_request *r, oai_error *err)
 /* tools (Responses' shape: {type: function, name, description,
  * parameters, strict}) and tool_choice ({type: function, name} for one),
  * read as chat's (oai_parse_tools): the tools' system message into rq. */
-static int resp_tools(const json_t *o, oai_resp_request *rq, oai_error *err)
+static int resp_tools(const json_t *o, const oai_template *t, oai_resp_request *rq, oai_error *err)
 {
     const json_t *tools = json_object_get(o, "tools"), *tc = json_object_get(o, "tool_choice");
     if ((tools == NULL || json_is_null(tools)) && (tc == NULL || json_is_null(tc))) return 0;
@@ -259,16 +262,16 @@ static int resp_tools(const json_t *o, oai_resp_request *rq, oai_error *err)
     if (json_is_array(tools)) {
         json_t *list = json_array();
         size_t i;
-        const json_t *t;
-        json_array_foreach(tools, i, t)
+        const json_t *tool;
+        json_array_foreach(tools, i, tool)
         {
             json_t *fn = json_object(), *one = json_object();
             const char *keys[] = {"name", "description", "parameters", "strict"};
             for (size_t k = 0; fn != NULL && k < 4; k++) {
-                json_t *v = json_object_get(t, keys[k]);
+                json_t *v = json_object_get(tool, keys[k]);
                 if (v != NULL) json_object_set(fn, keys[k], v);
             }
-            json_t *type = json_object_get(t, "type");
+            json_t *type = json_object_get(tool, "type");
             if (type != NULL) json_object_set(one, "type", type);
             json_object_set_new(one, "function", fn);
             json_array_append_new(list, one);
@@ -285,7 +288,7 @@ static int resp_tools(const json_t *o, oai_resp_request *rq, oai_error *err)
     else if (tc != NULL)
         json_object_set(chat, "tool_choice", (json_t *)tc);
     oai_textbuf b = {0};
-    int rc = oai_parse_tools(chat, &rq->req, &b, err);
+    int rc = oai_parse_tools(chat, t, &rq->req, &b, err);
     json_decref(chat);
     if (rc != 0) {
         free(b.p);
@@ -298,7 +301,8 @@ static int resp_tools(const json_t *o, oai_resp_request *rq, oai_error *err)
     return 0;
 }
 
-static int resp_fields(json_t *o, const oai_limits *lim, oai_resp_request *rq, oai_error *err)
+static int resp_fields(json_t *o, const oai_limits *lim, const oai_template *t,
+                       oai_resp_request *rq, oai_error *err)
 {
     oai_request *r = &rq->req;
     static const char *const refused[][2] = {
@@ -356,7 +360,7 @@ static int resp_fields(json_t *o, const oai_limits *lim, oai_resp_request *rq, o
     if (oai_parse_shared(o, lim, r, err) != 0) return -1;
     if (r->n != 1)
         return oai_bad(err, "n", "'n' is not a Responses field: a response has one output");
-    if (resp_tools(o, rq, err) != 0) return -1;
+    if (resp_tools(o, t, rq, err) != 0) return -1;
     r->best_of = 1;
     if (resp_logprobs(o, r, err) != 0) return -1;
     const json_t *user = json_object_get(o, "user");
@@ -373,7 +377,7 @@ int oai_parse_responses(const char *body, size_t len, const oai_limits *lim, con
     json_t *o = oai_parse_body(body, len, &rq->req, err);
     if (o == NULL) goto done;
     rq->req.chat = 1;
-    if (resp_fields(o, lim, rq, err) != 0) goto done;
+    if (resp_fields(o, lim, t, rq, err) != 0) goto done;
     oai_request *r = &rq->req;
     if (oai_template_stops(r, t, err) != 0) goto done; /* as on chat */
     rc = 0;

@@ -1,10 +1,12 @@
 /*
- * server/api/resp_prompt.c: the prompt of a POST /v1/responses request
- * (api.h: resp_prepare), made where it is tokenized. The conversation is a
- * stored history's nodes (resp_store.c) and the input's messages; it is
- * read from its newest message back and only as far as the context can
- * reach, so a request naming a long history costs what its prompt can
- * use, not what the history holds.
+ * server/api/resp_prompt.c: the conversation of a POST /v1/responses
+ * request (api.h: resp_build_conv: a stored history and the items its input
+ * refers to, read on the loop thread) and its prompt (resp_prepare), made
+ * where it is tokenized. The conversation is a stored history's nodes
+ * (resp_store.c) and the input's messages; the prompt reads it from its
+ * newest message back and only as far as the context can reach, so a
+ * request naming a long history costs what its prompt can use, not what
+ * the history holds.
  */
 #include "api/api.h"
 
@@ -18,29 +20,127 @@ static resp_job *job_of(const srv_req *r)
 
 /* The most tokens a prompt that fits can have: max_prompt_tokens, and the
  * context with max_output_tokens (without it, any room left: the reply is
- * cut to what fits). */
+ * cut to what fits). The limits are those fixed at routing (the job's
+ * n_ctx, the tokenizer job's max_prompt_tokens): any thread. */
 size_t resp_fit_limit(const srv_req *r)
 {
-    const eng_config *mc = eng_model_config(r->s->api->model);
+    size_t n_ctx = job_of(r)->n_ctx, max = r->tok->max_prompt_tokens;
     const oai_request *q = &r->cmpl->oreq;
-    size_t n = q->max_tokens_auto          ? mc->n_ctx - 1
-               : q->max_tokens < mc->n_ctx ? mc->n_ctx - q->max_tokens
-                                           : 0;
-    return n < r->s->cfg.max_prompt_tokens ? n : r->s->cfg.max_prompt_tokens;
+    size_t n = q->max_tokens_auto ? n_ctx - 1 : q->max_tokens < n_ctx ? n_ctx - q->max_tokens : 0;
+    return n < max ? n : max;
 }
 
 /* What truncation "auto" cuts a prompt to: max_prompt_tokens, and room in
  * the context for max_output_tokens (without it, for chat_max_tokens or
- * half the context, whichever is less). */
+ * half the context, whichever is less). Any thread, as resp_fit_limit. */
 size_t resp_prompt_budget(const srv_req *r)
 {
-    const eng_config *mc = eng_model_config(r->s->api->model);
+    size_t n_ctx = job_of(r)->n_ctx, max = r->tok->max_prompt_tokens;
     const oai_request *q = &r->cmpl->oreq;
     size_t out = q->max_tokens;
-    if (q->max_tokens_auto && out > mc->n_ctx / 2) out = mc->n_ctx / 2;
+    if (q->max_tokens_auto && out > n_ctx / 2) out = n_ctx / 2;
     if (q->max_tokens_auto && out == 0) out = 1;
-    size_t budget = out < mc->n_ctx ? mc->n_ctx - out : 0;
-    return budget < r->s->cfg.max_prompt_tokens ? budget : r->s->cfg.max_prompt_tokens;
+    size_t budget = out < n_ctx ? n_ctx - out : 0;
+    return budget < max ? budget : max;
+}
+
+/* ---- The conversation, read from the store (loop thread) ----------------------- */
+
+/* An input's item_reference (m->ref) made the item it names, a copy:
+ * "msg_X" (or "fc_X", a call) is response resp_X's output, "msg_X_inK"
+ * (or "fc_X_inK", "fco_X_inK": a call, an output) its input item K, of a
+ * response stored for this key. The copies of one request add up to at
+ * most max_body_bytes (*bytes so far), as a body's text does. 0; -1 with
+ * the 404 or 400 sent (*rc). */
+static int resolve_ref(srv_req *r, oai_msg *m, size_t i, size_t *bytes, enum MHD_Result *rc)
+{
+    char rid[64];
+    static const char *const kinds[] = {"msg_", "fc_", "fco_"};
+    const char *hex = NULL;
+    for (size_t p = 0; hex == NULL && p < sizeof kinds / sizeof kinds[0]; p++)
+        if (strncmp(m->ref, kinds[p], strlen(kinds[p])) == 0) hex = m->ref + strlen(kinds[p]);
+    size_t hn = hex ? strcspn(hex, "_") : 0;
+    unsigned long k = 0;
+    int input = hex != NULL && strncmp(hex + hn, "_in", 3) == 0;
+    if (input) {
+        char *end;
+        k = strtoul(hex + hn + 3, &end, 10);
+        if (*end != '\0' || hex[hn + 3] == '\0') hex = NULL;
+    } else if (hex != NULL && hex[hn] != '\0') {
+        hex = NULL;
+    }
+    const rs_entry *e = NULL;
+    if (hex != NULL && hn > 0 && hn + 6 < sizeof rid) {
+        snprintf(rid, sizeof rid, "resp_%.*s", (int)hn, hex);
+        e = rs_get(r->s->api->resp_store, rid, r->key_id);
+    }
+    const rs_turns *t = e ? e->turns : NULL;
+    const rs_msg *src = t == NULL || t->n < e->nin + 1 ? NULL
+                        : !input                       ? &t->msg[t->n - 1]
+                        : k < e->nin                   ? &t->msg[t->n - 1 - e->nin + k]
+                                                       : NULL;
+    if (src == NULL) {
+        *rc = http_send_error(r, 404, "invalid_request_error", "item_not_found", "input", NULL,
+                              "'input[%zu]' refers to item '%.64s', which is not a message of a "
+                              "response stored for this key (stored responses live in memory, "
+                              "bounded, until a restart): send the message itself",
+                              i, m->ref);
+        return -1;
+    }
+    if (src->len > r->s->cfg.max_body_bytes - *bytes) {
+        *rc = http_send_error(r, 400, "invalid_request_error", NULL, "input", NULL,
+                              "'input[%zu]': the item references' messages come to more than "
+                              "%zu bytes (max_body_bytes, as the body's own text); refer to "
+                              "fewer, or use previous_response_id",
+                              i, r->s->cfg.max_body_bytes);
+        return -1;
+    }
+    *bytes += src->len;
+    m->text = malloc(src->len + 1);
+    if (m->text == NULL) {
+        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    memcpy(m->text, src->text, src->len + 1);
+    m->len = src->len;
+    m->role = src->role;
+    m->kind = src->kind;
+    m->name = src->name ? strdup(src->name) : NULL;
+    m->call_id = src->call_id ? strdup(src->call_id) : NULL;
+    if ((src->name && m->name == NULL) || (src->call_id && m->call_id == NULL)) {
+        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    free(m->ref);
+    m->ref = NULL;
+    return 0;
+}
+
+int resp_build_conv(srv_req *r, enum MHD_Result *rc)
+{
+    resp_job *j = job_of(r);
+    if (j->rq.previous_id != NULL) {
+        const rs_entry *prev = rs_get(r->s->api->resp_store, j->rq.previous_id, r->key_id);
+        if (prev == NULL) {
+            *rc = http_send_error(r, 404, "invalid_request_error", "previous_response_not_found",
+                                  "previous_response_id", NULL,
+                                  "Previous response with id '%.64s' not found (never made, "
+                                  "made with another key, deleted, or no longer kept: stored "
+                                  "responses live in memory, bounded, until a restart)",
+                                  j->rq.previous_id);
+            return -1;
+        }
+        j->prev = rs_turns_ref(prev->turns);
+    }
+    size_t bytes = 0;
+    for (size_t i = 0; i < j->rq.nmsgs; i++)
+        if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, &bytes, rc) != 0)
+            return -1;
+    j->in = j->rq.msgs; /* moved */
+    j->nin = j->rq.nmsgs;
+    j->rq.msgs = NULL;
+    j->rq.nmsgs = 0;
+    return 0;
 }
 
 /* ---- The prompt, made where it is tokenized --------------------------------
@@ -72,7 +172,7 @@ static int conv_next(conv_iter *it, oai_msg *m)
 {
     if (it->k > 0) {
         const oai_msg *src = &it->j->in[--it->k];
-        *m = (oai_msg){src->role, src->text, src->len, NULL};
+        *m = (oai_msg){src->role, src->text, src->len, NULL, src->kind, src->name, src->call_id};
         return 1;
     }
     while (it->t != NULL && it->i == 0) {
@@ -80,8 +180,9 @@ static int conv_next(conv_iter *it, oai_msg *m)
         it->i = it->t ? it->t->n : 0;
     }
     if (it->t == NULL) return 0;
-    const rs_msg *src = &it->t->msg[--it->i];
-    *m = (oai_msg){src->role, (char *)src->text, src->len, NULL}; /* read only */
+    const rs_msg *src = &it->t->msg[--it->i]; /* read only: */
+    *m = (oai_msg){src->role,         (char *)src->text,   src->len, NULL, src->kind,
+                   (char *)src->name, (char *)src->call_id};
     return 1;
 }
 
@@ -110,9 +211,11 @@ static size_t fixed_msgs(const resp_job *j, oai_msg *m)
 {
     size_t k = 0;
     if (j->rq.tools_text != NULL)
-        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.tools_text, j->rq.tools_text_len, NULL};
+        m[k++] = (oai_msg){
+            .role = OAI_ROLE_SYSTEM, .text = j->rq.tools_text, .len = j->rq.tools_text_len};
     if (j->rq.instructions != NULL)
-        m[k++] = (oai_msg){OAI_ROLE_SYSTEM, j->rq.instructions, j->rq.instructions_len, NULL};
+        m[k++] = (oai_msg){
+            .role = OAI_ROLE_SYSTEM, .text = j->rq.instructions, .len = j->rq.instructions_len};
     return k;
 }
 
@@ -131,16 +234,18 @@ static bpe_status render_encode(srv_req *r, const conv_msg *kept, size_t from, s
     free(m); /* the texts are j's and the nodes' */
     if (rc != 0) return BPE_ENOMEM;
     /* A call it must make: the marker ends the prompt, the object is the reply. */
-    static const char marker[] = " " OAI_TOOL_CALL_BEGIN;
+    const oai_template *tp = &r->s->api->chat;
     if (r->cmpl->oreq.tool_mode == OAI_TOOLS_REQUIRED) {
-        char *t = realloc(*txt, *len + sizeof marker);
+        size_t nl = strlen(tp->call_lead), nm = strlen(tp->call_prefix);
+        char *t = realloc(*txt, *len + nl + nm + 1);
         if (t == NULL) {
             free(*txt);
             return BPE_ENOMEM;
         }
-        memcpy(t + *len, marker, sizeof marker);
+        memcpy(t + *len, tp->call_lead, nl);
+        memcpy(t + *len + nl, tp->call_prefix, nm + 1);
         *txt = t;
-        *len += sizeof marker - 1;
+        *len += nl + nm;
     }
     *ids = NULL;
     *nids = 0;

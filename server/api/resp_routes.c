@@ -14,23 +14,42 @@ static const char *role_name(oai_role role)
     return role == OAI_ROLE_ASSISTANT ? "assistant" : role == OAI_ROLE_USER ? "user" : "system";
 }
 
+/* One input item as OpenAI lists it: a message {id, type, role, status,
+ * content: [{type: input_text (an assistant's: output_text), text}]}, a
+ * function_call {id, type, status, call_id, name, arguments} or a
+ * function_call_output {id, type, status, call_id, output}. */
+static json_t *item_json(const rs_msg *m, const char *id)
+{
+    if (m->kind == OAI_MSG_CALL)
+        return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s%}", "id", id, "type", "function_call",
+                         "status", "completed", "call_id", m->call_id ? m->call_id : "", "name",
+                         m->name ? m->name : "", "arguments", m->text, m->len);
+    if (m->kind == OAI_MSG_CALL_OUTPUT)
+        return json_pack("{s:s, s:s, s:s, s:s, s:s%}", "id", id, "type", "function_call_output",
+                         "status", "completed", "call_id", m->call_id ? m->call_id : "", "output",
+                         m->text, m->len);
+    return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}]}", "id", id, "type", "message", "role",
+                     role_name(m->role), "status", "completed", "content", "type",
+                     m->role == OAI_ROLE_ASSISTANT ? "output_text" : "input_text", "text", m->text,
+                     m->len);
+}
+
 /* The input items of a stored response (GET .../input_items): its input's
- * messages, "msg_X_inK" for response resp_X's input K. */
+ * items, "msg_X_inK" for response resp_X's input K ("fc_X_inK" for a
+ * function call, "fco_X_inK" for a call's output). */
 static json_t *input_items(const rs_entry *e)
 {
     json_t *items = json_array();
     const rs_turns *t = e->turns;
     for (size_t k = 0; items != NULL && k < e->nin; k++) {
         char id[80];
-        snprintf(id, sizeof id, "msg_%s_in%zu", e->id + strlen("resp_"), k);
         const rs_msg *m = &t->msg[t->n - 1 - e->nin + k];
-        if (json_array_append_new(
-                items,
-                json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}]}", "id", id, "type", "message",
-                          "role", role_name(m->role), "status", "completed", "content", "type",
-                          m->role == OAI_ROLE_ASSISTANT ? "output_text" : "input_text", "text",
-                          m->text, m->len))
-            != 0) {
+        snprintf(id, sizeof id, "%s_%s_in%zu",
+                 m->kind == OAI_MSG_CALL          ? "fc"
+                 : m->kind == OAI_MSG_CALL_OUTPUT ? "fco"
+                                                  : "msg",
+                 e->id + strlen("resp_"), k);
+        if (json_array_append_new(items, item_json(m, id)) != 0) {
             json_decref(items);
             items = NULL;
         }

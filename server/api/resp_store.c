@@ -153,14 +153,31 @@ void rs_turns_unref(rs_turns *t)
     }
 }
 
+/* The bytes m takes in a node: its record, its text, a call's name and
+ * call_id (each NUL-terminated). */
+static size_t msg_bytes(const rs_msg *m)
+{
+    return sizeof(rs_msg) + m->len + 1 + (m->name ? strlen(m->name) + 1 : 0)
+           + (m->call_id ? strlen(m->call_id) + 1 : 0);
+}
+
+/* Copies s (NULL: none) to *p, moving it on; the copy, or NULL. */
+static const char *pack(char **p, const char *s)
+{
+    if (s == NULL) return NULL;
+    size_t n = strlen(s) + 1;
+    memcpy(*p, s, n);
+    *p += n;
+    return *p - n;
+}
+
 /* A node of the messages src[0..n) (texts copied) after parent (a reference
  * taken). NULL: no memory. */
 static rs_turns *turns_make(resp_store *st, uint64_t owner, rs_turns *parent, const rs_msg *src,
                             size_t n)
 {
-    size_t text = 0;
-    for (size_t i = 0; i < n; i++) text += src[i].len + 1;
-    size_t asked = sizeof(rs_turns) + n * sizeof(rs_msg) + text;
+    size_t asked = sizeof(rs_turns);
+    for (size_t i = 0; i < n; i++) asked += msg_bytes(&src[i]);
     rs_turns *t = malloc(asked);
     if (t == NULL) return NULL;
     *t = (rs_turns){.refs = 1, .parent = rs_turns_ref(parent), .owner = owner, .n = n};
@@ -168,8 +185,10 @@ static rs_turns *turns_make(resp_store *st, uint64_t owner, rs_turns *parent, co
     for (size_t i = 0; i < n; i++) {
         if (src[i].len > 0) memcpy(p, src[i].text, src[i].len);
         p[src[i].len] = '\0';
-        t->msg[i] = (rs_msg){src[i].role, p, src[i].len};
+        t->msg[i] = (rs_msg){src[i].role, p, src[i].len, src[i].kind, NULL, NULL};
         p += src[i].len + 1;
+        t->msg[i].name = pack(&p, src[i].name);
+        t->msg[i].call_id = pack(&p, src[i].call_id);
     }
     t->bytes = alloc_bytes(t, asked);
     t->chain_bytes = t->bytes + (parent ? parent->chain_bytes : 0);
@@ -188,7 +207,7 @@ rs_turns *rs_turns_new(resp_store *st, uint64_t owner, rs_turns *parent, const r
                        size_t n, size_t chain_max)
 {
     size_t own = sizeof(rs_turns);
-    for (size_t i = 0; i < n; i++) own += sizeof(rs_msg) + msgs[i].len + 1;
+    for (size_t i = 0; i < n; i++) own += msg_bytes(&msgs[i]);
     if (parent == NULL || parent->chain_bytes + own <= chain_max)
         return turns_make(st, owner, parent, msgs, n);
     /* Past the chain's bound: the newest of the history that fits in half
@@ -196,8 +215,8 @@ rs_turns *rs_turns_new(resp_store *st, uint64_t owner, rs_turns *parent, const r
     size_t keep = 0, bytes = own;
     for (const rs_turns *t = parent; t != NULL; t = t->parent) {
         size_t i = t->n;
-        while (i > 0 && bytes + sizeof(rs_msg) + t->msg[i - 1].len + 1 <= chain_max / 2) {
-            bytes += sizeof(rs_msg) + t->msg[--i].len + 1;
+        while (i > 0 && bytes + msg_bytes(&t->msg[i - 1]) <= chain_max / 2) {
+            bytes += msg_bytes(&t->msg[--i]);
             keep++;
         }
         if (i > 0) break;

@@ -155,8 +155,8 @@ static const char *final_status(const srv_req *r)
 }
 
 /* Keeps the finished response (store) with its conversation: the history,
- * the input and the output (not the instructions, which a
- * previous_response_id does not carry over). */
+ * the input and the output (text: the reply's, or a call's arguments; not
+ * the instructions, which a previous_response_id does not carry over). */
 static void store_put(srv_req *r, json_t *response, const char *text, size_t len)
 {
     resp_job *j = job_of(r);
@@ -169,8 +169,18 @@ static void store_put(srv_req *r, json_t *response, const char *text, size_t len
     if (s->api->resp_store == NULL && (s->api->resp_store = rs_new()) == NULL) goto oom;
     rs_msg *m = malloc((j->nin + 1) * sizeof *m);
     if (m == NULL) goto oom;
-    for (size_t i = 0; i < j->nin; i++) m[i] = (rs_msg){j->in[i].role, j->in[i].text, j->in[i].len};
-    m[j->nin] = (rs_msg){OAI_ROLE_ASSISTANT, text ? text : "", text ? len : 0};
+    for (size_t i = 0; i < j->nin; i++)
+        m[i] = (rs_msg){j->in[i].role, j->in[i].text, j->in[i].len,
+                        j->in[i].kind, j->in[i].name, j->in[i].call_id};
+    char call_id[48];
+    tools_call_id(r, 0, call_id, sizeof call_id);
+    m[j->nin] =
+        (rs_msg){.role = OAI_ROLE_ASSISTANT, .text = text ? text : "", .len = text ? len : 0};
+    if (j->call_name != NULL) { /* the reply was a call */
+        m[j->nin].kind = OAI_MSG_CALL;
+        m[j->nin].name = j->call_name;
+        m[j->nin].call_id = call_id;
+    }
     rs_turns *t = rs_turns_new(s->api->resp_store, r->key_id, j->prev, m, j->nin + 1,
                                s->cfg.responses_store_chain_bytes);
     free(m);
@@ -281,10 +291,20 @@ static void rd_text(void *u, const char *p, size_t n)
     text_delta(u, p, n);
 }
 
+/* A call's tokens have no logprobs (an output_text part has them; a
+ * function_call item has none): c's entries so far are dropped. */
+static void drop_lp(srv_choice *c)
+{
+    if (c->lp == NULL || lp_count(c->lp) == 0) return;
+    json_decref(c->lp);
+    c->lp = lp_new(c->req);
+}
+
 static void rd_head(void *u, const char *name, size_t n)
 {
     srv_choice *c = u;
     resp_job *j = job_of(c->req);
+    drop_lp(c);
     free(j->call_name);
     if ((j->call_name = strndup(name, n)) == NULL) {
         cmpl_fail_oom(c->req);
@@ -299,6 +319,7 @@ static void rd_args(void *u, const char *p, size_t n)
 {
     srv_choice *c = u;
     resp_job *j = job_of(c->req);
+    drop_lp(c);
     if (http_append(&j->call_args, &j->args_len, &j->args_cap, p, n) != 0) {
         cmpl_fail_oom(c->req);
         return;
@@ -319,22 +340,6 @@ static void shape_chunk(srv_choice *c)
     else if (tools_reader_feed(&j->rd, c->text ? c->text : "", c->text_len, &resp_rd_ops, c) != 0)
         cmpl_fail_oom(r);
     c->text_len = 0;
-}
-
-/* A call as the stored conversation keeps it: the prompt's form. NULL: no
- * memory. */
-static char *call_text(const resp_job *j, size_t *len)
-{
-    json_t *a = json_loads(j->call_args ? j->call_args : "", JSON_DECODE_ANY, NULL);
-    json_t *c = json_pack("{s:s, s:o}", "name", j->call_name, "arguments",
-                          a ? a : json_string(j->call_args ? j->call_args : ""));
-    char *body = c ? json_dumps(c, JSON_COMPACT) : NULL, *out = NULL;
-    json_decref(c);
-    if (body != NULL && asprintf(&out, "%s%s%s", OAI_TOOL_CALL_BEGIN, body, OAI_TOOL_CALL_END) < 0)
-        out = NULL;
-    free(body);
-    *len = out ? strlen(out) : 0;
-    return out;
 }
 
 /* A stream's last n events (taken), the last the response's end: queued
@@ -378,10 +383,8 @@ static void finish_call(srv_req *r, int whole)
                       json_pack("{s:i, s:o}", "output_index", 0, "item", call_item(r, status)));
     json_t *resp = response_json(r, status, NULL, 0, NULL);
     ev[2] = event_obj(r, name[2], json_pack("{s:O}", "response", resp));
-    size_t len;
-    char *txt = call_text(j, &len);
-    finish_with(r, name, ev, 3, seq, resp, txt, len);
-    free(txt);
+    finish_with(r, name, ev, 3, seq, resp, j->call_args ? j->call_args : "",
+                j->call_args ? strlen(j->call_args) : 0);
 }
 
 /* After the headers: the failed response, then the error event. */
@@ -469,7 +472,8 @@ static enum MHD_Result shape_send(srv_req *r)
     }
     resp_job *j = job_of(r);
     char *name, *args;
-    int call = tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq, &name, &args);
+    int call = tools_parse_call(c->text ? c->text : "", c->text_len, &r->cmpl->oreq,
+                                &r->s->api->chat, &name, &args);
     if (call) {
         j->call_name = name;
         j->call_args = args;
@@ -484,14 +488,10 @@ static enum MHD_Result shape_send(srv_req *r)
         return http_send_error(r, r->cmpl->error_status, cmpl_error_type(r->cmpl->error_status),
                                r->cmpl->error_code, NULL, NULL, "%s", r->cmpl->error_msg);
     }
-    if (resp != NULL && call) {
-        size_t len;
-        char *txt = call_text(j, &len);
-        if (txt != NULL) store_put(r, resp, txt, len);
-        free(txt);
-    } else if (resp != NULL) {
+    if (resp != NULL && call)
+        store_put(r, resp, j->call_args, strlen(j->call_args));
+    else if (resp != NULL)
         store_put(r, resp, c->text, c->text_len);
-    }
     return http_send_obj(r, resp);
 }
 
@@ -564,93 +564,93 @@ static void new_ids(srv *s, char *resp_id, size_t resp_len, char *msg_id, size_t
     snprintf(msg_id, msg_len, "msg_%s", hex);
 }
 
-/* An input's item_reference (m->ref) made the message it names, a copy:
- * "msg_X" is response resp_X's output, "msg_X_inK" its input item K, of a
- * response stored for this key. The copies of one request add up to at
- * most max_body_bytes (*bytes so far), as a body's text does. 0; -1 with
- * the 404 or 400 sent (*rc). */
-static int resolve_ref(srv_req *r, oai_msg *m, size_t i, size_t *bytes, enum MHD_Result *rc)
+/* The body parsed into the job, and what its prompt's making needs (the
+ * request moved to the completion job, its prompt slot, the format's work,
+ * the reader, the limits): pure, on the loop thread or a tokenizer thread.
+ * 0, or -1 with cmpl->parse_err set. */
+static int parse_body(srv_req *r)
 {
-    char rid[64];
-    const char *hex = strncmp(m->ref, "msg_", 4) == 0 ? m->ref + 4 : NULL;
-    size_t hn = hex ? strcspn(hex, "_") : 0;
-    unsigned long k = 0;
-    int input = hex != NULL && strncmp(hex + hn, "_in", 3) == 0;
-    if (input) {
-        char *end;
-        k = strtoul(hex + hn + 3, &end, 10);
-        if (*end != '\0' || hex[hn + 3] == '\0') hex = NULL;
-    } else if (hex != NULL && hex[hn] != '\0') {
-        hex = NULL;
-    }
-    const rs_entry *e = NULL;
-    if (hex != NULL && hn > 0 && hn + 6 < sizeof rid) {
-        snprintf(rid, sizeof rid, "resp_%.*s", (int)hn, hex);
-        e = rs_get(r->s->api->resp_store, rid, r->key_id);
-    }
-    const rs_turns *t = e ? e->turns : NULL;
-    const rs_msg *src = t == NULL || t->n < e->nin + 1 ? NULL
-                        : !input                       ? &t->msg[t->n - 1]
-                        : k < e->nin                   ? &t->msg[t->n - 1 - e->nin + k]
-                                                       : NULL;
-    if (src == NULL) {
-        *rc = http_send_error(r, 404, "invalid_request_error", "item_not_found", "input", NULL,
-                              "'input[%zu]' refers to item '%.64s', which is not a message of a "
-                              "response stored for this key (stored responses live in memory, "
-                              "bounded, until a restart): send the message itself",
-                              i, m->ref);
+    resp_job *j = job_of(r);
+    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &r->s->api->chat,
+                            &j->rq, &r->cmpl->parse_err)
+        != 0)
+        return -1;
+    r->cmpl->oreq = j->rq.req; /* moved: the job frees it */
+    memset(&j->rq.req, 0, sizeof j->rq.req);
+    oai_request *q = &r->cmpl->oreq;
+    q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
+    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0) {
+        oai_error_set(&r->cmpl->parse_err, 500, "server_error", NULL, NULL, "out of memory");
         return -1;
     }
-    if (src->len > r->s->cfg.max_body_bytes - *bytes) {
-        *rc = http_send_error(r, 400, "invalid_request_error", NULL, "input", NULL,
-                              "'input[%zu]': the item references' messages come to more than "
-                              "%zu bytes (max_body_bytes, as the body's own text); refer to "
-                              "fewer, or use previous_response_id",
-                              i, r->s->cfg.max_body_bytes);
-        return -1;
-    }
-    *bytes += src->len;
-    m->text = malloc(src->len + 1);
-    if (m->text == NULL) {
-        *rc = http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-        return -1;
-    }
-    memcpy(m->text, src->text, src->len + 1);
-    m->len = src->len;
-    m->role = src->role;
-    free(m->ref);
-    m->ref = NULL;
+    q->nprompts = 1;
+    cmpl_job_prediction(r);           /* a prediction: encoded where the prompt is tokenized */
+    if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
+        r->tok->work = cmpl_compile_format;
+    tools_reader_init(&j->rd, q->tool_mode, r->s->api->chat.call_prefix);
+    j->fit = resp_fit_limit(r);
+    j->budget = resp_prompt_budget(r);
     return 0;
 }
 
-/* The conversation: the previous response's (a reference to its stored
- * node, not a copy), then the input's messages (moved). 0; -1 with the
- * error sent (*rc). */
-static int build_conv(srv_req *r, enum MHD_Result *rc)
+/* A large body's work on a tokenizer thread (tok_prompts' parser): the
+ * parse, then the prompt, unless the conversation names stored items, which
+ * only the loop thread may read (deferred: its prompt is made after). */
+static int parse_and_prepare(srv_req *r)
 {
     resp_job *j = job_of(r);
-    if (j->rq.previous_id != NULL) {
-        const rs_entry *prev = rs_get(r->s->api->resp_store, j->rq.previous_id, r->key_id);
-        if (prev == NULL) {
-            *rc = http_send_error(r, 404, "invalid_request_error", "previous_response_not_found",
-                                  "previous_response_id", NULL,
-                                  "Previous response with id '%.64s' not found (never made, "
-                                  "made with another key, deleted, or no longer kept: stored "
-                                  "responses live in memory, bounded, until a restart)",
-                                  j->rq.previous_id);
-            return -1;
-        }
-        j->prev = rs_turns_ref(prev->turns);
+    if (parse_body(r) != 0) return -1;
+    j->deferred = j->rq.previous_id != NULL;
+    for (size_t i = 0; i < j->rq.nmsgs; i++) j->deferred |= j->rq.msgs[i].ref != NULL;
+    if (j->deferred) { /* the prediction too is encoded on the second trip */
+        r->tok->pred_text = NULL;
+        return 0;
     }
-    size_t bytes = 0;
-    for (size_t i = 0; i < j->rq.nmsgs; i++)
-        if (j->rq.msgs[i].ref != NULL && resolve_ref(r, &j->rq.msgs[i], i, &bytes, rc) != 0)
-            return -1;
-    j->in = j->rq.msgs; /* moved */
+    j->in = j->rq.msgs; /* the conversation is the input alone (moved) */
     j->nin = j->rq.nmsgs;
     j->rq.msgs = NULL;
     j->rq.nmsgs = 0;
-    return 0;
+    return resp_prepare(r);
+}
+
+/* The response's ids, the model it names and its speculation's drafter. 1,
+ * or 0 with the 404 or 400 queued (*rc). */
+static int named_ok(srv_req *r, enum MHD_Result *rc)
+{
+    srv *s = r->s;
+    const oai_request *q = &r->cmpl->oreq;
+    new_ids(s, r->id, sizeof r->id, job_of(r)->msg_id, sizeof job_of(r)->msg_id);
+    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model)) {
+        *rc = http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                              "The model '%s' does not exist; this server serves '%s'", q->model,
+                              s->cfg.model_name);
+        return 0;
+    }
+    return cmpl_speculation_ok(r, rc);
+}
+
+/* A parsed body's conversation (the store read here, on the loop thread),
+ * then its prompt, made where it is tokenized: on a tokenizer thread when
+ * a stored history or a format is involved, or the body is large. */
+static enum MHD_Result start_prompt(srv_req *r)
+{
+    resp_job *j = job_of(r);
+    enum MHD_Result rc;
+    if (resp_build_conv(r, &rc) != 0) return rc;
+    cmpl_job_prediction(r);
+    r->tok->heavy = r->cmpl->oreq.format != OAI_FORMAT_NONE || j->prev != NULL;
+    return tok_prompts(r, resp_prepare, after_tokenize);
+}
+
+/* The continuation of a large body parsed (and its prompt made, unless
+ * deferred) on a tokenizer thread. */
+static enum MHD_Result after_worker_parse(srv_req *r)
+{
+    assert(r->state == HTTP_REQ_TOKENIZING);
+    if (r->tok->parse_failed) return cmpl_send_oai_error(r, &r->cmpl->parse_err);
+    enum MHD_Result rc;
+    if (!named_ok(r, &rc)) return rc;
+    return job_of(r)->deferred ? start_prompt(r) : after_tokenize(r);
 }
 
 enum MHD_Result resp_route(srv_req *r)
@@ -672,7 +672,10 @@ enum MHD_Result resp_route(srv_req *r)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     r->cmpl->shape = &resp_shape;
     r->cmpl->shape_data = j;
+    /* What a tokenizer thread may read, fixed here (a reload changes the
+     * config on the loop thread meanwhile). */
     r->tok->max_prompt_tokens = s->cfg.max_prompt_tokens;
+    j->n_ctx = mc->n_ctx;
     r->cmpl->chat = 1;
     r->cmpl->lim = (oai_limits){.vocab_size = mc->n_vocab,
                                 .max_tokens_limit = s->cfg.max_tokens_limit,
@@ -680,33 +683,13 @@ enum MHD_Result resp_route(srv_req *r)
                                 .max_stop_bytes = SRV_MAX_STOP_BYTES,
                                 .max_prompts = 1,
                                 .chat_max_tokens = s->cfg.chat_max_tokens};
-    if (oai_parse_responses(r->body ? r->body : "", r->body_len, &r->cmpl->lim, &s->api->chat,
-                            &j->rq, &r->cmpl->parse_err)
-        != 0)
-        return cmpl_send_oai_error(r, &r->cmpl->parse_err);
-    r->cmpl->oreq = j->rq.req; /* moved: the job frees it */
-    memset(&j->rq.req, 0, sizeof j->rq.req);
-    oai_request *q = &r->cmpl->oreq;
-    new_ids(s, r->id, sizeof r->id, j->msg_id, sizeof j->msg_id);
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
-        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                               "The model '%s' does not exist; this server serves '%s'", q->model,
-                               s->cfg.model_name);
+    /* A large body is parsed, and its prompt made, on a tokenizer thread
+     * (parsing 1 MB of JSON holds every stream's next token ~10 ms), as
+     * completions' and chat's are. */
+    if (r->body_len >= SRV_TOKENIZE_INLINE_BYTES)
+        return tok_prompts(r, parse_and_prepare, after_worker_parse);
+    if (parse_body(r) != 0) return cmpl_send_oai_error(r, &r->cmpl->parse_err);
     enum MHD_Result rc;
-    if (build_conv(r, &rc) != 0) return rc;
-    q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
-    if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0)
-        return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
-    q->nprompts = 1;
-    cmpl_job_prediction(r);
-    if (!cmpl_speculation_ok(r, &rc)) return rc;
-    if (q->format != OAI_FORMAT_NONE) /* text.format: compiled where the input is tokenized */
-        r->tok->work = cmpl_compile_format;
-    /* The prompt is made where it is tokenized: on a tokenizer thread when
-     * a stored history or a format is involved (or the body is large). */
-    r->tok->heavy = q->format != OAI_FORMAT_NONE || j->prev != NULL;
-    tools_reader_init(&j->rd, q->tool_mode);
-    j->fit = resp_fit_limit(r);
-    j->budget = resp_prompt_budget(r);
-    return tok_prompts(r, resp_prepare, after_tokenize);
+    if (!named_ok(r, &rc)) return rc;
+    return start_prompt(r);
 }

@@ -364,7 +364,10 @@ void tok_closed(srv_req *r)
 
 enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then)
 {
-    assert(r->state == HTTP_REQ_BODY);
+    /* TOKENIZING: a second trip, the continuation of a first (a Responses
+     * body parsed on a tokenizer thread, its stored history read since). */
+    assert(r->state == HTTP_REQ_BODY || r->state == HTTP_REQ_TOKENIZING);
+    int again = r->state == HTTP_REQ_TOKENIZING;
     size_t bytes = 0;
     r->tok->parse = parse;
     if (r->kind == R_TOKENIZE || r->kind == R_DETOKENIZE || parse != NULL)
@@ -378,7 +381,7 @@ enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then
     srv *s = r->s;
     if (bytes >= SRV_TOKENIZE_INLINE_BYTES) {
         if (s->api->tokenizing < s->cfg.tokenize_concurrency) {
-            http_req_set_state(r, HTTP_REQ_TOKENIZING);
+            if (!again) http_req_set_state(r, HTTP_REQ_TOKENIZING);
             http_suspend(r, then);
             tok_start(r);
             return MHD_YES;
@@ -393,7 +396,7 @@ enum MHD_Result tok_prompts(srv_req *r, int (*parse)(srv_req *r), http_cont then
                 s->api->tok_wait_head = r;
             s->api->tok_wait_tail = r;
             s->api->tok_nwait++;
-            http_req_set_state(r, HTTP_REQ_TOKENIZING);
+            if (!again) http_req_set_state(r, HTTP_REQ_TOKENIZING);
             http_suspend(r, then);
             return MHD_YES;
         } else {

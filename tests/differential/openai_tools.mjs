@@ -8,10 +8,10 @@
 // generateText with tools and toolChoice 'required' (on openai.chat), and
 // LangChain's bindTools and withStructuredOutput({method:
 // 'functionCalling'}); then the Responses API (a function_call item whole
-// and streamed, a follow-up with its function_call_output, the AI SDK's
-// default model). Every call's arguments are validated by ajv against
-// its tool's parameters. The model is random: the grammar, not the model,
-// makes the calls valid. Exit 77 (skipped) when the packages are missing.
+// and streamed, a follow-up with its function_call_output, input_items
+// listing both as OpenAI does, the AI SDK's default model). Every call's
+// arguments are validated by ajv against its tool's parameters. The model
+// is random: the grammar, not the model, makes the calls valid. Exit 77 (skipped) when the packages are missing.
 import { createRequire } from 'node:module';
 
 const require = createRequire(import.meta.url);
@@ -137,6 +137,22 @@ const r2 = await client.responses.create({
   input: [{ type: 'function_call_output', call_id: fc.call_id, output: '5' }],
 });
 if (r2.output[0]?.type !== 'message') fail('the turn after a function_call_output: ' + JSON.stringify(r2.output));
+// input_items lists them as OpenAI does: the output by its call_id, and the
+// call itself (sent back as the output item it was) with its name and
+// arguments.
+const fco = (await client.responses.inputItems.list(r2.id)).data;
+if (fco.length !== 1 || fco[0].type !== 'function_call_output' || fco[0].call_id !== fc.call_id
+    || fco[0].output !== '5' || fco[0].status !== 'completed' || !/^fco_/.test(fco[0].id))
+  fail('input_items of a function_call_output: ' + JSON.stringify(fco));
+const r2b = await client.responses.create({
+  model: 'gpt2', tools: rtools, max_output_tokens: 8, seed: 8,
+  input: [{ role: 'user', content: 'Add 2 and 3' }, fc, { type: 'function_call_output', call_id: fc.call_id, output: '5' }],
+});
+const listed = (await client.responses.inputItems.list(r2b.id, { order: 'asc' })).data;
+const lc = listed[1];
+if (listed.length !== 3 || lc.type !== 'function_call' || lc.call_id !== fc.call_id || lc.name !== fc.name
+    || lc.arguments !== fc.arguments || lc.status !== 'completed' || !/^fc_/.test(lc.id))
+  fail('input_items of a function_call: ' + JSON.stringify(listed));
 let deltas = '', done = null, added = null;
 for await (const ev of await client.responses.create({ model: 'gpt2', input: 'Add 2 and 3', tools: rtools, tool_choice: { type: 'function', name: 'add' }, seed: 7, stream: true })) {
   if (ev.type === 'response.output_item.added') added = ev.item;
