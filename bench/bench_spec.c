@@ -12,8 +12,9 @@
  * its own KV pool of 256 MiB). STREAMS sequences (1) of TOKENS greedy tokens (128) each after
  * the prompt: PROMPT_FILE's token ids (whitespace-separated, as `gpt2d
  * tokenize` prints them), or 16 fixed tokens. K: speculative_tokens (4).
- * Tokens are checked to be the same in every mode. A benchmark, never a
- * test.
+ * Tokens are checked to be the same in every mode. The environment's
+ * SPEC_MAX_BATCH sets the scheduler's spec_max_batch (default 4). A
+ * benchmark, never a test.
  */
 #include "engine.h"
 
@@ -106,7 +107,11 @@ int main(int argc, char **argv)
     eng_sched_opts o = {.kv_bytes = (size_t)2 << 30,
                         .prefix_cache = 0,
                         .draft = draft,
-                        .draft_kv_bytes = (size_t)256 << 20};
+                        .draft_kv_bytes = (size_t)256 << 20,
+                        /* SPEC_MAX_BATCH: the threshold's measurement */
+                        .spec_max_batch = getenv("SPEC_MAX_BATCH") != NULL
+                                              ? (size_t)atoi(getenv("SPEC_MAX_BATCH"))
+                                              : 0};
     eng_sched *s;
     if (eng_sched_new(m, &o, &s, err, sizeof err) != ENG_OK
         || eng_sched_warmup(s, err, sizeof err) != ENG_OK) {
