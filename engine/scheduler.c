@@ -109,6 +109,19 @@ eng_status eng_sched_warmup(eng_sched *s, char *err, size_t errlen)
         rc = eng_forward(s->m, s->kv, s->ws, &it, 1, err, errlen);
     }
     eng_kv_release(s->kv, &seq);
+    if (rc == ENG_OK && s->dkv != NULL) { /* the draft model's pages and threads too */
+        eng_seq dseq = {0};
+        if (eng_kv_reserve(s->dkv, &dseq, n + 1) == ENG_OK) {
+            it = (eng_item){.seq = &dseq,
+                            .tokens = toks,
+                            .n = n,
+                            .want = ENG_LOGITS_LAST,
+                            .logits = s->dlogits};
+            rc = eng_forward(s->o.draft, s->dkv, s->dws, &it, 1, err, errlen);
+            eng_kv_release(s->dkv, &dseq);
+        }
+        eng_workspace_times_clear(s->dws);
+    }
     eng_workspace_times_clear(s->ws);
     return rc;
 }
