@@ -617,6 +617,199 @@ START_TEST(spec_bad_parameters_are_refused)
 }
 END_TEST
 
+
+/* ---- Review ---- */
+
+static eng_sched *make_sched2(eng_model *m, int prefix_cache, size_t spec_max_batch,
+                              size_t step_tokens)
+{
+    eng_sched_opts o = {.kv_bytes = 4u << 20,
+                        .block_len = 16,
+                        .max_running = 16,
+                        .max_queue = 256,
+                        .step_tokens = step_tokens,
+                        .threads = 2,
+                        .prefix_cache = prefix_cache,
+                        .spec_max_batch = spec_max_batch};
+    eng_sched *s;
+    char err[256];
+    ck_assert_msg(eng_sched_new(m, &o, &s, err, sizeof err) == ENG_OK, "%s", err);
+    return s;
+}
+
+typedef struct {
+    size_t ntok, dones;
+    eng_finish finish;
+    const char *message;
+    int32_t tok[64];
+    size_t cached;
+} simple;
+
+static void simple_ev(void *user, const eng_event *e)
+{
+    simple *r = user;
+    if (e->kind == ENG_EV_TOKEN && r->ntok < 64) r->tok[r->ntok++] = e->token;
+    if (e->kind == ENG_EV_DONE) {
+        r->dones++;
+        r->finish = e->finish;
+        r->message = e->message;
+        r->cached = e->cached;
+    }
+}
+
+/* 8 decoders each drafting 8 tokens (a right prediction) beside an echo
+ * prompt in one step: echo_rows 72 > ECHO_ROWS. */
+static void echo_beside_drafts(int prefix_cache, int spec)
+{
+    eng_model *m = load(NULL);
+    static req plain[8], sp[8];
+    eng_sched *s = make_sched2(m, prefix_cache, 16, 512);
+    for (size_t i = 0; i < 8; i++) {
+        make_req(&plain[i], 700 + i);
+        plain[i].nprompt = 5;
+        plain[i].masked = 0;
+        plain[i].cancel_after = 0;
+        plain[i].ignore_eos = 1;
+        plain[i].logprobs = -1;
+        plain[i].sp = (eng_sampling){.temperature = 0.0f, .top_p = 1};
+        plain[i].max_tokens = 40;
+        submit(s, &plain[i], 0, ENG_DRAFT_LOOKUP, NULL, 0);
+    }
+    run(s);
+    int32_t ep[40];
+    for (size_t k = 0; k < 40; k++) ep[k] = (int32_t)(100 + k % 16);
+    static simple warm, echo;
+    memset(&echo, 0, sizeof echo);
+    uint64_t id;
+    char err[256];
+    if (prefix_cache) { /* a first one registers two blocks with their logprobs */
+        eng_request w = {.prompt = ep, .nprompt = 33, .max_tokens = 1, .sampling = {.top_p = 1},
+                         .logprobs = 0, .echo = 1, .on_event = simple_ev, .user = &warm};
+        ck_assert(eng_sched_submit(s, &w, &id, err, sizeof err) == ENG_OK);
+        run(s);
+    }
+    static int32_t pred[8][64];
+    for (size_t i = 0; i < 8; i++) {
+        sp[i] = plain[i];
+        size_t np = make_pred(&plain[i], 1, pred[i]);
+        submit(s, &sp[i], spec ? 8 : 0, ENG_DRAFT_PREDICTION, pred[i], np);
+    }
+    ck_assert(eng_sched_step(s)); /* the prompts, the first tokens */
+    eng_request e = {.prompt = ep, .nprompt = 40, .max_tokens = 4, .sampling = {.top_p = 1},
+                     .logprobs = 0, .echo = 1, .on_event = simple_ev, .user = &echo};
+    ck_assert(eng_sched_submit(s, &e, &id, err, sizeof err) == ENG_OK);
+    run(s);
+    fprintf(stderr, "spec req 0: finish %d message %s; echo finish %d tokens %zu message %s\n", (int)sp[0].finish, sp[0].message ? sp[0].message : "-", (int)echo.finish, echo.ntok, echo.message ? echo.message : "-");
+    for (size_t i = 0; i < 8; i++) assert_same(&plain[i], &sp[i], i);
+    ck_assert_msg(echo.finish == ENG_FINISH_LENGTH && echo.ntok == 4, "echo: finish %d, %zu tokens, %s",
+                  (int)echo.finish, echo.ntok, echo.message ? echo.message : "");
+    eng_sched_free(s);
+    eng_model_free(m);
+}
+
+START_TEST(review_echo_beside_drafts_plain)
+{
+    echo_beside_drafts(0, 0);
+}
+END_TEST
+START_TEST(review_echo_beside_drafts)
+{
+    echo_beside_drafts(0, 1);
+}
+END_TEST
+START_TEST(review_echo_beside_drafts_cache)
+{
+    echo_beside_drafts(1, 1);
+}
+END_TEST
+
+/* A mask that forces tokens: forced[i] as the i-th, then end of text. */
+typedef struct {
+    uint64_t bits[(V + 63) / 64];
+    const int32_t *forced;
+    size_t n, at;
+} fmask;
+static const uint64_t *fm_allowed(void *self, size_t *nallowed)
+{
+    fmask *f = self;
+    memset(f->bits, 0, sizeof f->bits);
+    int32_t t = f->at < f->n ? f->forced[f->at] : EOT;
+    f->bits[t / 64] |= 1ull << (t % 64);
+    *nallowed = 1;
+    return f->bits;
+}
+static int fm_accept(void *self, int32_t token)
+{
+    fmask *f = self;
+    int32_t t = f->at < f->n ? f->forced[f->at] : EOT;
+    if (token != t) return -1;
+    f->at++;
+    return 0;
+}
+static int fm_accepting(const void *self)
+{
+    (void)self;
+    return 1;
+}
+static const char *fm_error(const void *self)
+{
+    (void)self;
+    return NULL;
+}
+static const eng_mask_ops fm_ops = {.allowed = fm_allowed,
+                                    .accept = fm_accept,
+                                    .accepting = fm_accepting,
+                                    .error = fm_error,
+                                    .free = tm_free};
+
+/* Request A: 16 prompt tokens, 15 forced then end of text (32 positions);
+ * request B: A's prompt and output and more. B's cached prompt tokens
+ * must not depend on speculation. */
+static size_t cached_after(int spec)
+{
+    eng_model *m = load(NULL);
+    eng_sched *s = make_sched2(m, 1, 4, 64);
+    int32_t pa[16], forced[15], pb[40], pred[16];
+    for (size_t k = 0; k < 16; k++) pa[k] = (int32_t)(300 + k);
+    for (size_t k = 0; k < 15; k++) forced[k] = (int32_t)(500 + k);
+    for (size_t k = 0; k < 15; k++) pred[k] = forced[k];
+    pred[15] = EOT;
+    fmask *f = calloc(1, sizeof *f);
+    f->forced = forced;
+    f->n = 15;
+    static simple a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    uint64_t id;
+    char err[256];
+    eng_request ra = {.prompt = pa, .nprompt = 16, .max_tokens = 40, .sampling = {.top_p = 1},
+                      .logprobs = -1, .mask = {.ops = &fm_ops, .self = f, .n_vocab = V},
+                      .speculative_tokens = spec ? 8 : 0, .drafter = ENG_DRAFT_PREDICTION,
+                      .prediction = pred, .nprediction = 16,
+                      .on_event = simple_ev, .user = &a};
+    ck_assert(eng_sched_submit(s, &ra, &id, err, sizeof err) == ENG_OK);
+    run(s);
+    ck_assert_uint_eq(a.ntok, 16);
+    ck_assert_int_eq(a.finish, ENG_FINISH_EOS);
+    memcpy(pb, pa, sizeof pa);
+    memcpy(pb + 16, a.tok, 16 * sizeof *pb);
+    for (size_t k = 32; k < 40; k++) pb[k] = 7;
+    eng_request rb = {.prompt = pb, .nprompt = 40, .max_tokens = 1, .sampling = {.top_p = 1},
+                      .logprobs = -1, .on_event = simple_ev, .user = &b};
+    ck_assert(eng_sched_submit(s, &rb, &id, err, sizeof err) == ENG_OK);
+    run(s);
+    eng_sched_free(s);
+    eng_model_free(m);
+    return b.cached;
+}
+
+START_TEST(review_cached_same)
+{
+    size_t plain = cached_after(0), spec = cached_after(1);
+    ck_assert_msg(plain == spec, "cached prompt tokens: %zu plainly, %zu speculated", plain, spec);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("spec");
@@ -629,6 +822,14 @@ int main(void)
     tcase_add_test(tc, spec_draft_model_same_events);
     tcase_add_test(tc, spec_draft_model_must_match);
     suite_add_tcase(su, tc);
+    TCase *rv = tcase_create("review");
+    tcase_add_checked_fixture(rv, setup, teardown);
+    tcase_set_timeout(rv, 600);
+    tcase_add_test(rv, review_echo_beside_drafts_plain);
+    tcase_add_test(rv, review_echo_beside_drafts);
+    tcase_add_test(rv, review_echo_beside_drafts_cache);
+    tcase_add_test(rv, review_cached_same);
+    suite_add_tcase(su, rv);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
