@@ -4,8 +4,8 @@
  * KV pool and workspace, that proposes a sequence's next k tokens greedily.
  *
  * Each drafting sequence keeps its own block table in the draft's pool
- * (reserved whole, prompt + max_tokens, at its first draft; a pool too
- * full leaves the sequence undrafted rather than waiting). The draft's
+ * (reserved whole, prompt + max_tokens, at its first draft; while the
+ * pool is too full the sequence decodes plainly rather than waiting). The draft's
  * cache holds the sequence's tokens up to some position; a step first
  * feeds what it lacks (the prompt at first, then the tokens the last
  * verify accepted, in chunks of at most DRAFT_ROWS over all sequences),
@@ -69,10 +69,8 @@ size_t draft_plan(eng_sched *s, sch_seq *q, size_t k, size_t *rows_left)
     q->draft_feed = 0;
     if (q->draft_off) return 0;
     if (q->dkv.blocks == NULL
-        && eng_kv_reserve(s->dkv, &q->dkv, q->req.nprompt + q->req.max_tokens) != ENG_OK) {
-        q->draft_off = 1; /* the draft's pool is full: this one decodes plainly */
-        return 0;
-    }
+        && eng_kv_reserve(s->dkv, &q->dkv, q->req.nprompt + q->req.max_tokens) != ENG_OK)
+        return 0; /* the draft's pool is full: plainly, until blocks come back */
     /* What the draft lacks, the last token with it. */
     size_t feed = q->ntokens - q->dkv.len;
     if (feed > *rows_left) { /* a chunk of it this step, no draft yet */

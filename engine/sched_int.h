@@ -136,6 +136,11 @@ size_t spec_propose(eng_sched *s, sch_seq *q, size_t room);
  * positions past the accepted draft rolled back, the statistics counted,
  * the next draft's length adapted. */
 void spec_settle(eng_sched *s, sch_seq *q);
+/* Complete, once a verified draft's tokens from `from` on were delivered
+ * (all, or up to a cancel): the request's accepted count, and the blocks
+ * plain decoding would have completed by now committed to the prefix
+ * cache. */
+void spec_delivered(eng_sched *s, sch_seq *q, size_t from);
 /* Complete, after q's tokens from `from` on were appended: the
  * prediction's place follows the output. */
 void spec_follow(sch_seq *q, size_t from);

@@ -100,8 +100,7 @@ void spec_settle(eng_sched *s, sch_seq *q)
     s->stats.spec_accepted[by] += a;
     for (size_t j = 0; j < d; j++) s->stats.spec_drafted_at[by][j]++;
     for (size_t j = 0; j < a; j++) s->stats.spec_accepted_at[by][j]++;
-    q->drafted += d;
-    q->accepted += a;
+    q->drafted += d; /* q->accepted: of the tokens delivered (eng_sched_complete) */
     if (a == d) {
         if (q->spec_k < q->req.speculative_tokens) q->spec_k++;
     } else {
@@ -114,6 +113,24 @@ void spec_settle(eng_sched *s, sch_seq *q)
     } else {
         q->spec_miss = 0;
     }
+}
+
+void spec_delivered(eng_sched *s, sch_seq *q, size_t from)
+{
+    /* A stop string may cancel in the middle of the accepted run: the
+     * request is told of the accepted tokens it received. */
+    size_t delivered = q->ntokens - from;
+    q->accepted += q->step_accepted < delivered ? q->step_accepted : delivered;
+    if (!s->o.prefix_cache) return;
+    /* The cache registers what plain decoding would have computed by now,
+     * every delivered token but the last, and no more: the verify pass may
+     * have computed the position of a last token (an accepted end of text)
+     * or of tokens a cancel left undelivered, and a later request's
+     * cached_tokens must not tell. */
+    size_t len = q->kv.len;
+    if (q->kv.len > q->ntokens - 1) q->kv.len = q->ntokens - 1;
+    kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain, q->plp, q->nplp);
+    q->kv.len = len;
 }
 
 void spec_follow(sch_seq *q, size_t from)

@@ -83,8 +83,7 @@ void eng_sched_execute(eng_sched *s)
     s->nresults = 0;
     /* The draft model's tokens first, where it drafts (a failure there
      * only turns the drafts off: the verify pass decodes plainly). */
-    if (s->dkv != NULL && draft_run(s, s->step_err, sizeof s->step_err) != ENG_OK)
-        draft_abandon(s);
+    if (s->dkv != NULL && draft_run(s, s->step_err, sizeof s->step_err) != ENG_OK) draft_abandon(s);
     s->step_rc =
         eng_forward(s->m, s->kv, s->ws, s->items, s->nitems, s->step_err, sizeof s->step_err);
     double t_sample = sch_now();
@@ -219,8 +218,9 @@ void eng_sched_complete(eng_sched *s)
             s->stats.prompt_computed += q->step_n;
         }
         keep_prompt_lp(s, q);
-        /* The full blocks this step completed become findable. */
-        if (s->o.prefix_cache)
+        /* The full blocks this step completed become findable (after a
+         * draft's verify, once its tokens are delivered: below). */
+        if (s->o.prefix_cache && q->step_draft == 0)
             kv_commit(s->kv, &q->kv, q->tokens, &q->nhashed, &q->chain, q->plp, q->nplp);
         deliver_cached_lp(q);
         eng_finish why = ENG_FINISH_LENGTH;
@@ -247,6 +247,7 @@ void eng_sched_complete(eng_sched *s)
             q->req.on_event(q->req.user, ev);
             if (q->cancelled) break; /* cancelled from inside the callback */
         }
+        if (q->step_draft > 0) spec_delivered(s, q, from);
         if (q->cancelled) {
             sch_running_remove(s, q);
             sch_finish(s, q, ENG_FINISH_CANCELLED, NULL);

@@ -47,8 +47,8 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     eng_status rc = eng_kv_new(m, o.kv_bytes, o.block_len, &s->kv, err, errlen);
     if (rc != ENG_OK) goto fail;
     /* Prompt rows within the budget plus one decode row per running
-     * sequence on top. */
-    rc = eng_workspace_new(m, o.step_tokens + s->slots, o.threads, &s->ws);
+     * sequence on top, and the drafted rows of speculation. */
+    rc = eng_workspace_new(m, o.step_tokens + s->slots + SPEC_ROWS, o.threads, &s->ws);
     if (rc != ENG_OK) {
         errbuf_set(err, errlen, "cannot allocate the step workspace");
         goto fail;
@@ -532,10 +532,11 @@ int eng_sched_plan(eng_sched *s)
             q->draft_feed = 0;
             if (decoding) {
                 q->step_first = q->ntokens - 1;
-                size_t room = spec_rows < budget ? spec_rows : budget;
-                size_t d = room > 0 ? spec_propose(s, q, room) : 0;
+                /* Drafted rows: SPEC_ROWS a step beside the budget (the
+                 * workspace and the logits have room for them), so a
+                 * draft never delays a prompt. */
+                size_t d = spec_rows > 0 ? spec_propose(s, q, spec_rows) : 0;
                 spec_rows -= d;
-                budget -= d;
                 n = 1 + d;
             } else {
                 q->step_first = q->prefilled;
@@ -558,7 +559,7 @@ int eng_sched_plan(eng_sched *s)
                               : q->step_samples                               ? ENG_LOGITS_LAST
                                                                               : ENG_LOGITS_NONE;
             size_t lrows = want == ENG_LOGITS_ALL ? n : want == ENG_LOGITS_LAST ? 1 : 0;
-            if (want == ENG_LOGITS_ALL) echo_rows += n;
+            if (want == ENG_LOGITS_ALL && !decoding) echo_rows += n; /* a draft's: SPEC_ROWS */
             s->items[s->nitems] = (eng_item){.seq = &q->kv,
                                              .tokens = q->tokens + q->step_first,
                                              .n = n,

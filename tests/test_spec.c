@@ -42,8 +42,8 @@ static void setup(void)
     snprintf(draft, sizeof draft, "%s/draft", dir);
     mkdir(draft, 0755);
     snprintf(dout, sizeof dout, "%s/model.safetensors", draft);
-    char *dv[] = {"synth", dout, "--layers", "1", "--embd", "32", "--heads", "2",
-                  "--ctx", "256", "--seed", "6"};
+    char *dv[] = {"synth",   dout, "--layers", "1",   "--embd", "32",
+                  "--heads", "2",  "--ctx",    "256", "--seed", "6"};
     ck_assert_int_eq(tool_synth(12, dv), 0);
     static const char *dtypes[] = {"f16", "bf16", "q8"};
     for (size_t i = 0; i < 3; i++) {
@@ -497,8 +497,8 @@ START_TEST(spec_draft_model_must_match)
     snprintf(sub, sizeof sub, "%s/small-vocab", dir);
     mkdir(sub, 0755);
     snprintf(out, sizeof out, "%s/model.safetensors", sub);
-    char *a[] = {"synth", out, "--layers", "1", "--embd", "32", "--heads", "2",
-                 "--ctx", "256", "--vocab", "600", "--seed", "1"};
+    char *a[] = {"synth", out,     "--layers", "1",       "--embd", "32",     "--heads",
+                 "2",     "--ctx", "256",      "--vocab", "600",    "--seed", "1"};
     ck_assert_int_eq(tool_synth(14, a), 0);
     eng_model *d = load("small-vocab");
     eng_sched_opts o = {.kv_bytes = 4u << 20, .draft = d};
@@ -509,8 +509,8 @@ START_TEST(spec_draft_model_must_match)
     snprintf(sub, sizeof sub, "%s/short", dir);
     mkdir(sub, 0755);
     snprintf(out, sizeof out, "%s/model.safetensors", sub);
-    char *b[] = {"synth", out, "--layers", "1", "--embd", "32", "--heads", "2",
-                 "--ctx", "128", "--seed", "1"};
+    char *b[] = {"synth",   out, "--layers", "1",   "--embd", "32",
+                 "--heads", "2", "--ctx",    "128", "--seed", "1"};
     ck_assert_int_eq(tool_synth(12, b), 0);
     d = load("short");
     o.draft = d;
@@ -617,8 +617,7 @@ START_TEST(spec_bad_parameters_are_refused)
 }
 END_TEST
 
-
-/* ---- Review ---- */
+/* ---- Found by review: echo beside drafts, the cache after a draft ---- */
 
 static eng_sched *make_sched2(eng_model *m, int prefix_cache, size_t spec_max_batch,
                               size_t step_tokens)
@@ -642,25 +641,31 @@ typedef struct {
     eng_finish finish;
     const char *message;
     int32_t tok[64];
-    size_t cached;
+    size_t cached, accepted, cancel_at;
+    eng_sched *s;
+    uint64_t id;
 } simple;
 
 static void simple_ev(void *user, const eng_event *e)
 {
     simple *r = user;
     if (e->kind == ENG_EV_TOKEN && r->ntok < 64) r->tok[r->ntok++] = e->token;
+    if (e->kind == ENG_EV_TOKEN && r->cancel_at && r->ntok == r->cancel_at)
+        eng_sched_cancel(r->s, r->id); /* a stop string */
     if (e->kind == ENG_EV_DONE) {
         r->dones++;
         r->finish = e->finish;
         r->message = e->message;
         r->cached = e->cached;
+        r->accepted = e->accepted;
     }
 }
 
 /* 8 decoders each drafting 8 tokens (a right prediction) beside an echo
- * prompt in one step: echo_rows 72 > ECHO_ROWS. */
-static size_t echo_max_tokens = 4;
-static void echo_beside_drafts(int prefix_cache, int spec)
+ * prompt in one step: the drafted rows once counted as echo's, past
+ * ECHO_ROWS, and the echo's chunk underflowed (a failed step, or a read
+ * past its tokens with a cache hit). */
+static void echo_beside_drafts(int prefix_cache, int spec, size_t echo_max_tokens)
 {
     eng_model *m = load(NULL);
     static req plain[8], sp[8];
@@ -684,8 +689,14 @@ static void echo_beside_drafts(int prefix_cache, int spec)
     uint64_t id;
     char err[256];
     if (prefix_cache) { /* a first one registers two blocks with their logprobs */
-        eng_request w = {.prompt = ep, .nprompt = 33, .max_tokens = 1, .sampling = {.top_p = 1},
-                         .logprobs = 0, .echo = 1, .on_event = simple_ev, .user = &warm};
+        eng_request w = {.prompt = ep,
+                         .nprompt = 33,
+                         .max_tokens = 1,
+                         .sampling = {.top_p = 1},
+                         .logprobs = 0,
+                         .echo = 1,
+                         .on_event = simple_ev,
+                         .user = &warm};
         ck_assert(eng_sched_submit(s, &w, &id, err, sizeof err) == ENG_OK);
         run(s);
     }
@@ -696,39 +707,32 @@ static void echo_beside_drafts(int prefix_cache, int spec)
         submit(s, &sp[i], spec ? 8 : 0, ENG_DRAFT_PREDICTION, pred[i], np);
     }
     ck_assert(eng_sched_step(s)); /* the prompts, the first tokens */
-    eng_request e = {.prompt = ep, .nprompt = 40, .max_tokens = echo_max_tokens, .sampling = {.top_p = 1},
-                     .logprobs = 0, .echo = 1, .on_event = simple_ev, .user = &echo};
+    eng_request e = {.prompt = ep,
+                     .nprompt = 40,
+                     .max_tokens = echo_max_tokens,
+                     .sampling = {.top_p = 1},
+                     .logprobs = 0,
+                     .echo = 1,
+                     .on_event = simple_ev,
+                     .user = &echo};
     ck_assert(eng_sched_submit(s, &e, &id, err, sizeof err) == ENG_OK);
     run(s);
-    fprintf(stderr, "spec req 0: finish %d message %s; echo finish %d tokens %zu message %s\n", (int)sp[0].finish, sp[0].message ? sp[0].message : "-", (int)echo.finish, echo.ntok, echo.message ? echo.message : "-");
     for (size_t i = 0; i < 8; i++) assert_same(&plain[i], &sp[i], i);
-    ck_assert_msg(echo.finish == ENG_FINISH_LENGTH && echo.ntok == echo_max_tokens, "echo: finish %d, %zu tokens, %s",
-                  (int)echo.finish, echo.ntok, echo.message ? echo.message : "");
+    ck_assert_msg(echo.finish == ENG_FINISH_LENGTH && echo.ntok == echo_max_tokens,
+                  "echo: finish %d, %zu tokens, %s", (int)echo.finish, echo.ntok,
+                  echo.message ? echo.message : "");
     eng_sched_free(s);
     eng_model_free(m);
 }
 
-START_TEST(review_echo_beside_drafts_plain)
+/* Plainly (the harness), with drafts, with the prefix cache, and with
+ * max_tokens 0 (the prompt alone: its tokens array ends with it). */
+START_TEST(spec_echo_beside_drafts)
 {
-    echo_beside_drafts(0, 0);
-}
-END_TEST
-START_TEST(review_echo_beside_drafts)
-{
-    echo_beside_drafts(0, 1);
-}
-END_TEST
-START_TEST(review_echo_beside_drafts_cache)
-{
-    echo_beside_drafts(1, 1);
-}
-END_TEST
-/* max_tokens 0: the tokens array is the prompt's 40 exactly, so the
- * validation loop in eng_forward reads past it at once (ASan). */
-START_TEST(review_echo_beside_drafts_cache_mt0)
-{
-    echo_max_tokens = 0;
-    echo_beside_drafts(1, 1);
+    echo_beside_drafts(0, 0, 4);
+    echo_beside_drafts(0, 1, 4);
+    echo_beside_drafts(1, 1, 4);
+    echo_beside_drafts(1, 1, 0);
 }
 END_TEST
 
@@ -771,10 +775,13 @@ static const eng_mask_ops fm_ops = {.allowed = fm_allowed,
                                     .error = fm_error,
                                     .free = tm_free};
 
-/* Request A: 16 prompt tokens, 15 forced then end of text (32 positions);
- * request B: A's prompt and output and more. B's cached prompt tokens
- * must not depend on speculation. */
-static size_t cached_after(int spec)
+/* Request A: 16 prompt tokens, 15 forced then end of text (32 positions),
+ * or cut by a cancel (a stop string) after cancel_at tokens; request B:
+ * A's prompt and output and more. B's cached prompt tokens must not depend
+ * on speculation: the verify pass computed the position of A's accepted
+ * end of text, and of tokens the cancel left undelivered, which plain
+ * decoding never computes. A is told only of accepted tokens it got. */
+static size_t cached_after(int spec, size_t cancel_at, size_t *accepted)
 {
     eng_model *m = load(NULL);
     eng_sched *s = make_sched2(m, 1, 4, 64);
@@ -789,22 +796,39 @@ static size_t cached_after(int spec)
     static simple a, b;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
+    a.s = s;
+    a.cancel_at = cancel_at;
     uint64_t id;
     char err[256];
-    eng_request ra = {.prompt = pa, .nprompt = 16, .max_tokens = 40, .sampling = {.top_p = 1},
-                      .logprobs = -1, .mask = {.ops = &fm_ops, .self = f, .n_vocab = V},
-                      .speculative_tokens = spec ? 8 : 0, .drafter = ENG_DRAFT_PREDICTION,
-                      .prediction = pred, .nprediction = 16,
-                      .on_event = simple_ev, .user = &a};
-    ck_assert(eng_sched_submit(s, &ra, &id, err, sizeof err) == ENG_OK);
+    eng_request ra = {.prompt = pa,
+                      .nprompt = 16,
+                      .max_tokens = 40,
+                      .sampling = {.top_p = 1},
+                      .logprobs = -1,
+                      .mask = {.ops = &fm_ops, .self = f, .n_vocab = V},
+                      .speculative_tokens = spec ? 8 : 0,
+                      .drafter = ENG_DRAFT_PREDICTION,
+                      .prediction = pred,
+                      .nprediction = 16,
+                      .on_event = simple_ev,
+                      .user = &a};
+    ck_assert(eng_sched_submit(s, &ra, &a.id, err, sizeof err) == ENG_OK);
     run(s);
-    ck_assert_uint_eq(a.ntok, 16);
-    ck_assert_int_eq(a.finish, ENG_FINISH_EOS);
+    size_t na = cancel_at ? cancel_at : 16;
+    ck_assert_uint_eq(a.ntok, na);
+    ck_assert_int_eq(a.finish, cancel_at ? ENG_FINISH_CANCELLED : ENG_FINISH_EOS);
+    *accepted = a.accepted;
+    ck_assert_uint_le(a.accepted, na);
     memcpy(pb, pa, sizeof pa);
-    memcpy(pb + 16, a.tok, 16 * sizeof *pb);
-    for (size_t k = 32; k < 40; k++) pb[k] = 7;
-    eng_request rb = {.prompt = pb, .nprompt = 40, .max_tokens = 1, .sampling = {.top_p = 1},
-                      .logprobs = -1, .on_event = simple_ev, .user = &b};
+    memcpy(pb + 16, a.tok, na * sizeof *pb);
+    for (size_t k = 16 + na; k < 40; k++) pb[k] = 7;
+    eng_request rb = {.prompt = pb,
+                      .nprompt = 40,
+                      .max_tokens = 1,
+                      .sampling = {.top_p = 1},
+                      .logprobs = -1,
+                      .on_event = simple_ev,
+                      .user = &b};
     ck_assert(eng_sched_submit(s, &rb, &id, err, sizeof err) == ENG_OK);
     run(s);
     eng_sched_free(s);
@@ -812,10 +836,16 @@ static size_t cached_after(int spec)
     return b.cached;
 }
 
-START_TEST(review_cached_same)
+START_TEST(spec_cache_holds_what_plain_decoding_computed)
 {
-    size_t plain = cached_after(0), spec = cached_after(1);
-    ck_assert_msg(plain == spec, "cached prompt tokens: %zu plainly, %zu speculated", plain, spec);
+    size_t acc;
+    for (size_t cancel_at = 0; cancel_at <= 12; cancel_at += 3) {
+        size_t plain = cached_after(0, cancel_at, &acc), spec = cached_after(1, cancel_at, &acc);
+        ck_assert_msg(plain == spec,
+                      "cancel at %zu: cached prompt tokens: %zu plainly, %zu speculated", cancel_at,
+                      plain, spec);
+        ck_assert_uint_gt(acc, 0);
+    }
 }
 END_TEST
 
@@ -830,16 +860,9 @@ int main(void)
     tcase_add_test(tc, spec_bad_parameters_are_refused);
     tcase_add_test(tc, spec_draft_model_same_events);
     tcase_add_test(tc, spec_draft_model_must_match);
+    tcase_add_test(tc, spec_echo_beside_drafts);
+    tcase_add_test(tc, spec_cache_holds_what_plain_decoding_computed);
     suite_add_tcase(su, tc);
-    TCase *rv = tcase_create("review");
-    tcase_add_checked_fixture(rv, setup, teardown);
-    tcase_set_timeout(rv, 600);
-    tcase_add_test(rv, review_echo_beside_drafts_plain);
-    tcase_add_test(rv, review_echo_beside_drafts);
-    tcase_add_test(rv, review_echo_beside_drafts_cache);
-    tcase_add_test(rv, review_echo_beside_drafts_cache_mt0);
-    tcase_add_test(rv, review_cached_same);
-    suite_add_tcase(su, rv);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
