@@ -108,7 +108,7 @@ static json_t *response_json(const srv_req *r, const char *status, const char *t
                             : json_null());
     json_object_set_new(o, "max_output_tokens",
                         q->max_tokens_auto ? json_null() : json_integer((json_int_t)q->max_tokens));
-    json_object_set_new(o, "model", json_string(r->s->cfg.model_name));
+    json_object_set_new(o, "model", json_string(adp_model_name(r)));
     json_t *output = json_array();
     int ended = strcmp(status, "in_progress") != 0 && strcmp(status, "failed") != 0;
     if (ended && j->call_name != NULL) { /* a call: its item, no text */
@@ -688,11 +688,8 @@ enum MHD_Result resp_route(srv_req *r)
     memset(&j->rq.req, 0, sizeof j->rq.req);
     oai_request *q = &r->cmpl->oreq;
     new_ids(s, r->id, sizeof r->id, j->msg_id, sizeof j->msg_id);
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
-        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                               "The model '%s' does not exist; this server serves '%s'", q->model,
-                               s->cfg.model_name);
     enum MHD_Result rc;
+    if (!adp_pick(r, q->model, &rc)) return rc;
     if (build_conv(r, &rc) != 0) return rc;
     q->prompts = calloc(1, sizeof *q->prompts); /* the request frees it */
     if (q->prompts == NULL || tok_job_prompts(r->tok, 1) != 0)
