@@ -489,11 +489,13 @@ enum MHD_Result adp_route_unload(srv_req *r)
             size_t users = eng_adapter_users(s->api->adapters[at]->a);
             char msg[200];
             snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name);
-            log_line("info", "LoRA adapter '%s' unloaded (%zu running sequences finish with it)",
+            log_line("info",
+                     "LoRA adapter '%s' unloaded (%zu requests and sequences using it finish "
+                     "with it)",
                      name, users);
             remove_at(s, at);
             rc = http_send_obj(
-                r, json_pack("{s:s, s:I}", "message", msg, "running", (json_int_t)users));
+                r, json_pack("{s:s, s:I}", "message", msg, "in_use", (json_int_t)users));
         }
     }
     json_decref(body);

@@ -214,7 +214,7 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
              info->cpu_seconds);
     family(m, "gpt2d_lora_adapters", "gauge", "LoRA adapters resident (max_loras bounds them).");
     fprintf(m, "gpt2d_lora_adapters %zu\n", info->nlora);
-    if (info->nlora > 0) {
+    {
         family(m, "gpt2d_lora_requests_total", "counter",
                "Requests whose model picked the LoRA adapter, since it was loaded.");
         for (size_t i = 0; i < info->nlora; i++) {
@@ -222,10 +222,10 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
             label(m, info->lora_name[i]);
             fprintf(m, "\"} %llu\n", (unsigned long long)info->lora_requests[i]);
         }
-        family(m, "gpt2d_lora_running_sequences", "gauge",
-               "Sequences waiting or running with the LoRA adapter.");
+        family(m, "gpt2d_lora_in_use", "gauge",
+               "Requests and their sequences (waiting or running) holding the LoRA adapter.");
         for (size_t i = 0; i < info->nlora; i++) {
-            fputs("gpt2d_lora_running_sequences{adapter=\"", m);
+            fputs("gpt2d_lora_in_use{adapter=\"", m);
             label(m, info->lora_name[i]);
             fprintf(m, "\"} %zu\n", info->lora_running[i]);
         }

@@ -28,8 +28,8 @@ typedef struct {
      * entries, and their bytes as counted against structured_cache_mb. */
     size_t structured_cache_entries, structured_cache_bytes;
     /* The resident LoRA adapters (api/adapters.c), nlora of each: their
-     * names, the requests that picked them, the sequences using them and
-     * their factors' bytes. */
+     * names, the requests that picked them, the requests and sequences
+     * holding them (eng_adapter_users) and their factors' bytes. */
     size_t nlora;
     const char *const *lora_name;
     const uint64_t *lora_requests;
