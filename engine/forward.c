@@ -45,8 +45,9 @@ struct eng_workspace {
      * one group after the other, and the product's scratch. */
     lora_group *groups; /* (T) at most one a row */
     size_t ngroups;
-    size_t *lrow;  /* (T) rows by group         */
-    float *lora_u; /* (OP_LORA_ROWS, LORA_MAX_RANK) */
+    size_t *lrow;           /* (T) rows by group         */
+    op_lora_group *lgroups; /* (T) one projection's      */
+    float *lora_u;          /* (threads, OP_LORA_ROWS, OP_LORA_MAX_RANK) */
 };
 
 static float *falloc(size_t n)
@@ -87,9 +88,11 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->item = malloc(R * sizeof *w->item);
     w->groups = malloc(R * sizeof *w->groups);
     w->lrow = malloc(R * sizeof *w->lrow);
-    w->lora_u = falloc((size_t)OP_LORA_ROWS * LORA_MAX_RANK);
-    if (!w->groups || !w->lrow || !w->lora_u || !w->x || !w->ln || !w->qkv || !w->att || !w->tmp
-        || !w->fc || !w->scores || !w->pack || !w->lrows || !w->logits || !w->pos || !w->item) {
+    w->lgroups = malloc(R * sizeof *w->lgroups);
+    w->lora_u = falloc(op_pool_size(w->pool) * (size_t)OP_LORA_ROWS * OP_LORA_MAX_RANK);
+    if (!w->groups || !w->lrow || !w->lgroups || !w->lora_u || !w->x || !w->ln || !w->qkv || !w->att
+        || !w->tmp || !w->fc || !w->scores || !w->pack || !w->lrows || !w->logits || !w->pos
+        || !w->item) {
         eng_workspace_free(w);
         return ENG_ENOMEM;
     }
@@ -120,6 +123,7 @@ void eng_workspace_free(eng_workspace *w)
     free(w->item);
     free(w->groups);
     free(w->lrow);
+    free(w->lgroups);
     free(w->lora_u);
     free(w);
 }
@@ -202,17 +206,23 @@ static void lora_group_rows(eng_workspace *w, const eng_item *items, size_t nite
 }
 
 /* out (T, N) += each group's low-rank product of projection mo of layer l
- * over in (T, K), after the base matmul. */
+ * over in (T, K), after the base matmul: one pool run for all groups. */
 static void lora_add(eng_workspace *w, float *out, const float *in, size_t l, lora_module mo,
                      size_t K, size_t N)
 {
+    size_t n = 0;
     for (size_t g = 0; g < w->ngroups; g++) {
         const lora_group *G = &w->groups[g];
         const eng_adapter_pair *p = &G->a->pairs[l * LORA_NMODULES + mo];
         if (p->a.p == NULL) continue;
-        op_lora(w->pool, w->lora_u, out, in, w->lrow + G->first, G->n, &p->a, &p->bt, G->a->rank, K,
-                N, G->a->scaling);
+        w->lgroups[n++] = (op_lora_group){.a = &p->a,
+                                          .bt = &p->bt,
+                                          .r = G->a->rank,
+                                          .scaling = G->a->scaling,
+                                          .rows = w->lrow + G->first,
+                                          .nrows = G->n};
     }
+    op_lora(w->pool, w->lora_u, out, in, w->lgroups, n, K, N);
 }
 
 eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_item *items,

@@ -278,14 +278,23 @@ void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
 float op_dot(const float *a, const float *b, size_t n);
 /* The same order over w[off .. off + n), widened (a LoRA factor's row). */
 float op_dot_w(const float *a, const op_w *w, size_t off, size_t n);
-/* A LoRA adapter's product for the rows `rows` (indices into the step's
- * rows) of one group that shares it (op_lora.c): out[t] += scaling *
- * (in[t] A^T) Bt, A (r, K) and Bt (r, N) = B^T in OP_F32 or OP_BF16, each
- * element in one order that depends only on its own row. u: scratch of
- * OP_LORA_ROWS x r floats. Thread: the one step thread. */
+/* LoRA adapters' products beside one projection (op_lora.c): for each
+ * group (the rows `rows`, indices into the step's rows, that share an
+ * adapter) out[t] += scaling * (in[t] A^T) Bt, A (r, K) and Bt (r, N) =
+ * B^T in OP_F32 or OP_BF16, each element in one order that depends only
+ * on its own row. u: scratch of op_pool_size(pool) x OP_LORA_ROWS x
+ * OP_LORA_MAX_RANK floats. Thread: the one step thread. */
 #define OP_LORA_ROWS 64
-void op_lora(op_pool *pool, float *u, float *out, const float *in, const size_t *rows, size_t nrows,
-             const op_w *A, const op_w *Bt, size_t r, size_t K, size_t N, float scaling);
+#define OP_LORA_MAX_RANK 1024 /* LORA_MAX_RANK */
+typedef struct {
+    const op_w *a, *bt;
+    size_t r;
+    float scaling;
+    const size_t *rows;
+    size_t nrows;
+} op_lora_group;
+void op_lora(op_pool *pool, float *u, float *out, const float *in, const op_lora_group *g,
+             size_t ng, size_t K, size_t N);
 /* x[i] = exp(x[i] - m) (clamped to exp(-87) below), returning their sum in a
  * fixed lane order; the same bits on every path. */
 float op_exp_sub_sum(float *x, size_t n, float m);

@@ -12,33 +12,23 @@
  * the group's size, the other rows of the step, the thread that computes
  * it or the instruction set (an FMA is one rounding on every path), so a
  * sequence gets the same bits alone, in any batch and in prefill chunks of
- * any size. Rows are taken OP_LORA_ROWS at a time (u's scratch).
+ * any size. Rows are taken OP_LORA_ROWS at a time (u's scratch), every
+ * group of a projection in one pool run.
  */
 #include "internal.h"
 
 #include <math.h>
 
+/* One group's chunk of at most OP_LORA_ROWS rows, as a thread works it. */
 typedef struct {
-    float *u; /* (nrows, r) */
+    const float *u; /* (nrows, r) */
     float *out;
-    const float *in;
     const size_t *rows;
     size_t nrows;
-    const op_w *A, *Bt;
-    size_t r, K, N;
+    const op_w *Bt;
+    size_t r, N;
     float scaling;
 } lora_ctx;
-
-/* Phase 1: u[j] for j = row * r + k in [begin, end). */
-static void lora_down(void *p, size_t begin, size_t end, size_t tid)
-{
-    (void)tid;
-    const lora_ctx *c = p;
-    for (size_t j = begin; j < end; j++) {
-        size_t g = j / c->r, k = j % c->r;
-        c->u[j] = op_dot_w(c->in + c->rows[g] * c->K, c->A, k * c->K, c->K);
-    }
-}
 
 /* The reference: columns [n0, n1) of every row of the group. */
 static void lora_up_c(const lora_ctx *c, size_t n0, size_t n1)
@@ -121,14 +111,9 @@ OP_AVX2 static void lora_up_avx2(const lora_ctx *c, size_t n0, size_t n1)
 }
 #endif
 
-/* Phase 2: the column blocks [begin, end) of OP_LORA_COLS columns. */
-#define OP_LORA_COLS 16
-static void lora_up(void *p, size_t begin, size_t end, size_t tid)
+/* The columns [n0, n1) of a chunk, on the best path. */
+static void lora_up(const lora_ctx *c, size_t n0, size_t n1)
 {
-    (void)tid;
-    const lora_ctx *c = p;
-    size_t n0 = begin * OP_LORA_COLS, n1 = end * OP_LORA_COLS;
-    if (n1 > c->N) n1 = c->N;
 #if HAVE_X86
     if (op_use_avx512()) {
         lora_up_avx512(c, n0, n1);
@@ -142,22 +127,63 @@ static void lora_up(void *p, size_t begin, size_t end, size_t tid)
     lora_up_c(c, n0, n1);
 }
 
-void op_lora(op_pool *pool, float *u, float *out, const float *in, const size_t *rows, size_t nrows,
-             const op_w *A, const op_w *Bt, size_t r, size_t K, size_t N, float scaling)
+typedef struct {
+    float *u; /* per thread: OP_LORA_ROWS x OP_LORA_MAX_RANK */
+    float *out;
+    const float *in;
+    const op_lora_group *g;
+    size_t ng, K, N;
+} lora_task_ctx;
+
+/* One thread's columns blocks [begin, end) of OP_LORA_COLS, for every
+ * group: each chunk's u = x A^T computed by every thread for itself (a
+ * barrier between the two halves cost more than the repeated dot
+ * products: one pool run a projection, not two a group), then its
+ * columns. */
+#define OP_LORA_COLS 16
+/* Below this many FMAs (a decode step of up to 16 rank-8 rows at GPT-2
+ * small's widths: 16 x 8 x 3840 = 492K for c_fc) the product runs on the
+ * step thread alone: a pool run (a hand-off to the other threads and the
+ * wait for them) was measured dearer on 2 vCPUs (docs/benchmarks.md, "LoRA
+ * adapters"). */
+#define OP_LORA_INLINE_FMAS (1u << 20)
+static void lora_task(void *p, size_t begin, size_t end, size_t tid)
 {
-    for (size_t g0 = 0; g0 < nrows; g0 += OP_LORA_ROWS) {
-        lora_ctx c = {.u = u,
-                      .out = out,
-                      .in = in,
-                      .rows = rows + g0,
-                      .nrows = nrows - g0 < OP_LORA_ROWS ? nrows - g0 : OP_LORA_ROWS,
-                      .A = A,
-                      .Bt = Bt,
-                      .r = r,
-                      .K = K,
-                      .N = N,
-                      .scaling = scaling};
-        op_pool_run(pool, c.nrows * r, lora_down, &c);
-        op_pool_run(pool, (N + OP_LORA_COLS - 1) / OP_LORA_COLS, lora_up, &c);
+    const lora_task_ctx *t = p;
+    float *u = t->u + tid * (size_t)OP_LORA_ROWS * OP_LORA_MAX_RANK;
+    size_t n0 = begin * OP_LORA_COLS, n1 = end * OP_LORA_COLS;
+    if (n1 > t->N) n1 = t->N;
+    for (size_t gi = 0; gi < t->ng; gi++) {
+        const op_lora_group *g = &t->g[gi];
+        for (size_t g0 = 0; g0 < g->nrows; g0 += OP_LORA_ROWS) {
+            lora_ctx c = {.u = u,
+                          .out = t->out,
+                          .rows = g->rows + g0,
+                          .nrows = g->nrows - g0 < OP_LORA_ROWS ? g->nrows - g0 : OP_LORA_ROWS,
+                          .Bt = g->bt,
+                          .r = g->r,
+                          .N = t->N,
+                          .scaling = g->scaling};
+            for (size_t i = 0; i < c.nrows; i++)
+                for (size_t k = 0; k < g->r; k++)
+                    u[i * g->r + k] = op_dot_w(t->in + c.rows[i] * t->K, g->a, k * t->K, t->K);
+            lora_up(&c, n0, n1);
+        }
     }
+}
+
+void op_lora(op_pool *pool, float *u, float *out, const float *in, const op_lora_group *g,
+             size_t ng, size_t K, size_t N)
+{
+    if (ng == 0) return;
+    lora_task_ctx t = {.u = u, .out = out, .in = in, .g = g, .ng = ng, .K = K, .N = N};
+    size_t blocks = (N + OP_LORA_COLS - 1) / OP_LORA_COLS, fmas = 0;
+    for (size_t i = 0; i < ng; i++) fmas += g[i].nrows * g[i].r * (K + N);
+    /* Small products run on this thread alone (thread 0's scratch): a pool
+     * run costs more than they do. Which thread computes an element
+     * changes none of its bits. */
+    if (fmas < OP_LORA_INLINE_FMAS)
+        lora_task(&t, 0, blocks, 0);
+    else
+        op_pool_run(pool, blocks, lora_task, &t);
 }

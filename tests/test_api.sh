@@ -10,7 +10,7 @@
 # Node client, /version, the playground's header), the info line (and its
 # silence when idle)
 # and the access line, LoRA adapters chosen by model, loaded and unloaded
-# (case lora, lora_clients, lora_off), and the command line's --version and
+# (case lora, lora_clients, lora_off, lora_reload), and the command line's --version and
 # option mistakes on every subcommand. Each case is a function case_NAME; name cases to run
 # only those, `--list` lists them (tests/lib/cases.sh). A missing promtool,
 # chromium or npm package skips what needs it (exit 77 at the end), and
@@ -865,6 +865,24 @@ set +e
 set -e
 [ "$rc" != 0 ] && grep -q "pirate: .*rank 8 is above max_lora_rank 4" "$dir/rank.err" || fail "rank at start-up: $rc $(cat "$dir/rank.err")"
 }
+# lora_modules again on SIGHUP: an adapter no longer listed is unloaded, a
+# new one loaded (off the loop), a bad one logged and skipped; the model
+# keeps serving throughout.
+case_lora_reload() {
+printf 'lora_modules = pirate=%s\n' "$here/../models/gpt2d-tiny-pirate" > "$dir/lora.conf"
+srv_start reload "$here/../models/gpt2d-tiny" --kv-cache-mb 64 --config "$dir/lora.conf"
+ids() { curl -s "$base/v1/models" | python3 -c 'import json,sys; print(" ".join(m["id"] for m in json.load(sys.stdin)["data"]))'; }
+[ "$(ids)" = "gpt2d-tiny pirate" ] || fail "at start-up: $(ids)"
+printf 'lora_modules = formal=%s, bad=%s\n' "$here/../models/gpt2d-tiny-formal" "$dir/nowhere" > "$dir/lora.conf"
+kill -HUP "$last_pid"
+for _ in $(seq 50); do [ "$(ids)" = "gpt2d-tiny formal" ] && break; sleep 0.1; done
+[ "$(ids)" = "gpt2d-tiny formal" ] || fail "after SIGHUP: $(ids)"
+grep -q "SIGHUP: LoRA adapter 'pirate' unloaded (no longer in lora_modules)" "$dir/reload.log" || fail "no unload line"
+grep -q "SIGHUP: LoRA adapter 'bad' not loaded from $dir/nowhere" "$dir/reload.log" || fail "no line for the bad adapter"
+code=$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "formal", "prompt": "Hello", "max_tokens": 4}')
+[ "$code" = 200 ] || fail "formal after SIGHUP: $code"
+}
 # Without lora_dir, the run-time routes are off.
 case_lora_off() {
 for route in load_lora_adapter unload_lora_adapter; do
@@ -884,5 +902,5 @@ node "$here/differential/openai_lora.mjs" "$base/v1" test-key-123 || fail "lora 
 CASES=(command_line bad_template model_ids:main model_names:main chat_transcript:main
        chat_fields:main chat_clients:main responses_clients:main embeddings:main embeddings_clients:main
        version:main metrics:main lora_off:main tool_calls:long tool_clients:long lora:lora
-       lora_clients:lora nochat template playground model_labels)
+       lora_clients:lora lora_reload nochat template playground model_labels)
 run_cases "$@"

@@ -61,10 +61,10 @@ static void convert(const char *to, const char *dtype, const char *layout)
     copy_config("f32", to);
 }
 
-/* An adapter folder `sub` in PEFT's layout for the tiny model (2 layers,
- * width 64): rank r, lora_alpha 16, every module, F32 factors uniform in
- * (-0.25, 0.25) from seed. */
-static void write_adapter(const char *sub, size_t r, uint64_t seed)
+/* An adapter folder `sub` in PEFT's layout for a 2-layer model of width
+ * C: rank r, lora_alpha 16, every module, F32 factors uniform in (-0.25,
+ * 0.25) from seed. */
+static void write_adapter(const char *sub, size_t r, uint64_t seed, size_t C)
 {
     char p[320];
     path_of(p, sizeof p, sub, NULL);
@@ -90,7 +90,7 @@ static void write_adapter(const char *sub, size_t r, uint64_t seed)
     for (size_t l = 0; l < 2; l++)
         for (int m = 0; m < LORA_NMODULES; m++) {
             size_t in, out;
-            lora_module_dims((lora_module)m, 64, &in, &out);
+            lora_module_dims((lora_module)m, C, &in, &out);
             for (int b = 0; b < 2; b++, n++) {
                 size_t rows = b ? out : r, cols = b ? r : in;
                 snprintf(names[n], sizeof names[n],
@@ -149,8 +149,18 @@ static void setup(void)
     convert("f32_panel", "f32", "panel64");
     convert("bf16_panel", "bf16", "panel64");
     convert("q8_panel", "q8", "panel64");
-    write_adapter("ad_a", 8, 1);
-    write_adapter("ad_b", 4, 2);
+    write_adapter("ad_a", 8, 1, 64);
+    write_adapter("ad_b", 4, 2, 64);
+    /* Width 448 and rank 16: a step of more than about 29 rows takes the
+     * product past op_lora.c's inline bound, onto the pool's threads. */
+    path_of(out, sizeof out, "wide448", NULL);
+    mkdir(out, 0755);
+    path_of(out, sizeof out, "wide448", "model.safetensors");
+    char *wargv[] = {"synth", out,     "--layers", "2",       "--embd", "448",    "--heads",
+                     "7",     "--ctx", "128",      "--vocab", "500",    "--seed", "6"};
+    ck_assert_int_eq(tool_synth(14, wargv), 0);
+    write_adapter("ad_w", 16, 3, 448);
+    write_adapter("ad_w2", 8, 4, 448);
     for (size_t i = 0; i < N_MODELS; i++) {
         merge(models[i], "ad_a");
         merge(models[i], "ad_b");
@@ -290,10 +300,12 @@ static void mixed_batches(const eng_model *m, const eng_adapter *a, const eng_ad
 
 static void invariance(eng_adapter_dtype dt)
 {
-    for (size_t i = 0; i < N_MODELS; i++) {
-        eng_model *m = load(models[i]);
+    for (size_t i = 0; i <= N_MODELS; i++) {
+        const char *name = i < N_MODELS ? models[i] : "wide448";
+        eng_model *m = load(name);
         size_t V = eng_model_config(m)->n_vocab;
-        eng_adapter *a = adapter(m, "ad_a", dt), *b = adapter(m, "ad_b", dt);
+        eng_adapter *a = adapter(m, i < N_MODELS ? "ad_a" : "ad_w", dt),
+                    *b = adapter(m, i < N_MODELS ? "ad_b" : "ad_w2", dt);
         float *alone = malloc(NP * V * sizeof *alone), *chunked = malloc(NP * V * sizeof *alone);
         float *base = malloc(NP * V * sizeof *base);
         char what[128];
@@ -304,14 +316,14 @@ static void invariance(eng_adapter_dtype dt)
         /* Prefill chunks of every size, on two threads. */
         for (size_t c = 1; c <= NP; c++) {
             subject_alone(m, a, c, 2, chunked);
-            snprintf(what, sizeof what, "%s, adapter %s, chunks of %zu", models[i],
+            snprintf(what, sizeof what, "%s, adapter %s, chunks of %zu", name,
                      dt == ENG_ADAPTER_BF16 ? "bf16" : "f32", c);
             assert_rows_equal(chunked, alone, NP, V, what, c);
         }
-        snprintf(what, sizeof what, "%s, adapter %s beside others", models[i],
+        snprintf(what, sizeof what, "%s, adapter %s beside others", name,
                  dt == ENG_ADAPTER_BF16 ? "bf16" : "f32");
         mixed_batches(m, a, b, a, alone, what);
-        snprintf(what, sizeof what, "%s, base rows beside adapters", models[i]);
+        snprintf(what, sizeof what, "%s, base rows beside adapters", name);
         mixed_batches(m, NULL, b, a, base, what);
         free(alone);
         free(chunked);

@@ -389,6 +389,10 @@ static void route_after(uv_work_t *w, int status)
     if (status != 0) {
         j->status = 503;
         snprintf(j->err, sizeof j->err, "the load was cancelled (shutting down)");
+    } else if (j->st == ENG_OK && index_of(s, j->name) != SIZE_MAX) { /* loaded meanwhile */
+        j->status = 400;
+        snprintf(j->err, sizeof j->err, "The LoRA adapter '%s' is already loaded; unload it first",
+                 j->name);
     } else if (j->st == ENG_OK && install(s, j) == 0) {
         log_loaded(j, "POST /v1/load_lora_adapter");
     }
