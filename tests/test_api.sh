@@ -726,7 +726,8 @@ node "$here/differential/openai_embeddings.mjs" "$base/v1" test-key-123 || fail 
 # /v1/models lists them with parent; the base and both adapters answer
 # differently; the load route's refusals: a symbolic link out of lora_dir,
 # "..", an adapter file linked out, a missing folder, a bad or taken name,
-# max_lora_rank (a rank-16 adapter) and max_loras, the API key; unloading
+# max_lora_rank (a rank-16 adapter) and max_loras, the API key; the prefix
+# cache keeping each adapter's prompts apart (cached_tokens); unloading
 # while a stream uses the adapter lets the stream finish; the adapters'
 # metrics; and the routes are 404 where lora_dir is unset.
 fixture_lora() {
@@ -814,6 +815,17 @@ assert t["formal2"] == t["formal"], t
 assert text("gpt2d-tiny:pirate") == t["pirate"]
 st, e = call("/v1/completions", {"model": "nope", "prompt": P, "max_tokens": 1})
 assert st == 404 and e["error"]["code"] == "model_not_found", e
+# The prefix cache never crosses adapters: a 48-token prompt cached under
+# the base is computed again under pirate (cached_tokens 0), then cached
+# for pirate's next request.
+long = " ".join(["word%d" % i for i in range(24)])
+def cached(model):
+    st, c = call("/v1/completions", {"model": model, "prompt": long, "max_tokens": 1})
+    assert st == 200, c
+    return c["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert cached("gpt2d-tiny") == 0 and cached("gpt2d-tiny") > 0
+assert cached("pirate") == 0, "pirate took the base's cached blocks"
+assert cached("pirate") > 0 and cached("formal") == 0
 # Chat, responses and embeddings pick adapters too.
 chats = {}
 for name in ("gpt2d-tiny", "pirate", "formal"):
