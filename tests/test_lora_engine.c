@@ -478,10 +478,13 @@ static eng_sched *sched(const eng_model *m)
     return s;
 }
 
-static void submit(eng_sched *s, rec *r, const int32_t *p, size_t n, eng_adapter *a)
+static void submit_spec(eng_sched *s, rec *r, const int32_t *p, size_t n, eng_adapter *a,
+                        size_t spec)
 {
     memset(r, 0, sizeof *r);
     eng_request q = {.prompt = p,
+                     .speculative_tokens = spec,
+                     .drafter = ENG_DRAFT_LOOKUP,
                      .nprompt = n,
                      .max_tokens = 8,
                      .sampling = {.temperature = 0.8f, .top_p = 1.0f},
@@ -493,6 +496,11 @@ static void submit(eng_sched *s, rec *r, const int32_t *p, size_t n, eng_adapter
                      .user = r};
     char err[256];
     ck_assert_msg(eng_sched_submit(s, &q, &r->id, err, sizeof err) == ENG_OK, "%s", err);
+}
+
+static void submit(eng_sched *s, rec *r, const int32_t *p, size_t n, eng_adapter *a)
+{
+    submit_spec(s, r, p, n, a, 0);
 }
 
 static void run_all(eng_sched *s)
@@ -586,6 +594,37 @@ START_TEST(sched_adapter_freed_while_running_lives_until_its_sequences_end)
 }
 END_TEST
 
+/* Speculative decoding verifies drafts with the sequence's adapter: the
+ * same tokens with speculation as without, beside a base sequence. */
+START_TEST(sched_speculation_with_an_adapter_changes_no_token)
+{
+    eng_model *m = load("bf16_panel");
+    eng_adapter *A = adapter(m, "ad_a", ENG_ADAPTER_F32);
+    int32_t p[40];
+    for (size_t i = 0; i < 40; i++) p[i] = (int32_t)(i % 8 * 31 + 5); /* repeats: lookup drafts */
+    static rec plain, spec, base_plain, base_spec;
+    eng_sched *s = sched(m);
+    submit_spec(s, &plain, p, 40, A, 0);
+    submit_spec(s, &base_plain, p, 40, NULL, 0);
+    run_all(s);
+    eng_sched_free(s);
+    s = sched(m);
+    submit_spec(s, &spec, p, 40, A, 4);
+    submit_spec(s, &base_spec, p, 40, NULL, 4);
+    run_all(s);
+    eng_sched_stats st;
+    eng_sched_stats_get(s, &st);
+    ck_assert_uint_gt(st.spec_steps, 0); /* drafts were verified */
+    ck_assert_uint_eq(spec.n, 8);
+    ck_assert_mem_eq(spec.tokens, plain.tokens, sizeof plain.tokens);
+    ck_assert_mem_eq(base_spec.tokens, base_plain.tokens, sizeof plain.tokens);
+    ck_assert(memcmp(plain.tokens, base_plain.tokens, sizeof plain.tokens) != 0);
+    eng_sched_free(s);
+    eng_adapter_free(A);
+    eng_model_free(m);
+}
+END_TEST
+
 static Suite *lora_engine_suite(void)
 {
     Suite *s = suite_create("lora_engine");
@@ -605,6 +644,7 @@ static Suite *lora_engine_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, sched_prefix_cache_never_crosses_adapters);
     tcase_add_test(tc, sched_adapter_freed_while_running_lives_until_its_sequences_end);
+    tcase_add_test(tc, sched_speculation_with_an_adapter_changes_no_token);
     suite_add_tcase(s, tc);
     return s;
 }
