@@ -43,6 +43,7 @@ struct adp_job {
     eng_adapter *a;
     eng_status st;
     int status; /* the route's HTTP status */
+    int done;   /* route_after ran (a resume before it: the shutdown's) */
     char err[512];
     double seconds;
 };
@@ -367,6 +368,9 @@ static int where(const char *root, const char *path, char *out)
 static enum MHD_Result load_answer(srv_req *r)
 {
     struct adp_job *j = r->adp;
+    if (!j->done) /* resumed by the shutdown while the load still ran */
+        return http_send_error(r, 503, "server_error", "server_shutting_down", NULL, NULL,
+                               "The server is shutting down; the LoRA adapter was not loaded");
     if (j->status != 200)
         return http_send_error(r, j->status, "invalid_request_error", NULL, "lora_path", NULL, "%s",
                                j->err);
@@ -386,6 +390,7 @@ static void route_after(uv_work_t *w, int status)
     srv *s = j->s;
     srv_req *r = j->r;
     s->api->adp_loading--;
+    j->done = 1;
     if (status != 0) {
         j->status = 503;
         snprintf(j->err, sizeof j->err, "the load was cancelled (shutting down)");
