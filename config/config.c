@@ -111,6 +111,17 @@ static const spec specs[] = {
     {"draft_model", K_STR, F(draft_model), 0, 0, "",
      "model directory of a smaller GPT-2 with the same vocabulary whose greedy tokens are the "
      "drafts of speculative_drafter = draft_model (\"\": none)"},
+    {"lora_modules", K_STR, F(lora_modules), 0, 0, "",
+     "LoRA adapters served beside the model, name=DIR,...: PEFT folders (adapter_config.json, "
+     "adapter_model.safetensors) for this model, loaded at start-up and again on SIGHUP; a "
+     "request's model picks one by name"},
+    {"max_loras", K_SIZE, F(max_loras), 1, 1024, "8",
+     "LoRA adapters resident at once (lora_modules and those loaded at run time)"},
+    {"max_lora_rank", K_SIZE, F(max_lora_rank), 1, 1024, "64",
+     "the highest LoRA rank accepted; an adapter above it is refused"},
+    {"lora_dir", K_STR, F(lora_dir), 0, 0, "",
+     "folder under which POST /v1/load_lora_adapter may load adapters (a lora_path must resolve "
+     "inside it, symbolic links followed); \"\": the load and unload routes are off"},
     {"threads", K_SIZE, F(threads), 0, 1024, "0", "engine threads (0: one per CPU)"},
     {"kv_cache_mb", K_SIZE, F(kv_cache_mb), 1, 1048576, "2048",
      "memory for the paged KV cache, in MiB"},
@@ -456,6 +467,62 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
     return CFG_OK;
 }
 
+int cfg_lora_name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n >= CFG_LORA_NAME_MAX) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
+              || ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+cfg_status cfg_lora_modules_parse(const char *list, cfg_lora_module *out, size_t max, size_t *n,
+                                  char *err, size_t errlen)
+{
+    *n = 0;
+    const char *p = list;
+    while (*p != '\0') {
+        while (*p == ' ' || *p == ',') p++;
+        if (*p == '\0') break;
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len > 0 && p[len - 1] == ' ') len--;
+        const char *eq = memchr(p, '=', len);
+        if (eq == NULL || eq == p || (size_t)(eq - p) >= CFG_LORA_NAME_MAX || eq + 1 == p + len)
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "lora_modules: '%.*s' is not name=DIR (a name of 1 to %d bytes)",
+                               (int)(len > 200 ? 200 : len), p, CFG_LORA_NAME_MAX - 1);
+        if (*n >= max)
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "lora_modules: more than %zu adapters (max_loras)", max);
+        cfg_lora_module *m = &out[*n];
+        memcpy(m->name, p, (size_t)(eq - p));
+        m->name[eq - p] = '\0';
+        size_t dl = len - (size_t)(eq - p) - 1;
+        if (dl >= sizeof m->dir)
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "lora_modules: %s: the folder is too long",
+                               m->name);
+        memcpy(m->dir, eq + 1, dl);
+        m->dir[dl] = '\0';
+        if (!cfg_lora_name_ok(m->name))
+            return ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                               "lora_modules: '%s' is not an adapter name (letters, digits, '.', "
+                               "'_' and '-')",
+                               m->name);
+        for (size_t i = 0; i < *n; i++)
+            if (strcmp(out[i].name, m->name) == 0)
+                return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "lora_modules: '%s' is named twice",
+                                   m->name);
+        (*n)++;
+        p += end ? (size_t)(end - p) : strlen(p);
+    }
+    return CFG_OK;
+}
+
 int cfg_model_name_ok(const cfg_config *c, const char *name)
 {
     for (size_t i = 0; i < c->n_model_names; i++)
@@ -472,6 +539,18 @@ cfg_status cfg_validate(const cfg_config *c, char *err, size_t errlen)
             c->info_interval_s);
     if (c->model_dir[0] == '\0')
         return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "model: no model directory (--model DIR)");
+    {
+        size_t nl = c->max_loras;
+        cfg_lora_module *mods = calloc(nl ? nl : 1, sizeof *mods);
+        if (mods == NULL) return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "out of memory");
+        cfg_status rc = cfg_lora_modules_parse(c->lora_modules, mods, nl, &nl, err, errlen);
+        for (size_t i = 0; rc == CFG_OK && i < nl; i++)
+            if (cfg_model_name_ok(c, mods[i].name))
+                rc = ERRBUF_FAIL(err, errlen, CFG_EVALUE,
+                                 "lora_modules: '%s' is also the model's name", mods[i].name);
+        free(mods);
+        if (rc != CFG_OK) return rc;
+    }
     if (strcmp(c->speculative_drafter, "lookup") != 0
         && strcmp(c->speculative_drafter, "draft_model") != 0
         && strcmp(c->speculative_drafter, "none") != 0)
@@ -520,6 +599,10 @@ static const char *const reloadable[] = {
     "stream_stall_timeout",
     "prefix_cache_shared_across_keys",
     "speculative_tokens",
+    "lora_modules",
+    "max_loras",
+    "max_lora_rank",
+    "lora_dir",
     "speculative_drafter",
     /* The files are read again on every SIGHUP (certificate rotation);
      * turning HTTPS on or off still needs a restart (daemon/reload.c). */

@@ -19,6 +19,12 @@
 /* Rows per logits GEMM: V floats each, so 64 rows are 12.9 MB for GPT-2. */
 #define LOGIT_ROWS 64
 
+/* The rows of a step that share one adapter: lrow[first .. first + n). */
+typedef struct {
+    const eng_adapter *a;
+    size_t first, n;
+} lora_group;
+
 struct eng_workspace {
     size_t max_rows;
     eng_times times; /* cumulative, for benchmarks */
@@ -35,6 +41,13 @@ struct eng_workspace {
     float *logits; /* (LOGIT_ROWS, V)        */
     size_t *pos;   /* (T) position of each row  */
     size_t *item;  /* (T) item of each row      */
+    /* LoRA: this step's groups of rows that share an adapter, their rows
+     * one group after the other, and the product's scratch. */
+    lora_group *groups; /* (T) at most one a row */
+    size_t ngroups;
+    size_t *lrow;           /* (T) rows by group         */
+    op_lora_group *lgroups; /* (T) one projection's      */
+    float *lora_u;          /* (threads, OP_LORA_ROWS, OP_LORA_MAX_RANK) */
 };
 
 static float *falloc(size_t n)
@@ -73,8 +86,13 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     w->logits = falloc(LOGIT_ROWS * c->n_vocab);
     w->pos = malloc(R * sizeof *w->pos);
     w->item = malloc(R * sizeof *w->item);
-    if (!w->x || !w->ln || !w->qkv || !w->att || !w->tmp || !w->fc || !w->scores || !w->pack
-        || !w->lrows || !w->logits || !w->pos || !w->item) {
+    w->groups = malloc(R * sizeof *w->groups);
+    w->lrow = malloc(R * sizeof *w->lrow);
+    w->lgroups = malloc(R * sizeof *w->lgroups);
+    w->lora_u = falloc(op_pool_size(w->pool) * (size_t)OP_LORA_ROWS * OP_LORA_MAX_RANK);
+    if (!w->groups || !w->lrow || !w->lgroups || !w->lora_u || !w->x || !w->ln || !w->qkv || !w->att
+        || !w->tmp || !w->fc || !w->scores || !w->pack || !w->lrows || !w->logits || !w->pos
+        || !w->item) {
         eng_workspace_free(w);
         return ENG_ENOMEM;
     }
@@ -103,6 +121,10 @@ void eng_workspace_free(eng_workspace *w)
     free(w->logits);
     free(w->pos);
     free(w->item);
+    free(w->groups);
+    free(w->lrow);
+    free(w->lgroups);
+    free(w->lora_u);
     free(w);
 }
 
@@ -149,6 +171,60 @@ static void lm_head(eng_workspace *w, const eng_model *m, float *const *dest, si
         memcpy(dest[q], w->logits + q * c->n_vocab, c->n_vocab * sizeof(float));
 }
 
+/* Groups the step's rows by adapter (items in order; the base model's
+ * rows in none): w->groups, w->lrow. The grouping changes no bits (each
+ * row's product depends on that row alone); it reads each adapter's
+ * factors once per step rather than once per sequence. */
+static void lora_group_rows(eng_workspace *w, const eng_item *items, size_t nitems)
+{
+    w->ngroups = 0;
+    for (size_t i = 0; i < nitems; i++) {
+        const eng_adapter *a = items[i].adapter;
+        if (a == NULL) continue;
+        size_t g = 0;
+        while (g < w->ngroups && w->groups[g].a != a) g++;
+        if (g == w->ngroups) w->groups[w->ngroups++] = (lora_group){a, 0, 0};
+        w->groups[g].n += items[i].n;
+    }
+    size_t at = 0;
+    for (size_t g = 0; g < w->ngroups; g++) {
+        w->groups[g].first = at;
+        at += w->groups[g].n;
+        w->groups[g].n = 0;
+    }
+    size_t r = 0;
+    for (size_t i = 0; i < nitems; i++) {
+        const eng_adapter *a = items[i].adapter;
+        size_t g = 0;
+        while (a != NULL && w->groups[g].a != a) g++;
+        for (size_t k = 0; k < items[i].n; k++, r++) {
+            if (a == NULL) continue;
+            lora_group *G = &w->groups[g];
+            w->lrow[G->first + G->n++] = r;
+        }
+    }
+}
+
+/* out (T, N) += each group's low-rank product of projection mo of layer l
+ * over in (T, K), after the base matmul: one pool run for all groups. */
+static void lora_add(eng_workspace *w, float *out, const float *in, size_t l, lora_module mo,
+                     size_t K, size_t N)
+{
+    size_t n = 0;
+    for (size_t g = 0; g < w->ngroups; g++) {
+        const lora_group *G = &w->groups[g];
+        const eng_adapter_pair *p = &G->a->pairs[l * LORA_NMODULES + mo];
+        if (p->a.p == NULL) continue;
+        w->lgroups[n++] = (op_lora_group){.a = &p->a,
+                                          .bt = &p->bt,
+                                          .r = G->a->rank,
+                                          .scaling = G->a->scaling,
+                                          .rows = w->lrow + G->first,
+                                          .nrows = G->n};
+    }
+    op_lora(w->pool, w->lora_u, out, in, w->lgroups, n, K, N);
+}
+
 eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_item *items,
                        size_t nitems, char *err, size_t errlen)
 {
@@ -168,6 +244,9 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
             return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
                                "item %zu: %zu positions but only %zu reserved in the KV cache", i,
                                it->seq->len + it->n, it->seq->cap);
+        if (it->adapter != NULL && (it->adapter->n_layer != c->n_layer || it->adapter->n_embd != C))
+            return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "item %zu: the adapter is another model's",
+                               i);
         if (it->want != ENG_LOGITS_NONE && it->logits == NULL)
             return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "item %zu: no logits buffer", i);
         for (size_t k = 0; k < it->n; k++)
@@ -195,11 +274,13 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
         }
     }
 
+    lora_group_rows(w, items, nitems);
     op_pool *P = w->pool;
     for (size_t l = 0; l < c->n_layer; l++) {
         const gpt2_layer *L = &m->layers[l];
         TIMED(other, op_layernorm(P, w->ln, w->x, &L->ln1_g, &L->ln1_b, T, C, c->ln_eps));
         TIMED(matmul, op_matmul(P, w->pack, w->qkv, w->ln, &L->attn_w, &L->attn_b, T, C, 3 * C));
+        TIMED(lora, lora_add(w, w->qkv, w->ln, l, LORA_ATTN_C_ATTN, C, 3 * C));
         double t0 = clock_s(); /* K, V rows -> the cache, then attention (T,C) */
         for (size_t t = 0; t < T; t++) {
             const eng_seq *seq = items[w->item[t]].seq;
@@ -216,11 +297,14 @@ eng_status eng_forward(const eng_model *m, eng_kv *kv, eng_workspace *w, eng_ite
                      c->n_ctx);
         w->times.attention += clock_s() - t0;
         TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->att, &L->proj_w, &L->proj_b, T, C, C));
+        TIMED(lora, lora_add(w, w->tmp, w->att, l, LORA_ATTN_C_PROJ, C, C));
         TIMED(other, residual_add(w->x, w->tmp, T * C));
         TIMED(other, op_layernorm(P, w->ln, w->x, &L->ln2_g, &L->ln2_b, T, C, c->ln_eps));
         TIMED(matmul, op_matmul(P, w->pack, w->fc, w->ln, &L->fc_w, &L->fc_b, T, C, 4 * C));
+        TIMED(lora, lora_add(w, w->fc, w->ln, l, LORA_MLP_C_FC, C, 4 * C));
         TIMED(other, op_gelu(P, w->fc, T * 4 * C));
         TIMED(matmul, op_matmul(P, w->pack, w->tmp, w->fc, &L->fc2_w, &L->fc2_b, T, 4 * C, C));
+        TIMED(lora, lora_add(w, w->tmp, w->fc, l, LORA_MLP_C_PROJ, 4 * C, C));
         TIMED(other, residual_add(w->x, w->tmp, T * C));
     }
 

@@ -45,6 +45,26 @@ struct eng_model {
     eng_about about;     /* the file's own words (engine.h)        */
 };
 
+/* One projection's LoRA factors as the forward pass reads them
+ * (adapter.c, op_lora.c): a.p NULL when this layer's module is not
+ * adapted. */
+typedef struct {
+    op_w a;  /* (r, in)  */
+    op_w bt; /* (r, out): B transposed */
+    size_t in, out;
+} eng_adapter_pair;
+
+struct eng_adapter {
+    _Atomic size_t refs; /* the owner's reference and one per sequence */
+    size_t n_layer, n_embd, rank;
+    float scaling;
+    op_dtype dt;             /* OP_F32 or OP_BF16 */
+    eng_adapter_pair *pairs; /* n_layer x LORA_NMODULES */
+    void *slab;              /* every factor */
+    size_t bytes;            /* the slab's */
+    uint64_t key;            /* the prefix cache's partition; never 0 */
+};
+
 /* The logprob of the prompt token at one position and the top alternatives
  * of the distribution that predicts it (echo), as fill_logprobs gives them
  * for ENG_MAX_TOP; a request asking fewer takes the first ones. */
@@ -69,6 +89,7 @@ typedef struct {
     int has_lp;         /* registered with its positions' prompt logprobs */
     uint64_t hash;      /* registered: chain hash (tokens + parent hash) */
     uint64_t salt;      /* registered: the partition (eng_seq.salt)      */
+    uint64_t lora;      /* registered: and its adapter's (eng_seq.lora)  */
 } kv_block;
 
 struct eng_kv {
@@ -94,19 +115,21 @@ struct eng_kv {
 /* ---- The prefix cache (kv.c) ---- */
 
 /* The chain hash of a block of block_len tokens after the block whose hash
- * is prev (kv_hash_root(salt) for the first block). */
+ * is prev (kv_hash_root(salt, lora) for the first block). */
 #define KV_HASH_ROOT UINT64_C(0x9e3779b97f4a7c15)
 uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens);
-/* The chain's seed in partition salt: KV_HASH_ROOT for salt 0, so the
- * hashes of salt 0 are those of an unsalted cache. A salt changes every
- * hash of the chain; a hit also compares the salt itself (find), so two
- * partitions never share a block even when their hashes collide. */
-uint64_t kv_hash_root(uint64_t salt);
+/* The chain's seed in partition salt under adapter key lora
+ * (eng_adapter_key; 0: the base model): KV_HASH_ROOT for salt 0 and lora
+ * 0, so the hashes of salt 0 on the base are those of an unsalted cache.
+ * A salt or an adapter changes every hash of the chain; a hit also
+ * compares both (find), so two partitions never share a block even when
+ * their hashes collide. */
+uint64_t kv_hash_root(uint64_t salt, uint64_t lora);
 
 /*
  * Admission with the cache: finds the longest run of registered blocks of
  * seq's partition (seq->salt) spelling tokens[0 .. maxhit x block_len)
- * (hashes[i]: the chain hash of block i, from kv_hash_root(seq->salt)),
+ * (hashes[i]: the chain hash of block i, from kv_hash_root(seq->salt, seq->lora)),
  * takes them, and reserves fresh blocks up to `positions` in all, evicting
  * cached blocks when the free list runs out. All or nothing:
  * ENG_ENOMEM leaves seq and the pool unchanged. On success seq->len is the

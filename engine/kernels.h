@@ -14,7 +14,8 @@
  *   op_matmul.c       the four projections of a layer;
  *   op_attention.c    causal attention over the paged KV cache;
  *   op_lmhead.c       logits = h @ wte^T and the fixed-order dot product;
- *   op_elementwise.c  exp, GELU, softmax sums and layer norm.
+ *   op_elementwise.c  exp, GELU, softmax sums and layer norm;
+ *   op_lora.c         a LoRA adapter's low-rank product beside a projection.
  *
  * Parallelism: op_pool_run splits columns (matmul), vocabulary rows
  * (LM head) and rows (layer norm, GELU) into one contiguous range per
@@ -275,6 +276,25 @@ void op_attention(op_pool *pool, float *att, const float *qkv, const eng_kv *kv,
                   size_t l, size_t NH, size_t HS, float *scores, size_t n_ctx);
 /* The fixed-order dot product of op_lmhead.c (attention's scores too). */
 float op_dot(const float *a, const float *b, size_t n);
+/* The same order over w[off .. off + n), widened (a LoRA factor's row). */
+float op_dot_w(const float *a, const op_w *w, size_t off, size_t n);
+/* LoRA adapters' products beside one projection (op_lora.c): for each
+ * group (the rows `rows`, indices into the step's rows, that share an
+ * adapter) out[t] += scaling * (in[t] A^T) Bt, A (r, K) and Bt (r, N) =
+ * B^T in OP_F32 or OP_BF16, each element in one order that depends only
+ * on its own row. u: scratch of op_pool_size(pool) x OP_LORA_ROWS x
+ * OP_LORA_MAX_RANK floats. Thread: the one step thread. */
+#define OP_LORA_ROWS 64
+#define OP_LORA_MAX_RANK 1024 /* LORA_MAX_RANK */
+typedef struct {
+    const op_w *a, *bt;
+    size_t r;
+    float scaling;
+    const size_t *rows;
+    size_t nrows;
+} op_lora_group;
+void op_lora(op_pool *pool, float *u, float *out, const float *in, const op_lora_group *g,
+             size_t ng, size_t K, size_t N);
 /* x[i] = exp(x[i] - m) (clamped to exp(-87) below), returning their sum in a
  * fixed lane order; the same bits on every path. */
 float op_exp_sub_sum(float *x, size_t n, float m);

@@ -168,21 +168,23 @@ uint64_t kv_hash(const eng_kv *kv, uint64_t prev, const int32_t *tokens)
     return gpt2_mix64(h) & kv->hash_mask;
 }
 
-uint64_t kv_hash_root(uint64_t salt)
+uint64_t kv_hash_root(uint64_t salt, uint64_t lora)
 {
-    if (salt == 0) return KV_HASH_ROOT;
-    return gpt2_mix64(salt + KV_HASH_ROOT); /* nearby salts, unrelated seeds */
+    uint64_t h = salt == 0 ? KV_HASH_ROOT : gpt2_mix64(salt + KV_HASH_ROOT); /* nearby salts,
+                                                                              * unrelated seeds */
+    return lora == 0 ? h : gpt2_mix64(h ^ gpt2_mix64(lora));
 }
 
-/* The registered block of partition salt with this hash, parent and
- * tokens, or -1. A child's salt is its parent's, so the comparison decides
- * only for first blocks; it is as cheap everywhere. */
-static int32_t find(const eng_kv *kv, uint64_t hash, uint64_t salt, int32_t parent,
+/* The registered block of seq's partition (its salt and adapter) with
+ * this hash, parent and tokens, or -1. A child's partition is its
+ * parent's, so the comparison decides only for first blocks; it is as
+ * cheap everywhere. */
+static int32_t find(const eng_kv *kv, uint64_t hash, const eng_seq *seq, int32_t parent,
                     const int32_t *tokens)
 {
     for (int32_t b = kv->bucket[hash & (kv->nbucket - 1)]; b >= 0; b = kv->meta[b].hnext) {
         const kv_block *m = &kv->meta[b];
-        if (m->hash == hash && m->salt == salt && m->parent == parent
+        if (m->hash == hash && m->salt == seq->salt && m->lora == seq->lora && m->parent == parent
             && memcmp(kv->tokens + (size_t)b * kv->block_len, tokens,
                       kv->block_len * sizeof *tokens)
                    == 0)
@@ -191,13 +193,14 @@ static int32_t find(const eng_kv *kv, uint64_t hash, uint64_t salt, int32_t pare
     return -1;
 }
 
-static void register_block(eng_kv *kv, int32_t b, uint64_t hash, uint64_t salt, int32_t parent,
+static void register_block(eng_kv *kv, int32_t b, uint64_t hash, const eng_seq *seq, int32_t parent,
                            const int32_t *tokens)
 {
     kv_block *m = &kv->meta[b];
     m->registered = 1;
     m->hash = hash;
-    m->salt = salt;
+    m->salt = seq->salt;
+    m->lora = seq->lora;
     m->parent = parent;
     memcpy(kv->tokens + (size_t)b * kv->block_len, tokens, kv->block_len * sizeof *tokens);
     size_t at = hash & (kv->nbucket - 1);
@@ -297,7 +300,7 @@ eng_status kv_admit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint6
     size_t h = 0, from_lru = 0;
     int32_t lp_next = -1; /* echo: the block after the hit, for its first position */
     for (int32_t parent = -1; h < maxhit; h++) {
-        int32_t b = find(kv, hashes[h], seq->salt, parent, tokens + h * bl);
+        int32_t b = find(kv, hashes[h], seq, parent, tokens + h * bl);
         if (b < 0 || (lp != NULL && !kv->meta[b].has_lp)) break;
         seq->blocks[h] = b;
         from_lru += kv->meta[b].ref == 0;
@@ -329,12 +332,11 @@ size_t kv_extend(eng_kv *kv, eng_seq *seq, const int32_t *tokens, const uint64_t
     while (seq->len % bl == 0) {
         size_t i = seq->len / bl;
         if (i >= maxhit || i >= seq->nblocks) break;
-        int32_t b =
-            find(kv, hashes[i], seq->salt, i > 0 ? seq->blocks[i - 1] : -1, tokens + i * bl);
+        int32_t b = find(kv, hashes[i], seq, i > 0 ? seq->blocks[i - 1] : -1, tokens + i * bl);
         if (b < 0) break;
         if (lp != NULL) { /* echo: block i's logprobs, and the next block's first */
             int32_t next = i + 1 < maxhit && kv->meta[b].has_lp
-                               ? find(kv, hashes[i + 1], seq->salt, b, tokens + (i + 1) * bl)
+                               ? find(kv, hashes[i + 1], seq, b, tokens + (i + 1) * bl)
                                : -1;
             if (next < 0 || !kv->meta[next].has_lp) break;
             memcpy(lp + i * bl, kv->lp + (size_t)b * bl, bl * sizeof *lp);
@@ -364,9 +366,9 @@ void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed,
     size_t bl = kv->block_len;
     for (size_t i = *nhashed; (i + 1) * bl <= seq->len; i++) {
         const int32_t *t = tokens + i * bl;
-        uint64_t h = kv_hash(kv, i > 0 ? *hash : kv_hash_root(seq->salt), t);
+        uint64_t h = kv_hash(kv, i > 0 ? *hash : kv_hash_root(seq->salt, seq->lora), t);
         int32_t parent = i > 0 ? seq->blocks[i - 1] : -1;
-        int32_t same = find(kv, h, seq->salt, parent, t);
+        int32_t same = find(kv, h, seq, parent, t);
         if (same >= 0) {
             /* Computed twice at once (two sequences prefilled it in the
              * same steps): keep one copy, the same bits. */
@@ -374,7 +376,7 @@ void kv_commit(eng_kv *kv, eng_seq *seq, const int32_t *tokens, size_t *nhashed,
             unhold(kv, seq->blocks[i]);
             seq->blocks[i] = same;
         } else {
-            register_block(kv, seq->blocks[i], h, seq->salt, parent, t);
+            register_block(kv, seq->blocks[i], h, seq, parent, t);
         }
         /* The same logprobs whoever computed them: the first to have them
          * leaves them. */

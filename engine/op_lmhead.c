@@ -314,6 +314,11 @@ float op_dot(const float *a, const float *b, size_t n)
     return dot16(a, &w, 0, n);
 }
 
+float op_dot_w(const float *a, const op_w *w, size_t off, size_t n)
+{
+    return dot16(a, w, off, n);
+}
+
 /* ---- LM head: logits (T,V) = h (T,C) @ wte^T ------------------------------ */
 
 #define LM_VROWS 64 /* vocabulary rows per task */

@@ -29,6 +29,7 @@ void sch_seq_free(eng_sched *s, sch_seq *q)
     free(q->tokens);
     free((void *)q->req.sampling.bias);
     if (q->req.mask.ops != NULL) q->req.mask.ops->free(q->req.mask.self);
+    eng_adapter_free(q->req.adapter);
     free(q);
 }
 

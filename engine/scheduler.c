@@ -225,6 +225,9 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
                            "an embedding request generates nothing: max_tokens 0, no echo, no "
                            "logprobs, no mask");
+    if (r->adapter != NULL
+        && (r->adapter->n_layer != c->n_layer || r->adapter->n_embd != c->n_embd))
+        return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "the adapter was made for another model");
     size_t total = r->nprompt + r->max_tokens;
     if (r->nprompt > c->n_ctx || r->max_tokens > c->n_ctx || total > c->n_ctx)
         return ERRBUF_FAIL(
@@ -262,8 +265,9 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
         return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
     }
     q->kv.salt = r->cache_salt;
+    q->kv.lora = r->adapter != NULL ? eng_adapter_key(r->adapter) : 0;
     for (size_t b = 0; b < nphash; b++)
-        phash[b] = kv_hash(s->kv, b > 0 ? phash[b - 1] : kv_hash_root(r->cache_salt),
+        phash[b] = kv_hash(s->kv, b > 0 ? phash[b - 1] : kv_hash_root(q->kv.salt, q->kv.lora),
                            r->prompt + b * s->o.block_len);
     q->phash = phash;
     q->plp = plp;
@@ -287,6 +291,7 @@ eng_status eng_sched_submit(eng_sched *s, const eng_request *r, uint64_t *id, ch
     q->req.prediction = pred;
     q->req.nprediction = npred;
     q->spec_k = r->speculative_tokens;
+    eng_adapter_ref(r->adapter); /* dropped by sch_seq_free */
     eng_rng_seed(&q->rng, r->seed);
     inherit_stamps(s, q);
     s->queue[(s->qhead + s->qlen) % s->o.max_queue] = q;
@@ -384,7 +389,7 @@ static void took_cached(eng_sched *s, sch_seq *q, size_t blocks)
 static int computes_block(const sch_seq *a, const sch_seq *q, size_t b, size_t bl)
 {
     return !a->paused && a->prefilled < a->req.nprompt && a->kv.len < (b + 1) * bl
-           && a->req.nprompt >= (b + 1) * bl && a->kv.salt == q->kv.salt
+           && a->req.nprompt >= (b + 1) * bl && a->kv.salt == q->kv.salt && a->kv.lora == q->kv.lora
            && a->phash[b] == q->phash[b] && (q->plp == NULL || a->plp != NULL);
 }
 
@@ -565,7 +570,8 @@ int eng_sched_plan(eng_sched *s)
                                              .n = n,
                                              .want = want,
                                              .logits = s->logits + logit_rows * s->m->cfg.n_vocab,
-                                             .hidden_sum = decoding ? NULL : q->embed};
+                                             .hidden_sum = decoding ? NULL : q->embed,
+                                             .adapter = q->req.adapter};
             s->step_seqs[s->nitems++] = q;
             logit_rows += lrows;
             if (!decoding) budget -= n;

@@ -36,6 +36,9 @@ typedef struct {
     /* The prefix cache's partition (kv.c): the sequence takes and registers
      * cached blocks only under this salt (eng_request.cache_salt). */
     uint64_t salt;
+    /* The prefix cache's partition by adapter: eng_adapter_key of the
+     * sequence's adapter, 0 for the base model. Compared like the salt. */
+    uint64_t lora;
 } eng_seq;
 
 /* Reserves blocks so that seq can hold `positions` positions in all. All or
@@ -61,6 +64,9 @@ typedef struct {
     /* NULL, or C floats to which each row's final layer norm output is
      * added, in position order (an embedding's sum; caller's memory). */
     float *hidden_sum;
+    /* The LoRA adapter of these rows (NULL: the base model), made for
+     * this model; borrowed for the call. */
+    const eng_adapter *adapter;
 } eng_item;
 
 typedef struct eng_workspace eng_workspace;

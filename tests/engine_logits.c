@@ -1,8 +1,10 @@
 /*
- * tests/engine_logits.c MODE DIR ID...: the engine's logits at every
- * position of the ids, float32 (n, V) on stdout, for the numpy reference
- * test. MODE "all": one prefill step with logits for every row;
- * "incremental": one token per step through the KV cache.
+ * tests/engine_logits.c [--adapter ADAPTER] MODE DIR ID...: the engine's
+ * logits at every position of the ids, float32 (n, V) on stdout, for the
+ * numpy and PyTorch reference tests. MODE "all": one prefill step with
+ * logits for every row; "incremental": one token per step through the KV
+ * cache. --adapter: with a PEFT LoRA adapter folder applied unmerged
+ * (eng_adapter, F32 factors).
  */
 #include "step.h"
 
@@ -12,8 +14,14 @@
 
 int main(int argc, char **argv)
 {
+    const char *adir = NULL;
+    if (argc > 2 && strcmp(argv[1], "--adapter") == 0) {
+        adir = argv[2];
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 4) {
-        fprintf(stderr, "usage: engine_logits all|incremental DIR ID...\n");
+        fprintf(stderr, "usage: engine_logits [--adapter ADAPTER] all|incremental DIR ID...\n");
         return 2;
     }
     int all = strcmp(argv[1], "all") == 0;
@@ -23,6 +31,12 @@ int main(int argc, char **argv)
     char err[512];
     eng_model *m;
     if (eng_model_load(argv[2], &m, err, sizeof err) != ENG_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    eng_adapter *ad = NULL;
+    if (adir != NULL
+        && eng_adapter_load(m, adir, ENG_ADAPTER_F32, &ad, err, sizeof err) != ENG_OK) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
@@ -39,8 +53,12 @@ int main(int argc, char **argv)
     }
     float *logits = malloc(n * V * sizeof *logits);
     if (all) {
-        eng_item it = {
-            .seq = &seq, .tokens = ids, .n = n, .want = ENG_LOGITS_ALL, .logits = logits};
+        eng_item it = {.seq = &seq,
+                       .tokens = ids,
+                       .n = n,
+                       .want = ENG_LOGITS_ALL,
+                       .logits = logits,
+                       .adapter = ad};
         if (eng_forward(m, kv, w, &it, 1, err, sizeof err) != ENG_OK) goto fail;
     } else {
         for (size_t i = 0; i < n; i++) {
@@ -48,7 +66,8 @@ int main(int argc, char **argv)
                            .tokens = ids + i,
                            .n = 1,
                            .want = ENG_LOGITS_LAST,
-                           .logits = logits + i * V};
+                           .logits = logits + i * V,
+                           .adapter = ad};
             if (eng_forward(m, kv, w, &it, 1, err, sizeof err) != ENG_OK) goto fail;
         }
     }
@@ -58,6 +77,7 @@ int main(int argc, char **argv)
     free(ids);
     eng_workspace_free(w);
     eng_kv_free(kv);
+    eng_adapter_free(ad);
     eng_model_free(m);
     return 0;
 fail:

@@ -223,6 +223,61 @@ START_TEST(cfg_responses_store_bounds)
 }
 END_TEST
 
+/* Issue 36: lora_modules' entries, and every refusal naming the entry. */
+START_TEST(cfg_lora_modules_parse_entries_and_refusals)
+{
+    cfg_lora_module m[4];
+    size_t n = 9;
+    char err[256];
+    ck_assert_int_eq(cfg_lora_modules_parse("", m, 4, &n, err, sizeof err), CFG_OK);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_int_eq(
+        cfg_lora_modules_parse(" pirate=/a/b , f.v_2-x=rel/dir,", m, 4, &n, err, sizeof err),
+        CFG_OK);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_str_eq(m[0].name, "pirate");
+    ck_assert_str_eq(m[0].dir, "/a/b");
+    ck_assert_str_eq(m[1].name, "f.v_2-x");
+    ck_assert_str_eq(m[1].dir, "rel/dir");
+    const struct {
+        const char *list, *needle;
+    } bad[] = {{"pirate", "'pirate' is not name=DIR"},
+               {"=dir", "'=dir' is not name=DIR"},
+               {"pirate=", "'pirate=' is not name=DIR"},
+               {"a b=dir", "'a b' is not an adapter name"},
+               {"a:b=dir", "'a:b' is not an adapter name"},
+               {"a=x,a=y", "'a' is named twice"},
+               {"a=1,b=2,c=3,d=4,e=5", "more than 4 adapters (max_loras)"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(cfg_lora_modules_parse(bad[i].list, m, 4, &n, err, sizeof err),
+                         CFG_EVALUE);
+        ck_assert_msg(strstr(err, bad[i].needle) != NULL && strncmp(err, "lora_modules: ", 14) == 0,
+                      "%s: %s", bad[i].list, err);
+    }
+    ck_assert(cfg_lora_name_ok("pirate"));
+    ck_assert(!cfg_lora_name_ok(""));
+    ck_assert(!cfg_lora_name_ok("a/b"));
+    ck_assert(
+        !cfg_lora_name_ok("0123456789012345678901234567890123456789012345678901234567890123"));
+    /* cfg_validate: an adapter may not take the model's name, and max_loras
+     * bounds the list. */
+    cfg_config c;
+    cfg_defaults(&c);
+    snprintf(c.model_dir, sizeof c.model_dir, "/m");
+    ck_assert_int_eq(cfg_set(&c, "lora_modules", "gpt2=/x", "--lora-modules", err, sizeof err),
+                     CFG_OK);
+    ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_EVALUE);
+    ck_assert_msg(strstr(err, "'gpt2' is also the model's name") != NULL, "%s", err);
+    ck_assert_int_eq(cfg_set(&c, "lora_modules", "a=/x,b=/y", "--lora-modules", err, sizeof err),
+                     CFG_OK);
+    ck_assert_int_eq(cfg_set(&c, "max_loras", "1", "--max-loras", err, sizeof err), CFG_OK);
+    ck_assert_int_eq(cfg_validate(&c, err, sizeof err), CFG_EVALUE);
+    ck_assert_int_eq(cfg_set(&c, "max_loras", "2", "--max-loras", err, sizeof err), CFG_OK);
+    ck_assert_msg(cfg_validate(&c, err, sizeof err) == CFG_OK, "%s", err);
+    ck_assert(cfg_key_reloadable("lora_modules") && cfg_key_reloadable("lora_dir"));
+}
+END_TEST
+
 START_TEST(cfg_set_model_name_takes_several_names)
 {
     cfg_config c;
@@ -471,6 +526,7 @@ int main(void)
     tcase_add_test(tc, cfg_apply_reload_copies_reloadable_keys_and_names_the_rest);
     tcase_add_test(tc, cfg_prefix_cache_shared_across_keys_off_and_reloadable);
     tcase_add_test(tc, cfg_tls_priorities_tls12_and_13_and_not_reloadable);
+    tcase_add_test(tc, cfg_lora_modules_parse_entries_and_refusals);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

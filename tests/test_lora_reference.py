@@ -9,7 +9,9 @@ exactly) with every adapted Conv1D as PEFT applies an unmerged adapter,
 y = x W + b + scaling * (x A^T) B^T, scaling = lora_alpha / r (or / sqrt(r)
 with use_rslora), reading the adapter's files itself (no code shared with
 formats/lora.c). gpt2d's side is `gpt2d lora merge` run through the engine
-(tests/engine_logits, one prefill step). Checks: the logits at every
+(tests/engine_logits, one prefill step), and the engine's unmerged path
+(engine_logits --adapter: the base as stored plus eng_adapter's low-rank
+products; at the widening kernels, GPT2D_KERNELS=avx512, for the tolerance). Checks: the logits at every
 position within 1e-4 (the engine-vs-numpy tolerance of the tiny models,
 tests/test_engine_reference.py), the adapter moves the logits (so the check
 means something), and greedy `gpt2d generate` continues exactly as the
@@ -129,6 +131,21 @@ def main():
                                                capture_output=True, check=True).stdout,
                                 dtype="<f4").reshape(len(ids), -1)
             err = float(np.abs(got - want.numpy()).max())
+            # The unmerged path (eng_adapter over the base as it is served):
+            # at the widening kernels (GPT2D_KERNELS=avx512: the base's BF16
+            # widened exactly), within the same tolerance; at the CPU's own
+            # level too, where BF16 activations are rounded (printed only).
+            def unmerged(env):
+                out = subprocess.run([engine_logits, "--adapter", ad, "all", model] + [str(i) for i in ids],
+                                     capture_output=True, check=True, env=dict(os.environ, **env)).stdout
+                return np.frombuffer(out, dtype="<f4").reshape(len(ids), -1)
+            err_u = float(np.abs(unmerged({"GPT2D_KERNELS": "avx512"}) - want.numpy()).max())
+            err_d = float(np.abs(unmerged({}) - want.numpy()).max())
+            print(f"{name}: unmerged (engine adapter): max abs error {err_u:.2e} at the widening kernels "
+                  f"(tolerance {TOL}), {err_d:.2e} at this CPU's default level")
+            if not err_u < TOL:
+                print(f"FAIL: {name}: unmerged logits differ from the reference")
+                ok = False
             moved = float((want - base).abs().max())
             print(f"{name}: {len(lora)} modules, scaling {scaling:g}: max abs error {err:.2e} over "
                   f"{len(ids)} positions (tolerance {TOL}); the adapter moves the logits by up to {moved:.2f}")

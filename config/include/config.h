@@ -90,6 +90,14 @@ typedef struct {
     char speculative_drafter[16];    /* lookup, draft_model or none                    */
     size_t speculative_max_batch;    /* no drafts in steps of more decoding sequences  */
     char draft_model[CFG_STR_MAX];   /* the draft model's directory; "": none          */
+    /* LoRA adapters (issue 36): name=DIR entries loaded at start-up and
+     * again on SIGHUP (cfg_lora_modules_parse), the most resident at once,
+     * the highest rank accepted, and the folder under which
+     * POST /v1/load_lora_adapter may load ("": that route is off). */
+    char lora_modules[CFG_STR_MAX];
+    size_t max_loras;
+    size_t max_lora_rank;
+    char lora_dir[CFG_STR_MAX];
     /* The engine */
     size_t threads; /* 0: one per CPU */
     size_t kv_cache_mb;
@@ -154,6 +162,21 @@ cfg_status cfg_parse_args(cfg_config *c, int argc, char **argv, int first, char 
 /* Whether name is one of the served model's names (model_name). Borrows
  * name. */
 int cfg_model_name_ok(const cfg_config *c, const char *name);
+
+/* One entry of lora_modules: an adapter's name and folder. */
+#define CFG_LORA_NAME_MAX 64
+typedef struct {
+    char name[CFG_LORA_NAME_MAX]; /* [A-Za-z0-9._-], 1..63 bytes */
+    char dir[CFG_STR_MAX];
+} cfg_lora_module;
+
+/* Parses list ("name=DIR,name=DIR...", spaces around entries ignored; ""
+ * gives none) into out[0..*n), at most max: CFG_EVALUE naming the entry
+ * for a bad name, a missing '=' or DIR, a name twice or more than max. */
+cfg_status cfg_lora_modules_parse(const char *list, cfg_lora_module *out, size_t max, size_t *n,
+                                  char *err, size_t errlen);
+/* Whether name is an adapter name lora_modules and the load route accept. */
+int cfg_lora_name_ok(const char *name);
 
 /* Parses list (addresses and CIDRs separated by commas or spaces) into
  * nets[0..*n), at most max. An error names the entry. */

@@ -15,6 +15,8 @@
 #ifndef GPT2D_ENGINE_ENGINE_H
 #define GPT2D_ENGINE_ENGINE_H
 
+#include "lora.h" /* lora_adapter */
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,11 +112,55 @@ const eng_about *eng_model_about(const eng_model *m);
  * at most, and the bandwidth bound's numerator. */
 size_t eng_model_weight_bytes(const eng_model *m);
 
+/* ---- LoRA adapters ------------------------------------------------------- */
+
+/*
+ * A LoRA adapter for one model (PEFT's, formats/include/lora.h), applied
+ * unmerged: the base projections run once for every row of a step, then
+ * each group of rows that shares an adapter adds scaling * (x A^T) B^T
+ * (engine/op_lora.c), in an order that depends only on the row, so a
+ * sequence gets the same bits alone, in any batch, beside any adapters,
+ * and in prefill chunks of any size. Every weight format takes adapters.
+ * The factors are kept in F32 (ENG_ADAPTER_F32, the default: see
+ * docs/benchmarks.md for F32 against BF16) or BF16.
+ *
+ * Reference counted: the creator holds one reference (eng_adapter_free
+ * drops it) and every sequence submitted with it one more until it ends,
+ * so an adapter freed while sequences use it is released by the last of
+ * them. Reading is thread-safe; the counts are atomic. Thread: any.
+ */
+typedef struct eng_adapter eng_adapter;
+typedef enum { ENG_ADAPTER_F32 = 0, ENG_ADAPTER_BF16 = 1 } eng_adapter_dtype;
+
+/* Builds m's adapter from la (copied: la may be freed after). ENG_EFORMAT
+ * when la's layers or width are not m's; ENG_ENOMEM. */
+eng_status eng_adapter_new(const eng_model *m, const lora_adapter *la, eng_adapter_dtype dtype,
+                           eng_adapter **out, char *err, size_t errlen);
+/* lora_read(path) for m's shape, then eng_adapter_new: ENG_EIO (a file
+ * unreadable), ENG_EFORMAT (lora_read's refusals, its line in err). */
+eng_status eng_adapter_load(const eng_model *m, const char *path, eng_adapter_dtype dtype,
+                            eng_adapter **out, char *err, size_t errlen);
+/* Takes one more reference; returns a. */
+eng_adapter *eng_adapter_ref(eng_adapter *a);
+/* Drops a reference; the last frees it. Accepts NULL. */
+void eng_adapter_free(eng_adapter *a);
+size_t eng_adapter_rank(const eng_adapter *a);
+float eng_adapter_scaling(const eng_adapter *a);
+/* Bytes of its factors as kept (the resident memory, less ~100 bytes). */
+size_t eng_adapter_bytes(const eng_adapter *a);
+/* The prefix cache's key of its computations: a hash of its factors'
+ * bits, rank and scaling; never 0 (the base model's). */
+uint64_t eng_adapter_key(const eng_adapter *a);
+/* The references held besides the creator's (its running and waiting
+ * sequences). */
+size_t eng_adapter_users(const eng_adapter *a);
+
 /* ---- Step timings -------------------------------------------------------- */
 
 /* Where the steps' time went, cumulative seconds (for benchmarks). */
 typedef struct {
     double matmul;    /* the four projections per layer            */
+    double lora;      /* LoRA adapters' products beside them       */
     double attention; /* K/V into the cache and attention          */
     double lm_head;   /* ln_f and logits = h @ wte^T               */
     double other;     /* layer norms, GELU, residual adds          */
@@ -253,8 +299,8 @@ typedef struct {
     size_t cached;          /* DONE: prompt tokens taken from the prefix cache */
     const float *embedding; /* DONE of an embed request that finished: n_embd
                              * floats, valid during the callback; else NULL */
-    size_t drafted;  /* DONE: tokens drafted for the request (speculation) */
-    size_t accepted; /* DONE: of those, tokens the model drew as drafted */
+    size_t drafted;         /* DONE: tokens drafted for the request (speculation) */
+    size_t accepted;        /* DONE: of those, tokens the model drew as drafted */
 } eng_event;
 
 /* Called on the thread of eng_sched_complete / eng_sched_cancel with each
@@ -369,6 +415,12 @@ typedef struct {
     size_t nprediction;
     uint64_t tenant;
     uint64_t group;
+    /* The LoRA adapter the sequence runs with (NULL: the base model),
+     * made for this model; the scheduler holds a reference from a
+     * successful submit to the sequence's end. Its blocks in the prefix
+     * cache are its own: a prompt under one adapter never takes blocks
+     * computed under another or the base (and waits only for its own). */
+    eng_adapter *adapter;
     eng_event_cb on_event;
     void *user;
 } eng_request;

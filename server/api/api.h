@@ -69,6 +69,17 @@ typedef struct cmpl_job cmpl_job;
 typedef struct resp_store resp_store;
 typedef struct srv_api srv_api;
 
+/* A resident LoRA adapter (adapters.c). */
+#define ADP_MAX 1024 /* max_loras' ceiling */
+typedef struct {
+    char name[CFG_LORA_NAME_MAX];
+    char path[CFG_STR_MAX]; /* its folder (resolved, for the route's) */
+    eng_adapter *a;         /* the table's reference */
+    int from_config;        /* lora_modules' (SIGHUP unloads it when unlisted) */
+    uint64_t requests;      /* requests that picked it (gpt2d_lora_requests_total) */
+    double load_seconds;
+} adp_entry;
+
 /* ---- The API layer's state -------------------------------------------------- */
 
 /* Why a request's generation was cancelled before it finished
@@ -141,6 +152,11 @@ struct srv_api {
      * still ran was ended (a final event, or 503). */
     int draining, cut;
     cmpl_metrics met;
+    /* adapters.c: the resident LoRA adapters (at most max_loras), and the
+     * loads on the work queue. */
+    adp_entry *adapters[ADP_MAX];
+    size_t nadapters;
+    size_t adp_loading;
 };
 
 /* ---- The jobs ------------------------------------------------------------- */
@@ -271,6 +287,11 @@ struct cmpl_job {
     int cancel_counted;           /* gpt2d_requests_cancelled_total counted it, */
     met_cancel_reason cancel_why; /* under this reason */
     size_t answer_bytes;          /* what the answer holds so far (max_response_bytes) */
+    /* The LoRA adapter its `model` picked (a reference, dropped when the
+     * job is freed), and its name for the answers' `model`; NULL, "": the
+     * base model. */
+    eng_adapter *adapter;
+    char model[CFG_LORA_NAME_MAX];
     /* Embeddings (oreq.embed): choices[0 .. submitted) went to the engine,
      * at most SRV_EMBED_WINDOW ahead of those done, under this salt. */
     size_t submitted;
@@ -686,6 +707,33 @@ void lp_add(srv_choice *c, int32_t id, const eng_event *ev, size_t offset);
  * content) for entry e, with jansson's spelling of every value: a new
  * value (json_decref it), NULL when memory ran out. */
 json_t *lp_entry_json(const srv_req *r, const lp_entry *e, int part);
+/* ---- adapters.c: LoRA adapters by name ------------------------------------ */
+
+/* The resident adapters, in load order (i < adp_count). */
+size_t adp_count(const srv *s);
+const adp_entry *adp_at(const srv *s, size_t i);
+/* The adapter a `model` names (plain, or "<base name>:<adapter>"), or
+ * NULL. Borrows name. */
+const adp_entry *adp_find(const srv *s, const char *name);
+/* Resolves a request's `model` (NULL: the base): 1 for the base or an
+ * adapter (r->cmpl->adapter, r->cmpl->model set, a reference taken), 0
+ * with the 404 queued (*rc). */
+int adp_pick(srv_req *r, const char *model, enum MHD_Result *rc);
+/* The name the answers report: the adapter's, or model_name. */
+const char *adp_model_name(const srv_req *r);
+/* Start-up: lora_modules loaded here and now (before serving); -1 with
+ * err naming the adapter on any failure. */
+int adp_start(srv *s, char *err, size_t errlen);
+/* SIGHUP, after the configuration is applied: lora_modules' adapters no
+ * longer listed unloaded, new or moved ones loaded on the work queue. */
+void adp_reload(srv *s);
+/* Shutdown: the table's references dropped. */
+void adp_free_all(srv *s);
+/* POST /v1/load_lora_adapter {lora_name, lora_path} and
+ * POST /v1/unload_lora_adapter {lora_name} (vLLM's); 404 unless lora_dir. */
+enum MHD_Result adp_route_load(srv_req *r);
+enum MHD_Result adp_route_unload(srv_req *r);
+
 /* ---- tokpool.c: the tokenizer threads ------------------------------------ */
 
 typedef void (*tpool_fn)(srv_req *r);

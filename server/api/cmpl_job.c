@@ -135,6 +135,7 @@ static void job_free(srv_req *r)
     }
     free(j->choices);
     gram_unref(j->grammar);
+    eng_adapter_free(j->adapter);
     free(j->ans.order);
     free(j->ans.usage);
     free(j->ans.buf);

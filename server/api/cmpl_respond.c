@@ -16,7 +16,7 @@ json_t *cmpl_base(const srv_req *r)
                          : r->cmpl->oreq.stream ? "chat.completion.chunk"
                                                 : "chat.completion";
     return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->id, "object", object, "created",
-                     (json_int_t)r->created, "model", r->s->cfg.model_name, "system_fingerprint",
+                     (json_int_t)r->created, "model", adp_model_name(r), "system_fingerprint",
                      r->s->api->fingerprint);
 }
 

@@ -255,12 +255,7 @@ static int parsed_ok(srv_req *r, enum MHD_Result *rc)
         memmove(r->id + 4, r->id, n + 1);
         memcpy(r->id, "chat", 4);
     }
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model)) {
-        *rc = http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                              "The model '%s' does not exist; this server serves '%s'", q->model,
-                              s->cfg.model_name);
-        return 0;
-    }
+    if (!adp_pick(r, q->model, rc)) return 0;
     /* Every prompt x candidate is one engine request, and all of them enter
      * the wait queue together: more than it holds can never be admitted,
      * however idle the server (a 400, not a 429 a client would retry). The
@@ -476,6 +471,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
         .echo = q->echo && q->logprobs >= 0,
         .embed = q->embed,
         .cache_salt = salt,
+        .adapter = r->cmpl->adapter,
         /* Fair admission: the request's tenant, and the request itself as
          * the group (unique while any of its sequences lives). */
         .tenant = r->tenant,

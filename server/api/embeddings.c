@@ -51,7 +51,7 @@ static size_t answer_bound(const srv_req *r, size_t C)
     const oai_request *q = &r->cmpl->oreq;
     size_t per =
         EMBED_ENTRY_BYTES + (q->embed_base64 ? b64_len(C * sizeof(float)) : C * EMBED_FLOAT_BYTES);
-    return 256 + 2 * strlen(r->s->cfg.model_name) + q->nprompts * per;
+    return 256 + 2 * strlen(adp_model_name(r)) + q->nprompts * per;
 }
 
 static enum MHD_Result send_answer(srv_req *r)
@@ -106,7 +106,7 @@ static enum MHD_Result send_answer(srv_req *r)
     size_t n = tok_prompt_tokens(r);
     /* The name as a JSON string: printable ASCII, but '"' and '\\' may be
      * in it (answer_bound leaves room for each byte escaped). */
-    json_t *name = json_string(r->s->cfg.model_name);
+    json_t *name = json_string(adp_model_name(r));
     char *qname = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
     json_decref(name);
     if (qname == NULL) {
@@ -134,10 +134,8 @@ static enum MHD_Result after_tokenize(srv_req *r)
     if (r->tok->failed)
         return http_send_status(r, HTTP_SRC_BPE, (int)r->tok->status, "input", r->tok->err);
     oai_request *q = &r->cmpl->oreq;
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model))
-        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                               "The model '%s' does not exist; this server serves '%s'", q->model,
-                               s->cfg.model_name);
+    enum MHD_Result rc;
+    if (!adp_pick(r, q->model, &rc)) return rc;
     const eng_config *mc = eng_model_config(s->api->model);
     size_t limit = mc->n_ctx < s->cfg.max_prompt_tokens ? mc->n_ctx : s->cfg.max_prompt_tokens;
     for (size_t i = 0; i < q->nprompts; i++)

@@ -108,7 +108,7 @@ static json_t *response_json(const srv_req *r, const char *status, const char *t
                             : json_null());
     json_object_set_new(o, "max_output_tokens",
                         q->max_tokens_auto ? json_null() : json_integer((json_int_t)q->max_tokens));
-    json_object_set_new(o, "model", json_string(r->s->cfg.model_name));
+    json_object_set_new(o, "model", json_string(adp_model_name(r)));
     json_t *output = json_array();
     int ended = strcmp(status, "in_progress") != 0 && strcmp(status, "failed") != 0;
     if (ended && j->call_name != NULL) { /* a call: its item, no text */
@@ -620,12 +620,7 @@ static int named_ok(srv_req *r, enum MHD_Result *rc)
     srv *s = r->s;
     const oai_request *q = &r->cmpl->oreq;
     new_ids(s, r->id, sizeof r->id, job_of(r)->msg_id, sizeof job_of(r)->msg_id);
-    if (q->model != NULL && !cfg_model_name_ok(&s->cfg, q->model)) {
-        *rc = http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                              "The model '%s' does not exist; this server serves '%s'", q->model,
-                              s->cfg.model_name);
-        return 0;
-    }
+    if (!adp_pick(r, q->model, rc)) return 0; /* the base, or an adapter by name */
     return cmpl_speculation_ok(r, rc);
 }
 

@@ -299,6 +299,8 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
     t[n++] = (http_route){"GET", "/v1/models/", probe_model, 1, 1}; /* /v1/models/{id} */
     t[n++] = (http_route){"GET", "/version", probe_version, probe_key, 0};
     if (cfg->ui) t[n++] = (http_route){"GET", "/", ui_page, 0, 0}; /* its API calls need keys */
+    t[n++] = (http_route){"POST", "/v1/load_lora_adapter", adp_route_load, 1, 0};
+    t[n++] = (http_route){"POST", "/v1/unload_lora_adapter", adp_route_unload, 1, 0};
     t[n++] = (http_route){"POST", "/tokenize", tok_route_tokenize, 1, 0};
     t[n++] = (http_route){"POST", "/detokenize", tok_route_detokenize, 1, 0};
     t[n++] = (http_route){"GET", "/health", probe_health, probe_key, 0};
@@ -306,7 +308,7 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
     t[n++] = (http_route){"GET", "/metrics", probe_metrics, probe_key, 0};
     return n;
 }
-#define SRV_MAX_ROUTES 16
+#define SRV_MAX_ROUTES 24
 
 /* 1 when files a and b hold the same bytes (both readable). */
 static int same_file(const char *a, const char *b)
@@ -543,6 +545,10 @@ int srv_main(int argc, char **argv)
         goto done;
     }
     log_line("debug", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
+    if (adp_start(&s, err, sizeof err) != 0) { /* lora_modules, before serving */
+        log_fatal(err);
+        goto done;
+    }
     const eng_config *mc = eng_model_config(a.model);
     /* system_fingerprint: changes with the build and with the weights file. */
     {
@@ -689,6 +695,7 @@ done:
     tls_close(&s);         /* after MHD_stop_daemon: no handshake is left */
     oai_template_free(&a.chat);
     eng_sched_free(s.sched);
+    if (s.api != NULL) adp_free_all(&s);
     eng_model_free(a.model);
     eng_model_free(a.draft);
     gram_cache_free(a.gcache);

@@ -212,6 +212,30 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
              (unsigned long long)info->structured_cache_bytes);
     sample_d(m, "process_cpu_seconds_total", "counter", "User and system CPU time spent.",
              info->cpu_seconds);
+    family(m, "gpt2d_lora_adapters", "gauge", "LoRA adapters resident (max_loras bounds them).");
+    fprintf(m, "gpt2d_lora_adapters %zu\n", info->nlora);
+    {
+        family(m, "gpt2d_lora_requests_total", "counter",
+               "Requests whose model picked the LoRA adapter, since it was loaded.");
+        for (size_t i = 0; i < info->nlora; i++) {
+            fputs("gpt2d_lora_requests_total{adapter=\"", m);
+            label(m, info->lora_name[i]);
+            fprintf(m, "\"} %llu\n", (unsigned long long)info->lora_requests[i]);
+        }
+        family(m, "gpt2d_lora_in_use", "gauge",
+               "Requests and their sequences (waiting or running) holding the LoRA adapter.");
+        for (size_t i = 0; i < info->nlora; i++) {
+            fputs("gpt2d_lora_in_use{adapter=\"", m);
+            label(m, info->lora_name[i]);
+            fprintf(m, "\"} %zu\n", info->lora_running[i]);
+        }
+        family(m, "gpt2d_lora_bytes", "gauge", "Bytes of the LoRA adapter's factors in memory.");
+        for (size_t i = 0; i < info->nlora; i++) {
+            fputs("gpt2d_lora_bytes{adapter=\"", m);
+            label(m, info->lora_name[i]);
+            fprintf(m, "\"} %zu\n", info->lora_bytes[i]);
+        }
+    }
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",
              info->resident_bytes);
     sample_d(m, "process_virtual_memory_bytes", "gauge", "Virtual memory size.",

@@ -27,6 +27,13 @@ typedef struct {
     /* The compiled structured-output formats kept (structured/cache.c):
      * entries, and their bytes as counted against structured_cache_mb. */
     size_t structured_cache_entries, structured_cache_bytes;
+    /* The resident LoRA adapters (api/adapters.c), nlora of each: their
+     * names, the requests that picked them, the requests and sequences
+     * holding them (eng_adapter_users) and their factors' bytes. */
+    size_t nlora;
+    const char *const *lora_name;
+    const uint64_t *lora_requests;
+    const size_t *lora_running, *lora_bytes;
 } met_info;
 
 /* Zeroes the counters of both layers and sets the histograms' buckets

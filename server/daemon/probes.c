@@ -79,10 +79,24 @@ static json_t *model_json(const srv *s, const char *id)
                      (json_int_t)eng_model_config(s->api->model)->n_ctx);
 }
 
+/* A LoRA adapter's model object: vLLM's shape, parent the base's id. */
+static json_t *adapter_json(const srv *s, const adp_entry *e, const char *id)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:I, s:I}", "id", id, "object", "model",
+                     "created", (json_int_t)0, "owned_by", model_owner(s), "parent",
+                     s->cfg.model_name, "kind", "lora", "rank", (json_int_t)eng_adapter_rank(e->a),
+                     "max_model_len", (json_int_t)eng_model_config(s->api->model)->n_ctx);
+}
+
 enum MHD_Result probe_models(srv_req *r)
 {
     json_t *o =
         json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(r->s, r->s->cfg.model_name));
+    json_t *data = json_object_get(o, "data");
+    for (size_t i = 0; o != NULL && i < adp_count(r->s); i++) {
+        const adp_entry *e = adp_at(r->s, i);
+        json_array_append_new(data, adapter_json(r->s, e, e->name));
+    }
     return http_send_obj(r, o);
 }
 
@@ -114,11 +128,12 @@ enum MHD_Result probe_model(srv_req *r)
                                "The model '%s' does not exist; this server serves '%s'", id,
                                r->s->cfg.model_name);
     }
-    if (!cfg_model_name_ok(&r->s->cfg, id))
+    const adp_entry *e = cfg_model_name_ok(&r->s->cfg, id) ? NULL : adp_find(r->s, id);
+    if (!cfg_model_name_ok(&r->s->cfg, id) && e == NULL)
         return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
                                "The model '%s' does not exist; this server serves '%s'", id,
                                r->s->cfg.model_name);
-    return http_send_obj(r, model_json(r->s, id));
+    return http_send_obj(r, e != NULL ? adapter_json(r->s, e, id) : model_json(r->s, id));
 }
 
 enum MHD_Result probe_version(srv_req *r)
@@ -190,9 +205,30 @@ enum MHD_Result probe_metrics(srv_req *r)
     eng_sched_stats_get(r->s->sched, &st);
     met_info info;
     process_info(r->s, &info);
+    size_t nl = adp_count(r->s);
+    const char **names = calloc(nl + 1, sizeof *names);
+    uint64_t *reqs = calloc(nl + 1, sizeof *reqs);
+    size_t *running = calloc(nl + 1, sizeof *running), *bytes = calloc(nl + 1, sizeof *bytes);
+    for (size_t i = 0; names && reqs && running && bytes && i < nl; i++) {
+        const adp_entry *e = adp_at(r->s, i);
+        names[i] = e->name;
+        reqs[i] = e->requests;
+        running[i] = eng_adapter_users(e->a);
+        bytes[i] = eng_adapter_bytes(e->a);
+    }
+    info.nlora = names && reqs && running && bytes ? nl : 0;
+    info.lora_name = names;
+    info.lora_requests = reqs;
+    info.lora_running = running;
+    info.lora_bytes = bytes;
     char *buf;
     size_t len;
-    if (met_render(&r->s->met, &r->s->api->met, &st, &info, &buf, &len) != 0)
+    int failed = met_render(&r->s->met, &r->s->api->met, &st, &info, &buf, &len);
+    free(names);
+    free(reqs);
+    free(running);
+    free(bytes);
+    if (failed != 0)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     http_req_set_state(r, HTTP_REQ_FINISHED);
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);

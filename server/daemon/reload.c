@@ -172,6 +172,7 @@ void srv_reload(srv *s)
         log_line("error", "SIGHUP: max_queue stays %zu: %s", old_queue, err);
         s->cfg.max_queue = old_queue;
     }
+    adp_reload(s); /* lora_modules' changes (their loads go on off the loop) */
     /* Lowered store bounds apply now, not at the next stored response. */
     size_t dropped =
         rs_trim(s->api->resp_store, s->cfg.responses_store_max, s->cfg.responses_store_bytes);

@@ -385,6 +385,7 @@ struct srv_req {
     unsigned conn_status;  /* a status conn.c wrote itself before closing (408, 413) */
     struct tok_job *tok;   /* the tokenizer job (api/tokenize.c), or NULL */
     struct cmpl_job *cmpl; /* the completion job (api/cmpl_job.c), or NULL */
+    struct adp_job *adp;   /* a LoRA adapter's load (api/adapters.c), or NULL */
 };
 
 /* Whether v is an X-Request-Id to echo: 1-128 bytes, each printable ASCII
