@@ -68,6 +68,10 @@ published() { # name: models/NAME from the hub, converted once; 1 when it cannot
     cp "models/download/$n/vocab.json" "models/download/$n/merges.txt" "$model/"
 }
 
+# gpt2d-tiny's two LoRA adapters (models/gpt2d-tiny-pirate, -formal), served
+# beside it: "model": "pirate" (or "gpt2d-tiny:pirate") picks one.
+tiny_adapters=pirate=models/gpt2d-tiny-pirate,formal=models/gpt2d-tiny-formal
+adapters=()
 tiny() { # models/gpt2d-tiny, with GPT-2's tokenizer files beside it
     local model=models/gpt2d-tiny
     if [ ! -f "$model/model.safetensors" ]; then
@@ -91,11 +95,13 @@ case "$name" in
         echo "run: serving the embedded gpt2d-tiny instead: a small model trained by the gpt2d" \
             "project, not OpenAI's GPT-2" >&2
         model=models/gpt2d-tiny
+        adapters=(--lora-modules "$tiny_adapters")
     fi
     ;;
 gpt2d-tiny)
     tiny
     model=models/gpt2d-tiny
+    adapters=(--lora-modules "$tiny_adapters")
     ;;
 random)
     model=models/synth-gpt2
@@ -121,4 +127,4 @@ esac
 # name and description, a warning for random weights), the playground's
 # URL and a curl line to try, from its effective configuration and the
 # port it bound.
-exec "$gpt2d" serve --model "$model" --host 127.0.0.1 --port 8080 "$@"
+exec "$gpt2d" serve --model "$model" --host 127.0.0.1 --port 8080 ${adapters[@]+"${adapters[@]}"} "$@"
