@@ -56,14 +56,14 @@ typedef struct {
      * accepted ones as generated. */
     int32_t *pred; /* the request's prediction (owned), or NULL */
     size_t npred;
-    size_t pred_pos;     /* the prediction's next expected token */
-    int pred_lost;       /* the output left the prediction, not yet back */
-    size_t spec_k;       /* drafted tokens wanted next (adapted) */
-    size_t spec_skip;    /* steps to decode plainly after drafts that missed */
-    unsigned spec_miss;  /* verify steps in a row that accepted nothing */
-    eng_drafter spec_by; /* this step's drafter */
-    size_t step_draft;   /* this step: drafted tokens (0: plain decoding) */
-    size_t step_accepted; /* this step: drafted tokens the sampler drew */
+    size_t pred_pos;          /* the prediction's next expected token */
+    int pred_lost;            /* the output left the prediction, not yet back */
+    size_t spec_k;            /* drafted tokens wanted next (adapted) */
+    size_t spec_skip;         /* steps to decode plainly after drafts that missed */
+    unsigned spec_miss;       /* verify steps in a row that accepted nothing */
+    eng_drafter spec_by;      /* this step's drafter */
+    size_t step_draft;        /* this step: drafted tokens (0: plain decoding) */
+    size_t step_accepted;     /* this step: drafted tokens the sampler drew */
     size_t drafted, accepted; /* the request's totals (DONE) */
     /* The draft model (sched_draft.c): the sequence's blocks in its pool,
      * this step's rows fed to it (0: none), and whether it drafts no more
