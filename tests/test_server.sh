@@ -22,7 +22,21 @@ srv_model "$dir/model" tiny
 need_slow() { srv_model "$dir/slow" slow; }
 
 # The server most cases share, started before the first case that needs it.
-fixture_main() { srv_start main "$dir/model" && main_port=$port main_base=$base; }
+# The main server serves an adapter too (docs/api.md's LoRA example asks
+# for "pirate"): one of the fuzz corpus's shape, for this model's.
+fixture_main() {
+    python3 - "$here/fuzz" "$dir/pirate" <<'PY'
+import os, struct, sys
+sys.path.insert(0, sys.argv[1])
+from make_lora_corpus import adapter
+b = adapter(r=4, layers=2, C=64)
+n = struct.unpack("<I", b[:4])[0]
+os.makedirs(sys.argv[2], exist_ok=True)
+open(os.path.join(sys.argv[2], "adapter_config.json"), "wb").write(b[4:4 + n])
+open(os.path.join(sys.argv[2], "adapter_model.safetensors"), "wb").write(b[4 + n:])
+PY
+    srv_start main "$dir/model" --lora-modules "pirate=$dir/pirate" && main_port=$port main_base=$base
+}
 
 wait_metric() { # line, e.g. "gpt2d_running_sequences 1": poll /metrics until it appears
     for _ in $(seq 200); do

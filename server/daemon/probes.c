@@ -129,10 +129,11 @@ enum MHD_Result probe_model(srv_req *r)
                                r->s->cfg.model_name);
     }
     const adp_entry *e = cfg_model_name_ok(&r->s->cfg, id) ? NULL : adp_find(r->s, id);
-    if (!cfg_model_name_ok(&r->s->cfg, id) && e == NULL)
-        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                               "The model '%s' does not exist; this server serves '%s'", id,
-                               r->s->cfg.model_name);
+    if (!cfg_model_name_ok(&r->s->cfg, id) && e == NULL) /* the words of adp_pick's 404 */
+        return http_send_error(
+            r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+            "The model '%s' does not exist; this server serves '%s'%s", id, r->s->cfg.model_name,
+            r->s->api->nadapters > 0 ? " and its LoRA adapters (GET /v1/models)" : "");
     return http_send_obj(r, e != NULL ? adapter_json(r->s, e, id) : model_json(r->s, id));
 }
 
