@@ -23,7 +23,7 @@ int oai_tb_add(oai_textbuf *b, const char *p, size_t n)
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, p, n);
+    if (n > 0) memcpy(b->p + b->len, p, n); /* p may be NULL when n is 0 */
     b->len += n;
     b->p[b->len] = '\0';
     return 0;
