@@ -40,11 +40,18 @@ static size_t lookup_end(const int32_t *t, size_t n)
     return 0;
 }
 
-/* The first index at or after `from` in p[0, np) where the output's last
- * tokens o[no-len, no) occur (the longest len first, at most
- * LOOKUP_MAX_N), as the index just past them; SIZE_MAX if nowhere. */
+/* How far past its place a prediction is searched for the output's
+ * return: a bound on the loop thread's work a token (a prediction may be
+ * tens of thousands of tokens, and one that was left is searched again at
+ * every token until the output rejoins it). */
+#define REALIGN_WINDOW 512
+
+/* The first index in [from, from + REALIGN_WINDOW) of p[0, np) where the
+ * output's last tokens o[no-len, no) occur (the longest len first, at most
+ * LOOKUP_MAX_N), as the index just past them; SIZE_MAX if none there. */
 static size_t realign(const int32_t *p, size_t np, size_t from, const int32_t *o, size_t no)
 {
+    if (np > from + REALIGN_WINDOW) np = from + REALIGN_WINDOW;
     for (size_t len = no < LOOKUP_MAX_N ? no : LOOKUP_MAX_N; len >= 1; len--) {
         const int32_t *pat = o + no - len;
         for (size_t i = from; i + len <= np; i++)
