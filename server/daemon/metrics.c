@@ -76,34 +76,37 @@ static void sample_d(FILE *m, const char *name, const char *type, const char *he
 
 /* Speculative decoding by drafter: drafted and accepted tokens, and by
  * position in the draft (0: its first token). */
-static void spec_render(FILE *m, const eng_sched_stats *st)
+/* One counter family by drafter: v[d] (per 0), or by drafter and position
+ * in the draft: v[d * per + j] (per ENG_SPEC_MAX). */
+static void spec_family(FILE *m, const char *name, const char *help, const uint64_t *v, size_t per)
 {
     static const char *const by[ENG_DRAFTERS] = {[ENG_DRAFT_LOOKUP] = "lookup",
                                                  [ENG_DRAFT_PREDICTION] = "prediction",
                                                  [ENG_DRAFT_MODEL] = "draft_model"};
-    family(m, "gpt2d_spec_drafted_tokens_total", "counter",
-           "Tokens drafted for speculative decoding and verified, by drafter.");
-    for (int d = 0; d < ENG_DRAFTERS; d++)
-        fprintf(m, "gpt2d_spec_drafted_tokens_total{drafter=\"%s\"} %llu\n", by[d],
-                (unsigned long long)st->spec_drafted[d]);
-    family(m, "gpt2d_spec_accepted_tokens_total", "counter",
-           "Drafted tokens the model drew as drafted (kept), by drafter.");
-    for (int d = 0; d < ENG_DRAFTERS; d++)
-        fprintf(m, "gpt2d_spec_accepted_tokens_total{drafter=\"%s\"} %llu\n", by[d],
-                (unsigned long long)st->spec_accepted[d]);
-    family(m, "gpt2d_spec_position_drafted_total", "counter",
-           "Drafts that reached this position (0: a draft's first token), by drafter.");
-    for (int d = 0; d < ENG_DRAFTERS; d++)
-        for (int j = 0; j < ENG_SPEC_MAX; j++)
-            fprintf(m, "gpt2d_spec_position_drafted_total{drafter=\"%s\",position=\"%d\"} %llu\n",
-                    by[d], j, (unsigned long long)st->spec_drafted_at[d][j]);
-    family(m, "gpt2d_spec_position_accepted_total", "counter",
-           "Drafts accepted through this position, by drafter: over the drafted count, the "
-           "acceptance rate at each position.");
-    for (int d = 0; d < ENG_DRAFTERS; d++)
-        for (int j = 0; j < ENG_SPEC_MAX; j++)
-            fprintf(m, "gpt2d_spec_position_accepted_total{drafter=\"%s\",position=\"%d\"} %llu\n",
-                    by[d], j, (unsigned long long)st->spec_accepted_at[d][j]);
+    family(m, name, "counter", help);
+    for (size_t d = 0; d < ENG_DRAFTERS; d++)
+        for (size_t j = 0; j < (per ? per : 1); j++) {
+            fprintf(m, "%s{drafter=\"%s\"", name, by[d]);
+            if (per) fprintf(m, ",position=\"%zu\"", j);
+            fprintf(m, "} %llu\n", (unsigned long long)v[per ? d * per + j : d]);
+        }
+}
+
+static void spec_render(FILE *m, const eng_sched_stats *st)
+{
+    spec_family(m, "gpt2d_spec_drafted_tokens_total",
+                "Tokens drafted for speculative decoding and verified, by drafter.",
+                st->spec_drafted, 0);
+    spec_family(m, "gpt2d_spec_accepted_tokens_total",
+                "Drafted tokens the model drew as drafted (kept), by drafter.", st->spec_accepted,
+                0);
+    spec_family(m, "gpt2d_spec_position_drafted_total",
+                "Drafts that reached this position (0: a draft's first token), by drafter.",
+                &st->spec_drafted_at[0][0], ENG_SPEC_MAX);
+    spec_family(m, "gpt2d_spec_position_accepted_total",
+                "Drafts accepted through this position, by drafter: over the drafted count, the "
+                "acceptance rate at each position.",
+                &st->spec_accepted_at[0][0], ENG_SPEC_MAX);
     sample_u(m, "gpt2d_spec_verify_steps_total", "counter",
              "Steps in which some sequence verified a draft.", (unsigned long long)st->spec_steps);
 }
