@@ -16,21 +16,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #define MAX_SEQS 64
 #define WARMUP 3
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv)
 {

@@ -24,20 +24,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #define RUNS 5
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static char *slurp(const char *path, size_t *len)
 {

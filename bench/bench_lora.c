@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #define MAX_ADAPTERS 16
 #define MAX_ROUNDS 15
 #define STREAMS 16
@@ -31,19 +33,6 @@ static const char *const mode_name[MODES] = {"16 streams, base",
                                              "1 stream, base",
                                              "1 stream, adapter (F32)",
                                              "1 stream, adapter (BF16)"};
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static double median(double *v, size_t n)
 {

@@ -23,23 +23,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #define MAX_STREAMS 64
 #define MAX_TOKENS 1024
 #define MAX_ROUNDS 15
 #define MODES 5
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct {
     uint64_t id;
