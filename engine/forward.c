@@ -29,6 +29,7 @@ struct eng_workspace {
     size_t max_rows;
     eng_times times; /* cumulative, for benchmarks */
     op_pool *pool;
+    int own_pool;  /* 0: borrowed from another workspace (eng_workspace_new_on) */
     float *x;      /* (T, C) residual stream */
     float *ln;     /* (T, C)                 */
     float *qkv;    /* (T, 3C)                */
@@ -55,8 +56,8 @@ static float *falloc(size_t n)
     return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
 }
 
-eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads,
-                             eng_workspace **out)
+static eng_status workspace_new(const eng_model *m, size_t max_rows, size_t threads,
+                                op_pool *borrowed, eng_workspace **out)
 {
     *out = NULL;
     const eng_config *c = &m->cfg;
@@ -69,7 +70,8 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         threads = ncpu > 0 ? (size_t)ncpu : 1;
     }
-    w->pool = op_pool_new(threads);
+    w->own_pool = borrowed == NULL;
+    w->pool = borrowed != NULL ? borrowed : op_pool_new(threads);
     if (w->pool == NULL) {
         free(w);
         return ENG_ENOMEM;
@@ -100,6 +102,18 @@ eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads
     return ENG_OK;
 }
 
+eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads,
+                             eng_workspace **out)
+{
+    return workspace_new(m, max_rows, threads, NULL, out);
+}
+
+eng_status eng_workspace_new_on(const eng_model *m, size_t max_rows, eng_workspace *threads_of,
+                                eng_workspace **out)
+{
+    return workspace_new(m, max_rows, 0, threads_of->pool, out);
+}
+
 op_pool *gpt2_workspace_pool(eng_workspace *w)
 {
     return w->pool;
@@ -108,7 +122,7 @@ op_pool *gpt2_workspace_pool(eng_workspace *w)
 void eng_workspace_free(eng_workspace *w)
 {
     if (w == NULL) return;
-    op_pool_free(w->pool);
+    if (w->own_pool) op_pool_free(w->pool);
     free(w->x);
     free(w->ln);
     free(w->qkv);

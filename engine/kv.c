@@ -47,6 +47,12 @@ static void *kv_pool_alloc(size_t bytes, size_t *mapped)
     return p;
 }
 
+size_t eng_model_kv_position_bytes(const eng_model *m)
+{
+    const eng_config *c = eng_model_config(m);
+    return c->n_layer * 2 * c->n_embd * sizeof(float);
+}
+
 eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len, eng_kv **out,
                       char *err, size_t errlen)
 {
@@ -55,7 +61,7 @@ eng_status eng_kv_new(const eng_model *m, size_t budget_bytes, size_t block_len,
     if (block_len == 0 || block_len > 4096)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL, "KV block length %zu is not in 1..4096",
                            block_len);
-    size_t per_block = c->n_layer * 2 * block_len * c->n_embd * sizeof(float);
+    size_t per_block = block_len * eng_model_kv_position_bytes(m);
     size_t nblocks = budget_bytes / per_block;
     if (nblocks == 0 || nblocks > INT32_MAX / 2)
         return ERRBUF_FAIL(err, errlen, ENG_EINVAL,

@@ -40,7 +40,7 @@ eng_status draft_new(eng_sched *s, char *err, size_t errlen)
     if (bytes < one_seq) bytes = one_seq;
     eng_status rc = eng_kv_new(s->o.draft, bytes, s->o.block_len, &s->dkv, err, errlen);
     if (rc != ENG_OK) return rc;
-    rc = eng_workspace_new(s->o.draft, DRAFT_ROWS + s->slots, s->o.threads, &s->dws);
+    rc = eng_workspace_new_on(s->o.draft, DRAFT_ROWS + s->slots, s->ws, &s->dws); /* its threads */
     if (rc != ENG_OK) return ERRBUF_FAIL(err, errlen, rc, "cannot allocate the draft workspace");
     s->ditems = calloc(s->slots, sizeof *s->ditems);
     s->dseqs = calloc(s->slots, sizeof *s->dseqs);

@@ -48,7 +48,10 @@ eng_status eng_sched_new(const eng_model *m, const eng_sched_opts *opts, eng_sch
     if (rc != ENG_OK) goto fail;
     /* Prompt rows within the budget plus one decode row per running
      * sequence on top, and the drafted rows of speculation. */
-    rc = eng_workspace_new(m, o.step_tokens + s->slots + SPEC_ROWS, o.threads, &s->ws);
+    rc = o.threads_of != NULL
+             ? eng_workspace_new_on(m, o.step_tokens + s->slots + SPEC_ROWS, o.threads_of->ws,
+                                    &s->ws)
+             : eng_workspace_new(m, o.step_tokens + s->slots + SPEC_ROWS, o.threads, &s->ws);
     if (rc != ENG_OK) {
         errbuf_set(err, errlen, "cannot allocate the step workspace");
         goto fail;

@@ -77,6 +77,12 @@ typedef struct eng_workspace eng_workspace;
  * allocates. */
 eng_status eng_workspace_new(const eng_model *m, size_t max_rows, size_t threads,
                              eng_workspace **out);
+/* The same on another workspace's step threads (borrowed: freed with their
+ * owner, which must outlive this one). The two must never run a step at
+ * the same time: the caller runs one step at a time (a draft model inside
+ * its target's step, the checkpoints of one server in turn). */
+eng_status eng_workspace_new_on(const eng_model *m, size_t max_rows, eng_workspace *threads_of,
+                                eng_workspace **out);
 void eng_workspace_free(eng_workspace *w);
 
 void eng_workspace_times(const eng_workspace *w, eng_times *out);

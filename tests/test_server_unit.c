@@ -734,10 +734,16 @@ START_TEST(met_render_counters_and_histograms_prometheus)
     met_observe(&api.ttft, 0.2);
     met_observe(&api.ttft, 1000); /* past the last bucket: only +Inf */
     m.prompt_tokens = 7;
-    eng_sched_stats st;
-    memset(&st, 0, sizeof st);
-    st.running = 3;
-    st.kv_blocks_total = 99;
+    eng_sched_stats st[2]; /* one checkpoint's, then a second's */
+    memset(st, 0, sizeof st);
+    st[0].running = 3;
+    st[0].kv_blocks_total = 99;
+    st[0].spec_drafted[ENG_DRAFT_PREDICTION] = 5;
+    st[1].running = 4;
+    st[1].spec_accepted_at[ENG_DRAFT_MODEL][2] = 6;
+    const char *names[2] = {"gpt2", "tiny\"x"};
+    uint64_t reqs[2] = {11, 12};
+    size_t wbytes[2] = {500, 7};
     char *page;
     size_t len;
     met_info info = {.version = "1.2.3",
@@ -753,8 +759,13 @@ START_TEST(met_render_counters_and_histograms_prometheus)
                      .resident_bytes = 4096,
                      .virtual_bytes = -1, /* unknown: left out */
                      .open_fds = 7,
-                     .max_fds = 1024};
-    ck_assert_int_eq(met_render(&m, &api, &st, &info, &page, &len), 0);
+                     .max_fds = 1024,
+                     .nmodels = 1,
+                     .model_name = names,
+                     .model_stats = st,
+                     .model_requests = reqs,
+                     .model_weight_bytes = wbytes};
+    ck_assert_int_eq(met_render(&m, &api, &info, &page, &len), 0);
     ck_assert_uint_eq(strlen(page), len);
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/health\",status=\"200\"} 2"));
     ck_assert(has_line(page, "gpt2d_requests_total{route=\"/v1/completions\",status=\"429\"} 1"));
@@ -805,6 +816,29 @@ START_TEST(met_render_counters_and_histograms_prometheus)
         ck_assert_msg(strstr(page, help) != NULL, "%s has no HELP", name);
     }
     ck_assert_int_eq(page[len - 1], '\n');
+    /* One checkpoint: the scheduler's families without a model label (the
+     * page a single-model server always had); the per-model ones with it. */
+    ck_assert(has_line(page, "gpt2d_spec_drafted_tokens_total{drafter=\"prediction\"} 5"));
+    ck_assert(has_line(page, "gpt2d_model_requests_total{model=\"gpt2\"} 11"));
+    ck_assert(has_line(page, "gpt2d_model_weight_bytes{model=\"gpt2\"} 500"));
+    free(page);
+    /* Two: every scheduler family by model, the second's name escaped. */
+    info.nmodels = 2;
+    ck_assert_int_eq(met_render(&m, &api, &info, &page, &len), 0);
+    ck_assert(has_line(page, "gpt2d_running_sequences{model=\"gpt2\"} 3"));
+    ck_assert(has_line(page, "gpt2d_running_sequences{model=\"tiny\\\"x\"} 4"));
+    ck_assert(has_line(page, "gpt2d_kv_blocks_capacity{model=\"gpt2\"} 99"));
+    ck_assert(has_line(page, "gpt2d_last_step_seconds{model=\"gpt2\"} 0.000000"));
+    ck_assert(has_line(page, "gpt2d_spec_drafted_tokens_total{model=\"gpt2\",drafter="
+                             "\"prediction\"} 5"));
+    ck_assert(has_line(page, "gpt2d_spec_position_accepted_total{model=\"tiny\\\"x\","
+                             "drafter=\"draft_model\",position=\"2\"} 6"));
+    ck_assert(has_line(page, "gpt2d_model_requests_total{model=\"tiny\\\"x\"} 12"));
+    ck_assert(strstr(page, "\ngpt2d_running_sequences ") == NULL);
+    ck_assert(has_line(page, "# TYPE gpt2d_running_sequences gauge")); /* once */
+    ck_assert_ptr_eq(strstr(strstr(page, "# TYPE gpt2d_running_sequences") + 1,
+                            "# TYPE gpt2d_running_sequences"),
+                     NULL);
     free(page);
 }
 END_TEST

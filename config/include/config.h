@@ -30,6 +30,8 @@ typedef enum {
 #define CFG_MAX_NAMES 8  /* names the model answers to */
 #define CFG_STR_MAX 4096 /* paths and other strings */
 #define CFG_MAX_NETS 32  /* trusted_proxies entries */
+#define CFG_MAX_MODELS 8 /* checkpoints one daemon serves (model = DIR,NAME=DIR...) */
+#define CFG_MODEL_NAME_MAX 64
 
 /* An IPv4 or IPv6 network: family 4 or 6, the address (4 or 16 bytes used)
  * and the prefix length in bits. */
@@ -78,7 +80,14 @@ typedef struct {
      * many MiB of automata (structured/cache.c counts each one's bytes). */
     size_t structured_cache_mb;
     /* The model */
-    char model_dir[CFG_STR_MAX];
+    char model_dir[CFG_STR_MAX]; /* the primary's folder (cfg_models_split) */
+    /* The checkpoints served beside it, model's entries after the first
+     * (cfg_models_split): each one's name and folder. */
+    size_t n_more_models;
+    struct {
+        char name[CFG_MODEL_NAME_MAX];
+        char dir[CFG_STR_MAX];
+    } more_models[CFG_MAX_MODELS - 1];
     char fallback_model[CFG_STR_MAX];     /* served while model_dir has no weights; "": none */
     char model_name[128];                 /* the first name: what responses and /v1/models report */
     char model_names[CFG_MAX_NAMES][128]; /* every name a request's `model` may use */
@@ -175,6 +184,13 @@ typedef struct {
  * for a bad name, a missing '=' or DIR, a name twice or more than max. */
 cfg_status cfg_lora_modules_parse(const char *list, cfg_lora_module *out, size_t max, size_t *n,
                                   char *err, size_t errlen);
+/* model = DIR[,[NAME=]DIR...]: the first entry stays in model_dir (the
+ * primary, named by model_name), the others go to more_models, each named
+ * NAME or, without one, its folder's last component. CFG_EVALUE naming the
+ * entry for an empty one, a bad or repeated name (one of model_name's, an
+ * adapter's in lora_modules, another entry's), a NAME= on the first entry,
+ * or more than CFG_MAX_MODELS. Run after cfg_validate. */
+cfg_status cfg_models_split(cfg_config *c, char *err, size_t errlen);
 /* Whether name is an adapter name lora_modules and the load route accept. */
 int cfg_lora_name_ok(const char *name);
 

@@ -111,6 +111,9 @@ const eng_about *eng_model_about(const eng_model *m);
 /* Bytes of the weights as stored (Q8 scales included): what one step reads
  * at most, and the bandwidth bound's numerator. */
 size_t eng_model_weight_bytes(const eng_model *m);
+/* Bytes of KV cache one position of one sequence takes (K and V, every
+ * layer): what a share of a KV budget holds is the share over this. */
+size_t eng_model_kv_position_bytes(const eng_model *m);
 
 /* ---- LoRA adapters ------------------------------------------------------- */
 
@@ -266,6 +269,11 @@ typedef struct {
      * of them (0: a quarter of kv_bytes, at least one sequence's worth). */
     const eng_model *draft;
     size_t draft_kv_bytes;
+    /* Another scheduler whose step threads this one borrows (threads is
+     * then ignored; NULL: its own). The caller never executes steps of the
+     * two at the same time (a server of several checkpoints runs one step
+     * at a time, each checkpoint's in turn) and frees this one first. */
+    const eng_sched *threads_of;
 } eng_sched_opts;
 
 typedef enum {

@@ -91,18 +91,28 @@ const adp_entry *adp_find(const srv *s, const char *name)
 int adp_pick(srv_req *r, const char *model, enum MHD_Result *rc)
 {
     srv *s = r->s;
-    if (model == NULL || cfg_model_name_ok(&s->cfg, model)) return 1;
+    if (model == NULL || cfg_model_name_ok(&s->cfg, model)) {
+        s->api->ckpt[0].requests++;
+        return 1;
+    }
+    srv_ckpt *c = ckpt_find(s, model); /* another checkpoint */
+    if (c != NULL) {
+        r->cmpl->ckpt = c;
+        snprintf(r->cmpl->model, sizeof r->cmpl->model, "%s", c->name);
+        c->requests++;
+        return 1;
+    }
     adp_entry *e = find(s, model);
     if (e == NULL) {
-        *rc = http_send_error(
-            r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-            "The model '%s' does not exist; this server serves '%s'%s", model, s->cfg.model_name,
-            s->api->nadapters > 0 ? " and its LoRA adapters (GET /v1/models)" : "");
+        *rc = http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                              "The model '%s' does not exist; this server serves '%s'%s", model,
+                              s->cfg.model_name, ckpt_others_words(s));
         return 0;
     }
     r->cmpl->adapter = eng_adapter_ref(e->a); /* job_free drops it */
     snprintf(r->cmpl->model, sizeof r->cmpl->model, "%s", e->name);
     e->requests++;
+    s->api->ckpt[0].requests++; /* its base's */
     return 1;
 }
 
@@ -417,7 +427,7 @@ enum MHD_Result adp_route_load(srv_req *r)
     const char *path = name ? body_string(r, body, "lora_path", &rc) : NULL;
     char root[PATH_MAX], full[PATH_MAX + CFG_STR_MAX], real[PATH_MAX], file[PATH_MAX + 64];
     if (path == NULL) goto done;
-    if (!cfg_lora_name_ok(name) || cfg_model_name_ok(&s->cfg, name)) {
+    if (!cfg_lora_name_ok(name) || ckpt_find(s, name) != NULL) {
         rc = http_send_error(r, 400, "invalid_request_error", NULL, "lora_name", NULL,
                              "'%.100s' is not an adapter name (1 to %d letters, digits, '.', '_' "
                              "and '-', not the model's name)",

@@ -80,6 +80,20 @@ typedef struct {
     double load_seconds;
 } adp_entry;
 
+/* A served checkpoint (ckpt.c): the primary (model's first folder, named by
+ * model_name) and those listed after it, each with its own read-only
+ * mapping, scheduler and KV pool, all on the primary's step threads and
+ * tokenizer. */
+#define SRV_MAX_CKPT 8
+typedef struct {
+    char name[CFG_LORA_NAME_MAX]; /* what `model` says; the primary: cfg.model_name's names */
+    char dir[CFG_STR_MAX];
+    eng_model *model;
+    eng_sched *sched;
+    size_t kv_bytes;   /* its share of kv_cache_mb */
+    uint64_t requests; /* requests that picked it (gpt2d_model_requests_total) */
+} srv_ckpt;
+
 /* ---- The API layer's state -------------------------------------------------- */
 
 /* Why a request's generation was cancelled before it finished
@@ -103,9 +117,12 @@ typedef struct {
 } cmpl_metrics;
 
 struct srv_api {
-    /* The served model, its tokenizer and chat template (chat_on 0 when
-     * chat_template is "none"); the daemon loads them. The scheduler is
-     * srv.sched. */
+    /* The served checkpoints (ckpt[0] the primary), their shared tokenizer
+     * and chat template (chat_on 0 when chat_template is "none"); the
+     * daemon loads them. model: the primary's (ckpt[0].model), what the
+     * adapters, the draft and the build's own reports are made for. */
+    srv_ckpt ckpt[SRV_MAX_CKPT];
+    size_t nckpt;
     eng_model *model;
     eng_model *draft; /* draft_model (speculative decoding), or NULL */
     bpe *tok;
@@ -140,6 +157,8 @@ struct srv_api {
     uv_work_t work;
     int in_flight;
     double step_started;
+    size_t step_ckpt;       /* the checkpoint whose step runs (or ran last): the next
+                             * plan asks the others first (round robin) */
     unsigned step_delay_ms; /* GPT2D_TEST_STEP_DELAY_MS: a wedged step, for tests */
     /* The hook the completions register on the way down (daemon.c):
      * after each engine step's events are delivered (step.c, which
@@ -292,6 +311,8 @@ struct cmpl_job {
      * base model. */
     eng_adapter *adapter;
     char model[CFG_LORA_NAME_MAX];
+    /* The checkpoint its `model` picked (cmpl_job_new: the primary). */
+    srv_ckpt *ckpt;
     /* Embeddings (oreq.embed): choices[0 .. submitted) went to the engine,
      * at most SRV_EMBED_WINDOW ahead of those done, under this salt. */
     size_t submitted;
@@ -733,6 +754,22 @@ void adp_free_all(srv *s);
  * POST /v1/unload_lora_adapter {lora_name} (vLLM's); 404 unless lora_dir. */
 enum MHD_Result adp_route_load(srv_req *r);
 enum MHD_Result adp_route_unload(srv_req *r);
+
+/* ---- ckpt.c: the served checkpoints --------------------------------------- */
+
+/* The checkpoint a `model` names (one of the primary's names, or another
+ * checkpoint's), or NULL. Borrows name. */
+srv_ckpt *ckpt_find(const srv *s, const char *name);
+/* The name a checkpoint answers with: the primary's model_name, else its own. */
+const char *ckpt_name(const srv *s, const srv_ckpt *c);
+/* What else a model_not_found 404 names beside model_name: "" or, e.g.,
+ * " and other checkpoints (GET /v1/models)". */
+const char *ckpt_others_words(const srv *s);
+/* The statistics of every checkpoint's scheduler summed (the counters and
+ * the gauges; the last step's rows and seconds: the latest step's). */
+void ckpt_stats_sum(const srv *s, eng_sched_stats *out);
+/* The request's checkpoint (the primary until its `model` is resolved). */
+srv_ckpt *cmpl_ckpt(const srv_req *r);
 
 /* ---- tokpool.c: the tokenizer threads ------------------------------------ */
 

@@ -42,7 +42,8 @@ size_t cmpl_completion_tokens(const srv_req *r)
 static void cmpl_cancel_all(srv_req *r)
 {
     for (size_t i = 0; i < r->cmpl->nchoices; i++)
-        if (r->cmpl->choices[i].live) eng_sched_cancel(r->s->sched, r->cmpl->choices[i].id);
+        if (r->cmpl->choices[i].live)
+            eng_sched_cancel(r->cmpl->ckpt->sched, r->cmpl->choices[i].id);
 }
 
 void cmpl_cancel_for(srv_req *r, met_cancel_reason why)
@@ -158,5 +159,6 @@ cmpl_job *cmpl_job_new(srv_req *r)
         return NULL;
     }
     r->ops = &cmpl_ops;
+    r->cmpl->ckpt = &r->s->api->ckpt[0]; /* until its `model` picks one */
     return r->cmpl;
 }

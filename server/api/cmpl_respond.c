@@ -405,7 +405,8 @@ int cmpl_backlog(srv_req *r)
     if (over == r->cmpl->paused) return 0;
     r->cmpl->paused = over;
     for (size_t i = 0; i < r->cmpl->nchoices; i++)
-        if (r->cmpl->choices[i].live) eng_sched_pause(r->s->sched, r->cmpl->choices[i].id, over);
+        if (r->cmpl->choices[i].live)
+            eng_sched_pause(r->cmpl->ckpt->sched, r->cmpl->choices[i].id, over);
     return !over;
 }
 

@@ -60,7 +60,7 @@ static void choice_feed(srv_choice *c, const char *p, size_t n)
         cmpl_choice_text(c, out, w);
     if (stopped) {
         c->stopped = 1;
-        eng_sched_cancel(c->req->s->sched, c->id); /* DONE follows */
+        eng_sched_cancel(c->req->cmpl->ckpt->sched, c->id); /* DONE follows */
     }
 }
 
@@ -122,7 +122,7 @@ static void on_done(srv_choice *c, const eng_event *ev, int stream)
         cmpl_set_error(r, 500, NULL, "generation failed: %s",
                        ev->message ? ev->message : "unknown error");
     if (ev->embedding != NULL) {
-        size_t C = eng_model_config(r->s->api->model)->n_embd;
+        size_t C = eng_model_config(r->cmpl->ckpt->model)->n_embd;
         if ((c->embedding = malloc(C * sizeof *c->embedding)) == NULL)
             cmpl_fail_oom(r);
         else
@@ -348,7 +348,7 @@ enum MHD_Result cmpl_route_chat(srv_req *r)
 static int prompts_fit(srv_req *r, enum MHD_Result *rc)
 {
     srv *s = r->s;
-    const eng_config *mc = eng_model_config(s->api->model);
+    const eng_config *mc = eng_model_config(r->cmpl->ckpt->model);
     oai_request *q = &r->cmpl->oreq;
     for (size_t i = 0; i < q->nprompts; i++) {
         if (r->tok->prompt_len[i] == 0) { /* "": the text starts, as with no prompt */
@@ -485,7 +485,7 @@ static eng_status choice_submit(srv_req *r, size_t i, const eng_bias *bias,
                                            : cmpl_format_mask_new(r->s, r->cmpl->grammar, &er.mask))
                != 0)
         return ERRBUF_FAIL(err, errlen, ENG_ENOMEM, "out of memory");
-    eng_status st = eng_sched_submit(r->s->sched, &er, &c->id, err, errlen);
+    eng_status st = eng_sched_submit(r->cmpl->ckpt->sched, &er, &c->id, err, errlen);
     if (st != ENG_OK) {
         if (er.mask.ops != NULL) er.mask.ops->free(er.mask.self); /* still ours */
         return st;
@@ -512,7 +512,8 @@ uint64_t cmpl_seed(srv_api *a, const oai_request *q)
 static enum MHD_Result refuse(srv_req *r, size_t submitted, eng_status st, const char *err)
 {
     /* Cancel what this request already queued. */
-    for (size_t k = 0; k < submitted; k++) eng_sched_cancel(r->s->sched, r->cmpl->choices[k].id);
+    for (size_t k = 0; k < submitted; k++)
+        eng_sched_cancel(r->cmpl->ckpt->sched, r->cmpl->choices[k].id);
     if (st == ENG_ENOMEM)
         return http_send_error(r, 500, "server_error", NULL, NULL, NULL, "out of memory");
     if (st == ENG_EFULL) {
@@ -640,7 +641,8 @@ void cmpl_tick(srv *s, double now)
         double age = now - (j->oreq.embed ? j->t_progress : r->t_start);
         int waiting = 0;
         for (size_t i = 0; i < r->cmpl->nchoices; i++)
-            if (r->cmpl->choices[i].live && eng_sched_waiting(s->sched, r->cmpl->choices[i].id))
+            if (r->cmpl->choices[i].live
+                && eng_sched_waiting(r->cmpl->ckpt->sched, r->cmpl->choices[i].id))
                 waiting = 1;
         if (waiting && age > s->cfg.queue_timeout_s) {
             /* Waited too long for admission: 503, which clients retry. */

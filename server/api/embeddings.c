@@ -60,7 +60,7 @@ static enum MHD_Result send_answer(srv_req *r)
     if (j->error_status != 0)
         return http_send_error(r, j->error_status, cmpl_error_type(j->error_status), j->error_code,
                                NULL, j->error_status == 503 ? "5" : NULL, "%s", j->error_msg);
-    size_t C = eng_model_config(r->s->api->model)->n_embd;
+    size_t C = eng_model_config(r->cmpl->ckpt->model)->n_embd;
     size_t cap = answer_bound(r, C), len = 0;
     char *out = malloc(cap);
     if (out == NULL)
@@ -136,7 +136,12 @@ static enum MHD_Result after_tokenize(srv_req *r)
     oai_request *q = &r->cmpl->oreq;
     enum MHD_Result rc;
     if (!adp_pick(r, q->model, &rc)) return rc;
-    const eng_config *mc = eng_model_config(s->api->model);
+    const eng_config *mc = eng_model_config(r->cmpl->ckpt->model);
+    if (q->embed_dimensions != 0 && q->embed_dimensions != mc->n_embd)
+        return http_send_error(r, 400, "invalid_request_error", NULL, "dimensions", NULL,
+                               "'dimensions' must be this model's width, %zu: its embeddings are "
+                               "not trained to be cut shorter",
+                               mc->n_embd);
     size_t limit = mc->n_ctx < s->cfg.max_prompt_tokens ? mc->n_ctx : s->cfg.max_prompt_tokens;
     for (size_t i = 0; i < q->nprompts; i++)
         if (r->tok->prompt_len[i] > limit)
@@ -158,8 +163,11 @@ static enum MHD_Result after_tokenize(srv_req *r)
 /* The tokenizer job's parser: the body, then the prompts. */
 static int parse(srv_req *r)
 {
-    const eng_config *mc = eng_model_config(r->s->api->model);
-    if (oai_parse_embeddings(r->body ? r->body : "", r->body_len, &r->cmpl->lim, mc->n_embd,
+    /* One checkpoint: its width; several: `dimensions` is checked once
+     * `model` picked one (after_tokenize). */
+    const srv_api *a = r->s->api;
+    size_t width = a->nckpt == 1 ? eng_model_config(a->model)->n_embd : 0;
+    if (oai_parse_embeddings(r->body ? r->body : "", r->body_len, &r->cmpl->lim, width,
                              &r->cmpl->oreq, &r->cmpl->parse_err)
         != 0)
         return -1;

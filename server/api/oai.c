@@ -645,9 +645,10 @@ int oai_parse_embeddings(const char *body, size_t len, const oai_limits *lim, si
         goto done;
     }
     r->embed_base64 = f != NULL && oai_str_is(f, "base64");
-    long long d = (long long)n_embd;
+    long long d = 0;
     if (oai_get_int(o, "dimensions", 1, LLONG_MAX, &d, err) != 0) goto done;
-    if ((size_t)d != n_embd) {
+    r->embed_dimensions = (size_t)d;
+    if (d != 0 && n_embd != 0 && (size_t)d != n_embd) {
         oai_bad(err, "dimensions",
                 "'dimensions' must be this model's width, %zu: its embeddings are not trained to "
                 "be cut shorter",

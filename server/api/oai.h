@@ -105,7 +105,8 @@ typedef struct {
     int drafter;
     /* POST /v1/embeddings: prompts are the inputs, each an embedding */
     int embed;
-    int embed_base64; /* encoding_format base64 */
+    int embed_base64;        /* encoding_format base64 */
+    size_t embed_dimensions; /* `dimensions` as given (0: not given) */
 } oai_request;
 
 typedef enum { OAI_TOOLS_NONE = 0, OAI_TOOLS_AUTO = 1, OAI_TOOLS_REQUIRED = 2 } oai_tool_mode;
@@ -156,8 +157,9 @@ void oai_request_free(oai_request *req);
  * Parses and validates a POST /v1/embeddings body into req (free with
  * oai_request_free): `input` (a string, strings, ids or lists of ids; no
  * empty string) as the prompts, `encoding_format` (float, base64),
- * `dimensions` (only n_embd), `user`, `model`; req->embed set. 0, or -1
- * with the 400 in err naming the field.
+ * `dimensions` (only n_embd; n_embd 0: any, checked by the caller once
+ * `model` picked the width: req->embed_dimensions), `user`, `model`;
+ * req->embed set. 0, or -1 with the 400 in err naming the field.
  */
 int oai_parse_embeddings(const char *body, size_t len, const oai_limits *lim, size_t n_embd,
                          oai_request *req, oai_error *err);

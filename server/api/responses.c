@@ -531,7 +531,7 @@ static enum MHD_Result after_tokenize(srv_req *r)
         log_line("info", "%s: truncation auto: the oldest %zu of %zu messages left out", r->id,
                  j->dropped, j->total);
     if (j->too_long) {
-        const eng_config *mc = eng_model_config(r->s->api->model);
+        const eng_config *mc = eng_model_config(r->cmpl->ckpt->model);
         return http_send_error(
             r, 400, "invalid_request_error", "context_length_exceeded", "input", NULL,
             "The input is %s%zu tokens in the chat template; this model's "

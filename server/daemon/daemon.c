@@ -310,50 +310,6 @@ static size_t build_routes(const cfg_config *cfg, http_route *t)
 }
 #define SRV_MAX_ROUTES 24
 
-/* 1 when files a and b hold the same bytes (both readable). */
-static int same_file(const char *a, const char *b)
-{
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int same = fa != NULL && fb != NULL;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF) break;
-    }
-    if (fa != NULL) fclose(fa);
-    if (fb != NULL) fclose(fb);
-    return same;
-}
-
-/* draft_model: loaded beside the model (speculative decoding). Its
- * tokenizer files, where it has them, must be the model's; the scheduler
- * checks the vocabulary's size and the context. 0, or -1 with err. */
-static int draft_load(srv *s, char *err, size_t errlen)
-{
-    static const char *const files[] = {"vocab.json", "merges.txt"};
-    for (size_t i = 0; i < 2; i++) {
-        char mine[CFG_STR_MAX + 16], theirs[CFG_STR_MAX + 16];
-        snprintf(mine, sizeof mine, "%s/%s", s->cfg.model_dir, files[i]);
-        snprintf(theirs, sizeof theirs, "%s/%s", s->cfg.draft_model, files[i]);
-        if (access(theirs, F_OK) == 0 && !same_file(mine, theirs)) {
-            snprintf(err, errlen,
-                     "draft_model %.512s: its %s differs from the model's: a draft must share "
-                     "the model's tokenizer",
-                     s->cfg.draft_model, files[i]);
-            return -1;
-        }
-    }
-    char why[256];
-    if (eng_model_load(s->cfg.draft_model, &s->api->draft, why, sizeof why) != ENG_OK) {
-        snprintf(err, errlen, "draft_model: %.900s", why);
-        return -1;
-    }
-    const eng_config *c = eng_model_config(s->api->draft);
-    log_line("info", "draft model %s: %zu layers, width %zu (%s weights), for speculative decoding",
-             s->cfg.draft_model, c->n_layer, c->n_embd, eng_model_dtype(s->api->draft));
-    return 0;
-}
-
 int srv_main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -472,79 +428,11 @@ int srv_main(int argc, char **argv)
         flags |= MHD_USE_TLS;
     }
     const char *scheme = s.tls != NULL ? "https" : "http";
-    {
-        char wanted[CFG_STR_MAX];
-        if (srv_model_fallback(&s.cfg, wanted, sizeof wanted))
-            log_line("warn",
-                     "no model in %s yet: serving fallback_model %s until there is one; "
-                     "gpt2d-download fetches GPT-2 (operations.md, \"The model\"), then restart "
-                     "gpt2d",
-                     wanted, s.cfg.model_dir);
-    }
-    log_line("info", "loading %s", s.cfg.model_dir);
-    srv_sd_notify("STATUS=loading %s", s.cfg.model_dir);
-    srv_model_watch_init(&s); /* the file's identity before it is read */
-    if (bpe_load_dir(s.cfg.model_dir, &a.tok, err, sizeof err) != BPE_OK
-        || eng_model_load(s.cfg.model_dir, &a.model, err, sizeof err) != ENG_OK) {
-        /* A folder with no weights yet: say where they come from. */
-        char msg[sizeof err + CFG_STR_MAX + 160];
-        if (srv_model_present(s.cfg.model_dir))
-            snprintf(msg, sizeof msg, "%s", err);
-        else
-            snprintf(
-                msg, sizeof msg,
-                "%s; %s has no model yet: gpt2d-download fetches the published GPT-2 "
-                "(operations.md, \"The model\"), or --model (model in gpt2d.conf) names another "
-                "folder",
-                err, s.cfg.model_dir);
-        log_fatal(msg);
-        goto done;
-    }
-    if (s.cfg.draft_model[0] != '\0' && draft_load(&s, err, sizeof err) != 0) {
+    if (srv_models_load(&s, err, sizeof err) != 0) {
         log_fatal(err);
         goto done;
     }
-    if (srv_grammar_init(&s) != 0) {
-        log_fatal("out of memory (the structured outputs' vocabulary trie)");
-        goto done;
-    }
-    log_line("debug", "weights: %s, %s layout, %.1f MB as stored; kernels: %s",
-             eng_model_dtype(a.model), eng_model_layout(a.model),
-             (double)eng_model_weight_bytes(a.model) / 1e6, eng_model_kernels(a.model));
-    if (eng_model_pair_bytes(a.model) > 0) {
-        int q8 = strcmp(eng_model_dtype(a.model), "q8") == 0;
-        log_line("debug",
-                 "built the %s copy for the %s kernels: %.1f MB private (GPT2D_KERNELS=avx512 "
-                 "reads the file's pages instead)",
-                 q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
-                 q8 ? "avx512-vnni" : "avx512-bf16", (double)eng_model_pair_bytes(a.model) / 1e6);
-    }
-    srv_model_names(&s.cfg, a.model);
     model_lines(&s);
-    if (eng_model_copied_bytes(a.model) > 0)
-        log_line("warn",
-                 "copied %.1f MB of misaligned weights; "
-                 "`gpt2d convert` writes a file that maps without copying",
-                 (double)eng_model_copied_bytes(a.model) / 1e6);
-    eng_sched_opts so = {.kv_bytes = s.cfg.kv_cache_mb << 20,
-                         .block_len = s.cfg.kv_block,
-                         .max_running = s.cfg.max_running,
-                         .max_queue = s.cfg.max_queue,
-                         .step_tokens = s.cfg.step_tokens,
-                         .threads = s.cfg.threads,
-                         .prefix_cache = s.cfg.prefix_cache,
-                         .spec_max_batch = s.cfg.speculative_max_batch,
-                         .draft = a.draft};
-    if (eng_sched_new(a.model, &so, &s.sched, err, sizeof err) != ENG_OK) {
-        log_fatal(err);
-        goto done;
-    }
-    double warm0 = log_now();
-    if (eng_sched_warmup(s.sched, err, sizeof err) != ENG_OK) {
-        log_fatal(err);
-        goto done;
-    }
-    log_line("debug", "warm-up step: %.0f ms", (log_now() - warm0) * 1e3);
     if (adp_start(&s, err, sizeof err) != 0) { /* lora_modules, before serving */
         log_fatal(err);
         goto done;
@@ -694,10 +582,8 @@ done:
     rs_free(a.resp_store); /* nothing stored outlives the process */
     tls_close(&s);         /* after MHD_stop_daemon: no handshake is left */
     oai_template_free(&a.chat);
-    eng_sched_free(s.sched);
     if (s.api != NULL) adp_free_all(&s);
-    eng_model_free(a.model);
-    eng_model_free(a.draft);
+    srv_models_free(&s);
     gram_cache_free(a.gcache);
     free(a.tool_marker);
     free(a.all_tokens);

@@ -7,7 +7,8 @@
  *                 shutdown
  *   lifecycle.c   signals, the drain and its end
  *   reload.c      SIGHUP: the configuration read again
- *   modelwatch.c  the served weights file watched; SIGBUS named
+ *   models.c      the served checkpoints loaded, their schedulers started
+ *   modelwatch.c  the served weights files watched; SIGBUS named
  *   timers.c      the 1 s tick, the systemd watchdog and status, the info
  *                 line
  *   probes.c      /health, /ready, /v1/models[/{id}], /metrics, /version
@@ -44,6 +45,18 @@ typedef struct {
  * length. */
 #define SRV_DIGEST_WORDS 5
 
+/* One watched weights file (modelwatch.c), watch[i] checkpoint i's: its
+ * path, its identity as loaded, the digest of its bytes as loaded
+ * (digest_ok once known), and the digest job in flight on the work queue
+ * (NULL: none). */
+typedef struct {
+    char path[CFG_STR_MAX + 32];
+    srv_file_id id;
+    uint64_t digest[SRV_DIGEST_WORDS];
+    int digest_ok;
+    struct mw_job *job;
+} srv_watch;
+
 typedef struct srv_daemon srv_daemon;
 struct srv_daemon {
     /* lifecycle.c: the signals, the drain (its timer and start) and its
@@ -66,15 +79,11 @@ struct srv_daemon {
     double info_last;
     uint64_t info_prompt, info_completion;
     double started_wall; /* Unix seconds at start-up (process_start_time_seconds) */
-    /* modelwatch.c: the served weights file as it was loaded. */
+    /* modelwatch.c: the served weights files as they were loaded, one a
+     * checkpoint (watch[0] the primary's), looked at by one timer. */
     uv_timer_t model_timer;
-    char model_path[CFG_STR_MAX + 32];
-    srv_file_id model_id;
-    /* The digest of its bytes as loaded (model_digest_ok once known), and
-     * the digest job in flight on the work queue (NULL: none). */
-    uint64_t model_digest[SRV_DIGEST_WORDS];
-    int model_digest_ok;
-    struct mw_job *model_job;
+    srv_watch watch[SRV_MAX_CKPT];
+    size_t nwatch;
     /* The SIGBUS handler's wake-up of the loop: a read past the file's
      * new end (it shrank under the mapping); closed with the loop's other
      * handles, after which a SIGBUS exits at once. */
@@ -128,6 +137,13 @@ void srv_model_names(cfg_config *c, const eng_model *m);
  * description; a checkpoint known to be random says so first ("random
  * weights: the text is nonsense"). "" when the file says nothing. */
 void srv_model_description(const eng_model *m, char *buf, size_t len);
+/* Start-up: the checkpoints of model (the primary with the tokenizer, the
+ * draft model, the structured outputs' vocabulary, then the others), each
+ * one's scheduler on its share of kv_cache_mb, warmed up; the files
+ * watched from before they are read (srv_model_watch_init). 0, or -1 with
+ * err (the fatal line). srv_models_free undoes it (any part). */
+int srv_models_load(srv *s, char *err, size_t errlen);
+void srv_models_free(srv *s);
 /* Starts the signal handlers: SIGTERM and SIGINT drain (a second one ends
  * the drain at once), SIGHUP reloads, SIGUSR1 and SIGUSR2 are logged and
  * otherwise ignored. */

@@ -73,7 +73,7 @@ static void close_all(srv *s)
 static int all_answered(const srv *s)
 {
     eng_sched_stats st;
-    eng_sched_stats_get(s->sched, &st);
+    ckpt_stats_sum(s, &st);
     return st.running == 0 && st.queued == 0 && !s->api->in_flight
            && s->api->tokenizing + s->api->tok_nwait == 0 && s->active == 0;
 }
@@ -132,7 +132,7 @@ static void on_stop_signal(uv_signal_t *h, int signum)
     /* Ctrl-C in a terminal: say it in a terminal user's words. */
     if (signum == SIGINT && !s->api->draining && isatty(STDERR_FILENO)) {
         eng_sched_stats st;
-        eng_sched_stats_get(s->sched, &st);
+        ckpt_stats_sum(s, &st);
         size_t n = st.running + st.queued;
         if (n == 0)
             log_line("info", "Ctrl-C: stopping (nothing is running); press Ctrl-C again to stop at "

@@ -5,6 +5,7 @@
  */
 #include "daemon/metrics.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,45 +75,86 @@ static void sample_d(FILE *m, const char *name, const char *type, const char *he
     fprintf(m, "%s %.6f\n", name, v);
 }
 
-/* Speculative decoding by drafter: drafted and accepted tokens, and by
- * position in the draft (0: its first token). */
-/* One counter family by drafter: v[d] (per 0), or by drafter and position
- * in the draft: v[d * per + j] (per ENG_SPEC_MAX). */
-static void spec_family(FILE *m, const char *name, const char *help, const uint64_t *v, size_t per)
+/* One sample's name and labels: the `model` label where several
+ * checkpoints are served (one alone keeps the page it always had), then
+ * more ("" for none: drafter="x",position="n"). */
+static void series(FILE *m, const char *name, const met_info *info, size_t k, const char *more)
+{
+    fputs(name, m);
+    int several = info->nmodels > 1;
+    if (!several && more[0] == '\0') {
+        fputc(' ', m);
+        return;
+    }
+    fputc('{', m);
+    if (several) {
+        fputs("model=\"", m);
+        label(m, info->model_name[k]);
+        fputs(more[0] != '\0' ? "\"," : "\"", m);
+    }
+    fprintf(m, "%s} ", more);
+}
+
+/* A scheduler family: one sample a checkpoint. */
+#define MODEL_FAMILY(m, info, name, type, help, field, fmt, cast)                                  \
+    do {                                                                                           \
+        family(m, name, type, help);                                                               \
+        for (size_t k_ = 0; k_ < (info)->nmodels; k_++) {                                          \
+            series(m, name, info, k_, "");                                                         \
+            fprintf(m, fmt "\n", (cast)(info)->model_stats[k_].field);                             \
+        }                                                                                          \
+    } while (0)
+#define MODEL_U(m, info, name, type, help, field)                                                  \
+    MODEL_FAMILY(m, info, name, type, help, field, "%llu", unsigned long long)
+
+/* Speculative decoding by drafter: drafted and accepted tokens v[d] (per
+ * 0), or by drafter and position in the draft (0: its first token)
+ * v[d * per + j] (per ENG_SPEC_MAX); v at offset in each checkpoint's
+ * statistics. */
+static void spec_family(FILE *m, const met_info *info, const char *name, const char *help,
+                        size_t offset, size_t per)
 {
     static const char *const by[ENG_DRAFTERS] = {[ENG_DRAFT_LOOKUP] = "lookup",
                                                  [ENG_DRAFT_PREDICTION] = "prediction",
                                                  [ENG_DRAFT_MODEL] = "draft_model"};
     family(m, name, "counter", help);
-    for (size_t d = 0; d < ENG_DRAFTERS; d++)
-        for (size_t j = 0; j < (per ? per : 1); j++) {
-            fprintf(m, "%s{drafter=\"%s\"", name, by[d]);
-            if (per) fprintf(m, ",position=\"%zu\"", j);
-            fprintf(m, "} %llu\n", (unsigned long long)v[per ? d * per + j : d]);
-        }
+    for (size_t k = 0; k < info->nmodels; k++) {
+        const uint64_t *v =
+            (const uint64_t *)(const void *)((const char *)&info->model_stats[k] + offset);
+        for (size_t d = 0; d < ENG_DRAFTERS; d++)
+            for (size_t j = 0; j < (per ? per : 1); j++) {
+                char more[64];
+                if (per)
+                    snprintf(more, sizeof more, "drafter=\"%s\",position=\"%zu\"", by[d], j);
+                else
+                    snprintf(more, sizeof more, "drafter=\"%s\"", by[d]);
+                series(m, name, info, k, more);
+                fprintf(m, "%llu\n", (unsigned long long)v[per ? d * per + j : d]);
+            }
+    }
 }
 
-static void spec_render(FILE *m, const eng_sched_stats *st)
+static void spec_render(FILE *m, const met_info *info)
 {
-    spec_family(m, "gpt2d_spec_drafted_tokens_total",
+    spec_family(m, info, "gpt2d_spec_drafted_tokens_total",
                 "Tokens drafted for speculative decoding and verified, by drafter.",
-                st->spec_drafted, 0);
-    spec_family(m, "gpt2d_spec_accepted_tokens_total",
-                "Drafted tokens the model drew as drafted (kept), by drafter.", st->spec_accepted,
-                0);
-    spec_family(m, "gpt2d_spec_position_drafted_total",
+                offsetof(eng_sched_stats, spec_drafted), 0);
+    spec_family(m, info, "gpt2d_spec_accepted_tokens_total",
+                "Drafted tokens the model drew as drafted (kept), by drafter.",
+                offsetof(eng_sched_stats, spec_accepted), 0);
+    spec_family(m, info, "gpt2d_spec_position_drafted_total",
                 "Drafts that reached this position (0: a draft's first token), by drafter.",
-                &st->spec_drafted_at[0][0], ENG_SPEC_MAX);
-    spec_family(m, "gpt2d_spec_position_accepted_total",
+                offsetof(eng_sched_stats, spec_drafted_at), ENG_SPEC_MAX);
+    spec_family(m, info, "gpt2d_spec_position_accepted_total",
                 "Drafts accepted through this position, by drafter: over the drafted count, the "
                 "acceptance rate at each position.",
-                &st->spec_accepted_at[0][0], ENG_SPEC_MAX);
-    sample_u(m, "gpt2d_spec_verify_steps_total", "counter",
-             "Steps in which some sequence verified a draft.", (unsigned long long)st->spec_steps);
+                offsetof(eng_sched_stats, spec_accepted_at), ENG_SPEC_MAX);
+    MODEL_U(m, info, "gpt2d_spec_verify_steps_total", "counter",
+            "Steps in which some sequence verified a draft.", spec_steps);
 }
 
-int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_stats *st,
-               const met_info *info, char **out, size_t *len)
+int met_render(const http_metrics *h, const cmpl_metrics *c, const met_info *info, char **out,
+               size_t *len)
 {
     char *buf = NULL;
     size_t n = 0;
@@ -175,32 +217,42 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_sta
     met_print(m, "gpt2d_step_duration_seconds", "One engine step: forward and sampling.",
               &c->step_seconds);
     met_print(m, "gpt2d_step_batch_rows", "Rows (tokens) per engine step.", &c->step_rows);
-    sample_u(m, "gpt2d_steps_total", "counter", "Engine steps run.", (unsigned long long)st->steps);
-    sample_u(m, "gpt2d_running_sequences", "gauge", "Sequences in the running batch.",
-             (unsigned long long)st->running);
-    sample_u(m, "gpt2d_queued_requests", "gauge", "Requests waiting for admission.",
-             (unsigned long long)st->queued);
-    sample_u(m, "gpt2d_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
-             (unsigned long long)st->kv_blocks_used);
-    sample_u(m, "gpt2d_kv_blocks_capacity", "gauge", "KV cache blocks in the pool.",
-             (unsigned long long)st->kv_blocks_total);
-    sample_u(m, "gpt2d_last_step_rows", "gauge", "Rows (tokens) in the last engine step.",
-             (unsigned long long)st->last_step_rows);
-    sample_d(m, "gpt2d_last_step_seconds", "gauge", "Duration of the last engine step.",
-             st->last_step_seconds);
-    sample_u(m, "gpt2d_prefix_cache_lookups_total", "counter",
-             "Admissions that looked for a cached prefix.", (unsigned long long)st->prefix_lookups);
-    sample_u(m, "gpt2d_prefix_cache_hit_tokens_total", "counter",
-             "Prompt tokens taken from the prefix cache.",
-             (unsigned long long)st->prefix_hit_tokens);
-    sample_u(m, "gpt2d_prefix_cache_blocks", "gauge", "KV blocks findable by content, held or not.",
-             (unsigned long long)st->kv_blocks_cached);
-    sample_u(m, "gpt2d_prefix_cache_evictions_total", "counter",
-             "Cached blocks given up for fresh ones.", (unsigned long long)st->prefix_evictions);
-    sample_u(m, "gpt2d_grammar_bound_errors_total", "counter",
-             "Structured-output sequences ended because their matcher passed a bound.",
-             (unsigned long long)st->mask_errors);
-    spec_render(m, st);
+    MODEL_U(m, info, "gpt2d_steps_total", "counter", "Engine steps run.", steps);
+    MODEL_U(m, info, "gpt2d_running_sequences", "gauge", "Sequences in the running batch.",
+            running);
+    MODEL_U(m, info, "gpt2d_queued_requests", "gauge", "Requests waiting for admission.", queued);
+    MODEL_U(m, info, "gpt2d_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
+            kv_blocks_used);
+    MODEL_U(m, info, "gpt2d_kv_blocks_capacity", "gauge", "KV cache blocks in the pool.",
+            kv_blocks_total);
+    MODEL_U(m, info, "gpt2d_last_step_rows", "gauge", "Rows (tokens) in the last engine step.",
+            last_step_rows);
+    MODEL_FAMILY(m, info, "gpt2d_last_step_seconds", "gauge", "Duration of the last engine step.",
+                 last_step_seconds, "%.6f", double);
+    MODEL_U(m, info, "gpt2d_prefix_cache_lookups_total", "counter",
+            "Admissions that looked for a cached prefix.", prefix_lookups);
+    MODEL_U(m, info, "gpt2d_prefix_cache_hit_tokens_total", "counter",
+            "Prompt tokens taken from the prefix cache.", prefix_hit_tokens);
+    MODEL_U(m, info, "gpt2d_prefix_cache_blocks", "gauge",
+            "KV blocks findable by content, held or not.", kv_blocks_cached);
+    MODEL_U(m, info, "gpt2d_prefix_cache_evictions_total", "counter",
+            "Cached blocks given up for fresh ones.", prefix_evictions);
+    MODEL_U(m, info, "gpt2d_grammar_bound_errors_total", "counter",
+            "Structured-output sequences ended because their matcher passed a bound.", mask_errors);
+    spec_render(m, info);
+    family(m, "gpt2d_model_requests_total", "counter",
+           "Requests whose model picked the checkpoint (its adapters' included).");
+    for (size_t k = 0; k < info->nmodels; k++) {
+        fputs("gpt2d_model_requests_total{model=\"", m);
+        label(m, info->model_name[k]);
+        fprintf(m, "\"} %llu\n", (unsigned long long)info->model_requests[k]);
+    }
+    family(m, "gpt2d_model_weight_bytes", "gauge", "Bytes of the checkpoint's weights as stored.");
+    for (size_t k = 0; k < info->nmodels; k++) {
+        fputs("gpt2d_model_weight_bytes{model=\"", m);
+        label(m, info->model_name[k]);
+        fprintf(m, "\"} %zu\n", info->model_weight_bytes[k]);
+    }
     sample_u(m, "gpt2d_responses_stored", "gauge",
              "Responses kept for previous_response_id and GET /v1/responses/{id}.",
              (unsigned long long)info->responses_stored);

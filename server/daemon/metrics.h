@@ -34,14 +34,22 @@ typedef struct {
     const char *const *lora_name;
     const uint64_t *lora_requests;
     const size_t *lora_running, *lora_bytes;
+    /* The served checkpoints (api/ckpt.c), nmodels of each: their names
+     * (the `model` label), their schedulers' statistics, the requests that
+     * picked them and their weights' bytes as stored. */
+    size_t nmodels;
+    const char *const *model_name;
+    const eng_sched_stats *model_stats;
+    const uint64_t *model_requests;
+    const size_t *model_weight_bytes;
 } met_info;
 
 /* Zeroes the counters of both layers and sets the histograms' buckets
  * (seconds; rows for step_rows). */
 void met_init(http_metrics *h, cmpl_metrics *c);
 /* The Prometheus text page of the HTTP layer's counters h, the API
- * layer's c, the scheduler's st and info into *out (malloc'd, *len
+ * layer's c and info (the schedulers' by checkpoint) into *out (malloc'd, *len
  * bytes). 0, or -1 when memory ran out (nothing kept). */
-int met_render(const http_metrics *h, const cmpl_metrics *c, const eng_sched_stats *st,
-               const met_info *info, char **out, size_t *len);
+int met_render(const http_metrics *h, const cmpl_metrics *c, const met_info *info, char **out,
+               size_t *len);
 #endif

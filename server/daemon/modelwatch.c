@@ -1,5 +1,7 @@
 /*
- * server/daemon/modelwatch.c: the served weights file, watched.
+ * server/daemon/modelwatch.c: the served weights files, watched (each
+ * checkpoint's; a change to any one drains the whole server, which
+ * restarts on the new files: the others' requests end cleanly too).
  *
  * The file is mapped, so a change under the running server either changes
  * the answers silently (a copy over it: the same inode, new bytes under the
@@ -70,6 +72,7 @@
 typedef struct mw_job {
     uv_work_t work;
     srv *s;
+    srv_watch *w;
     int at_load; /* the digest of the file as loaded (else: a changed identity) */
     srv_file_id expect, before, after;
     int ok; /* read whole */
@@ -173,31 +176,34 @@ static void mw_job_run(uv_work_t *w)
 }
 
 /* Whether now is the loaded file's inode (its bytes changed under the mapping). */
-static int same_inode(const srv *s, const srv_file_id *now)
+static int same_inode(const srv_watch *w, const srv_file_id *now)
 {
-    return now->exists && now->dev == s->daemon->model_id.dev
-           && now->ino == s->daemon->model_id.ino;
+    return now->exists && now->dev == w->id.dev && now->ino == w->id.ino;
 }
 
 /* The file changed: one line, the drain, and the cut when it changed in place. */
-static void model_changed(srv *s, int in_place, const char *what)
+static void model_changed(srv *s, const srv_watch *w, int in_place, const char *what)
 {
     if (s->api->draining) return; /* said once */
     uv_timer_stop(&s->daemon->model_timer);
+    const srv_daemon *d = s->daemon;
+    const char *name = w != NULL && d->nwatch > 1 ? ckpt_name(s, &s->api->ckpt[w - d->watch]) : "";
     log_line("error",
-             "the model file %s changed under the running server: %s; draining, then exiting "
-             "with status %d so that it restarts on the new file (replace the file with a "
-             "rename: docs/operations.md)",
-             s->daemon->model_path, what, SRV_EXIT_MODEL_CHANGED);
+             "the model file %s%s%s%s changed under the running server: %s; draining, then "
+             "exiting with status %d so that it restarts on the new file (replace the file with "
+             "a rename: docs/operations.md)",
+             w != NULL ? w->path : "(a mapped one)", name[0] ? " (" : "", name, name[0] ? ")" : "",
+             what, SRV_EXIT_MODEL_CHANGED);
     srv_drain_begin(s, SRV_EXIT_MODEL_CHANGED, "the model file changed");
     if (in_place) srv_drain_cut(s, "the model file changed in place");
 }
 
-static void mw_job_done(uv_work_t *w, int status)
+static void mw_job_done(uv_work_t *work, int status)
 {
-    mw_job *j = w->data;
+    mw_job *j = work->data;
     srv *s = j->s;
-    s->daemon->model_job = NULL;
+    srv_watch *w = j->w;
+    w->job = NULL;
     int settled = status == 0 && j->ok && srv_file_id_same(&j->before, &j->after);
     if (s->closed || s->api->draining) {
         free(j);
@@ -207,9 +213,9 @@ static void mw_job_done(uv_work_t *w, int status)
         /* The bytes as loaded only if the file is still the one loaded;
          * otherwise the digest stays unknown and the next tick calls any
          * difference a change. */
-        if (settled && srv_file_id_same(&j->before, &s->daemon->model_id)) {
-            memcpy(s->daemon->model_digest, j->digest, sizeof s->daemon->model_digest);
-            s->daemon->model_digest_ok = 1;
+        if (settled && srv_file_id_same(&j->before, &w->id)) {
+            memcpy(w->digest, j->digest, sizeof w->digest);
+            w->digest_ok = 1;
         }
         free(j);
         return;
@@ -218,61 +224,68 @@ static void mw_job_done(uv_work_t *w, int status)
         free(j); /* still being written: the next tick looks again */
         return;
     }
-    if (memcmp(j->digest, s->daemon->model_digest, sizeof s->daemon->model_digest) == 0) {
+    if (memcmp(j->digest, w->digest, sizeof w->digest) == 0) {
         log_line("info",
                  "the model file %s was %s with the same bytes; still serving it (no restart)",
-                 s->daemon->model_path,
-                 j->after.ino != s->daemon->model_id.ino || j->after.dev != s->daemon->model_id.dev
-                     ? "replaced"
-                     : "touched or rewritten");
-        s->daemon->model_id = j->after;
+                 w->path,
+                 j->after.ino != w->id.ino || j->after.dev != w->id.dev ? "replaced"
+                                                                        : "touched or rewritten");
+        w->id = j->after;
         free(j);
         return;
     }
     srv_file_id now = j->after;
     free(j);
     char what[160];
-    if (now.dev != s->daemon->model_id.dev || now.ino != s->daemon->model_id.ino)
+    if (now.dev != w->id.dev || now.ino != w->id.ino)
         snprintf(what, sizeof what, "another file with other bytes was put in its place");
     else
         snprintf(what, sizeof what, "its bytes were rewritten in place");
-    model_changed(s, same_inode(s, &now), what);
+    model_changed(s, w, same_inode(w, &now), what);
 }
 
-/* Starts a digest of the file (one at a time); 0, or -1 when it cannot. */
-static int mw_job_start(srv *s, int at_load, const srv_file_id *expect)
+/* Starts a digest of w's file (one at a time a file); 0, or -1 when it
+ * cannot. */
+static int mw_job_start(srv *s, srv_watch *w, int at_load, const srv_file_id *expect)
 {
-    if (s->daemon->model_job != NULL) return 0;
+    if (w->job != NULL) return 0;
     mw_job *j = calloc(1, sizeof *j);
     if (j == NULL) return -1;
     j->s = s;
+    j->w = w;
     j->at_load = at_load;
     j->expect = *expect;
     j->work.data = j;
-    memcpy(j->path, s->daemon->model_path, sizeof j->path);
+    memcpy(j->path, w->path, sizeof j->path);
     if (uv_queue_work(s->loop, &j->work, mw_job_run, mw_job_done) != 0) {
         free(j);
         return -1;
     }
-    s->daemon->model_job = j;
+    w->job = j;
     return 0;
+}
+
+/* One file's look: nothing, a digest started, or a change. */
+static void look(srv *s, srv_watch *w)
+{
+    srv_file_id now;
+    srv_file_id_get(w->path, &now);
+    if (srv_file_id_same(&now, &w->id)) return;
+    if (w->job != NULL) return; /* a digest runs: its answer first */
+    /* Only the same bytes are no change: a file of another size, or gone,
+     * or one whose bytes at load are unknown, is a change at once. */
+    if (now.exists && now.size == w->id.size && w->digest_ok && mw_job_start(s, w, 0, &now) == 0)
+        return;
+    char what[128];
+    describe_change(&w->id, &now, what, sizeof what);
+    model_changed(s, w, same_inode(w, &now), what);
 }
 
 static void on_model_timer(uv_timer_t *t)
 {
     srv *s = t->data;
-    srv_file_id now;
-    srv_file_id_get(s->daemon->model_path, &now);
-    if (srv_file_id_same(&now, &s->daemon->model_id)) return;
-    if (s->daemon->model_job != NULL) return; /* a digest runs: its answer first */
-    /* Only the same bytes are no change: a file of another size, or gone,
-     * or one whose bytes at load are unknown, is a change at once. */
-    if (now.exists && now.size == s->daemon->model_id.size && s->daemon->model_digest_ok
-        && mw_job_start(s, 0, &now) == 0)
-        return;
-    char what[128];
-    describe_change(&s->daemon->model_id, &now, what, sizeof what);
-    model_changed(s, same_inode(s, &now), what);
+    for (size_t i = 0; i < s->daemon->nwatch && !s->api->draining; i++)
+        look(s, &s->daemon->watch[i]);
 }
 
 /* The line the SIGBUS handler writes, made before it can be needed; the
@@ -310,21 +323,28 @@ static void on_sigbus_wake(uv_async_t *h)
 {
     srv *s = h->data;
     if (s->closed) return;
-    model_changed(s, 1,
+    model_changed(s, s->daemon->nwatch == 1 ? &s->daemon->watch[0] : NULL, 1,
                   "a read of its mapping past the file's new end failed (SIGBUS): it was "
                   "truncated or is being rewritten in place");
 }
 
 void srv_model_watch_init(srv *s)
 {
-    snprintf(s->daemon->model_path, sizeof s->daemon->model_path, "%s/model.safetensors",
-             s->cfg.model_dir);
-    srv_file_id_get(s->daemon->model_path, &s->daemon->model_id);
+    srv_daemon *d = s->daemon;
+    d->nwatch = 0;
+    for (size_t i = 0; i <= s->cfg.n_more_models && i < SRV_MAX_CKPT; i++) {
+        srv_watch *w = &d->watch[d->nwatch++];
+        memset(w, 0, sizeof *w);
+        snprintf(w->path, sizeof w->path, "%s/model.safetensors",
+                 i == 0 ? s->cfg.model_dir : s->cfg.more_models[i - 1].dir);
+        srv_file_id_get(w->path, &w->id);
+    }
     int n = snprintf(sigbus_line, sizeof sigbus_line,
-                     "%sgpt2d serve: SIGBUS reading the mapped model file %s: it was truncated "
+                     "%sgpt2d serve: SIGBUS reading the mapped model file %s%s: it was truncated "
                      "or overwritten while served (replace it with a rename); exiting with "
                      "status %d\n",
-                     srv_sd_journal() ? "<2>" : "", s->daemon->model_path, SRV_EXIT_MODEL_CHANGED);
+                     srv_sd_journal() ? "<2>" : "", d->watch[0].path,
+                     d->nwatch > 1 ? " or another checkpoint's" : "", SRV_EXIT_MODEL_CHANGED);
     sigbus_len = n < 0 ? 0 : (size_t)n < sizeof sigbus_line ? (size_t)n : sizeof sigbus_line - 1;
     long page = sysconf(_SC_PAGESIZE);
     sigbus_page = page > 0 ? (size_t)page : 0;
@@ -344,7 +364,10 @@ void srv_model_watch_start(srv *s)
     uv_async_init(s->loop, &s->daemon->sigbus_wake, on_sigbus_wake);
     s->daemon->sigbus_wake.data = s;
     sigbus_wake = &s->daemon->sigbus_wake;
-    if (mw_job_start(s, 1, &s->daemon->model_id) != 0)
-        log_line("warn", "cannot take the digest of %s: any change to it restarts the server",
-                 s->daemon->model_path);
+    for (size_t i = 0; i < s->daemon->nwatch; i++) {
+        srv_watch *w = &s->daemon->watch[i];
+        if (mw_job_start(s, w, 1, &w->id) != 0)
+            log_line("warn", "cannot take the digest of %s: any change to it restarts the server",
+                     w->path);
+    }
 }

@@ -55,10 +55,10 @@ enum MHD_Result probe_ready(srv_req *r)
                                : http_send_json(r, 200, "{\"status\":\"ready\"}", NULL);
 }
 
-/* Who made the served model: the checkpoint's gpt2d.owned_by, else gpt2d. */
-static const char *model_owner(const srv *s)
+/* Who made a served checkpoint: its gpt2d.owned_by, else gpt2d. */
+static const char *model_owner(const eng_model *m)
 {
-    const char *o = eng_model_about(s->api->model)->owned_by;
+    const char *o = eng_model_about(m)->owned_by;
     return o[0] != '\0' ? o : "gpt2d";
 }
 
@@ -67,32 +67,34 @@ static const char *model_owner(const srv *s)
  * CPU), `weights` (random, trained or unknown), `description`
  * (srv_model_description) and `max_model_len` (its context, vLLM's name);
  * id is the name asked for. */
-static json_t *model_json(const srv *s, const char *id)
+static json_t *model_json(const eng_model *m, const char *id)
 {
-    char d[sizeof eng_model_about(s->api->model)->description + 64];
-    srv_model_description(s->api->model, d, sizeof d);
+    char d[sizeof eng_model_about(m)->description + 64];
+    srv_model_description(m, d, sizeof d);
     return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:s, s:I}", "id", id, "object",
-                     "model", "created", (json_int_t)0, "owned_by", model_owner(s), "dtype",
-                     eng_model_dtype(s->api->model), "layout", eng_model_layout(s->api->model),
-                     "kernels", eng_model_kernels(s->api->model), "weights",
-                     eng_model_about(s->api->model)->weights, "description", d, "max_model_len",
-                     (json_int_t)eng_model_config(s->api->model)->n_ctx);
+                     "model", "created", (json_int_t)0, "owned_by", model_owner(m), "dtype",
+                     eng_model_dtype(m), "layout", eng_model_layout(m), "kernels",
+                     eng_model_kernels(m), "weights", eng_model_about(m)->weights, "description", d,
+                     "max_model_len", (json_int_t)eng_model_config(m)->n_ctx);
 }
 
 /* A LoRA adapter's model object: vLLM's shape, parent the base's id. */
 static json_t *adapter_json(const srv *s, const adp_entry *e, const char *id)
 {
     return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:I, s:I}", "id", id, "object", "model",
-                     "created", (json_int_t)0, "owned_by", model_owner(s), "parent",
+                     "created", (json_int_t)0, "owned_by", model_owner(s->api->model), "parent",
                      s->cfg.model_name, "kind", "lora", "rank", (json_int_t)eng_adapter_rank(e->a),
                      "max_model_len", (json_int_t)eng_model_config(s->api->model)->n_ctx);
 }
 
 enum MHD_Result probe_models(srv_req *r)
 {
-    json_t *o =
-        json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(r->s, r->s->cfg.model_name));
+    const srv_api *a = r->s->api;
+    json_t *o = json_pack("{s:s, s:[o]}", "object", "list", "data",
+                          model_json(a->model, r->s->cfg.model_name));
     json_t *data = json_object_get(o, "data");
+    for (size_t i = 1; o != NULL && i < a->nckpt; i++)
+        json_array_append_new(data, model_json(a->ckpt[i].model, a->ckpt[i].name));
     for (size_t i = 0; o != NULL && i < adp_count(r->s); i++) {
         const adp_entry *e = adp_at(r->s, i);
         json_array_append_new(data, adapter_json(r->s, e, e->name));
@@ -128,13 +130,13 @@ enum MHD_Result probe_model(srv_req *r)
                                "The model '%s' does not exist; this server serves '%s'", id,
                                r->s->cfg.model_name);
     }
-    const adp_entry *e = cfg_model_name_ok(&r->s->cfg, id) ? NULL : adp_find(r->s, id);
-    if (!cfg_model_name_ok(&r->s->cfg, id) && e == NULL) /* the words of adp_pick's 404 */
-        return http_send_error(
-            r, 404, "invalid_request_error", "model_not_found", "model", NULL,
-            "The model '%s' does not exist; this server serves '%s'%s", id, r->s->cfg.model_name,
-            r->s->api->nadapters > 0 ? " and its LoRA adapters (GET /v1/models)" : "");
-    return http_send_obj(r, e != NULL ? adapter_json(r->s, e, id) : model_json(r->s, id));
+    const srv_ckpt *c = ckpt_find(r->s, id);
+    const adp_entry *e = c != NULL ? NULL : adp_find(r->s, id);
+    if (c == NULL && e == NULL) /* the words of adp_pick's 404 */
+        return http_send_error(r, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                               "The model '%s' does not exist; this server serves '%s'%s", id,
+                               r->s->cfg.model_name, ckpt_others_words(r->s));
+    return http_send_obj(r, e != NULL ? adapter_json(r->s, e, id) : model_json(c->model, id));
 }
 
 enum MHD_Result probe_version(srv_req *r)
@@ -148,8 +150,8 @@ enum MHD_Result probe_version(srv_req *r)
                   GPT2D_BUILD_SANITIZE, "kernels", eng_model_kernels(s->api->model), "model",
                   s->cfg.model_name, "dtype", eng_model_dtype(s->api->model), "layout",
                   eng_model_layout(s->api->model), "tls", tls_built() ? "gnutls" : "none", "scheme",
-                  s->tls != NULL ? "https" : "http", "owned_by", model_owner(s), "weights",
-                  eng_model_about(s->api->model)->weights, "description", d);
+                  s->tls != NULL ? "https" : "http", "owned_by", model_owner(s->api->model),
+                  "weights", eng_model_about(s->api->model)->weights, "description", d);
     return http_send_obj(r, o);
 }
 
@@ -202,8 +204,6 @@ static void process_info(const srv *s, met_info *info)
 /* GET /metrics: Prometheus text format. */
 enum MHD_Result probe_metrics(srv_req *r)
 {
-    eng_sched_stats st;
-    eng_sched_stats_get(r->s->sched, &st);
     met_info info;
     process_info(r->s, &info);
     size_t nl = adp_count(r->s);
@@ -222,9 +222,25 @@ enum MHD_Result probe_metrics(srv_req *r)
     info.lora_requests = reqs;
     info.lora_running = running;
     info.lora_bytes = bytes;
+    const srv_api *a = r->s->api;
+    const char *mnames[SRV_MAX_CKPT];
+    eng_sched_stats mstats[SRV_MAX_CKPT];
+    uint64_t mreqs[SRV_MAX_CKPT];
+    size_t mbytes[SRV_MAX_CKPT];
+    for (size_t i = 0; i < a->nckpt; i++) {
+        mnames[i] = ckpt_name(r->s, &a->ckpt[i]);
+        eng_sched_stats_get(a->ckpt[i].sched, &mstats[i]);
+        mreqs[i] = a->ckpt[i].requests;
+        mbytes[i] = eng_model_weight_bytes(a->ckpt[i].model);
+    }
+    info.nmodels = a->nckpt;
+    info.model_name = mnames;
+    info.model_stats = mstats;
+    info.model_requests = mreqs;
+    info.model_weight_bytes = mbytes;
     char *buf;
     size_t len;
-    int failed = met_render(&r->s->met, &r->s->api->met, &st, &info, &buf, &len);
+    int failed = met_render(&r->s->met, &r->s->api->met, &info, &buf, &len);
     free(names);
     free(reqs);
     free(running);

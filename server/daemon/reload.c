@@ -65,6 +65,7 @@ cfg_status srv_config_read(cfg_config *c, int argc, char **argv, char *err, size
      * naming the key, not by libmicrohttpd's start as a failure to listen
      * (and a reload that brings one is refused whole). */
     if (st == CFG_OK && tls_priorities_check(c->tls_priorities, err, errlen) != 0) st = CFG_EVALUE;
+    if (st == CFG_OK) st = cfg_models_split(c, err, errlen);
     if (st == CFG_OK) st = model_folder(c, err, errlen);
     return st;
 }
@@ -167,10 +168,18 @@ void srv_reload(srv *s)
     char changed[512], kept[512];
     size_t n = cfg_apply_reload(&s->cfg, &next, changed, sizeof changed, kept, sizeof kept);
     log_set_level(s->cfg.log_level);
-    if (s->cfg.max_queue != old_queue
-        && eng_sched_set_max_queue(s->sched, s->cfg.max_queue, err, sizeof err) != ENG_OK) {
-        log_line("error", "SIGHUP: max_queue stays %zu: %s", old_queue, err);
-        s->cfg.max_queue = old_queue;
+    if (s->cfg.max_queue != old_queue) { /* every checkpoint's, or none */
+        size_t i = 0;
+        while (i < s->api->nckpt
+               && eng_sched_set_max_queue(s->api->ckpt[i].sched, s->cfg.max_queue, err, sizeof err)
+                      == ENG_OK)
+            i++;
+        if (i < s->api->nckpt) {
+            log_line("error", "SIGHUP: max_queue stays %zu: %s", old_queue, err);
+            s->cfg.max_queue = old_queue;
+            while (i-- > 0) /* back to the old size, which they had room for */
+                (void)eng_sched_set_max_queue(s->api->ckpt[i].sched, old_queue, err, sizeof err);
+        }
     }
     adp_reload(s); /* lora_modules' changes (their loads go on off the loop) */
     /* Lowered store bounds apply now, not at the next stored response. */
@@ -196,5 +205,12 @@ void srv_reload(srv *s)
     if (kept[0] != '\0')
         log_line("warn", "SIGHUP: changed, but needs a restart (the running value is kept): %s",
                  kept);
+    int others = next.n_more_models != s->cfg.n_more_models;
+    for (size_t i = 0; !others && i < next.n_more_models; i++)
+        others = strcmp(next.more_models[i].name, s->cfg.more_models[i].name) != 0
+                 || strcmp(next.more_models[i].dir, s->cfg.more_models[i].dir) != 0;
+    if (others)
+        log_line("warn", "SIGHUP: changed, but needs a restart (the running checkpoints are "
+                         "kept): model's other checkpoints");
     srv_sd_notify("READY=1");
 }

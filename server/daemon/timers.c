@@ -13,7 +13,7 @@
 void srv_sd_status(srv *s)
 {
     eng_sched_stats st;
-    eng_sched_stats_get(s->sched, &st);
+    ckpt_stats_sum(s, &st);
     char line[sizeof s->daemon->sd_status];
     snprintf(line, sizeof line, "%s: %zu running, %zu queued, KV blocks %zu/%zu",
              s->api->draining ? "draining" : "serving", st.running, st.queued, st.kv_blocks_used,
@@ -53,7 +53,7 @@ void srv_on_info(uv_timer_t *t)
     srv *s = t->data;
     double now = log_now(), dt = now - s->daemon->info_last;
     eng_sched_stats st;
-    eng_sched_stats_get(s->sched, &st);
+    ckpt_stats_sum(s, &st);
     /* The engine's counters move with every step (prompt positions
      * computed, tokens sampled), so the rates are of this interval even
      * while long requests run; the request counters (met) count only when

@@ -442,9 +442,11 @@ struct srv {
     /* loop.c: when libmicrohttpd's timer was last armed with 0 (uv_now). */
     uint64_t mhd_zero_at;
     int mhd_zero_armed;
-    /* The engine's scheduler: the API layer's requests go to it; this
-     * layer reads its step rate for Retry-After (respond.c). */
-    eng_sched *sched;
+    /* The engine's load as the API layer last saw it (after each step):
+     * requests waiting for admission, over every checkpoint, and the last
+     * step's seconds; Retry-After reads them (respond.c). */
+    size_t load_queued;
+    double load_step_s;
     uint64_t next_id;
     /* The key of the prefix cache salts (router.c), random at start-up and
      * never written anywhere. */

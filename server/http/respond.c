@@ -131,10 +131,8 @@ enum MHD_Result http_send_obj(srv_req *r, json_t *obj)
  * second, at most a minute. */
 void http_retry_after(const srv *s, char *buf, size_t len)
 {
-    eng_sched_stats st;
-    eng_sched_stats_get(s->sched, &st);
-    double step = st.last_step_seconds > 0 ? st.last_step_seconds : 0.05;
-    double secs = (double)(st.queued + 1) * step * 16;
+    double step = s->load_step_s > 0 ? s->load_step_s : 0.05;
+    double secs = (double)(s->load_queued + 1) * step * 16;
     if (secs < 1) secs = 1;
     if (secs > 60) secs = 60;
     snprintf(buf, len, "%.0f", secs);
