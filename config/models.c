@@ -55,9 +55,9 @@ cfg_status cfg_models_split(cfg_config *c, char *err, size_t errlen)
         st = ERRBUF_FAIL(err, errlen, CFG_EVALUE,
                          "model: '%.200s': the first checkpoint is named by model_name, not NAME=",
                          c->model_dir);
-    char *save = NULL;
-    for (char *e = strtok_r(rest, ",", &save); st == CFG_OK && e != NULL;
-         e = strtok_r(NULL, ",", &save)) {
+    for (char *e = rest, *next; st == CFG_OK && e != NULL; e = next) {
+        next = strchr(e, ',');
+        if (next != NULL) *next++ = '\0';
         while (*e == ' ') e++;
         size_t len = strlen(e);
         while (len > 0 && e[len - 1] == ' ') e[--len] = '\0';
