@@ -86,6 +86,52 @@ class Models:
 
 # ---------------------------------------------------------------- the server
 
+# GPT2D_HOSTILE_NEIGHBOR=1 (the suite hostile-neighbor): every server
+# serves a second checkpoint beside the case's ("neighbor", the "long2"
+# synth: another shape's weights, the same tokenizer), and a client streams
+# from it for as long as the case runs. The case's own checks hold for the
+# first checkpoint as they do alone; the neighbor's answers must each be a
+# 200 with a whole stream, or a clean refusal (429, 503), never a 500, a
+# broken stream or a reset while the server runs (checked after the case).
+NEIGHBOR = os.environ.get("GPT2D_HOSTILE_NEIGHBOR") == "1"
+
+
+class Neighbor(threading.Thread):
+    """Streams 12-token completions from the checkpoint "neighbor", one at a
+    time, until stopped or the server is gone; problems lists what was wrong."""
+
+    def __init__(self, srv, key):
+        super().__init__(daemon=True)
+        self.srv, self.key, self.stopped, self.problems, self.answered = srv, key, False, [], 0
+        self.rotating = False  # the case changes api_key by SIGHUP (a config file): 401 is right
+
+    def run(self):
+        body = json.dumps({"model": "neighbor", "prompt": "The neighbor says", "max_tokens": 12,
+                           "stream": True, "ignore_eos": True}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = "Bearer " + self.key
+        while not self.stopped and self.srv.proc.poll() is None:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=30)
+                c.request("POST", "/v1/completions", body, headers)
+                r = c.getresponse()
+                text = r.read().decode("utf-8", "replace")
+                c.close()
+            except (OSError, http.client.HTTPException) as e:
+                if not self.stopped and self.srv.proc.poll() is None and not self.srv.draining():
+                    self.problems.append("%s: %s" % (e.__class__.__name__, e))
+                time.sleep(0.05)
+                continue
+            if r.status == 200:
+                self.answered += 1
+                if "data: [DONE]" not in text and not self.srv.draining():
+                    self.problems.append("a stream without its end: %r" % text[-200:])
+            elif r.status not in (429, 503) and not (r.status == 401 and self.rotating):
+                self.problems.append("status %d: %s" % (r.status, text[:200]))
+            time.sleep(0.02)
+
+
 class Server(gpt2d_server.Server):
     """One `gpt2d serve --port 0` with its log in the case's directory
     (tests/lib/gpt2d_server.py: plain "TIMESTAMP LEVEL message" lines, no
@@ -94,8 +140,12 @@ class Server(gpt2d_server.Server):
     def __init__(self, ctx, model_dir, *args, env=None, name="server", nice=0, ready="listen", preexec=None):
         # A 64 MiB KV pool, not the default 2 GiB: meson sets MALLOC_PERTURB_,
         # which makes glibc fill (touch) the whole pool at start-up.
+        self.neighbor = None
+        served = model_dir
+        if NEIGHBOR and os.path.isdir(model_dir):
+            served = model_dir + ",neighbor=" + ctx.models.get("long2")
         try:
-            super().__init__(ctx.gpt2d, model_dir, ["--kv-cache-mb", "64"] + list(args),
+            super().__init__(ctx.gpt2d, served, ["--kv-cache-mb", "64"] + list(args),
                              log_path=os.path.join(ctx.dir, name + ".log"), env=env, nice=nice, timeout=20,
                              ready=ready, preexec=preexec)
         except gpt2d_server.StartError as e:
@@ -103,6 +153,19 @@ class Server(gpt2d_server.Server):
         finally:
             if hasattr(self, "proc"):
                 ctx.servers.append(self)
+        if served != model_dir and ready is not None and "--tls-cert-file" not in args:
+            keys = [args[i + 1] for i in range(len(args) - 1) if args[i] == "--api-key"]
+            self.neighbor = Neighbor(self, keys[0] if keys else None)
+            self.neighbor.rotating = "--config" in args
+            self.neighbor.start()
+
+    def draining(self):
+        return "draining" in self.log() or "SIGTERM" in self.log()
+
+    def stop(self):
+        if self.neighbor is not None:
+            self.neighbor.stopped = True
+        super().stop()
 
     def rss_kib(self):
         with open("/proc/%d/status" % self.pid) as f:
@@ -114,7 +177,9 @@ class Server(gpt2d_server.Server):
     def metric(self, name):
         st, _, body = request(self.port, "GET", "/metrics", timeout=5)
         check(st == 200, "/metrics answered %s" % st)
-        m = re.search(r"^%s (\S+)$" % re.escape(name), body.decode(), re.M)
+        # The first sample: unlabelled, or the first checkpoint's (listed
+        # first) where several are served (GPT2D_HOSTILE_NEIGHBOR).
+        m = re.search(r'^%s(?:\{model="[^"]*"\})? (\S+)$' % re.escape(name), body.decode(), re.M)
         check(m is not None, "/metrics has no %s" % name)
         return float(m.group(1))
 
@@ -3994,6 +4059,11 @@ def main(argv):
             signal.alarm(CASE_LIMITS.get(name, CASE_LIMIT_S) * min(SLOW, 2))
             try:
                 known[name](ctx)
+                for srv in ctx.servers:
+                    if srv.neighbor is not None:
+                        srv.neighbor.stopped = True
+                        check(not srv.neighbor.problems,
+                              "the neighbor checkpoint's client: %s" % "; ".join(srv.neighbor.problems[:3]))
                 signal.alarm(0)
                 passed += 1
                 print("ok %s (%.1f s)" % (name, time.monotonic() - t0), flush=True)

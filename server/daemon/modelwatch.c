@@ -323,7 +323,19 @@ static void on_sigbus_wake(uv_async_t *h)
 {
     srv *s = h->data;
     if (s->closed) return;
-    model_changed(s, s->daemon->nwatch == 1 ? &s->daemon->watch[0] : NULL, 1,
+    /* The file whose identity changed (a truncation changes its size);
+     * where none has yet, the first's when it is the only one. */
+    srv_daemon *d = s->daemon;
+    const srv_watch *w = d->nwatch == 1 ? &d->watch[0] : NULL;
+    for (size_t i = 0; i < d->nwatch; i++) {
+        srv_file_id now;
+        srv_file_id_get(d->watch[i].path, &now);
+        if (!srv_file_id_same(&now, &d->watch[i].id)) {
+            w = &d->watch[i];
+            break;
+        }
+    }
+    model_changed(s, w, 1,
                   "a read of its mapping past the file's new end failed (SIGBUS): it was "
                   "truncated or is being rewritten in place");
 }
