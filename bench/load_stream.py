@@ -10,9 +10,11 @@ streams crossing a KV block boundary together) shows up as one index with
 CONCURRENCY gaps, a pause in time (the machine) as scattered ones.
 Tokens are counted by the events, or by the usage a server sends unasked
 (llama-server's last event: it holds back the events of tokens that end
-inside a UTF-8 character, so its events undercount)."""
+inside a UTF-8 character, so its events undercount). LOAD_MODEL sets the
+requests' `model` (default gpt2)."""
 import http.client
 import json
+import os
 import sys
 import threading
 import time
@@ -22,6 +24,7 @@ from sse_client import events, pct
 
 base, conc, per, max_tokens, prompt_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 show_gaps = len(sys.argv) > 6 and sys.argv[6] == "gaps"
+MODEL = os.environ.get("LOAD_MODEL", "gpt2")  # the `model` asked for (several checkpoints: bench/models.sh)
 u = urllib.parse.urlparse(base)
 ttft, itl, tokens = [], [], [0]
 gap_index = []  # (gap, token index) for `gaps`
@@ -32,7 +35,7 @@ def worker(k):
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     for i in range(per):
         # prompt_tokens tokens: " x" repeated is one token each in GPT-2.
-        body = json.dumps({"model": "gpt2", "prompt": " x" * prompt_tokens, "max_tokens": max_tokens,
+        body = json.dumps({"model": MODEL, "prompt": " x" * prompt_tokens, "max_tokens": max_tokens,
                            "temperature": 0.8, "seed": k * 1000 + i, "ignore_eos": True,
                            "stream": True})
         t0 = time.monotonic()
