@@ -240,11 +240,37 @@ ids=$(curl -s "$base/v1/models" | python3 -c 'import json,sys; print(" ".join(m[
 [ "$ids" = "gpt2d-tiny rand" ] || fail "after SIGHUP: $ids"
 }
 
+# The draft model drafts for the first checkpoint only: the server's
+# speculative_drafter = draft_model is prompt lookup for the others, and a
+# request naming draft_model for another is a 400 that says so.
+case_draft() {
+srv_start draft "$tiny,$dir/rand" --kv-cache-mb 64 --draft-model "$dir/q8" --speculative-drafter draft_model
+/usr/bin/python3 - "$base" <<'PY'
+import json, sys, urllib.request, urllib.error
+base = sys.argv[1]
+def call(body):
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+st, o = call({"model": "rand", "prompt": "Hello there", "max_tokens": 8, "temperature": 0})
+assert st == 200 and o["usage"]["completion_tokens"] == 8, o
+st, o = call({"model": "gpt2d-tiny", "prompt": "Hello there", "max_tokens": 8, "temperature": 0,
+              "speculative_drafter": "draft_model"})
+assert st == 200, o
+st, o = call({"model": "rand", "prompt": "Hello there", "max_tokens": 8, "speculative_drafter": "draft_model"})
+assert st == 400 and "drafts for 'gpt2d-tiny' only, not 'rand'" in o["error"]["message"], o
+print("draft model: the first checkpoint's only")
+PY
+}
+
 # The OpenAI Node client lists and selects the checkpoints by model.
 case_clients() {
 need_node_module openai
 node "$here/differential/openai_models.mjs" "$base/v1" || fail "models clients"
 }
 
-CASES=(same_bits:three models_listed:three clients:three turns:ckpts refused:ckpts watch:ckpts sighup:ckpts)
+CASES=(same_bits:three models_listed:three clients:three turns:ckpts draft:ckpts refused:ckpts watch:ckpts sighup:ckpts)
 run_cases "$@"
