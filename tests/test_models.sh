@@ -266,11 +266,20 @@ print("draft model: the first checkpoint's only")
 PY
 }
 
+# The playground's model picker (headless chromium).
+case_playground() {
+[ -x /usr/bin/chromium ] || [ -x /usr/bin/chromium-browser ] ||
+    skip "no chromium (scripts/setup.sh --test installs Debian's)"
+need_node_module puppeteer-core
+srv_start ui "$tiny,$dir/rand" --kv-cache-mb 64 --lora-modules "pirate=$here/../models/gpt2d-tiny-pirate"
+node "$here/differential/playground_models.mjs" "$base" "${shots:-$dir}/playground-models.png" || fail "playground"
+}
+
 # The OpenAI Node client lists and selects the checkpoints by model.
 case_clients() {
 need_node_module openai
 node "$here/differential/openai_models.mjs" "$base/v1" || fail "models clients"
 }
 
-CASES=(same_bits:three models_listed:three clients:three turns:ckpts draft:ckpts refused:ckpts watch:ckpts sighup:ckpts)
+CASES=(same_bits:three models_listed:three clients:three turns:ckpts draft:ckpts refused:ckpts watch:ckpts sighup:ckpts playground:ckpts)
 run_cases "$@"
