@@ -206,6 +206,7 @@ check 1 "model v600: its vocabulary has 600 tokens, the first model's 50257" "$t
 check 1 "model nothere: " "$tiny,nothere=$dir/nowhere"
 check 2 "model: the name 'gpt2d-tiny' is taken" "$tiny,gpt2d-tiny=$dir/rand" --model-name gpt2d-tiny
 check 2 "model: the name 'rand' is taken" "$tiny,$dir/rand,$dir/rand"
+check 1 "model: the name 'gpt2d-tiny' is the first checkpoint's" "$tiny,$tiny"
 check 2 "model: the name 'pirate' is taken" "$tiny,pirate=$dir/rand" --lora-modules "pirate=$here/../models/gpt2d-tiny-pirate"
 check 2 "model: 'a b' is not a checkpoint's name" "$tiny,a b=$dir/rand"
 check 2 "model: more than 8 checkpoints" "$tiny$(for i in 1 2 3 4 5 6 7 8; do printf ',m%d=%s' "$i" "$dir/rand"; done)"

@@ -105,6 +105,15 @@ static int others_load(srv *s, char *err, size_t errlen)
         srv_ckpt *c = &a->ckpt[a->nckpt];
         snprintf(c->name, sizeof c->name, "%s", s->cfg.more_models[i].name);
         snprintf(c->dir, sizeof c->dir, "%s", s->cfg.more_models[i].dir);
+        /* The first's names are final only now (srv_model_names may have
+         * taken its checkpoint's own, gpt2d.model_name). */
+        if (cfg_model_name_ok(&s->cfg, c->name)) {
+            snprintf(err, errlen,
+                     "model: the name '%s' is the first checkpoint's (%s); NAME=DIR gives %s "
+                     "another",
+                     c->name, s->cfg.model_dir, c->dir);
+            return -1;
+        }
         char what[CFG_MODEL_NAME_MAX + 16];
         snprintf(what, sizeof what, "model %s:", c->name);
         if (same_tokenizer(s, what, c->dir, err, errlen) != 0) return -1;
