@@ -147,6 +147,23 @@ int op_w_pairs_build_rows(op_w *w, size_t V, size_t C);
 size_t op_w_pairs_bytes(size_t K, size_t N);
 void op_w_pairs_free(op_w *w, size_t K, size_t N);
 
+/* Private anonymous memory for a copy of weights built at load, on a 2 MB
+ * boundary and advised as huge pages (op_matmul_bf16.c says why); NULL
+ * when out of memory. op_copy_unmap takes the same bytes (and NULL). */
+void *op_copy_map(size_t bytes);
+void op_copy_unmap(const void *p, size_t bytes);
+
+/* The panel copy of a projection W (K, N) stored in the Hugging Face
+ * layout (op_w_panels.c): the bytes it takes, 0 when none is wanted (W
+ * not F32 or F16, already panels, N not a multiple of OP_PANEL, or the
+ * AVX-512 panel kernels not running); op_w_panels_write fills dst (that
+ * many bytes, 64-byte aligned) with W's elements in the panel64 layout
+ * and points w at it (p, panel = 1): the same values summed in the same
+ * order, so the bits do not change. The caller owns dst and keeps it
+ * while w is used. */
+size_t op_w_panels_bytes(const op_w *w, size_t K, size_t N);
+void op_w_panels_write(op_w *w, void *dst, size_t K, size_t N);
+
 /* The quad copy of a projection W (K, N) (op_matmul_q8.c): built when W
  * is Q8 and the "avx512-vnni" level runs (else quads stays NULL), 0 or -1
  * when out of memory; op_w_quads_bytes is its size, op_w_quads_free frees

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 _Static_assert(sizeof(((eng_about *)0)->name) == WF_NAME_MAX
                    && sizeof(((eng_about *)0)->owned_by) == WF_NAME_MAX
@@ -61,6 +62,7 @@ void eng_model_free(eng_model *m)
         }
     }
     op_w_pairs_free(&m->wte, m->cfg.n_embd, m->cfg.n_vocab);
+    op_copy_unmap(m->panels, m->panel_bytes);
     free(m->layers);
     sft_data_unref(m->data);
     free(m);
@@ -77,6 +79,10 @@ size_t eng_model_copied_bytes(const eng_model *m)
 size_t eng_model_pair_bytes(const eng_model *m)
 {
     return m->pair_bytes;
+}
+size_t eng_model_panel_bytes(const eng_model *m)
+{
+    return m->panel_bytes;
 }
 size_t eng_model_params(const eng_model *m)
 {
@@ -239,6 +245,57 @@ static eng_status bind_all(binder *b, eng_model *m)
     return ENG_OK;
 }
 
+/* GPT2D_PANEL_COPY: "auto" (or unset) builds the panel copy of a Hugging
+ * Face file's F32 and F16 projections where the panel kernels run, "off"
+ * serves them from the file's pages (op_w_panels.c says what it costs).
+ * Read at each load, so that a test can compare the two. */
+static eng_status panel_copy_wanted(int *want, const char *path, char *err, size_t errlen)
+{
+    const char *v = getenv("GPT2D_PANEL_COPY");
+    *want = v == NULL || v[0] == '\0' || strcmp(v, "auto") == 0;
+    if (*want || strcmp(v, "off") == 0) return ENG_OK;
+    return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                       "%s: GPT2D_PANEL_COPY must be auto or off, not '%.40s'", path, v);
+}
+
+/* The panel copy of every F32 or F16 projection of a Hugging Face file,
+ * one mapping for all (op_w_panels.c says why and what it costs). The
+ * file's pages for them are never read again: when they are the
+ * mapping's (nothing was copied out of a misaligned file), the process
+ * drops them (MADV_DONTNEED on a read-only file mapping only unmaps
+ * them; they stay in the page cache, reclaimable), so its RSS holds the
+ * copy in their place rather than both. */
+static eng_status panels_build(eng_model *m, int drop, const char *path, char *err, size_t errlen)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < m->cfg.n_layer; i++) {
+        projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
+        for (size_t j = 0; j < 4; j++) total += op_w_panels_bytes(p[j].w, p[j].K, p[j].N);
+    }
+    if (total == 0) return ENG_OK;
+    char *dst = op_copy_map(total);
+    if (dst == NULL)
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                           "%s: out of memory for the panel copy of the projections (%zu bytes; "
+                           "GPT2D_PANEL_COPY=off serves from the file's pages)",
+                           path, total);
+    m->panels = dst;
+    m->panel_bytes = total;
+    for (size_t i = 0; i < m->cfg.n_layer; i++) {
+        projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
+        for (size_t j = 0; j < 4; j++) {
+            size_t n = op_w_panels_bytes(p[j].w, p[j].K, p[j].N);
+            if (n == 0) continue;
+            uintptr_t src = (uintptr_t)p[j].w->p;
+            op_w_panels_write(p[j].w, dst, p[j].K, p[j].N);
+            dst += n;
+            uintptr_t a = (src + 4095) / 4096 * 4096, e = (src + n) / 4096 * 4096;
+            if (drop && e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advice */
+        }
+    }
+    return ENG_OK;
+}
+
 /* Reads n_head (and layer_norm_epsilon) from config.json when present,
  * and checks the dimensions it names against the weights'. */
 static eng_status read_config(const char *dir, eng_config *c, char *err, size_t errlen)
@@ -391,6 +448,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         goto done;
     }
     if (m->wte.pairs != NULL) m->pair_bytes += op_w_pairs_bytes(m->cfg.n_embd, m->cfg.n_vocab);
+    int panels;
+    rc = panel_copy_wanted(&panels, path, err, errlen);
+    if (rc == ENG_OK && panels) rc = panels_build(m, sft_copied_bytes(f) == 0, path, err, errlen);
+    if (rc != ENG_OK) goto done;
     m->params = b.params;
     m->weight_bytes = b.bytes;
     m->copied = sft_copied_bytes(f);

@@ -465,17 +465,35 @@ START_TEST(eng_model_panel_gives_the_logits_of_its_hf_file)
     size_t V = 500;
     float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        /* The HF file from its own pages (GPT2D_PANEL_COPY=off) ... */
+        ck_assert_int_eq(setenv("GPT2D_PANEL_COPY", "off", 1), 0);
         eng_model *m = load(pairs[i][0]);
         ck_assert_str_eq(eng_model_layout(m), "hf");
+        ck_assert_uint_eq(eng_model_panel_bytes(m), 0);
         run_alone(m, want);
         const char *dtype = eng_model_dtype(m);
         size_t bytes = eng_model_weight_bytes(m);
         eng_model_free(m);
+        /* ... and through its panel copy (op_w_panels.c: F32 and F16 where
+         * the panel kernels run, the projections' size) ... */
+        ck_assert_int_eq(unsetenv("GPT2D_PANEL_COPY"), 0);
+        m = load(pairs[i][0]);
+        const eng_config *c = eng_model_config(m);
+        int copied = (strcmp(dtype, "f32") == 0 || strcmp(dtype, "f16") == 0) && op_use_avx512bw();
+        size_t proj = c->n_layer * 12 * c->n_embd * c->n_embd * (strcmp(dtype, "f32") ? 2u : 4u);
+        ck_assert_uint_eq(eng_model_panel_bytes(m), copied ? proj : 0);
+        for (size_t l = 0; l < c->n_layer; l++) ck_assert_int_eq(m->layers[l].fc2_w.panel, copied);
+        run_alone(m, got);
+        eng_model_free(m);
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s: panel copy logits differ",
+                      pairs[i][0]);
+        /* ... and the panel64 file give the same bits. */
         m = load(pairs[i][1]);
         ck_assert_str_eq(eng_model_layout(m), "panel64");
         ck_assert_str_eq(eng_model_dtype(m), dtype);
         ck_assert_uint_eq(eng_model_weight_bytes(m), bytes);
         ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+        ck_assert_uint_eq(eng_model_panel_bytes(m), 0);
         run_alone(m, got);
         eng_model_free(m);
         ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s: panel64 logits differ",
@@ -483,6 +501,25 @@ START_TEST(eng_model_panel_gives_the_logits_of_its_hf_file)
     }
     free(want);
     free(got);
+}
+END_TEST
+
+/* GPT2D_PANEL_COPY takes auto or off; anything else is refused by name,
+ * never read as either. */
+START_TEST(eng_model_bad_panel_copy_setting_is_einval)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/hs64", dir);
+    ck_assert_int_eq(setenv("GPT2D_PANEL_COPY", "no", 1), 0);
+    eng_model *m = NULL;
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, "GPT2D_PANEL_COPY must be auto or off, not 'no'") != NULL, "err: %s",
+                  err);
+    ck_assert_int_eq(setenv("GPT2D_PANEL_COPY", "auto", 1), 0);
+    m = load("hs64");
+    eng_model_free(m);
+    ck_assert_int_eq(unsetenv("GPT2D_PANEL_COPY"), 0);
 }
 END_TEST
 
@@ -1665,6 +1702,7 @@ int main(void)
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_q8_gives_the_logits_of_its_dequantization);
     tcase_add_test(tc, eng_model_panel_gives_the_logits_of_its_hf_file);
+    tcase_add_test(tc, eng_model_bad_panel_copy_setting_is_einval);
     tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_model_free_unmaps_the_pair_copies);

@@ -210,6 +210,13 @@ int tool_convert(int argc, char **argv)
                 "of the projections%s, built at every start (GPT2D_KERNELS=avx512 serves "
                 "without it)",
                 kernels, strcmp(kernels, "avx512-bf16") == 0 ? " and the LM head" : "");
+    else if (!out_panel && (strcmp(kernels, "avx512") == 0)
+             && (strcmp(dtype ? dtype : from, "f32") == 0
+                 || strcmp(dtype ? dtype : from, "f16") == 0))
+        fprintf(stderr,
+                "gpt2d serve maps it in place, and on this CPU its avx512 kernels read a private "
+                "panel copy of the projections, built at every start (--layout panel64 serves "
+                "as fast without it; GPT2D_PANEL_COPY=off serves the file's pages)");
     else
         fprintf(stderr, "gpt2d serve reads its weights in place, without a copy in memory");
     if (sft_data_start(f) % 8 != 0)

@@ -83,6 +83,11 @@ size_t eng_model_copied_bytes(const eng_model *m);
  * kernels, Q8's quad copies (the projections) for "avx512-vnni" (0 at
  * other levels and formats; a model has one format, so one kind). */
 size_t eng_model_pair_bytes(const eng_model *m);
+/* Private bytes of the panel copy of a Hugging Face file's F32 or F16
+ * projections, built at load where the AVX-512 panel kernels run (0 for a
+ * panel64 file, other formats, lower levels and GPT2D_PANEL_COPY=off);
+ * the logits are the file's, bit for bit. Thread: any. */
+size_t eng_model_panel_bytes(const eng_model *m);
 
 /* Number of parameters (wte, wpe, blocks, ln_f). */
 size_t eng_model_params(const eng_model *m);

@@ -519,6 +519,11 @@ int srv_main(int argc, char **argv)
                  q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
                  q8 ? "avx512-vnni" : "avx512-bf16", (double)eng_model_pair_bytes(a.model) / 1e6);
     }
+    if (eng_model_panel_bytes(a.model) > 0)
+        log_line("info",
+                 "built the panel copy of the Hugging Face layout's projections for the panel "
+                 "kernels: %.1f MB private (GPT2D_PANEL_COPY=off reads the file's pages instead)",
+                 (double)eng_model_panel_bytes(a.model) / 1e6);
     srv_model_names(&s.cfg, a.model);
     model_lines(&s);
     if (eng_model_copied_bytes(a.model) > 0)
