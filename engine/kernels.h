@@ -298,7 +298,7 @@ float op_dot_w(const float *a, const op_w *w, size_t off, size_t n);
 /* LoRA adapters' products beside one projection (op_lora.c): for each
  * group (the rows `rows`, indices into the step's rows, that share an
  * adapter) out[t] += scaling * (in[t] A^T) Bt, A (r, K) and Bt (r, N) =
- * B^T in OP_F32 or OP_BF16, each element in one order that depends only
+ * B^T in OP_F32, OP_F16 or OP_BF16, each element in one order that depends only
  * on its own row. u: scratch of op_pool_size(pool) x OP_LORA_ROWS x
  * OP_LORA_MAX_RANK floats. Thread: the one step thread. */
 #define OP_LORA_ROWS 64

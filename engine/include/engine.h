@@ -127,7 +127,10 @@ size_t eng_model_weight_bytes(const eng_model *m);
  * sequence gets the same bits alone, in any batch, beside any adapters,
  * and in prefill chunks of any size. Every weight format takes adapters.
  * The factors are kept in F32 (ENG_ADAPTER_F32, the default: see
- * docs/benchmarks.md for F32 against BF16) or BF16.
+ * docs/benchmarks.md for F32 against BF16) or BF16; F32 of a file whose
+ * factors are all F16 (or all BF16) keeps them in those 16 bits, which
+ * widen exactly: the same bits as F32, and memory within 1.1x of the
+ * file's tensors.
  *
  * Reference counted: the creator holds one reference (eng_adapter_free
  * drops it) and every sequence submitted with it one more until it ends,
