@@ -464,6 +464,11 @@ L, C, V = 2, 64, 300
 want = L * (pairs(C, 3 * C) + pairs(C, C) + pairs(C, 4 * C) + pairs(4 * C, C)) + pairs(C, V)
 got = bf16["model"]["pair_copy_bytes"]
 assert got == (want if bf16["model"]["kernels"] == "avx512-bf16" else 0), (got, want, bf16["model"])
+# The panel copy (engine/op_w_panels.c): an hf F32 file's projections at
+# the AVX-512 level, 4 bytes each; BF16 has its pair copy instead.
+panel = L * 12 * C * C * 4
+assert f32["model"]["panel_copy_bytes"] == (panel if f32["model"]["kernels"] == "avx512" else 0), f32
+assert bf16["model"]["panel_copy_bytes"] == 0, bf16
 PY
 }
 # PEFT LoRA adapters: inspect names a shipped adapter's rank, scaling,
