@@ -43,7 +43,7 @@ struct eng_model {
     size_t params;
     size_t weight_bytes; /* as stored, read once per step          */
     const char *dtype;   /* wf_detect's name: "f32", "bf16", ...    */
-    const char *layout;  /* "hf" or "panel64" (wformat.h)          */
+    const char *layout;  /* "hf", "panel64" or "pairs64" (wformat.h) */
     eng_about about;     /* the file's own words (engine.h)        */
 };
 

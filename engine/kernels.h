@@ -123,7 +123,10 @@ typedef struct {
     const void *p;      /* the elements, row-major                     */
     const float *scale; /* OP_Q8 only                                  */
     op_dtype dt;
-    int panel; /* 1: the panel64 layout (projections only), see above */
+    int panel; /* 1: the panel64 layout (projections only), see above; 2
+                * (OP_PANEL_PAIRS): a pairs64 file's projection as stored,
+                * only while the model loads (engine/model.c): a kernel
+                * never sees it */
     /* OP_BF16 at the "avx512-bf16" level: W's pair copy, k-pairs in 32-bit
      * lanes (op_matmul_bf16.c), built by op_w_pairs_build; NULL otherwise,
      * and then op_matmul takes the widening kernels. */
@@ -135,6 +138,7 @@ typedef struct {
     const uint8_t *quads;
 } op_w;
 #define OP_PANEL 64
+#define OP_PANEL_PAIRS 2
 
 /* The pair copy of a projection W (K, N) (op_matmul_bf16.c): built when W
  * is BF16 and the "avx512-bf16" level runs (else pairs stays NULL), 0 or

@@ -57,6 +57,7 @@ void eng_model_free(eng_model *m)
     for (size_t i = 0; m->layers != NULL && i < m->cfg.n_layer; i++) {
         projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
         for (size_t j = 0; j < 4; j++) {
+            if (p[j].w->pairs == p[j].w->p) p[j].w->pairs = NULL; /* the file's: not ours */
             op_w_pairs_free(p[j].w, p[j].K, p[j].N);
             op_w_quads_free(p[j].w);
         }
@@ -158,6 +159,25 @@ static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t, size_t 
  * weight that may be Q8 and is stored [N / 64, K, 64] in a panel64 file. */
 typedef enum { BIND_FLOAT, BIND_MAY_Q8, BIND_PROJECTION } bind_kind;
 
+/* A projection (K, N) of a pairs64 file: BF16 [N / 64, K / 2, 64, 2]
+ * (wformat.h), bound as stored with panel = OP_PANEL_PAIRS; eng_model_load
+ * then reads it as the pair copy or builds a panel copy from it. */
+static eng_status bind_pairs(binder *b, op_w *dst, const sft_tensor *t, size_t K, size_t N)
+{
+    int ok = K % 2 == 0 && N % WF_PANEL == 0 && t->ndim == 4 && t->dtype == SFT_BF16
+             && (size_t)t->shape[0] == N / WF_PANEL && (size_t)t->shape[1] == K / 2
+             && t->shape[2] == WF_PANEL && t->shape[3] == 2;
+    if (!ok)
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
+                           "%s: tensor '%s' is not BF16 [%zu, %zu, %d, 2] (a %s file's "
+                           "projection of %zu x %zu)",
+                           b->path, t->name, N / WF_PANEL, K / 2, WF_PANEL, WF_LAYOUT_PAIRS, K, N);
+    b->params += sft_tensor_numel(t);
+    b->bytes += t->nbytes;
+    *dst = (op_w){t->data, NULL, OP_BF16, OP_PANEL_PAIRS, NULL, NULL};
+    return ENG_OK;
+}
+
 /* Finds name with the given shape and binds *dst to its data as stored. */
 static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1,
                        bind_kind kind)
@@ -169,6 +189,7 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
     if (t == NULL)
         return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path,
                            full);
+    if (kind == BIND_PROJECTION && b->panel == WF_PAIRS) return bind_pairs(b, dst, t, d0, d1);
     int panel = kind == BIND_PROJECTION && b->panel;
     if (panel && d1 % WF_PANEL != 0)
         return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
@@ -265,12 +286,21 @@ static eng_status panel_copy_wanted(int *want, const char *path, char *err, size
  * drops them (MADV_DONTNEED on a read-only file mapping only unmaps
  * them; they stay in the page cache, reclaimable), so its RSS holds the
  * copy in their place rather than both. */
-static eng_status panels_build(eng_model *m, int drop, const char *path, char *err, size_t errlen)
+static size_t panel_copy_bytes(const projection *p, int want)
+{
+    /* A pairs64 projection without its pairs read in place has no kernel
+     * but through its panel copy: built whatever GPT2D_PANEL_COPY says. */
+    if (!want && p->w->panel != OP_PANEL_PAIRS) return 0;
+    return op_w_panels_bytes(p->w, p->K, p->N);
+}
+
+static eng_status panels_build(eng_model *m, int want, int drop, const char *path, char *err,
+                               size_t errlen)
 {
     size_t total = 0;
     for (size_t i = 0; i < m->cfg.n_layer; i++) {
         projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
-        for (size_t j = 0; j < 4; j++) total += op_w_panels_bytes(p[j].w, p[j].K, p[j].N);
+        for (size_t j = 0; j < 4; j++) total += panel_copy_bytes(&p[j], want);
     }
     if (total == 0) return ENG_OK;
     char *dst = op_copy_map(total);
@@ -284,7 +314,7 @@ static eng_status panels_build(eng_model *m, int drop, const char *path, char *e
     for (size_t i = 0; i < m->cfg.n_layer; i++) {
         projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
         for (size_t j = 0; j < 4; j++) {
-            size_t n = op_w_panels_bytes(p[j].w, p[j].K, p[j].N);
+            size_t n = panel_copy_bytes(&p[j], want);
             if (n == 0) continue;
             uintptr_t src = (uintptr_t)p[j].w->p;
             op_w_panels_write(p[j].w, dst, p[j].K, p[j].N);
@@ -293,6 +323,30 @@ static eng_status panels_build(eng_model *m, int drop, const char *path, char *e
             if (drop && e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advice */
         }
     }
+    return ENG_OK;
+}
+
+/* A pairs64 projection at the "avx512-bf16" level: the kernels read its
+ * pairs from the file's mapping, shared, when they are 64-byte aligned
+ * (their aligned loads; `gpt2d convert` writes them so), else from a
+ * private copy (counted in pair_bytes). Below that level it stays as
+ * bound, for panels_build. */
+static eng_status pairs_in_place(eng_model *m, op_w *w, size_t K, size_t N, const char *path,
+                                 char *err, size_t errlen)
+{
+    if (!op_use_avx512bf16()) return ENG_OK;
+    if ((uintptr_t)w->p % 64 == 0) {
+        w->pairs = w->p;
+        return ENG_OK;
+    }
+    size_t n = op_w_pairs_bytes(K, N); /* K * N * 2: K even, N a multiple of 64 */
+    uint32_t *c = op_copy_map(n);
+    if (c == NULL)
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                           "%s: out of memory for a copy of misaligned pairs (%zu bytes)", path, n);
+    memcpy(c, w->p, n);
+    w->pairs = c;
+    m->pair_bytes += n;
     return ENG_OK;
 }
 
@@ -396,7 +450,7 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s", e);
         goto done;
     }
-    m->layout = b.panel ? WF_LAYOUT_PANEL : "hf";
+    m->layout = b.panel == WF_PAIRS ? WF_LAYOUT_PAIRS : b.panel ? WF_LAYOUT_PANEL : "hf";
     /* The file's words are copied: the names die with f below. */
     wf_about about;
     if (wf_about_get(f, &about, e, sizeof e) != SFT_OK) {
@@ -419,6 +473,11 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     for (size_t i = 0; i < m->cfg.n_layer; i++) {
         projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
         for (size_t j = 0; j < 4; j++) {
+            if (p[j].w->panel == OP_PANEL_PAIRS) {
+                rc = pairs_in_place(m, p[j].w, p[j].K, p[j].N, path, err, errlen);
+                if (rc != ENG_OK) goto done;
+                continue;
+            }
             if (op_w_pairs_build(p[j].w, p[j].K, p[j].N) != 0) {
                 rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
                                  "%s: out of memory for the BF16 pair copy of layer %zu's "
@@ -450,7 +509,7 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     if (m->wte.pairs != NULL) m->pair_bytes += op_w_pairs_bytes(m->cfg.n_embd, m->cfg.n_vocab);
     int panels;
     rc = panel_copy_wanted(&panels, path, err, errlen);
-    if (rc == ENG_OK && panels) rc = panels_build(m, sft_copied_bytes(f) == 0, path, err, errlen);
+    if (rc == ENG_OK) rc = panels_build(m, panels, sft_copied_bytes(f) == 0, path, err, errlen);
     if (rc != ENG_OK) goto done;
     m->params = b.params;
     m->weight_bytes = b.bytes;

@@ -19,6 +19,10 @@
  * AVX512BW, which the one-row panel kernel needs) no kernel reads panels
  * faster, so no copy is built.
  *
+ * A pairs64 file's projections (BF16, stored as the avx512-bf16 kernels
+ * read them) get one too below that level, whatever GPT2D_PANEL_COPY says:
+ * no other kernel reads that layout.
+ *
  * Cost: private memory the size of the projections (GPT-2 small F32:
  * 340 MB; F16: 170 MB), in place of the file's pages for them, which are
  * read once, here.
@@ -29,6 +33,7 @@
 
 size_t op_w_panels_bytes(const op_w *w, size_t K, size_t N)
 {
+    if (w->panel == OP_PANEL_PAIRS) return w->pairs != NULL ? 0 : K * N * sizeof(uint16_t);
     if (w->panel || (w->dt != OP_F32 && w->dt != OP_F16) || K == 0 || N == 0 || N % OP_PANEL != 0
         || !op_use_avx512bw())
         return 0;
@@ -39,6 +44,18 @@ size_t op_w_panels_bytes(const op_w *w, size_t K, size_t N)
  * row is 64 contiguous elements in both, so one copy of 64 a row. */
 void op_w_panels_write(op_w *w, void *dst, size_t K, size_t N)
 {
+    if (w->panel == OP_PANEL_PAIRS) { /* (k, n) from pairs64's place (wformat.h) */
+        const uint16_t *src = w->p;
+        uint16_t *o = dst;
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++)
+                o[((n / OP_PANEL) * K + k) * OP_PANEL + n % OP_PANEL] =
+                    src[((n / OP_PANEL) * (K / 2) + k / 2) * 2 * OP_PANEL + (n % OP_PANEL) * 2
+                        + k % 2];
+        w->p = dst;
+        w->panel = 1;
+        return;
+    }
     const size_t es = w->dt == OP_F32 ? sizeof(float) : sizeof(uint16_t);
     const size_t run = OP_PANEL * es;
     const char *src = w->p;

@@ -1090,8 +1090,10 @@ START_TEST(wf_layout_reads_the_metadata_key)
     ck_assert_int_eq(panel, 1);
     m.value = "panel32";
     ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
-    ck_assert_msg(strstr(err, "metadata gpt2d.layout is \"panel32\"; expected \"panel64\"") != NULL,
-                  "%s", err);
+    ck_assert_msg(
+        strstr(err, "metadata gpt2d.layout is \"panel32\"; expected \"panel64\" or \"pairs64\"")
+            != NULL,
+        "%s", err);
     m.value = "hf"; /* the hf layout is the key's absence, never a value */
     ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
     ck_assert_msg(strstr(err, "gpt2d.layout is \"hf\"") != NULL, "%s", err);
@@ -1295,7 +1297,7 @@ START_TEST(wf_detect_refuses_each_broken_layout_rule)
     /* A 3-D projection in an hf file (no layout key). */
     ck_assert_ptr_null(detect(t, 2, NULL, 0, err, sizeof err));
     ck_assert_msg(strstr(err, "3-D projection 'h.0.mlp.c_fc.weight' in a file without "
-                              "gpt2d.layout \"panel64\" metadata")
+                              "gpt2d.layout \"panel64\" or \"pairs64\" metadata")
                       != NULL,
                   "%s", err);
     /* An unknown layout value. */

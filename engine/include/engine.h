@@ -85,7 +85,8 @@ size_t eng_model_copied_bytes(const eng_model *m);
 size_t eng_model_pair_bytes(const eng_model *m);
 /* Private bytes of the panel copy of a Hugging Face file's F32 or F16
  * projections, built at load where the AVX-512 panel kernels run (0 for a
- * panel64 file, other formats, lower levels and GPT2D_PANEL_COPY=off);
+ * panel64 file, other formats, lower levels and GPT2D_PANEL_COPY=off), or
+ * of a pairs64 file's below "avx512-bf16" (which reads them in place);
  * the logits are the file's, bit for bit. Thread: any. */
 size_t eng_model_panel_bytes(const eng_model *m);
 
@@ -95,8 +96,9 @@ size_t eng_model_params(const eng_model *m);
 /* The format the model is served in, as the file stores it: "f32", "f16",
  * "bf16", "q8" (formats/include/wformat.h) or "mixed". A static string. */
 const char *eng_model_dtype(const eng_model *m);
-/* The layout of its projections: "hf" (as Hugging Face stores them) or
- * "panel64" (gpt2d's serving layout, `gpt2d convert --layout`;
+/* The layout of its projections: "hf" (as Hugging Face stores them),
+ * "panel64" (gpt2d's serving layout, `gpt2d convert --layout`) or
+ * "pairs64" (BF16 as the avx512-bf16 kernels read them;
  * formats/include/wformat.h). A static string. */
 const char *eng_model_layout(const eng_model *m);
 

@@ -521,8 +521,9 @@ int srv_main(int argc, char **argv)
     }
     if (eng_model_panel_bytes(a.model) > 0)
         log_line("info",
-                 "built the panel copy of the Hugging Face layout's projections for the panel "
-                 "kernels: %.1f MB private (GPT2D_PANEL_COPY=off reads the file's pages instead)",
+                 "built the panel copy of the projections for the panel kernels: %.1f MB "
+                 "private (GPT2D_PANEL_COPY=off reads an hf file's pages instead; "
+                 "docs/operations.md)",
                  (double)eng_model_panel_bytes(a.model) / 1e6);
     srv_model_names(&s.cfg, a.model);
     model_lines(&s);
