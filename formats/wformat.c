@@ -168,10 +168,11 @@ static sft_status check_pairs(const sft_file *f, const sft_tensor *t, int proj, 
                               size_t errlen)
 {
     const char *path = sft_path(f);
-    if (!proj && (t->ndim == 3 || t->ndim == 4))
+    /* A 4-D tensor that is not a projection is the attention mask buffer
+     * of Hugging Face's files (h.N.attn.bias), which is kept and ignored. */
+    if (!proj && t->ndim == 3)
         return sft__fail(err, errlen, SFT_EFORMAT, path,
-                         "%s file: %zu-D tensor '%s' is not a projection", WF_LAYOUT_PAIRS, t->ndim,
-                         t->name);
+                         "%s file: 3-D tensor '%s' is not a projection", WF_LAYOUT_PAIRS, t->name);
     if (!proj) return SFT_OK;
     if (!wf_is_projection(t->name))
         return sft__fail(err, errlen, SFT_EFORMAT, path,

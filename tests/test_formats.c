@@ -237,6 +237,39 @@ START_TEST(sft_save_misaligned_starts_data_at_8k_plus_3)
 }
 END_TEST
 
+/* data_align 64 (a pairs64 file): the data starts at a multiple of 64, for
+ * any header length; anything but 8 or 64, or 64 with data_misalign, is
+ * refused before the file system is touched. */
+START_TEST(sft_save_data_align_64_starts_data_at_64k)
+{
+    static const float v[2] = {1.5f, -2.0f};
+    static const int64_t s2[] = {2};
+    static const char *const names[] = {"w", "ww", "a_longer_name", "x.y.z.weight"};
+    char err[256];
+    sft_save_opts o = {.data_align = 64};
+    for (size_t i = 0; i < 4; i++) {
+        sft_tensor t = {.name = names[i], .dtype = SFT_F32, .ndim = 1, .shape = s2, .data = v};
+        ck_assert_int_eq(sft_save(tpath("a.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
+                         SFT_OK);
+        sft_file *f;
+        ck_assert_int_eq(sft_open(tpath("a.safetensors"), SFT_LOAD_MMAP, &f, err, sizeof err),
+                         SFT_OK);
+        ck_assert_uint_eq(sft_data_start(f) % 64, 0);
+        ck_assert_mem_eq(sft_find(f, names[i])->data, v, sizeof v);
+        sft_close(f);
+    }
+    sft_tensor t = {.name = "w", .dtype = SFT_F32, .ndim = 1, .shape = s2, .data = v};
+    o.data_align = 16;
+    ck_assert_int_eq(sft_save(tpath("b.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
+                     SFT_EINVAL);
+    o.data_align = 64;
+    o.data_misalign = 3;
+    ck_assert_int_eq(sft_save(tpath("b.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
+                     SFT_EINVAL);
+    ck_assert_int_eq(access(tpath("b.safetensors"), F_OK), -1);
+}
+END_TEST
+
 /* ---- Round trips -------------------------------------------------------- */
 
 START_TEST(sft_open_round_trips_every_dtype)
@@ -1378,6 +1411,7 @@ static Suite *sft_suite(void)
     tcase_add_test(tc, sft_save_seed_example_has_exact_bytes);
     tcase_add_test(tc, sft_save_pads_header_to_8_bytes);
     tcase_add_test(tc, sft_save_misaligned_starts_data_at_8k_plus_3);
+    tcase_add_test(tc, sft_save_data_align_64_starts_data_at_64k);
     tcase_add_test(tc, sft_save_is_deterministic);
     tcase_add_test(tc, sft_save_rejected_input_leaves_the_target_untouched);
     tcase_add_test(tc, sft_save_write_failure_midway_leaves_the_target_untouched);

@@ -128,4 +128,29 @@ shared_half "f32 panel64" "$weights_kb" "$pb" "$ab"
 for p in "$aa" "$ab"; do
     [ "$p" -lt $(( weights_kb / 5 )) ] || fail "f32 panel64 private memory $p kB"
 done
+# BF16 in the pairs64 layout (`gpt2d convert --layout pairs64`): at the
+# avx512-bf16 level the projections are read from the shared mapping, so
+# the private memory is wte's pair copy and no more, and two processes
+# share the projections' pages; below that level (GPT2D_KERNELS=avx512) a
+# panel copy of the projections takes their place.
+mkdir "$dir/pairs"
+"$gpt2d" convert "$dir/al/model.safetensors" "$dir/pairs/model.safetensors" --dtype bf16 \
+    --layout pairs64 2>/dev/null
+cp "$dir/al/config.json" "$dir/pairs/"
+kb=$(( $(stat -c %s "$dir/pairs/model.safetensors") / 1024 ))
+read -r pa aa pb ab <<< "$(measure "$dir/pairs")"
+read -r _ _ pair_b panel_b < "$dir/ready_a"
+echo "bf16 pairs64: weights ${kb} kB; pair copy $(( pair_b / 1024 )) kB, panel copy $(( panel_b / 1024 )) kB; Pss ${pa} + ${pb} kB, of which private ${aa} + ${ab} kB"
+shared_half "bf16 pairs64" "$kb" "$pa" "$aa"
+shared_half "bf16 pairs64" "$kb" "$pb" "$ab"
+for p in "$aa" "$ab"; do
+    [ "$p" -lt $(( weights_kb / 5 + pair_b / 1024 + panel_b / 1024 )) ] \
+        || fail "bf16 pairs64 private memory $p kB (copies $(( (pair_b + panel_b) / 1024 )) kB)"
+done
+# Where the kernels read the pairs, the one copy is wte's (V = 50257 rows
+# of C = 512, as the LM head reads it: ceil(V / 64) panels of C / 2 pairs
+# of 64 lanes of 4 bytes); else none but the panel copy.
+wte_pairs=$(( (50257 + 63) / 64 * 256 * 64 * 4 ))
+{ [ "$pair_b" = "$wte_pairs" ] && [ "$panel_b" = 0 ]; } || { [ "$pair_b" = 0 ] && [ "$panel_b" -gt 0 ]; } \
+    || fail "bf16 pairs64: copies $pair_b + $panel_b bytes (wte's pairs $wte_pairs)"
 echo "shared weights: ok"

@@ -40,8 +40,8 @@
  * Any other value is refused, as are a 3-D or 4-D projection in an hf file;
  * in a panel64 file, a 2-D projection, a 3-D tensor that is not a
  * projection (or its scales), or a last dimension other than 64; in a
- * pairs64 file, a projection that is not BF16 [N/64, K/2, 64, 2], or any
- * other 3-D or 4-D tensor (a q8 scale included).
+ * pairs64 file, a projection that is not BF16 [N/64, K/2, 64, 2], any
+ * other 3-D tensor or any q8 scale.
  *
  * Prefix: wf_. Thread: any.
  */
