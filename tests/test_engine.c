@@ -539,6 +539,43 @@ START_TEST(eng_model_pairs64_gives_the_logits_of_its_hf_file)
     run_alone(m, got);
     eng_model_free(m);
     ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "pairs64 logits differ");
+    /* The same file with its data 8- but not 64-byte aligned (a longer
+     * header): the aligned loads cannot read it in place, so the pairs are
+     * copied (private), with the same logits. */
+    char p[320], err[512], pad[80] = "";
+    snprintf(p, sizeof p, "%s/hs64_bf16_pairs/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f);
+    sft_tensor *t = malloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++) t[i] = *sft_tensor_at(f, i);
+    snprintf(p, sizeof p, "%s/pairs_mis", dir);
+    mkdir(p, 0755);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "cp '%s/hs64/config.json' '%s/pairs_mis/'", dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/pairs_mis/model.safetensors", dir);
+    for (size_t len = 1; len < 16; len++) {
+        memset(pad, 'x', len);
+        pad[len] = '\0';
+        sft_meta meta[2] = {{"gpt2d.layout", "pairs64"}, {"pad", pad}};
+        ck_assert_int_eq(sft_save(p, t, n, meta, 2, NULL, err, sizeof err), SFT_OK);
+        sft_file *g;
+        ck_assert_int_eq(sft_open(p, SFT_LOAD_MMAP, &g, err, sizeof err), SFT_OK);
+        size_t start = sft_data_start(g);
+        sft_close(g);
+        if (start % 64 != 0) break;
+    }
+    free(t);
+    sft_close(f);
+    m = load("pairs_mis");
+    if (dp) {
+        ck_assert_uint_eq(eng_model_pair_bytes(m), op_w_pairs_bytes(C, V) + L * 12 * C * C * 2);
+        ck_assert((const void *)m->layers[0].fc_w.pairs != m->layers[0].fc_w.p);
+    }
+    run_alone(m, got);
+    eng_model_free(m);
+    ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "misaligned pairs64 logits differ");
     free(want);
     free(got);
 }
