@@ -280,12 +280,21 @@ static eng_status panel_copy_wanted(int *want, const char *path, char *err, size
 }
 
 /* The panel copy of every F32 or F16 projection of a Hugging Face file,
- * one mapping for all (op_w_panels.c says why and what it costs). The
- * file's pages for them are never read again: when they are the
- * mapping's (nothing was copied out of a misaligned file), the process
- * drops them (MADV_DONTNEED on a read-only file mapping only unmaps
- * them; they stay in the page cache, reclaimable), so its RSS holds the
- * copy in their place rather than both. */
+ * one mapping for all (op_w_panels.c says why and what it costs); the
+ * file's pages for them are dropped from the process (drop_pages). */
+/* Drops the pages of the file's [p, p + n) from the process, when drop
+ * says they are the read-only file mapping's (nothing was copied out of a
+ * misaligned file): MADV_DONTNEED there only unmaps them, they stay in the
+ * page cache (reclaimable), and a read would fault them back in, so it is
+ * advice, never a change of data. For a projection whose copy was just
+ * built from it, so that the process holds the copy in place of the
+ * file's pages rather than both. */
+static void drop_pages(const void *p, size_t n, int drop)
+{
+    uintptr_t a = ((uintptr_t)p + 4095) / 4096 * 4096, e = ((uintptr_t)p + n) / 4096 * 4096;
+    if (drop && e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advice */
+}
+
 static size_t panel_copy_bytes(const projection *p, int want)
 {
     /* A pairs64 projection without its pairs read in place has no kernel
@@ -316,11 +325,10 @@ static eng_status panels_build(eng_model *m, int want, int drop, const char *pat
         for (size_t j = 0; j < 4; j++) {
             size_t n = panel_copy_bytes(&p[j], want);
             if (n == 0) continue;
-            uintptr_t src = (uintptr_t)p[j].w->p;
+            const void *src = p[j].w->p;
             op_w_panels_write(p[j].w, dst, p[j].K, p[j].N);
             dst += n;
-            uintptr_t a = (src + 4095) / 4096 * 4096, e = (src + n) / 4096 * 4096;
-            if (drop && e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advice */
+            drop_pages(src, n, drop);
         }
     }
     return ENG_OK;
@@ -486,7 +494,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
                                  path, i, op_w_pairs_bytes(p[j].K, p[j].N));
                 goto done;
             }
-            if (p[j].w->pairs != NULL) m->pair_bytes += op_w_pairs_bytes(p[j].K, p[j].N);
+            if (p[j].w->pairs != NULL) {
+                m->pair_bytes += op_w_pairs_bytes(p[j].K, p[j].N);
+                drop_pages(p[j].w->p, p[j].K * p[j].N * 2, sft_copied_bytes(f) == 0);
+            }
             if (op_w_quads_build(p[j].w, p[j].K, p[j].N) != 0) {
                 rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
                                  "%s: out of memory for the Q8 quad copy of layer %zu's "
@@ -495,7 +506,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
                                  path, i, op_w_quads_bytes(p[j].K, p[j].N));
                 goto done;
             }
-            if (p[j].w->quads != NULL) m->pair_bytes += op_w_quads_bytes(p[j].K, p[j].N);
+            if (p[j].w->quads != NULL) {
+                m->pair_bytes += op_w_quads_bytes(p[j].K, p[j].N);
+                drop_pages(p[j].w->p, p[j].K * p[j].N, sft_copied_bytes(f) == 0);
+            }
         }
     }
     /* And wte for the LM head, read as its transpose (C, V). */
