@@ -14,7 +14,7 @@
 
 static size_t dt_size(op_dtype dt)
 {
-    return dt == OP_BF16 ? 2 : 4;
+    return dt == OP_F32 ? 4 : 2;
 }
 
 /* F32 to BF16, rounded to nearest even (lora_read has refused NaN). */
@@ -30,6 +30,8 @@ static void put(void *slab, size_t i, op_dtype dt, float v)
 {
     if (dt == OP_BF16)
         ((uint16_t *)slab)[i] = to_bf16(v);
+    else if (dt == OP_F16)
+        ((uint16_t *)slab)[i] = sft_f32_to_f16(v); /* exact: v was an F16's */
     else
         ((float *)slab)[i] = v;
 }
@@ -72,7 +74,15 @@ eng_status eng_adapter_new(const eng_model *m, const lora_adapter *la, eng_adapt
     if (la->rank == 0 || la->rank > LORA_MAX_RANK)
         return ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "rank %zu is out of 1..%d", la->rank,
                            LORA_MAX_RANK);
-    op_dtype dt = dtype == ENG_ADAPTER_BF16 ? OP_BF16 : OP_F32;
+    /* F32 asked of a file whose factors are all F16 or all BF16 keeps them
+     * in their 16 bits: the same values, widened exactly in the kernels,
+     * so the same bits as F32 in half the memory (a resident adapter is
+     * held to 1.1x its file's tensors, issue 36). */
+    op_dtype dt = OP_F32;
+    if (dtype == ENG_ADAPTER_BF16 || (!la->mixed_dtype && la->dtype == SFT_BF16))
+        dt = OP_BF16;
+    else if (!la->mixed_dtype && la->dtype == SFT_F16)
+        dt = OP_F16;
     size_t r = la->rank, L = c->n_layer, elems = 0;
     for (size_t l = 0; l < L; l++)
         for (int mo = 0; mo < LORA_NMODULES; mo++) {

@@ -37,11 +37,13 @@ struct eng_model {
     op_w lnf_g, lnf_b;
     sft_data *data; /* keeps the mapping (and copies) alive */
     size_t copied;
-    size_t pair_bytes; /* the weights' pair or quad copies (op_w_*_build) */
+    size_t pair_bytes;  /* the weights' pair or quad copies (op_w_*_build) */
+    void *panels;       /* the HF projections' panel copy (op_w_panels.c), or NULL */
+    size_t panel_bytes; /* its size                                          */
     size_t params;
     size_t weight_bytes; /* as stored, read once per step          */
     const char *dtype;   /* wf_detect's name: "f32", "bf16", ...    */
-    const char *layout;  /* "hf" or "panel64" (wformat.h)          */
+    const char *layout;  /* "hf", "panel64" or "pairs64" (wformat.h) */
     eng_about about;     /* the file's own words (engine.h)        */
 };
 

@@ -123,7 +123,10 @@ typedef struct {
     const void *p;      /* the elements, row-major                     */
     const float *scale; /* OP_Q8 only                                  */
     op_dtype dt;
-    int panel; /* 1: the panel64 layout (projections only), see above */
+    int panel; /* 1: the panel64 layout (projections only), see above; 2
+                * (OP_PANEL_PAIRS): a pairs64 file's projection as stored,
+                * only while the model loads (engine/model.c): a kernel
+                * never sees it */
     /* OP_BF16 at the "avx512-bf16" level: W's pair copy, k-pairs in 32-bit
      * lanes (op_matmul_bf16.c), built by op_w_pairs_build; NULL otherwise,
      * and then op_matmul takes the widening kernels. */
@@ -135,6 +138,7 @@ typedef struct {
     const uint8_t *quads;
 } op_w;
 #define OP_PANEL 64
+#define OP_PANEL_PAIRS 2
 
 /* The pair copy of a projection W (K, N) (op_matmul_bf16.c): built when W
  * is BF16 and the "avx512-bf16" level runs (else pairs stays NULL), 0 or
@@ -146,6 +150,23 @@ int op_w_pairs_build(op_w *w, size_t K, size_t N);
 int op_w_pairs_build_rows(op_w *w, size_t V, size_t C);
 size_t op_w_pairs_bytes(size_t K, size_t N);
 void op_w_pairs_free(op_w *w, size_t K, size_t N);
+
+/* Private anonymous memory for a copy of weights built at load, on a 2 MB
+ * boundary and advised as huge pages (op_matmul_bf16.c says why); NULL
+ * when out of memory. op_copy_unmap takes the same bytes (and NULL). */
+void *op_copy_map(size_t bytes);
+void op_copy_unmap(const void *p, size_t bytes);
+
+/* The panel copy of a projection W (K, N) stored in the Hugging Face
+ * layout (op_w_panels.c): the bytes it takes, 0 when none is wanted (W
+ * not F32 or F16, already panels, N not a multiple of OP_PANEL, or the
+ * AVX-512 panel kernels not running); op_w_panels_write fills dst (that
+ * many bytes, 64-byte aligned) with W's elements in the panel64 layout
+ * and points w at it (p, panel = 1): the same values summed in the same
+ * order, so the bits do not change. The caller owns dst and keeps it
+ * while w is used. */
+size_t op_w_panels_bytes(const op_w *w, size_t K, size_t N);
+void op_w_panels_write(op_w *w, void *dst, size_t K, size_t N);
 
 /* The quad copy of a projection W (K, N) (op_matmul_q8.c): built when W
  * is Q8 and the "avx512-vnni" level runs (else quads stays NULL), 0 or -1
@@ -281,7 +302,7 @@ float op_dot_w(const float *a, const op_w *w, size_t off, size_t n);
 /* LoRA adapters' products beside one projection (op_lora.c): for each
  * group (the rows `rows`, indices into the step's rows, that share an
  * adapter) out[t] += scaling * (in[t] A^T) Bt, A (r, K) and Bt (r, N) =
- * B^T in OP_F32 or OP_BF16, each element in one order that depends only
+ * B^T in OP_F32, OP_F16 or OP_BF16, each element in one order that depends only
  * on its own row. u: scratch of op_pool_size(pool) x OP_LORA_ROWS x
  * OP_LORA_MAX_RANK floats. Thread: the one step thread. */
 #define OP_LORA_ROWS 64

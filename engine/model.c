@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 _Static_assert(sizeof(((eng_about *)0)->name) == WF_NAME_MAX
                    && sizeof(((eng_about *)0)->owned_by) == WF_NAME_MAX
@@ -56,11 +57,13 @@ void eng_model_free(eng_model *m)
     for (size_t i = 0; m->layers != NULL && i < m->cfg.n_layer; i++) {
         projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
         for (size_t j = 0; j < 4; j++) {
+            if (p[j].w->pairs == p[j].w->p) p[j].w->pairs = NULL; /* the file's: not ours */
             op_w_pairs_free(p[j].w, p[j].K, p[j].N);
             op_w_quads_free(p[j].w);
         }
     }
     op_w_pairs_free(&m->wte, m->cfg.n_embd, m->cfg.n_vocab);
+    op_copy_unmap(m->panels, m->panel_bytes);
     free(m->layers);
     sft_data_unref(m->data);
     free(m);
@@ -77,6 +80,10 @@ size_t eng_model_copied_bytes(const eng_model *m)
 size_t eng_model_pair_bytes(const eng_model *m)
 {
     return m->pair_bytes;
+}
+size_t eng_model_panel_bytes(const eng_model *m)
+{
+    return m->panel_bytes;
 }
 size_t eng_model_params(const eng_model *m)
 {
@@ -152,6 +159,25 @@ static eng_status bind_scales(binder *b, op_w *dst, const sft_tensor *t, size_t 
  * weight that may be Q8 and is stored [N / 64, K, 64] in a panel64 file. */
 typedef enum { BIND_FLOAT, BIND_MAY_Q8, BIND_PROJECTION } bind_kind;
 
+/* A projection (K, N) of a pairs64 file: BF16 [N / 64, K / 2, 64, 2]
+ * (wformat.h), bound as stored with panel = OP_PANEL_PAIRS; eng_model_load
+ * then reads it as the pair copy or builds a panel copy from it. */
+static eng_status bind_pairs(binder *b, op_w *dst, const sft_tensor *t, size_t K, size_t N)
+{
+    int ok = K % 2 == 0 && N % WF_PANEL == 0 && t->ndim == 4 && t->dtype == SFT_BF16
+             && (size_t)t->shape[0] == N / WF_PANEL && (size_t)t->shape[1] == K / 2
+             && t->shape[2] == WF_PANEL && t->shape[3] == 2;
+    if (!ok)
+        return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
+                           "%s: tensor '%s' is not BF16 [%zu, %zu, %d, 2] (a %s file's "
+                           "projection of %zu x %zu)",
+                           b->path, t->name, N / WF_PANEL, K / 2, WF_PANEL, WF_LAYOUT_PAIRS, K, N);
+    b->params += sft_tensor_numel(t);
+    b->bytes += t->nbytes;
+    *dst = (op_w){t->data, NULL, OP_BF16, OP_PANEL_PAIRS, NULL, NULL};
+    return ENG_OK;
+}
+
 /* Finds name with the given shape and binds *dst to its data as stored. */
 static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size_t d0, size_t d1,
                        bind_kind kind)
@@ -163,6 +189,7 @@ static eng_status bind(binder *b, op_w *dst, const char *name, size_t ndim, size
     if (t == NULL)
         return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT, "%s: missing tensor '%s'", b->path,
                            full);
+    if (kind == BIND_PROJECTION && b->panel == WF_PAIRS) return bind_pairs(b, dst, t, d0, d1);
     int panel = kind == BIND_PROJECTION && b->panel;
     if (panel && d1 % WF_PANEL != 0)
         return ERRBUF_FAIL(b->err, b->errlen, ENG_EFORMAT,
@@ -236,6 +263,98 @@ static eng_status bind_all(binder *b, eng_model *m)
     B(&m->lnf_g, "ln_f.weight", 1, C, 0, BIND_FLOAT);
     B(&m->lnf_b, "ln_f.bias", 1, C, 0, BIND_FLOAT);
 #undef B
+    return ENG_OK;
+}
+
+/* GPT2D_PANEL_COPY: "auto" (or unset) builds the panel copy of a Hugging
+ * Face file's F32 and F16 projections where the panel kernels run, "off"
+ * serves them from the file's pages (op_w_panels.c says what it costs).
+ * Read at each load, so that a test can compare the two. */
+static eng_status panel_copy_wanted(int *want, const char *path, char *err, size_t errlen)
+{
+    const char *v = getenv("GPT2D_PANEL_COPY");
+    *want = v == NULL || v[0] == '\0' || strcmp(v, "auto") == 0;
+    if (*want || strcmp(v, "off") == 0) return ENG_OK;
+    return ERRBUF_FAIL(err, errlen, ENG_EINVAL,
+                       "%s: GPT2D_PANEL_COPY must be auto or off, not '%.40s'", path, v);
+}
+
+/* The panel copy of every F32 or F16 projection of a Hugging Face file,
+ * one mapping for all (op_w_panels.c says why and what it costs); the
+ * file's pages for them are dropped from the process (drop_pages). */
+/* Drops the pages of the file's [p, p + n) from the process, when drop
+ * says they are the read-only file mapping's (nothing was copied out of a
+ * misaligned file): MADV_DONTNEED there only unmaps them, they stay in the
+ * page cache (reclaimable), and a read would fault them back in, so it is
+ * advice, never a change of data. For a projection whose copy was just
+ * built from it, so that the process holds the copy in place of the
+ * file's pages rather than both. */
+static void drop_pages(const void *p, size_t n, int drop)
+{
+    uintptr_t a = ((uintptr_t)p + 4095) / 4096 * 4096, e = ((uintptr_t)p + n) / 4096 * 4096;
+    if (drop && e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advice */
+}
+
+static size_t panel_copy_bytes(const projection *p, int want)
+{
+    /* A pairs64 projection without its pairs read in place has no kernel
+     * but through its panel copy: built whatever GPT2D_PANEL_COPY says. */
+    if (!want && p->w->panel != OP_PANEL_PAIRS) return 0;
+    return op_w_panels_bytes(p->w, p->K, p->N);
+}
+
+static eng_status panels_build(eng_model *m, int want, int drop, const char *path, char *err,
+                               size_t errlen)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < m->cfg.n_layer; i++) {
+        projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
+        for (size_t j = 0; j < 4; j++) total += panel_copy_bytes(&p[j], want);
+    }
+    if (total == 0) return ENG_OK;
+    char *dst = op_copy_map(total);
+    if (dst == NULL)
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                           "%s: out of memory for the panel copy of the projections (%zu bytes; "
+                           "GPT2D_PANEL_COPY=off serves from the file's pages)",
+                           path, total);
+    m->panels = dst;
+    m->panel_bytes = total;
+    for (size_t i = 0; i < m->cfg.n_layer; i++) {
+        projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
+        for (size_t j = 0; j < 4; j++) {
+            size_t n = panel_copy_bytes(&p[j], want);
+            if (n == 0) continue;
+            const void *src = p[j].w->p;
+            op_w_panels_write(p[j].w, dst, p[j].K, p[j].N);
+            dst += n;
+            drop_pages(src, n, drop);
+        }
+    }
+    return ENG_OK;
+}
+
+/* A pairs64 projection at the "avx512-bf16" level: the kernels read its
+ * pairs from the file's mapping, shared, when they are 64-byte aligned
+ * (their aligned loads; `gpt2d convert` writes them so), else from a
+ * private copy (counted in pair_bytes). Below that level it stays as
+ * bound, for panels_build. */
+static eng_status pairs_in_place(eng_model *m, op_w *w, size_t K, size_t N, const char *path,
+                                 char *err, size_t errlen)
+{
+    if (!op_use_avx512bf16()) return ENG_OK;
+    if ((uintptr_t)w->p % 64 == 0) {
+        w->pairs = w->p;
+        return ENG_OK;
+    }
+    size_t n = op_w_pairs_bytes(K, N); /* K * N * 2: K even, N a multiple of 64 */
+    uint32_t *c = op_copy_map(n);
+    if (c == NULL)
+        return ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
+                           "%s: out of memory for a copy of misaligned pairs (%zu bytes)", path, n);
+    memcpy(c, w->p, n);
+    w->pairs = c;
+    m->pair_bytes += n;
     return ENG_OK;
 }
 
@@ -339,7 +458,7 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         rc = ERRBUF_FAIL(err, errlen, ENG_EFORMAT, "%s", e);
         goto done;
     }
-    m->layout = b.panel ? WF_LAYOUT_PANEL : "hf";
+    m->layout = b.panel == WF_PAIRS ? WF_LAYOUT_PAIRS : b.panel ? WF_LAYOUT_PANEL : "hf";
     /* The file's words are copied: the names die with f below. */
     wf_about about;
     if (wf_about_get(f, &about, e, sizeof e) != SFT_OK) {
@@ -362,6 +481,11 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
     for (size_t i = 0; i < m->cfg.n_layer; i++) {
         projection p[4] = LAYER_PROJECTIONS(&m->layers[i], m->cfg.n_embd);
         for (size_t j = 0; j < 4; j++) {
+            if (p[j].w->panel == OP_PANEL_PAIRS) {
+                rc = pairs_in_place(m, p[j].w, p[j].K, p[j].N, path, err, errlen);
+                if (rc != ENG_OK) goto done;
+                continue;
+            }
             if (op_w_pairs_build(p[j].w, p[j].K, p[j].N) != 0) {
                 rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
                                  "%s: out of memory for the BF16 pair copy of layer %zu's "
@@ -370,7 +494,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
                                  path, i, op_w_pairs_bytes(p[j].K, p[j].N));
                 goto done;
             }
-            if (p[j].w->pairs != NULL) m->pair_bytes += op_w_pairs_bytes(p[j].K, p[j].N);
+            if (p[j].w->pairs != NULL) {
+                m->pair_bytes += op_w_pairs_bytes(p[j].K, p[j].N);
+                drop_pages(p[j].w->p, p[j].K * p[j].N * 2, sft_copied_bytes(f) == 0);
+            }
             if (op_w_quads_build(p[j].w, p[j].K, p[j].N) != 0) {
                 rc = ERRBUF_FAIL(err, errlen, ENG_ENOMEM,
                                  "%s: out of memory for the Q8 quad copy of layer %zu's "
@@ -379,7 +506,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
                                  path, i, op_w_quads_bytes(p[j].K, p[j].N));
                 goto done;
             }
-            if (p[j].w->quads != NULL) m->pair_bytes += op_w_quads_bytes(p[j].K, p[j].N);
+            if (p[j].w->quads != NULL) {
+                m->pair_bytes += op_w_quads_bytes(p[j].K, p[j].N);
+                drop_pages(p[j].w->p, p[j].K * p[j].N, sft_copied_bytes(f) == 0);
+            }
         }
     }
     /* And wte for the LM head, read as its transpose (C, V). */
@@ -391,6 +521,10 @@ eng_status eng_model_load(const char *dir, eng_model **out, char *err, size_t er
         goto done;
     }
     if (m->wte.pairs != NULL) m->pair_bytes += op_w_pairs_bytes(m->cfg.n_embd, m->cfg.n_vocab);
+    int panels;
+    rc = panel_copy_wanted(&panels, path, err, errlen);
+    if (rc == ENG_OK) rc = panels_build(m, panels, sft_copied_bytes(f) == 0, path, err, errlen);
+    if (rc != ENG_OK) goto done;
     m->params = b.params;
     m->weight_bytes = b.bytes;
     m->copied = sft_copied_bytes(f);

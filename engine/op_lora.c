@@ -7,7 +7,7 @@
  *   u[k]      = dot(in[t], A[k])                 k < r, op_dot's order
  *   acc[n]    = u[0] Bt[0][n], then + u[k] Bt[k][n] by FMA, k increasing
  *   out[t][n] = fma(scaling, acc[n], out[t][n])
- * with A (r, K) and Bt (r, N) = B^T in F32 or BF16 (widened exactly). Every
+ * with A (r, K) and Bt (r, N) = B^T in F32, F16 or BF16 (widened exactly). Every
  * element depends only on its own row of `in` and on the adapter: not on
  * the group's size, the other rows of the step, the thread that computes
  * it or the instruction set (an FMA is one rounding on every path), so a
@@ -74,6 +74,8 @@ OP_AVX512 static void lora_up_avx512(const lora_ctx *c, size_t n0, size_t n1)
 {
     if (c->Bt->dt == OP_BF16)
         lora_up_avx512_t(c, n0, n1, OP_BF16);
+    else if (c->Bt->dt == OP_F16)
+        lora_up_avx512_t(c, n0, n1, OP_F16);
     else
         lora_up_avx512_t(c, n0, n1, OP_F32);
 }
@@ -106,6 +108,8 @@ OP_AVX2 static void lora_up_avx2(const lora_ctx *c, size_t n0, size_t n1)
 {
     if (c->Bt->dt == OP_BF16)
         lora_up_avx2_t(c, n0, n1, OP_BF16);
+    else if (c->Bt->dt == OP_F16)
+        lora_up_avx2_t(c, n0, n1, OP_F16);
     else
         lora_up_avx2_t(c, n0, n1, OP_F32);
 }

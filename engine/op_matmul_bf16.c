@@ -35,7 +35,9 @@
  * docs/
  * benchmarks.md has the measurements that chose it over interleaving in
  * registers (the version before, 0.66-0.97x of the widening kernels at one
- * row) and why it is not a file layout.
+ * row). A pairs64 file (formats/include/wformat.h) stores the projections
+ * in exactly this order, and engine/model.c then points pairs into its
+ * mapping instead of building the copy (shared, 0 private bytes for them).
  */
 #include "matmul.h"
 
@@ -77,7 +79,7 @@ static size_t pairs_len(size_t bytes)
  * malloc'd, so that nothing but the copy touches its pages (the length is
  * whole 4 KB pages, not 2 MB: a copy's last part takes small pages rather
  * than resident padding). */
-static uint32_t *pairs_map(size_t bytes)
+void *op_copy_map(size_t bytes)
 {
     size_t len = pairs_len(bytes);
     char *r =
@@ -89,7 +91,12 @@ static uint32_t *pairs_map(size_t bytes)
 #ifdef MADV_HUGEPAGE
     (void)madvise(r + head, len, MADV_HUGEPAGE); /* advice: without it, small pages */
 #endif
-    return (uint32_t *)(void *)(r + head);
+    return r + head;
+}
+
+void op_copy_unmap(const void *p, size_t bytes)
+{
+    if (p != NULL) munmap((void *)(uintptr_t)p, pairs_len(bytes));
 }
 
 /* The pair copy of W (K, N), of a projection in its layout or (rows) of a
@@ -99,7 +106,7 @@ static int pairs_build(op_w *w, size_t K, size_t N, int rows)
     w->pairs = NULL;
     if (w->dt != OP_BF16 || !op_use_avx512bf16() || K == 0 || N == 0) return 0;
     const size_t KP = (K + 1) / 2, NP = (N + OP_PANEL - 1) / OP_PANEL;
-    uint32_t *p = pairs_map(op_w_pairs_bytes(K, N));
+    uint32_t *p = op_copy_map(op_w_pairs_bytes(K, N));
     if (p == NULL) return -1;
     const uint16_t *src = w->p;
     const mm_ctx c = {.W = *w, .K = K, .N = N}; /* for mm_wi */
@@ -138,7 +145,7 @@ int op_w_pairs_build_rows(op_w *w, size_t V, size_t C)
 
 void op_w_pairs_free(op_w *w, size_t K, size_t N)
 {
-    if (w->pairs != NULL) munmap((void *)w->pairs, pairs_len(op_w_pairs_bytes(K, N)));
+    op_copy_unmap(w->pairs, op_w_pairs_bytes(K, N));
     w->pairs = NULL;
 }
 

@@ -151,9 +151,13 @@ sft_status sft_save(const char *path, const sft_tensor *tensors, size_t n, const
     if (n > 0 && tensors == NULL) return sft__fail(err, errlen, SFT_EINVAL, path, "no tensors");
     if (nmeta > 0 && meta == NULL) return sft__fail(err, errlen, SFT_EINVAL, path, "no metadata");
     unsigned misalign = opts ? opts->data_misalign : 0;
+    unsigned align = opts && opts->data_align ? opts->data_align : HEADER_ALIGN;
     if (misalign >= HEADER_ALIGN)
         return sft__fail(err, errlen, SFT_EINVAL, path, "data_misalign %u is not below %u",
                          misalign, HEADER_ALIGN);
+    if ((align != HEADER_ALIGN && align != 64) || (align != HEADER_ALIGN && misalign != 0))
+        return sft__fail(err, errlen, SFT_EINVAL, path,
+                         "data_align %u: 8 or 64, and 64 only without data_misalign", align);
 
     sft_status rc = SFT_OK;
     size_t *order = calloc(n ? n : 1, sizeof *order);
@@ -172,7 +176,7 @@ sft_status sft_save(const char *path, const sft_tensor *tensors, size_t n, const
         goto done;
     }
     size_t len = strlen(text);
-    size_t pad = (HEADER_ALIGN + misalign - (8 + len) % HEADER_ALIGN) % HEADER_ALIGN;
+    size_t pad = (align + misalign - (8 + len) % align) % align;
 
     /* The temporary file sits beside the target: rename is atomic only within
      * one file system. Its name is unique by pid and clock, and O_EXCL makes
@@ -202,7 +206,8 @@ sft_status sft_save(const char *path, const sft_tensor *tensors, size_t n, const
 
     unsigned char lenbuf[8];
     store_le64(lenbuf, (uint64_t)(len + pad));
-    static const char spaces[HEADER_ALIGN] = "        ";
+    static const char spaces[65] =
+        "                                                                ";
     if (write_full(fd, lenbuf, 8) != 0 || write_full(fd, text, len) != 0
         || write_full(fd, spaces, pad) != 0)
         goto write_fail;

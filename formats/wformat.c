@@ -47,11 +47,16 @@ sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen)
     *panel = 0;
     const char *v = sft_metadata_get(f, WF_META_LAYOUT);
     if (v == NULL) return SFT_OK;
+    if (strcmp(v, WF_LAYOUT_PAIRS) == 0) {
+        *panel = WF_PAIRS;
+        return SFT_OK;
+    }
     if (strcmp(v, WF_LAYOUT_PANEL) != 0)
         return sft__fail(err, errlen, SFT_EFORMAT, sft_path(f),
-                         "metadata %s is \"%s\"; expected \"%s\" (or no key: the hf layout)",
-                         WF_META_LAYOUT, v, WF_LAYOUT_PANEL);
-    *panel = 1;
+                         "metadata %s is \"%s\"; expected \"%s\" or \"%s\" (or no key: the hf "
+                         "layout)",
+                         WF_META_LAYOUT, v, WF_LAYOUT_PANEL, WF_LAYOUT_PAIRS);
+    *panel = WF_PANELS;
     return SFT_OK;
 }
 
@@ -155,7 +160,30 @@ static int is_projection_scale(const char *name)
  * panel64 file has them once check_layout passed). */
 static int is_matrix(const sft_tensor *t)
 {
-    return t->ndim == 2 || (t->ndim == 3 && wf_is_projection(t->name));
+    return t->ndim == 2 || ((t->ndim == 3 || t->ndim == 4) && wf_is_projection(t->name));
+}
+
+/* pairs64's rules (check_layout). */
+static sft_status check_pairs(const sft_file *f, const sft_tensor *t, int proj, char *err,
+                              size_t errlen)
+{
+    const char *path = sft_path(f);
+    /* A 4-D tensor that is not a projection is the attention mask buffer
+     * of Hugging Face's files (h.N.attn.bias), which is kept and ignored. */
+    if (!proj && t->ndim == 3)
+        return sft__fail(err, errlen, SFT_EFORMAT, path,
+                         "%s file: 3-D tensor '%s' is not a projection", WF_LAYOUT_PAIRS, t->name);
+    if (!proj) return SFT_OK;
+    if (!wf_is_projection(t->name))
+        return sft__fail(err, errlen, SFT_EFORMAT, path,
+                         "%s file: q8 scale '%s' (the layout holds BF16 projections only)",
+                         WF_LAYOUT_PAIRS, t->name);
+    if (t->ndim != 4 || t->dtype != SFT_BF16 || t->shape[2] != WF_PANEL || t->shape[3] != 2)
+        return sft__fail(err, errlen, SFT_EFORMAT, path,
+                         "%s file: projection '%s' is %s %zu-D, expected BF16 [N/%d, K/2, %d, 2]",
+                         WF_LAYOUT_PAIRS, t->name, sft_dtype_name(t->dtype), t->ndim, WF_PANEL,
+                         WF_PANEL);
+    return SFT_OK;
 }
 
 /* The layout rules of wformat.h: projections (and their scales) 3-D with a
@@ -167,11 +195,18 @@ static sft_status check_layout(const sft_file *f, int panel, char *err, size_t e
     for (size_t i = 0; i < sft_count(f); i++) {
         const sft_tensor *t = sft_tensor_at(f, i);
         int proj = wf_is_projection(t->name) || is_projection_scale(t->name);
+        if (panel == WF_PAIRS) {
+            sft_status s = check_pairs(f, t, proj, err, errlen);
+            if (s != SFT_OK) return s;
+            continue;
+        }
         if (!panel) {
-            if (proj && t->ndim == 3)
+            if (proj && (t->ndim == 3 || t->ndim == 4))
                 return sft__fail(err, errlen, SFT_EFORMAT, path,
-                                 "3-D projection '%s' in a file without %s \"%s\" metadata",
-                                 t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL);
+                                 "%zu-D projection '%s' in a file without %s \"%s\" or \"%s\" "
+                                 "metadata",
+                                 t->ndim, t->name, WF_META_LAYOUT, WF_LAYOUT_PANEL,
+                                 WF_LAYOUT_PAIRS);
             continue;
         }
         if (proj && t->ndim != 3)

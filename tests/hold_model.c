@@ -1,8 +1,9 @@
 /*
  * tests/hold_model.c DIR: loads the model in DIR, runs one forward step (so
- * every weight page is read), prints "ready", the bytes copied at load and
- * those of the BF16 pair or Q8 quad copies (engine.h), and holds the model until stdin
- * closes. tests/test_shared_weights.sh reads its memory from /proc.
+ * every weight page is read), prints "ready", the bytes copied at load,
+ * those of the BF16 pair or Q8 quad copies and those of the panel copy
+ * (engine.h), and holds the model until stdin closes. tests/test_shared_weights.sh reads its memory
+ * from /proc.
  */
 #include "step.h"
 
@@ -34,7 +35,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "hold_model: %s\n", err);
         return 1;
     }
-    printf("ready %zu %zu\n", eng_model_copied_bytes(m), eng_model_pair_bytes(m));
+    printf("ready %zu %zu %zu\n", eng_model_copied_bytes(m), eng_model_pair_bytes(m),
+           eng_model_panel_bytes(m));
     fflush(stdout);
     while (getchar() != EOF) {
     }

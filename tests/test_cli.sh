@@ -211,6 +211,8 @@ for dt in f16 bf16 q8; do
     case "$kernels" in
     avx512-bf16 | avx512-vnni)
         grep -q "its $kernels kernels read a private copy of the projections" "$dir/said" ;;
+    avx512) # f16 in the Hugging Face layout: the panel copy (engine/op_w_panels.c)
+        [ "$dt" = f16 ] && grep -q "its avx512 kernels read a private panel copy" "$dir/said" ;;
     *) grep -q "reads its weights in place, without a copy in memory" "$dir/said" ;;
     esac || fail "convert --dtype $dt on kernels '$kernels' said: $(cat "$dir/said")"
 done
@@ -404,8 +406,58 @@ set -e
 [ "$rc" = 1 ] && grep -q "h.0.attn.c_attn.weight: 288 columns are not a multiple of 64" "$dir/err" \
     || { cat "$dir/err"; fail "convert of a width-96 model to panel64 exited $rc"; }
 [ ! -e "$dir/x.safetensors" ] || fail "a refused convert wrote its output"
-[ "$rc2" = 2 ] && grep -q "\-\-layout must be hf or panel64, not 'panel32'" "$dir/err2" \
+[ "$rc2" = 2 ] && grep -q "\-\-layout must be hf, panel64 or pairs64, not 'panel32'" "$dir/err2" \
     || fail "--layout panel32 exited $rc2"
+}
+
+# gpt2d convert --layout pairs64 (formats/include/wformat.h): BF16 only,
+# the projections stored [N/64, K/2, 64, 2] with the data at a multiple of
+# 64 bytes, inspect names it, back to hf gives the bf16 hf file's bytes,
+# and an F32 file (or a q8 one) is refused with the tensor named.
+case_pairs64() {
+need_numpy
+need_dtypes
+"$gpt2d" convert "$dir/a.safetensors" "$dir/r_bf16.safetensors" --dtype bf16 --layout pairs64 \
+    2>"$dir/msg" || fail "convert to pairs64: $(cat "$dir/msg")"
+grep -q "f32 -> bf16, layout hf -> pairs64" "$dir/msg" || fail "convert message: $(cat "$dir/msg")"
+"$gpt2d" inspect "$dir/r_bf16.safetensors" > "$dir/insp"
+grep -q '^layout      pairs64 ' "$dir/insp" && grep -q '^format      bf16 ' "$dir/insp" \
+    || fail "inspect of the pairs64 file: $(cat "$dir/insp")"
+"$gpt2d" convert "$dir/r_bf16.safetensors" "$dir/r_hf.safetensors" --layout hf 2>/dev/null
+cmp "$dir/a_bf16.safetensors" "$dir/r_hf.safetensors" || fail "pairs64 -> hf differs from the bf16 hf file"
+"$gpt2d" convert "$dir/r_bf16.safetensors" "$dir/r_p.safetensors" --layout panel64 2>/dev/null
+"$gpt2d" convert "$dir/a_bf16.safetensors" "$dir/r_p2.safetensors" --layout panel64 2>/dev/null
+cmp "$dir/r_p.safetensors" "$dir/r_p2.safetensors" || fail "pairs64 -> panel64 differs"
+/usr/bin/python3 - "$dir/a_bf16.safetensors" "$dir/r_bf16.safetensors" <<'PY' || fail "pairs64 element positions"
+import json, struct, sys
+import numpy as np
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    return 8 + n, h, b
+s0, h, b = load(sys.argv[1])
+s1, hp, bp = load(sys.argv[2])
+assert s1 % 64 == 0, s1
+name = "h.1.mlp.c_fc.weight"
+K, N = h[name]["shape"]
+o, e = h[name]["data_offsets"]
+w = np.frombuffer(b[s0 + o:s0 + e], "<u2").reshape(K, N)
+assert hp[name]["shape"] == [N // 64, K // 2, 64, 2], hp[name]
+o, e = hp[name]["data_offsets"]
+p = np.frombuffer(bp[s1 + o:s1 + e], "<u2").reshape(N // 64, K // 2, 64, 2)
+for k, n in ((0, 0), (1, 0), (K - 1, N - 1), (2, 65), (K - 2, 63)):
+    assert p[n // 64, k // 2, n % 64, k % 2] == w[k, n], (k, n)
+PY
+set +e
+"$gpt2d" convert "$dir/a.safetensors" "$dir/y.safetensors" --layout pairs64 2>"$dir/err"; rc=$?
+"$gpt2d" convert "$dir/a.safetensors" "$dir/y.safetensors" --dtype q8 --layout pairs64 2>"$dir/err2"; rc2=$?
+set -e
+[ "$rc" = 1 ] && grep -q "F32 2-D; the pairs64 layout stores BF16 projection matrices only" "$dir/err" \
+    || fail "f32 to pairs64 exited $rc: $(cat "$dir/err")"
+[ "$rc2" = 1 ] && grep -q "the pairs64 layout stores BF16 projection matrices only" "$dir/err2" \
+    || fail "q8 to pairs64 exited $rc2: $(cat "$dir/err2")"
+[ ! -e "$dir/y.safetensors" ] || fail "a refused convert wrote its output"
 }
 
 case_bench_format() {
@@ -462,6 +514,11 @@ L, C, V = 2, 64, 300
 want = L * (pairs(C, 3 * C) + pairs(C, C) + pairs(C, 4 * C) + pairs(4 * C, C)) + pairs(C, V)
 got = bf16["model"]["pair_copy_bytes"]
 assert got == (want if bf16["model"]["kernels"] == "avx512-bf16" else 0), (got, want, bf16["model"])
+# The panel copy (engine/op_w_panels.c): an hf F32 file's projections at
+# the AVX-512 level, 4 bytes each; BF16 has its pair copy instead.
+panel = L * 12 * C * C * 4
+assert f32["model"]["panel_copy_bytes"] == (panel if f32["model"]["kernels"] == "avx512" else 0), f32
+assert bf16["model"]["panel_copy_bytes"] == 0, bf16
 PY
 }
 # PEFT LoRA adapters: inspect names a shipped adapter's rank, scaling,
@@ -510,5 +567,5 @@ rc=0
 [ ! -e "$dir/lora_refused.safetensors" ] || fail "a refused merge wrote its output"
 }
 CASES=(usage inspect_small synth invalid_file tokenize bench convert_dtype q8_values q8_malformed
-       dtype_usage panel64 panel_width bench_format lora)
+       dtype_usage panel64 panel_width pairs64 bench_format lora)
 run_cases "$@"

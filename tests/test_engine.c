@@ -465,17 +465,35 @@ START_TEST(eng_model_panel_gives_the_logits_of_its_hf_file)
     size_t V = 500;
     float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        /* The HF file from its own pages (GPT2D_PANEL_COPY=off) ... */
+        ck_assert_int_eq(setenv("GPT2D_PANEL_COPY", "off", 1), 0);
         eng_model *m = load(pairs[i][0]);
         ck_assert_str_eq(eng_model_layout(m), "hf");
+        ck_assert_uint_eq(eng_model_panel_bytes(m), 0);
         run_alone(m, want);
         const char *dtype = eng_model_dtype(m);
         size_t bytes = eng_model_weight_bytes(m);
         eng_model_free(m);
+        /* ... and through its panel copy (op_w_panels.c: F32 and F16 where
+         * the panel kernels run, the projections' size) ... */
+        ck_assert_int_eq(unsetenv("GPT2D_PANEL_COPY"), 0);
+        m = load(pairs[i][0]);
+        const eng_config *c = eng_model_config(m);
+        int copied = (strcmp(dtype, "f32") == 0 || strcmp(dtype, "f16") == 0) && op_use_avx512bw();
+        size_t proj = c->n_layer * 12 * c->n_embd * c->n_embd * (strcmp(dtype, "f32") ? 2u : 4u);
+        ck_assert_uint_eq(eng_model_panel_bytes(m), copied ? proj : 0);
+        for (size_t l = 0; l < c->n_layer; l++) ck_assert_int_eq(m->layers[l].fc2_w.panel, copied);
+        run_alone(m, got);
+        eng_model_free(m);
+        ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s: panel copy logits differ",
+                      pairs[i][0]);
+        /* ... and the panel64 file give the same bits. */
         m = load(pairs[i][1]);
         ck_assert_str_eq(eng_model_layout(m), "panel64");
         ck_assert_str_eq(eng_model_dtype(m), dtype);
         ck_assert_uint_eq(eng_model_weight_bytes(m), bytes);
         ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+        ck_assert_uint_eq(eng_model_panel_bytes(m), 0);
         run_alone(m, got);
         eng_model_free(m);
         ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "%s: panel64 logits differ",
@@ -483,6 +501,158 @@ START_TEST(eng_model_panel_gives_the_logits_of_its_hf_file)
     }
     free(want);
     free(got);
+}
+END_TEST
+
+/* pairs64 (wformat.h) stores a BF16 file's projections as the pair copy
+ * lays them out: the same logits as the hf file, at every level. At
+ * "avx512-bf16" the kernels read the projections from the file's mapping
+ * (no private bytes but wte's pair copy); below it the projections get a
+ * panel copy, as no other kernel reads the pairs. */
+START_TEST(eng_model_pairs64_gives_the_logits_of_its_hf_file)
+{
+    convert_layout("hs64", "hs64_bf16_pairs", "bf16", "pairs64");
+    size_t V = 500;
+    float *want = malloc(4 * V * sizeof *want), *got = malloc(4 * V * sizeof *got);
+    eng_model *m = load("hs64_bf16");
+    run_alone(m, want);
+    size_t bytes = eng_model_weight_bytes(m);
+    eng_model_free(m);
+    m = load("hs64_bf16_pairs");
+    const eng_config *c = eng_model_config(m);
+    const size_t C = c->n_embd, L = c->n_layer;
+    ck_assert_str_eq(eng_model_layout(m), "pairs64");
+    ck_assert_str_eq(eng_model_dtype(m), "bf16");
+    ck_assert_uint_eq(eng_model_weight_bytes(m), bytes);
+    ck_assert_uint_eq(eng_model_copied_bytes(m), 0);
+    int dp = op_use_avx512bf16();
+    ck_assert_uint_eq(eng_model_pair_bytes(m), dp ? op_w_pairs_bytes(C, c->n_vocab) : 0);
+    ck_assert_uint_eq(eng_model_panel_bytes(m), dp ? 0 : L * 12 * C * C * 2);
+    for (size_t l = 0; l < L; l++) {
+        const op_w *w = &m->layers[l].fc_w;
+        if (dp)
+            ck_assert_msg(w->pairs != NULL && (const void *)w->pairs == w->p,
+                          "layer %zu: the pairs are not read from the mapping", l);
+        else
+            ck_assert_int_eq(w->panel, 1);
+    }
+    run_alone(m, got);
+    eng_model_free(m);
+    ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "pairs64 logits differ");
+    /* The same file with its data 8- but not 64-byte aligned (a longer
+     * header): the aligned loads cannot read it in place, so the pairs are
+     * copied (private), with the same logits. */
+    char p[320], err[512], pad[80] = "";
+    snprintf(p, sizeof p, "%s/hs64_bf16_pairs/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f);
+    sft_tensor *t = malloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++) t[i] = *sft_tensor_at(f, i);
+    snprintf(p, sizeof p, "%s/pairs_mis", dir);
+    mkdir(p, 0755);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "cp '%s/hs64/config.json' '%s/pairs_mis/'", dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/pairs_mis/model.safetensors", dir);
+    for (size_t len = 1; len < 16; len++) {
+        memset(pad, 'x', len);
+        pad[len] = '\0';
+        sft_meta meta[2] = {{"gpt2d.layout", "pairs64"}, {"pad", pad}};
+        ck_assert_int_eq(sft_save(p, t, n, meta, 2, NULL, err, sizeof err), SFT_OK);
+        sft_file *g;
+        ck_assert_int_eq(sft_open(p, SFT_LOAD_MMAP, &g, err, sizeof err), SFT_OK);
+        size_t start = sft_data_start(g);
+        sft_close(g);
+        if (start % 64 != 0) break;
+    }
+    free(t);
+    sft_close(f);
+    m = load("pairs_mis");
+    if (dp) {
+        ck_assert_uint_eq(eng_model_pair_bytes(m), op_w_pairs_bytes(C, V) + L * 12 * C * C * 2);
+        ck_assert((const void *)m->layers[0].fc_w.pairs != m->layers[0].fc_w.p);
+    }
+    run_alone(m, got);
+    eng_model_free(m);
+    ck_assert_msg(memcmp(want, got, 4 * V * sizeof *got) == 0, "misaligned pairs64 logits differ");
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* DIR/hs64_bf16_pairs rewritten with h.0.mlp.c_fc.weight's shape (kind 0)
+ * or dtype (kind 1) changed, its bytes kept, or as a 3-D tensor (kind 2):
+ * refused with `expect`, never read past its end. */
+static void malformed_pairs(int kind, const char *expect)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/hs64_bf16_pairs/model.safetensors", dir);
+    sft_file *f;
+    ck_assert_int_eq(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err), SFT_OK);
+    size_t n = sft_count(f);
+    sft_tensor *t = malloc(n * sizeof *t);
+    int64_t shape[4];
+    for (size_t i = 0; i < n; i++) {
+        t[i] = *sft_tensor_at(f, i);
+        if (strcmp(t[i].name, "h.0.mlp.c_fc.weight") != 0) continue;
+        memcpy(shape, t[i].shape, sizeof shape);
+        if (kind == 0) { /* [N/64, K/2, 64, 2] -> [N/64 / 2, K, 64, 2]: the same count */
+            shape[0] /= 2;
+            shape[1] *= 2;
+        }
+        if (kind == 1) t[i].dtype = SFT_F16;
+        if (kind == 2) {
+            shape[1] *= 2;
+            t[i].ndim = 3;
+        }
+        t[i].shape = shape;
+    }
+    sft_meta meta[1] = {{"gpt2d.layout", "pairs64"}};
+    snprintf(p, sizeof p, "%s/badpairs", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/badpairs/model.safetensors", dir);
+    sft_save_opts so = {.data_align = 64};
+    ck_assert_int_eq(sft_save(p, t, n, meta, 1, &so, err, sizeof err), SFT_OK);
+    char cfg[700];
+    snprintf(cfg, sizeof cfg, "cp '%s/hs64/config.json' '%s/badpairs/'", dir, dir);
+    ck_assert_int_eq(system(cfg), 0);
+    eng_model *m = (eng_model *)1;
+    snprintf(p, sizeof p, "%s/badpairs", dir);
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EFORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, expect) != NULL, "kind %d: '%s' lacks '%s'", kind, err, expect);
+    free(t);
+    sft_close(f);
+}
+
+START_TEST(eng_model_malformed_pairs64_is_refused)
+{
+    convert_layout("hs64", "hs64_bf16_pairs", "bf16", "pairs64");
+    malformed_pairs(0, "tensor 'h.0.mlp.c_fc.weight' is not BF16 [28, 224, 64, 2] (a pairs64 "
+                       "file's projection of 448 x 1792)");
+    malformed_pairs(1, "pairs64 file: projection 'h.0.mlp.c_fc.weight' is F16 4-D, expected "
+                       "BF16 [N/64, K/2, 64, 2]");
+    malformed_pairs(2, "pairs64 file: projection 'h.0.mlp.c_fc.weight' is BF16 3-D");
+}
+END_TEST
+
+/* GPT2D_PANEL_COPY takes auto or off; anything else is refused by name,
+ * never read as either. */
+START_TEST(eng_model_bad_panel_copy_setting_is_einval)
+{
+    char p[320], err[512];
+    snprintf(p, sizeof p, "%s/hs64", dir);
+    ck_assert_int_eq(setenv("GPT2D_PANEL_COPY", "no", 1), 0);
+    eng_model *m = NULL;
+    ck_assert_int_eq(eng_model_load(p, &m, err, sizeof err), ENG_EINVAL);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err, "GPT2D_PANEL_COPY must be auto or off, not 'no'") != NULL, "err: %s",
+                  err);
+    ck_assert_int_eq(setenv("GPT2D_PANEL_COPY", "auto", 1), 0);
+    m = load("hs64");
+    eng_model_free(m);
+    ck_assert_int_eq(unsetenv("GPT2D_PANEL_COPY"), 0);
 }
 END_TEST
 
@@ -1665,6 +1835,9 @@ int main(void)
     tcase_add_test(tc, eng_model_half_precision_loads_exactly);
     tcase_add_test(tc, eng_model_q8_gives_the_logits_of_its_dequantization);
     tcase_add_test(tc, eng_model_panel_gives_the_logits_of_its_hf_file);
+    tcase_add_test(tc, eng_model_bad_panel_copy_setting_is_einval);
+    tcase_add_test(tc, eng_model_pairs64_gives_the_logits_of_its_hf_file);
+    tcase_add_test(tc, eng_model_malformed_pairs64_is_refused);
     tcase_add_test(tc, eng_model_malformed_q8_is_refused);
     tcase_add_test(tc, eng_model_missing_or_misshapen_tensor_is_named);
     tcase_add_test(tc, eng_model_free_unmaps_the_pair_copies);

@@ -237,6 +237,39 @@ START_TEST(sft_save_misaligned_starts_data_at_8k_plus_3)
 }
 END_TEST
 
+/* data_align 64 (a pairs64 file): the data starts at a multiple of 64, for
+ * any header length; anything but 8 or 64, or 64 with data_misalign, is
+ * refused before the file system is touched. */
+START_TEST(sft_save_data_align_64_starts_data_at_64k)
+{
+    static const float v[2] = {1.5f, -2.0f};
+    static const int64_t s2[] = {2};
+    static const char *const names[] = {"w", "ww", "a_longer_name", "x.y.z.weight"};
+    char err[256];
+    sft_save_opts o = {.data_align = 64};
+    for (size_t i = 0; i < 4; i++) {
+        sft_tensor t = {.name = names[i], .dtype = SFT_F32, .ndim = 1, .shape = s2, .data = v};
+        ck_assert_int_eq(sft_save(tpath("a.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
+                         SFT_OK);
+        sft_file *f;
+        ck_assert_int_eq(sft_open(tpath("a.safetensors"), SFT_LOAD_MMAP, &f, err, sizeof err),
+                         SFT_OK);
+        ck_assert_uint_eq(sft_data_start(f) % 64, 0);
+        ck_assert_mem_eq(sft_find(f, names[i])->data, v, sizeof v);
+        sft_close(f);
+    }
+    sft_tensor t = {.name = "w", .dtype = SFT_F32, .ndim = 1, .shape = s2, .data = v};
+    o.data_align = 16;
+    ck_assert_int_eq(sft_save(tpath("b.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
+                     SFT_EINVAL);
+    o.data_align = 64;
+    o.data_misalign = 3;
+    ck_assert_int_eq(sft_save(tpath("b.safetensors"), &t, 1, NULL, 0, &o, err, sizeof err),
+                     SFT_EINVAL);
+    ck_assert_int_eq(access(tpath("b.safetensors"), F_OK), -1);
+}
+END_TEST
+
 /* ---- Round trips -------------------------------------------------------- */
 
 START_TEST(sft_open_round_trips_every_dtype)
@@ -1090,8 +1123,10 @@ START_TEST(wf_layout_reads_the_metadata_key)
     ck_assert_int_eq(panel, 1);
     m.value = "panel32";
     ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
-    ck_assert_msg(strstr(err, "metadata gpt2d.layout is \"panel32\"; expected \"panel64\"") != NULL,
-                  "%s", err);
+    ck_assert_msg(
+        strstr(err, "metadata gpt2d.layout is \"panel32\"; expected \"panel64\" or \"pairs64\"")
+            != NULL,
+        "%s", err);
     m.value = "hf"; /* the hf layout is the key's absence, never a value */
     ck_assert_int_eq(layout_of(&m, &panel, err, sizeof err), SFT_EFORMAT);
     ck_assert_msg(strstr(err, "gpt2d.layout is \"hf\"") != NULL, "%s", err);
@@ -1295,7 +1330,7 @@ START_TEST(wf_detect_refuses_each_broken_layout_rule)
     /* A 3-D projection in an hf file (no layout key). */
     ck_assert_ptr_null(detect(t, 2, NULL, 0, err, sizeof err));
     ck_assert_msg(strstr(err, "3-D projection 'h.0.mlp.c_fc.weight' in a file without "
-                              "gpt2d.layout \"panel64\" metadata")
+                              "gpt2d.layout \"panel64\" or \"pairs64\" metadata")
                       != NULL,
                   "%s", err);
     /* An unknown layout value. */
@@ -1376,6 +1411,7 @@ static Suite *sft_suite(void)
     tcase_add_test(tc, sft_save_seed_example_has_exact_bytes);
     tcase_add_test(tc, sft_save_pads_header_to_8_bytes);
     tcase_add_test(tc, sft_save_misaligned_starts_data_at_8k_plus_3);
+    tcase_add_test(tc, sft_save_data_align_64_starts_data_at_64k);
     tcase_add_test(tc, sft_save_is_deterministic);
     tcase_add_test(tc, sft_save_rejected_input_leaves_the_target_untouched);
     tcase_add_test(tc, sft_save_write_failure_midway_leaves_the_target_untouched);

@@ -445,6 +445,89 @@ START_TEST(eng_adapter_new_refuses_another_models_adapter)
 }
 END_TEST
 
+/* DIR/to: the adapter `from` with every factor rounded to dtype (F16 or
+ * BF16, nearest even), stored in dtype (wide 0) or as the F32 widening of
+ * those values (wide 1): the same numbers either way. */
+static void adapter_rounded(const char *from, const char *to, sft_dtype dtype, int wide)
+{
+    char p[320], err[256];
+    path_of(p, sizeof p, to, NULL);
+    mkdir(p, 0755);
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "cp '%s/%s/%s' '%s/%s/'", dir, from, LORA_CONFIG_FILE, dir, to);
+    ck_assert_int_eq(system(cmd), 0);
+    path_of(p, sizeof p, from, LORA_WEIGHTS_FILE);
+    sft_file *f;
+    ck_assert_msg(sft_open(p, SFT_LOAD_COPY, &f, err, sizeof err) == SFT_OK, "%s", err);
+    size_t n = sft_count(f);
+    sft_tensor *t = calloc(n, sizeof *t);
+    void **bufs = calloc(n, sizeof *bufs);
+    for (size_t i = 0; i < n; i++) {
+        t[i] = *sft_tensor_at(f, i);
+        size_t k = sft_tensor_numel(&t[i]);
+        const float *x = t[i].data;
+        uint16_t *h = malloc(k * sizeof *h);
+        float *w = malloc(k * sizeof *w);
+        for (size_t j = 0; j < k; j++) {
+            uint32_t u;
+            memcpy(&u, &x[j], sizeof u);
+            h[j] = dtype == SFT_F16 ? sft_f32_to_f16(x[j])
+                                    : (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+            w[j] = dtype == SFT_F16 ? sft_f16_to_f32(h[j]) : sft_bf16_to_f32(h[j]);
+        }
+        if (wide) {
+            free(h);
+            bufs[i] = w;
+            t[i].nbytes = k * sizeof(float);
+        } else {
+            free(w);
+            bufs[i] = h;
+            t[i].dtype = dtype;
+            t[i].nbytes = k * sizeof(uint16_t);
+        }
+        t[i].data = bufs[i];
+    }
+    path_of(p, sizeof p, to, LORA_WEIGHTS_FILE);
+    ck_assert_msg(sft_save(p, t, n, NULL, 0, NULL, err, sizeof err) == SFT_OK, "%s", err);
+    for (size_t i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    sft_close(f);
+}
+
+/* A resident adapter costs at most 1.1x its file's tensors (issue 36): an
+ * F16 or BF16 file asked for in F32 keeps its 16 bits (exactly its
+ * tensors' bytes), and gives the logits of an F32 file holding the same
+ * values, bit for bit (the kernels widen 16 bits exactly). */
+START_TEST(eng_adapter_16_bit_file_stays_16_bit_with_f32_bits)
+{
+    static const sft_dtype dts[] = {SFT_F16, SFT_BF16};
+    static const char *const names[][2] = {{"ad_h16", "ad_h32"}, {"ad_b16", "ad_b32"}};
+    eng_model *m = load("f32");
+    size_t V = eng_model_config(m)->n_vocab;
+    float *want = malloc(NP * V * sizeof *want), *got = malloc(NP * V * sizeof *got);
+    for (size_t i = 0; i < 2; i++) {
+        adapter_rounded("ad_a", names[i][0], dts[i], 0);
+        adapter_rounded("ad_a", names[i][1], dts[i], 1);
+        eng_adapter *narrow = adapter(m, names[i][0], ENG_ADAPTER_F32);
+        eng_adapter *wide = adapter(m, names[i][1], ENG_ADAPTER_F32);
+        size_t file = 2 * 8 * (64 + 192 + 64 + 64 + 64 + 256 + 256 + 64) * 2;
+        ck_assert_uint_eq(eng_adapter_bytes(narrow), file);
+        ck_assert_uint_eq(eng_adapter_bytes(wide), 2 * file);
+        subject_alone(m, wide, NP, 1, want);
+        subject_alone(m, narrow, NP, 1, got);
+        assert_rows_equal(got, want, NP, V, names[i][0], 1);
+        subject_alone(m, narrow, 3, 2, got);
+        assert_rows_equal(got, want, NP, V, names[i][0], 1);
+        eng_adapter_free(narrow);
+        eng_adapter_free(wide);
+    }
+    free(want);
+    free(got);
+    eng_model_free(m);
+}
+END_TEST
+
 /* ---- Through the scheduler ---------------------------------------------- */
 
 typedef struct {
@@ -633,6 +716,7 @@ static Suite *lora_engine_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, eng_forward_adapter_rows_are_batch_and_chunk_invariant, 0, 2);
     tcase_add_test(tc, eng_adapter_new_refuses_another_models_adapter);
+    tcase_add_test(tc, eng_adapter_16_bit_file_stays_16_bit_with_f32_bits);
     suite_add_tcase(s, tc);
     tc = tcase_create("merged");
     tcase_add_unchecked_fixture(tc, setup, teardown);

@@ -43,7 +43,10 @@ measure() { # model dir -> "pss_a anon_a pss_b anon_b" (kB)
     echo "$out"
 }
 
-read -r pa aa pb ab <<< "$(measure "$dir/al")"
+# The F32 file's own pages (GPT2D_PANEL_COPY=off): at the AVX-512 level a
+# Hugging Face file's projections are otherwise read from a panel copy,
+# measured below.
+read -r pa aa pb ab <<< "$(GPT2D_PANEL_COPY=off measure "$dir/al")"
 read -r ma mana mb manb <<< "$(measure "$dir/mis")"
 echo "weights ${weights_kb} kB"
 echo "aligned:    Pss ${pa} + ${pb} kB, of which private (Pss_Anon) ${aa} + ${ab} kB"
@@ -99,4 +102,55 @@ for dt in bf16 q8; do
         [ "$p" -lt $(( weights_kb / 5 + pair_kb )) ] || fail "$dt private memory $p kB (copy $pair_kb kB)"
     done
 done
+# F32 at the default level: where the AVX-512 panel kernels run, a Hugging
+# Face file's projections are read from a panel copy built at load
+# (engine/op_w_panels.c): private memory of the copy's size and no more,
+# the file's pages of the projections dropped from the process (read once,
+# to build it), the rest shared. A panel64 file needs no copy.
+read -r pa aa pb ab <<< "$(measure "$dir/al")"
+panel_kb=$(( $(awk '{ print $4 }' "$dir/ready_a") / 1024 ))
+echo "f32, default kernels: panel copy ${panel_kb} kB; Pss ${pa} + ${pb} kB, of which private ${aa} + ${ab} kB"
+for p in "$aa" "$ab"; do
+    [ "$p" -lt $(( weights_kb / 5 + panel_kb )) ] || fail "f32 private memory $p kB (copy $panel_kb kB)"
+done
+for p in "$pa" "$pb"; do
+    [ "$p" -lt $(( (weights_kb - panel_kb) * 3 / 4 + panel_kb + weights_kb / 5 )) ] \
+        || fail "f32 with its panel copy: Pss $p kB keeps the file's projections too (copy $panel_kb kB)"
+done
+mkdir "$dir/p"
+"$gpt2d" convert "$dir/al/model.safetensors" "$dir/p/model.safetensors" --layout panel64 2>/dev/null
+cp "$dir/al/config.json" "$dir/p/"
+read -r pa aa pb ab <<< "$(measure "$dir/p")"
+echo "f32 panel64: copy $(awk '{ print $4 }' "$dir/ready_a") bytes; Pss ${pa} + ${pb} kB, of which private ${aa} + ${ab} kB"
+[ "$(awk '{ print $4 }' "$dir/ready_a")" = 0 ] || fail "a panel64 file got a panel copy"
+shared_half "f32 panel64" "$weights_kb" "$pa" "$aa"
+shared_half "f32 panel64" "$weights_kb" "$pb" "$ab"
+for p in "$aa" "$ab"; do
+    [ "$p" -lt $(( weights_kb / 5 )) ] || fail "f32 panel64 private memory $p kB"
+done
+# BF16 in the pairs64 layout (`gpt2d convert --layout pairs64`): at the
+# avx512-bf16 level the projections are read from the shared mapping, so
+# the private memory is wte's pair copy and no more, and two processes
+# share the projections' pages; below that level (GPT2D_KERNELS=avx512) a
+# panel copy of the projections takes their place.
+mkdir "$dir/pairs"
+"$gpt2d" convert "$dir/al/model.safetensors" "$dir/pairs/model.safetensors" --dtype bf16 \
+    --layout pairs64 2>/dev/null
+cp "$dir/al/config.json" "$dir/pairs/"
+kb=$(( $(stat -c %s "$dir/pairs/model.safetensors") / 1024 ))
+read -r pa aa pb ab <<< "$(measure "$dir/pairs")"
+read -r _ _ pair_b panel_b < "$dir/ready_a"
+echo "bf16 pairs64: weights ${kb} kB; pair copy $(( pair_b / 1024 )) kB, panel copy $(( panel_b / 1024 )) kB; Pss ${pa} + ${pb} kB, of which private ${aa} + ${ab} kB"
+shared_half "bf16 pairs64" "$kb" "$pa" "$aa"
+shared_half "bf16 pairs64" "$kb" "$pb" "$ab"
+for p in "$aa" "$ab"; do
+    [ "$p" -lt $(( weights_kb / 5 + pair_b / 1024 + panel_b / 1024 )) ] \
+        || fail "bf16 pairs64 private memory $p kB (copies $(( (pair_b + panel_b) / 1024 )) kB)"
+done
+# Where the kernels read the pairs, the one copy is wte's (V = 50257 rows
+# of C = 512, as the LM head reads it: ceil(V / 64) panels of C / 2 pairs
+# of 64 lanes of 4 bytes); else none but the panel copy.
+wte_pairs=$(( (50257 + 63) / 64 * 256 * 64 * 4 ))
+{ [ "$pair_b" = "$wte_pairs" ] && [ "$panel_b" = 0 ]; } || { [ "$pair_b" = 0 ] && [ "$panel_b" -gt 0 ]; } \
+    || fail "bf16 pairs64: copies $pair_b + $panel_b bytes (wte's pairs $wte_pairs)"
 echo "shared weights: ok"

@@ -448,9 +448,10 @@ int tool_bench(int argc, char **argv)
     printf("{\n  \"model\": {\"format\": \"%s\", \"layout\": \"%s\", \"kernels\": \"%s\", "
            "\"layers\": %zu, "
            "\"width\": %zu, \"vocab\": %zu, \"context\": %zu, \"params\": %zu, "
-           "\"weight_bytes\": %.0f, \"pair_copy_bytes\": %zu},\n",
+           "\"weight_bytes\": %.0f, \"pair_copy_bytes\": %zu, \"panel_copy_bytes\": %zu},\n",
            eng_model_dtype(m), eng_model_layout(m), eng_model_kernels(m), cfg->n_layer, cfg->n_embd,
-           cfg->n_vocab, cfg->n_ctx, eng_model_params(m), weight_bytes, eng_model_pair_bytes(m));
+           cfg->n_vocab, cfg->n_ctx, eng_model_params(m), weight_bytes, eng_model_pair_bytes(m),
+           eng_model_panel_bytes(m));
     printf("  \"threads\": %zu,\n  \"machine\": {\"read_bandwidth_gb_s\": %.1f, "
            "\"read_bandwidth_before_after\": [%.1f, %.1f], \"openblas_sgemm_gflop_s\": %.1f,\n"
            "    \"peaks\": {\"f32_fma_gflop_s\": %.1f, \"bf16_dot_gflop_s\": %.1f, "

@@ -34,7 +34,9 @@
  * (and q8 scales) are un-panelled into hf buffers, the dtype conversion
  * runs on hf tensors, and OUT's are panelled when OUT is panel64, so any
  * layout and dtype go to any other, and hf -> panel64 -> hf gives back
- * the same bytes.
+ * the same bytes. pairs64 (BF16 only) stores the projections as the
+ * avx512-bf16 kernels read them, so that those read them from the shared
+ * mapping; its steps are the same (un-paired, converted, paired).
  */
 #include "tools.h"
 
@@ -51,8 +53,8 @@
 
 static void convert_usage(FILE *out)
 {
-    fprintf(out, "usage: gpt2d convert IN OUT [--dtype f32|f16|bf16|q8] [--layout hf|panel64]\n"
-                 "                     [--meta KEY=VALUE]...\n"
+    fprintf(out, "usage: gpt2d convert IN OUT [--dtype f32|f16|bf16|q8]\n"
+                 "                     [--layout hf|panel64|pairs64] [--meta KEY=VALUE]...\n"
                  "Writes an aligned copy of the safetensors file IN to OUT (atomically), so\n"
                  "that it can be memory-mapped and shared without copies.\n"
                  "  --dtype D    the weight format of OUT (default: IN's); f16 and bf16 round\n"
@@ -60,11 +62,19 @@ static void convert_usage(FILE *out)
                  "               along the reduction dimension (docs/api.md)\n"
                  "  --layout L   the layout of OUT (default: IN's): panel64 is gpt2d's serving\n"
                  "               layout (projection matrices in panels of 64 columns: faster\n"
-                 "               decode); hf keeps the file loadable by Hugging Face\n"
+                 "               decode); hf keeps the file loadable by Hugging Face;\n"
+                 "               pairs64 (bf16 only) stores them as the avx512-bf16 kernels\n"
+                 "               read them: no private copy of the projections there\n"
                  "  --meta K=V   a __metadata__ entry of OUT (again: more), beside IN's:\n"
                  "               gpt2d.model_name, gpt2d.owned_by, gpt2d.description and\n"
                  "               gpt2d.weights (random|trained) are what a server reports\n"
                  "               about the model (docs/api.md)\n");
+}
+
+/* A wf_layout value's name. */
+static const char *layout_name(int layout)
+{
+    return layout == WF_PAIRS ? WF_LAYOUT_PAIRS : layout == WF_PANELS ? WF_LAYOUT_PANEL : "hf";
 }
 
 /* Whether key is one of the format keys convert writes for OUT. */
@@ -92,7 +102,7 @@ static sft_meta *out_metadata(const sft_file *f, const sft_meta *extra, size_t n
         om[(*nom)++] = (sft_meta){WF_META_FORMAT, "q8"};
         om[(*nom)++] = (sft_meta){WF_META_Q8_BLOCK, "32"};
     }
-    if (panel) om[(*nom)++] = (sft_meta){WF_META_LAYOUT, WF_LAYOUT_PANEL};
+    if (panel) om[(*nom)++] = (sft_meta){WF_META_LAYOUT, layout_name(panel)};
     return om;
 }
 
@@ -146,9 +156,10 @@ int tool_convert(int argc, char **argv)
             return 2;
         }
     }
-    if (layout != NULL && strcmp(layout, "hf") != 0 && strcmp(layout, WF_LAYOUT_PANEL) != 0) {
-        fprintf(stderr, "gpt2d convert: --layout must be hf or %s, not '%s'\n", WF_LAYOUT_PANEL,
-                layout);
+    if (layout != NULL && strcmp(layout, "hf") != 0 && strcmp(layout, WF_LAYOUT_PANEL) != 0
+        && strcmp(layout, WF_LAYOUT_PAIRS) != 0) {
+        fprintf(stderr, "gpt2d convert: --layout must be hf, %s or %s, not '%s'\n", WF_LAYOUT_PANEL,
+                WF_LAYOUT_PAIRS, layout);
         return 2;
     }
     const char *in = argv[optind], *out = argv[optind + 1];
@@ -166,13 +177,17 @@ int tool_convert(int argc, char **argv)
         sft_close(f);
         return 1;
     }
-    int out_panel = layout == NULL ? in_panel : strcmp(layout, WF_LAYOUT_PANEL) == 0;
+    int out_panel = layout == NULL                         ? in_panel
+                    : strcmp(layout, WF_LAYOUT_PANEL) == 0 ? WF_PANELS
+                    : strcmp(layout, WF_LAYOUT_PAIRS) == 0 ? WF_PAIRS
+                                                           : WF_HF;
     int from_q8 = strcmp(from, "q8") == 0;
     tool_set set;
     int rc = 1;
     if (tool_set_init(&set, f, err, sizeof err) != 0) goto fail;
     /* IN's layout to hf, the dtype conversion, hf to OUT's layout. */
-    if (in_panel && tool_unpanel(&set, err, sizeof err) != 0) goto fail;
+    if (in_panel == WF_PANELS && tool_unpanel(&set, err, sizeof err) != 0) goto fail;
+    if (in_panel == WF_PAIRS && tool_unpair(&set, err, sizeof err) != 0) goto fail;
     if (q8 && !from_q8) {
         if (tool_quantize_q8(&set, err, sizeof err) != 0) goto fail;
     } else if (from_q8 && dtype != NULL && !q8) {
@@ -183,7 +198,8 @@ int tool_convert(int argc, char **argv)
     } else if (dtype != NULL && !q8) {
         if (tool_to_float(&set, to, err, sizeof err) != 0) goto fail;
     }
-    if (out_panel && tool_panel(&set, err, sizeof err) != 0) goto fail;
+    if (out_panel == WF_PANELS && tool_panel(&set, err, sizeof err) != 0) goto fail;
+    if (out_panel == WF_PAIRS && tool_pair(&set, err, sizeof err) != 0) goto fail;
     size_t nom;
     sft_meta *om =
         out_metadata(f, extra, nextra, q8 || (from_q8 && dtype == NULL), out_panel, &nom);
@@ -191,7 +207,12 @@ int tool_convert(int argc, char **argv)
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    sft_status ss = sft_save(out, set.t, set.n, om, nom, NULL, err, sizeof err);
+    /* pairs64: the data at a multiple of 64 bytes, so that the kernels'
+     * aligned loads can read the projections from the mapping (each is a
+     * multiple of 256 bytes; a tensor before one that is not leaves it
+     * misaligned, and the server then copies it: engine/model.c). */
+    sft_save_opts so = {.data_align = out_panel == WF_PAIRS ? 64u : 0u};
+    sft_status ss = sft_save(out, set.t, set.n, om, nom, &so, err, sizeof err);
     free(om);
     if (ss != SFT_OK) goto fail;
     /* Plain words for what alignment buys: the server maps an aligned file
@@ -202,14 +223,32 @@ int tool_convert(int argc, char **argv)
     const char *kernels = eng_kernels_for(dtype ? dtype : from);
     int copy = strcmp(kernels, "avx512-bf16") == 0 || strcmp(kernels, "avx512-vnni") == 0;
     fprintf(stderr, "gpt2d convert: wrote %s (%zu tensors, weights %s -> %s, layout %s -> %s); ",
-            out, set.n, from, dtype ? dtype : from, in_panel ? WF_LAYOUT_PANEL : "hf",
-            out_panel ? WF_LAYOUT_PANEL : "hf");
-    if (copy)
+            out, set.n, from, dtype ? dtype : from, layout_name(in_panel), layout_name(out_panel));
+    if (copy && out_panel == WF_PAIRS)
+        fprintf(stderr,
+                "gpt2d serve maps it in place, and on this CPU its %s kernels read the "
+                "projections from the mapping and a private copy of the LM head, built at "
+                "every start",
+                kernels);
+    else if (out_panel == WF_PAIRS)
+        fprintf(stderr,
+                "on this CPU (kernels %s, not avx512-bf16) gpt2d serve reads a private panel "
+                "copy of the projections, built at every start (--layout panel64 serves from "
+                "the mapping)",
+                kernels);
+    else if (copy)
         fprintf(stderr,
                 "gpt2d serve maps it in place, and on this CPU its %s kernels read a private copy "
                 "of the projections%s, built at every start (GPT2D_KERNELS=avx512 serves "
                 "without it)",
                 kernels, strcmp(kernels, "avx512-bf16") == 0 ? " and the LM head" : "");
+    else if (!out_panel && (strcmp(kernels, "avx512") == 0)
+             && (strcmp(dtype ? dtype : from, "f32") == 0
+                 || strcmp(dtype ? dtype : from, "f16") == 0))
+        fprintf(stderr,
+                "gpt2d serve maps it in place, and on this CPU its avx512 kernels read a private "
+                "panel copy of the projections, built at every start (--layout panel64 serves "
+                "as fast without it; GPT2D_PANEL_COPY=off serves the file's pages)");
     else
         fprintf(stderr, "gpt2d serve reads its weights in place, without a copy in memory");
     if (sft_data_start(f) % 8 != 0)

@@ -24,7 +24,7 @@ static void inspect_usage(FILE *out)
 {
     fprintf(out, "usage: gpt2d inspect FILE|ADAPTER_DIR [--json]\n"
                  "Validates a safetensors file and prints its weight format (f32, f16, bf16,\n"
-                 "q8 or mixed; a malformed q8 file is refused), layout (hf or panel64),\n"
+                 "q8 or mixed; a malformed q8 file is refused), layout (hf, panel64, pairs64),\n"
                  "metadata and tensors. A PEFT LoRA adapter (a folder with\n"
                  "adapter_config.json, or its adapter_model.safetensors) is validated as\n"
                  "an adapter: its rank, scaling, targets, layers and dtype.\n"
@@ -97,7 +97,9 @@ static void print_table(const sft_file *f, const char *format, const char *layou
            sft_data_start(f) % 8 == 0 ? "8-byte aligned" : "not 8-byte aligned");
     printf("format      %s (the weight matrices'; docs/api.md)\n", format);
     printf("layout      %s (%s)\n", layout,
-           strcmp(layout, "hf") == 0 ? "Hugging Face's" : "gpt2d's serving layout");
+           strcmp(layout, "hf") == 0              ? "Hugging Face's"
+           : strcmp(layout, WF_LAYOUT_PAIRS) == 0 ? "the avx512-bf16 kernels' pairs, read in place"
+                                                  : "gpt2d's serving layout");
     printf("kernels     %s (the path its weights take on this CPU)\n", eng_kernels_for(format));
     printf("metadata   ");
     if (nmeta == 0) printf(" (none)");
@@ -260,9 +262,15 @@ int tool_inspect(int argc, char **argv)
     }
     int rc = 0;
     if (json)
-        rc = print_json(f, format, panel ? WF_LAYOUT_PANEL : "hf");
+        rc = print_json(f, format,
+                        panel == WF_PAIRS ? WF_LAYOUT_PAIRS
+                        : panel           ? WF_LAYOUT_PANEL
+                                          : "hf");
     else
-        print_table(f, format, panel ? WF_LAYOUT_PANEL : "hf");
+        print_table(f, format,
+                    panel == WF_PAIRS ? WF_LAYOUT_PAIRS
+                    : panel           ? WF_LAYOUT_PANEL
+                                      : "hf");
     sft_close(f);
     return rc;
 }

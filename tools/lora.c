@@ -38,7 +38,7 @@ static void lora_usage(FILE *out)
                  "adapter_model.safetensors) into a GPT-2 checkpoint: every adapted projection\n"
                  "W [in, out] becomes W + scaling * (B A)^T. BASE is a model folder or its\n"
                  "model.safetensors; OUT (a file, written atomically) is F32 in the Hugging Face\n"
-                 "layout whatever BASE's format (q8 is dequantized, panel64 un-panelled);\n"
+                 "layout whatever BASE's format (q8 is dequantized, panel64 and pairs64 undone);\n"
                  "`gpt2d convert` gives it another. Copy BASE's config.json, vocab.json and\n"
                  "merges.txt beside OUT to serve it.\n"
                  "  --meta K=V   a __metadata__ entry of OUT, beside BASE's labels\n"
@@ -148,7 +148,8 @@ static int lora_merge(const char *base, const char *adapter, const char *out, co
         || wf_layout(f, &panel, err, sizeof err) != SFT_OK)
         goto fail;
     if (tool_set_init(&set, f, err, sizeof err) != 0) goto fail;
-    if (panel && tool_unpanel(&set, err, sizeof err) != 0) goto fail;
+    if (panel == WF_PANELS && tool_unpanel(&set, err, sizeof err) != 0) goto fail;
+    if (panel == WF_PAIRS && tool_unpair(&set, err, sizeof err) != 0) goto fail;
     if (strcmp(format, "q8") == 0 && tool_dequantize_q8(&set, err, sizeof err) != 0) goto fail;
     if (tool_to_float(&set, SFT_F32, err, sizeof err) != 0) goto fail;
     size_t n_layer, n_embd, nom;
@@ -164,8 +165,11 @@ static int lora_merge(const char *base, const char *adapter, const char *out, co
     fprintf(stderr,
             "gpt2d lora merge: wrote %s (%zu tensors, F32, hf layout): %s (%s%s) plus %s (rank "
             "%zu, scaling %g, %zu modules in %zu layers)\n",
-            out, set.n, path, format, panel ? ", panel64" : "", a->dir, a->rank, (double)a->scaling,
-            a->n_adapted, a->n_layer);
+            out, set.n, path, format,
+            panel == WF_PAIRS ? ", pairs64"
+            : panel           ? ", panel64"
+                              : "",
+            a->dir, a->rank, (double)a->scaling, a->n_adapted, a->n_layer);
     rc = 0;
     goto done;
 fail:

@@ -1,6 +1,6 @@
 /*
  * tools/tensorset.c: the tensor array of `gpt2d convert` and the panel64
- * permutation (see tensorset.h; the layout is specified in
+ * and pairs64 permutations (see tensorset.h; the layout is specified in
  * formats/include/wformat.h).
  *
  * The permutation moves runs of WF_PANEL elements: row k of panel g of the
@@ -164,6 +164,90 @@ int tool_panel(tool_set *s, char *err, size_t errlen)
         }
         if (relayout(s, t, (size_t)t->shape[0], (size_t)t->shape[1], 1, err, errlen) != 0)
             return -1;
+    }
+    return 0;
+}
+
+/* The pairs64 permutation of a [K, N] BF16 matrix (wformat.h): (k, n) of
+ * hf at k * N + n, of pairs64 at ((n / 64) * (K / 2) + k / 2) * 128 +
+ * (n % 64) * 2 + k % 2; to_pairs picks the direction. */
+static void permute_pairs(const uint16_t *src, uint16_t *dst, size_t K, size_t N, int to_pairs)
+{
+    for (size_t k = 0; k < K; k++)
+        for (size_t n = 0; n < N; n++) {
+            size_t hf = k * N + n;
+            size_t pa =
+                ((n / WF_PANEL) * (K / 2) + k / 2) * 2 * WF_PANEL + (n % WF_PANEL) * 2 + k % 2;
+            if (to_pairs)
+                dst[pa] = src[hf];
+            else
+                dst[hf] = src[pa];
+        }
+}
+
+static int repair(tool_set *s, sft_tensor *t, size_t K, size_t N, int to_pairs, char *err,
+                  size_t errlen)
+{
+    int64_t *shape = tool_set_alloc(s, 4 * sizeof *shape);
+    uint16_t *dst = tool_set_alloc(s, t->nbytes);
+    if (shape == NULL || dst == NULL) {
+        errbuf_set(err, errlen, "out of memory");
+        return -1;
+    }
+    permute_pairs(t->data, dst, K, N, to_pairs);
+    if (to_pairs) {
+        shape[0] = (int64_t)(N / WF_PANEL);
+        shape[1] = (int64_t)(K / 2);
+        shape[2] = WF_PANEL;
+        shape[3] = 2;
+    } else {
+        shape[0] = (int64_t)K;
+        shape[1] = (int64_t)N;
+    }
+    t->ndim = to_pairs ? 4 : 2;
+    t->shape = shape;
+    t->data = dst;
+    return 0;
+}
+
+int tool_unpair(tool_set *s, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        sft_tensor *t = &s->t[i];
+        if (t->ndim != 4 || !wf_is_projection(t->name)) continue;
+        if (t->dtype != SFT_BF16 || t->shape[2] != WF_PANEL || t->shape[3] != 2) {
+            /* wf_detect refuses it; checked for the indexing */
+            errbuf_set(err, errlen, "%s: not BF16 [N/%d, K/2, %d, 2]", t->name, WF_PANEL, WF_PANEL);
+            return -1;
+        }
+        if (repair(s, t, 2 * (size_t)t->shape[1], (size_t)t->shape[0] * WF_PANEL, 0, err, errlen)
+            != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int tool_pair(tool_set *s, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        sft_tensor *t = &s->t[i];
+        if (!tool_is_paneled(t->name)) continue;
+        if (!wf_is_projection(t->name) || t->dtype != SFT_BF16 || t->ndim != 2) {
+            errbuf_set(err, errlen,
+                       "%s: %s %zu-D; the %s layout stores BF16 projection matrices only "
+                       "(--dtype bf16)",
+                       t->name, sft_dtype_name(t->dtype), t->ndim, WF_LAYOUT_PAIRS);
+            return -1;
+        }
+        if (t->shape[0] % 2 != 0 || t->shape[1] % WF_PANEL != 0) {
+            errbuf_set(err, errlen,
+                       "%s: [%lld, %lld]; the %s layout needs an even row count and columns a "
+                       "multiple of %d",
+                       t->name, (long long)t->shape[0], (long long)t->shape[1], WF_LAYOUT_PAIRS,
+                       WF_PANEL);
+            return -1;
+        }
+        if (repair(s, t, (size_t)t->shape[0], (size_t)t->shape[1], 1, err, errlen) != 0) return -1;
     }
     return 0;
 }

@@ -52,4 +52,15 @@ int tool_unpanel(tool_set *s, char *err, size_t errlen);
  * with err naming the tensor. 0, or -1 with err. */
 int tool_panel(tool_set *s, char *err, size_t errlen);
 
+/* pairs64 to hf: every 4-D projection [N/64, K/2, 64, 2] becomes its
+ * logical [K, N], the same BF16 values permuted; other tensors are kept.
+ * For a set from a file that passed wf_detect. 0, or -1 with err. */
+int tool_unpair(tool_set *s, char *err, size_t errlen);
+
+/* hf to pairs64, the inverse: every projection must be a BF16 matrix
+ * with an even row count and a column count that is a multiple of
+ * WF_PANEL, and no q8 scale may be left, or it fails with err naming the
+ * tensor. 0, or -1 with err. */
+int tool_pair(tool_set *s, char *err, size_t errlen);
+
 #endif

@@ -83,6 +83,12 @@ size_t eng_model_copied_bytes(const eng_model *m);
  * kernels, Q8's quad copies (the projections) for "avx512-vnni" (0 at
  * other levels and formats; a model has one format, so one kind). */
 size_t eng_model_pair_bytes(const eng_model *m);
+/* Private bytes of the panel copy of a Hugging Face file's F32 or F16
+ * projections, built at load where the AVX-512 panel kernels run (0 for a
+ * panel64 file, other formats, lower levels and GPT2D_PANEL_COPY=off), or
+ * of a pairs64 file's below "avx512-bf16" (which reads them in place);
+ * the logits are the file's, bit for bit. Thread: any. */
+size_t eng_model_panel_bytes(const eng_model *m);
 
 /* Number of parameters (wte, wpe, blocks, ln_f). */
 size_t eng_model_params(const eng_model *m);
@@ -90,8 +96,9 @@ size_t eng_model_params(const eng_model *m);
 /* The format the model is served in, as the file stores it: "f32", "f16",
  * "bf16", "q8" (formats/include/wformat.h) or "mixed". A static string. */
 const char *eng_model_dtype(const eng_model *m);
-/* The layout of its projections: "hf" (as Hugging Face stores them) or
- * "panel64" (gpt2d's serving layout, `gpt2d convert --layout`;
+/* The layout of its projections: "hf" (as Hugging Face stores them),
+ * "panel64" (gpt2d's serving layout, `gpt2d convert --layout`) or
+ * "pairs64" (BF16 as the avx512-bf16 kernels read them;
  * formats/include/wformat.h). A static string. */
 const char *eng_model_layout(const eng_model *m);
 
@@ -125,7 +132,10 @@ size_t eng_model_kv_position_bytes(const eng_model *m);
  * sequence gets the same bits alone, in any batch, beside any adapters,
  * and in prefill chunks of any size. Every weight format takes adapters.
  * The factors are kept in F32 (ENG_ADAPTER_F32, the default: see
- * docs/benchmarks.md for F32 against BF16) or BF16.
+ * docs/benchmarks.md for F32 against BF16) or BF16; F32 of a file whose
+ * factors are all F16 (or all BF16) keeps them in those 16 bits, which
+ * widen exactly: the same bits as F32, and memory within 1.1x of the
+ * file's tensors.
  *
  * Reference counted: the creator holds one reference (eng_adapter_free
  * drops it) and every sequence submitted with it one more until it ends,

@@ -177,6 +177,10 @@ typedef struct {
      * value, as the published GPT-2 file (data at 14,291 = 4k + 3) does; only
      * for tests and `gpt2d synth --misaligned`. */
     unsigned data_misalign;
+    /* 0 (or 8): the data starts at a multiple of 8; 64: at a multiple of 64
+     * (a file whose tensors the kernels read with 64-byte aligned loads,
+     * `gpt2d convert --layout pairs64`); with data_misalign 0 only. */
+    unsigned data_align;
 } sft_save_opts;
 
 /*

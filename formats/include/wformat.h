@@ -29,9 +29,19 @@
  *             file their scales, logically [ceil(K / 32), N], are stored
  *             [N / 64, ceil(K / 32), 64] by the same permutation. wte, wpe,
  *             biases and layer norms are unchanged.
- * Any other value is refused, as are a 3-D projection in an hf file and,
+ *   pairs64   the layout the "avx512-bf16" kernels read (VDPBF16PS wants the
+ *             two k of a pair in one 32-bit lane: engine/op_matmul_bf16.c),
+ *             BF16 projections only: logically [K, N], K even, N a multiple
+ *             of 64, stored [N / 64, K / 2, 64, 2], element (k, n) at flat
+ *             index ((n / 64) * (K / 2) + k / 2) * 128 + (n % 64) * 2 + k % 2,
+ *             so that the kernels read them straight from the shared
+ *             mapping (written with the data at a multiple of 64 bytes);
+ *             everything else unchanged.
+ * Any other value is refused, as are a 3-D or 4-D projection in an hf file;
  * in a panel64 file, a 2-D projection, a 3-D tensor that is not a
- * projection (or its scales), or a last dimension other than 64.
+ * projection (or its scales), or a last dimension other than 64; in a
+ * pairs64 file, a projection that is not BF16 [N/64, K/2, 64, 2], any
+ * other 3-D tensor or any q8 scale.
  *
  * Prefix: wf_. Thread: any.
  */
@@ -49,7 +59,10 @@
 #define WF_Q8_SCALE_SUFFIX ".q8_scale"
 #define WF_META_LAYOUT "gpt2d.layout"
 #define WF_LAYOUT_PANEL "panel64"
+#define WF_LAYOUT_PAIRS "pairs64"
 #define WF_PANEL 64
+/* wf_layout's values. */
+enum { WF_HF = 0, WF_PANELS = 1, WF_PAIRS = 2 };
 
 /*
  * What a checkpoint says about itself, in its __metadata__ (every key
@@ -116,9 +129,9 @@ int wf_q8_scale_shape(const char *name, int64_t rows, int64_t cols, int64_t out[
  * with or without a "transformer." prefix); 0 otherwise, scales included. */
 int wf_is_projection(const char *name);
 
-/* The layout of f from its metadata: *panel = 1 for panel64, 0 for hf (no
- * key). Any other value is SFT_EFORMAT with one line in err naming the key
- * and the value. Checks only the metadata (wf_detect checks the tensors). */
+/* The layout of f from its metadata: *panel = WF_PANELS (1) for panel64,
+ * WF_PAIRS (2) for pairs64, WF_HF (0) for hf (no key). Any other value is SFT_EFORMAT with one line
+ * in err naming the key and the value. Checks only the metadata (wf_detect checks the tensors). */
 sft_status wf_layout(const sft_file *f, int *panel, char *err, size_t errlen);
 
 #endif

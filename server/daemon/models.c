@@ -89,6 +89,12 @@ static void weight_lines(const char *name, const eng_model *m)
                  name, q8 ? "Q8 projections' quad" : "BF16 weights' pair (projections, LM head)",
                  q8 ? "avx512-vnni" : "avx512-bf16", (double)eng_model_pair_bytes(m) / 1e6);
     }
+    if (eng_model_panel_bytes(m) > 0)
+        log_line("info",
+                 "%s: built the panel copy of the projections for the panel kernels: %.1f MB "
+                 "private (GPT2D_PANEL_COPY=off reads an hf file's pages instead; "
+                 "docs/operations.md)",
+                 name, (double)eng_model_panel_bytes(m) / 1e6);
     if (eng_model_copied_bytes(m) > 0)
         log_line("warn",
                  "%s: copied %.1f MB of misaligned weights; `gpt2d convert` writes a file that "
