@@ -205,6 +205,7 @@ check 1 "model badvocab: $dir/badvocab: its vocab.json differs from the model's"
 check 1 "model v600: its vocabulary has 600 tokens, the first model's 50257" "$tiny,$dir/v600"
 check 1 "model nothere: " "$tiny,nothere=$dir/nowhere"
 check 2 "model: the name 'gpt2d-tiny' is taken" "$tiny,gpt2d-tiny=$dir/rand" --model-name gpt2d-tiny
+check 1 "model: the name 'gpt2d-tiny' is taken (the first checkpoint's own name)" "$tiny,gpt2d-tiny=$dir/rand"
 check 2 "model: the name 'rand' is taken" "$tiny,$dir/rand,$dir/rand"
 check 2 "model: the name 'pirate' is taken" "$tiny,pirate=$dir/rand" --lora-modules "pirate=$here/../models/gpt2d-tiny-pirate"
 check 2 "model: 'a b' is not a checkpoint's name" "$tiny,a b=$dir/rand"

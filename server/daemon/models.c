@@ -105,6 +105,16 @@ static int others_load(srv *s, char *err, size_t errlen)
         srv_ckpt *c = &a->ckpt[a->nckpt];
         snprintf(c->name, sizeof c->name, "%s", s->cfg.more_models[i].name);
         snprintf(c->dir, sizeof c->dir, "%s", s->cfg.more_models[i].dir);
+        /* The first's names may have grown since the list was read: its
+         * checkpoint's own name (srv_model_names), which the request's
+         * `model` would then find first. */
+        if (cfg_model_name_ok(&s->cfg, c->name)) {
+            snprintf(err, errlen,
+                     "model: the name '%s' is taken (the first checkpoint's own name); NAME=DIR "
+                     "gives it another",
+                     c->name);
+            return -1;
+        }
         char what[CFG_MODEL_NAME_MAX + 16];
         snprintf(what, sizeof what, "model %s:", c->name);
         if (same_tokenizer(s, what, c->dir, err, errlen) != 0) return -1;
