@@ -241,11 +241,55 @@ ids=$(curl -s "$base/v1/models" | python3 -c 'import json,sys; print(" ".join(m[
 [ "$ids" = "gpt2d-tiny rand" ] || fail "after SIGHUP: $ids"
 }
 
+# What belongs to the primary stays the primary's, and a request's limits
+# are its checkpoint's: with speculative_drafter = draft_model, another
+# checkpoint's requests (which have no draft model) draft by lookup, and
+# asking it for draft_model is a 400 naming the field; /v1/responses'
+# truncation cuts to the picked checkpoint's context (rand: 128), inline
+# and for a large body parsed off the loop.
+case_picked_limits() {
+mkdir -p "$dir/draft"
+"$gpt2d" synth "$dir/draft/model.safetensors" --layers 1 --embd 64 --heads 4 --ctx 512 > /dev/null
+cp "$tiny/vocab.json" "$tiny/merges.txt" "$dir/draft/"
+srv_start picked "$tiny,$dir/rand" --kv-cache-mb 64 --draft-model "$dir/draft" --speculative-drafter draft_model
+/usr/bin/python3 - "$base" <<'PY'
+import json, sys, urllib.request, urllib.error
+base = sys.argv[1]
+def call(path, body):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+for m in ("rand", "gpt2d-tiny"):
+    st, t = call("/v1/completions", {"model": m, "prompt": "Hello there", "max_tokens": 8})
+    assert st == 200, (m, t)
+    st, t = call("/v1/embeddings", {"model": m, "input": "Hello there"})
+    assert st == 200, (m, t)
+st, t = call("/v1/completions", {"model": "gpt2d-tiny", "prompt": "Hi", "max_tokens": 8, "speculative_drafter": "draft_model"})
+assert st == 200, t
+st, t = call("/v1/completions", {"model": "rand", "prompt": "Hi", "max_tokens": 8, "speculative_drafter": "draft_model"})
+assert st == 400 and json.loads(t)["error"]["param"] == "speculative_drafter" and "made for 'gpt2d-tiny'" in t, t
+for words in (40, 3000):  # inline, and a body over 64 KiB
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * words} for i in range(6)]
+    msgs.append({"role": "user", "content": "word " * 40})
+    for m, n_ctx in (("rand", 128), ("gpt2d-tiny", 512)):
+        st, t = call("/v1/responses", {"model": m, "input": msgs, "truncation": "auto", "max_output_tokens": 8, "store": False})
+        assert st == 200, (m, words, t)
+        u = json.loads(t)["usage"]
+        assert u["input_tokens"] + 8 <= n_ctx, (m, words, u)
+    st, t = call("/v1/responses", {"model": "rand", "input": msgs, "max_output_tokens": 8, "store": False})
+    assert st == 400 and json.loads(t)["error"]["param"] == "input" and "context is 128 tokens" in t, (words, t)
+print("picked limits: lookup drafts and rand's context on responses")
+PY
+}
+
 # The OpenAI Node client lists and selects the checkpoints by model.
 case_clients() {
 need_node_module openai
 node "$here/differential/openai_models.mjs" "$base/v1" || fail "models clients"
 }
 
-CASES=(same_bits:three models_listed:three clients:three turns:ckpts refused:ckpts watch:ckpts sighup:ckpts)
+CASES=(same_bits:three models_listed:three clients:three turns:ckpts picked_limits:ckpts refused:ckpts watch:ckpts sighup:ckpts)
 run_cases "$@"

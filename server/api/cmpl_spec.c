@@ -11,6 +11,13 @@
 
 #include <string.h>
 
+/* 1 when the request's checkpoint has a draft model: the primary's, the
+ * only scheduler made with one (daemon/models.c). */
+static int has_draft(const srv_req *r)
+{
+    return r->s->api->draft != NULL && cmpl_ckpt(r) == &r->s->api->ckpt[0];
+}
+
 /* The drafter a request without a prediction gets. */
 static eng_drafter drafter_of(const srv_req *r)
 {
@@ -21,8 +28,9 @@ static eng_drafter drafter_of(const srv_req *r)
             : strcmp(c, "none") == 0      ? OAI_DRAFT_NONE
                                           : OAI_DRAFT_LOOKUP;
         /* A reload may name draft_model on a server started without one
-         * (draft_model itself needs a restart): lookup instead. */
-        if (d == OAI_DRAFT_MODEL && r->s->api->draft == NULL) d = OAI_DRAFT_LOOKUP;
+         * (draft_model itself needs a restart), and the draft model is the
+         * primary checkpoint's alone: lookup instead. */
+        if (d == OAI_DRAFT_MODEL && !has_draft(r)) d = OAI_DRAFT_LOOKUP;
     }
     return d == OAI_DRAFT_MODEL  ? ENG_DRAFT_MODEL
            : d == OAI_DRAFT_NONE ? ENG_DRAFT_PREDICTION /* a prediction alone: none here */
@@ -57,10 +65,16 @@ void cmpl_speculation(const srv_req *r, eng_request *er)
 
 int cmpl_speculation_ok(srv_req *r, enum MHD_Result *rc)
 {
-    if (r->cmpl->oreq.drafter != OAI_DRAFT_MODEL || r->s->api->draft != NULL) return 1;
-    *rc = http_send_error(r, 400, "invalid_request_error", NULL, "speculative_drafter", NULL,
-                          "'speculative_drafter' \"draft_model\" needs a server started with "
-                          "draft_model; this one has none");
+    if (r->cmpl->oreq.drafter != OAI_DRAFT_MODEL || has_draft(r)) return 1;
+    if (r->s->api->draft != NULL)
+        *rc = http_send_error(r, 400, "invalid_request_error", NULL, "speculative_drafter", NULL,
+                              "'speculative_drafter' \"draft_model\": the draft model is made for "
+                              "'%s', not '%s'; use \"lookup\" or \"none\"",
+                              r->s->cfg.model_name, ckpt_name(r->s, cmpl_ckpt(r)));
+    else
+        *rc = http_send_error(r, 400, "invalid_request_error", NULL, "speculative_drafter", NULL,
+                              "'speculative_drafter' \"draft_model\" needs a server started with "
+                              "draft_model; this one has none");
     return 0;
 }
 
