@@ -246,7 +246,7 @@ ids=$(curl -s "$base/v1/models" | python3 -c 'import json,sys; print(" ".join(m[
 # checkpoint's requests (which have no draft model) draft by lookup, and
 # asking it for draft_model is a 400 naming the field; /v1/responses'
 # truncation cuts to the picked checkpoint's context (rand: 128), inline
-# and for a large body parsed off the loop.
+# and for a large body parsed off the loop (its format compiled once).
 case_picked_limits() {
 mkdir -p "$dir/draft"
 "$gpt2d" synth "$dir/draft/model.safetensors" --layers 1 --embd 64 --heads 4 --ctx 512 > /dev/null
@@ -281,8 +281,17 @@ for words in (40, 3000):  # inline, and a body over 64 KiB
         assert u["input_tokens"] + 8 <= n_ctx, (m, words, u)
     st, t = call("/v1/responses", {"model": "rand", "input": msgs, "max_output_tokens": 8, "store": False})
     assert st == 400 and json.loads(t)["error"]["param"] == "input" and "context is 128 tokens" in t, (words, t)
+    # A format: compiled once though the prompt is made on a second trip.
+    fmt = {"type": "json_schema", "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}
+    st, t = call("/v1/responses", {"model": "rand", "input": msgs, "truncation": "auto", "max_output_tokens": 12, "store": False, "text": {"format": fmt}})
+    assert st == 200, (words, t)
 print("picked limits: lookup drafts and rand's context on responses")
 PY
+# Stopped cleanly (a sanitizer build: nothing leaked).
+kill -TERM "$last_pid"
+rc=0
+wait "$last_pid" || rc=$?
+[ "$rc" = 0 ] && ! grep -q "LeakSanitizer" "$dir/picked.log" || fail "exit status $rc: $(grep -A3 LeakSanitizer "$dir/picked.log" | head -5)"
 }
 
 # The OpenAI Node client lists and selects the checkpoints by model.
