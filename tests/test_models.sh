@@ -215,10 +215,13 @@ check 2 "the first checkpoint is named by model_name" "first=$tiny,$dir/rand"
 }
 
 # A change to the second checkpoint's file drains the server, which exits 3
-# (systemd restarts it on the new file); the line names the checkpoint.
+# (systemd restarts it on the new file); the line names the checkpoint, and
+# the restarted server's system_fingerprint differs.
 case_watch() {
 cp -r "$dir/rand" "$dir/rand2"
 srv_start watch "$tiny,r2=$dir/rand2" --kv-cache-mb 64
+fp_of() { curl -s "$base/v1/completions" -H 'Content-Type: application/json' -d '{"model": "r2", "prompt": "a", "max_tokens": 1}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["system_fingerprint"])'; }
+fp=$(fp_of)
 "$gpt2d" synth "$dir/new.safetensors" --layers 2 --embd 64 --heads 4 --ctx 128 --seed 9 > /dev/null
 sleep 1.5 # the digest of the file as loaded
 mv "$dir/new.safetensors" "$dir/rand2/model.safetensors"
@@ -227,6 +230,9 @@ timeout 20 tail --pid="$last_pid" -f /dev/null || true
 wait "$last_pid" || rc=$?
 [ "$rc" = 3 ] || fail "exit status $rc after the second checkpoint's file changed"
 grep -q "error the model file $dir/rand2/model.safetensors (r2) changed under the running server" "$dir/watch.log" || fail "no line naming r2"
+# Restarted on the new file: system_fingerprint says its weights changed.
+srv_start watch2 "$tiny,r2=$dir/rand2" --kv-cache-mb 64
+[ "$(fp_of)" != "$fp" ] || fail "system_fingerprint $fp unchanged after r2's weights changed"
 }
 
 # SIGHUP with another list of checkpoints: kept, and named as needing a restart.
