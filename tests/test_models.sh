@@ -205,6 +205,7 @@ check 1 "model badvocab: $dir/badvocab: its vocab.json differs from the model's"
 check 1 "model v600: its vocabulary has 600 tokens, the first model's 50257" "$tiny,$dir/v600"
 check 1 "model nothere: " "$tiny,nothere=$dir/nowhere"
 check 2 "model: the name 'gpt2d-tiny' is taken" "$tiny,gpt2d-tiny=$dir/rand" --model-name gpt2d-tiny
+check 1 "model: the name 'gpt2d-tiny' is the first checkpoint's" "$tiny,gpt2d-tiny=$dir/rand"
 check 2 "model: the name 'rand' is taken" "$tiny,$dir/rand,$dir/rand"
 check 1 "model: the name 'gpt2d-tiny' is the first checkpoint's" "$tiny,$tiny"
 check 2 "model: the name 'pirate' is taken" "$tiny,pirate=$dir/rand" --lora-modules "pirate=$here/../models/gpt2d-tiny-pirate"
@@ -215,10 +216,13 @@ check 2 "the first checkpoint is named by model_name" "first=$tiny,$dir/rand"
 }
 
 # A change to the second checkpoint's file drains the server, which exits 3
-# (systemd restarts it on the new file); the line names the checkpoint.
+# (systemd restarts it on the new file); the line names the checkpoint, and
+# the restarted server's system_fingerprint differs.
 case_watch() {
 cp -r "$dir/rand" "$dir/rand2"
 srv_start watch "$tiny,r2=$dir/rand2" --kv-cache-mb 64
+fp_of() { curl -s "$base/v1/completions" -H 'Content-Type: application/json' -d '{"model": "r2", "prompt": "a", "max_tokens": 1}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["system_fingerprint"])'; }
+fp=$(fp_of)
 "$gpt2d" synth "$dir/new.safetensors" --layers 2 --embd 64 --heads 4 --ctx 128 --seed 9 > /dev/null
 sleep 1.5 # the digest of the file as loaded
 mv "$dir/new.safetensors" "$dir/rand2/model.safetensors"
@@ -227,6 +231,9 @@ timeout 20 tail --pid="$last_pid" -f /dev/null || true
 wait "$last_pid" || rc=$?
 [ "$rc" = 3 ] || fail "exit status $rc after the second checkpoint's file changed"
 grep -q "error the model file $dir/rand2/model.safetensors (r2) changed under the running server" "$dir/watch.log" || fail "no line naming r2"
+# Restarted on the new file: system_fingerprint says its weights changed.
+srv_start watch2 "$tiny,r2=$dir/rand2" --kv-cache-mb 64
+[ "$(fp_of)" != "$fp" ] || fail "system_fingerprint $fp unchanged after r2's weights changed"
 }
 
 # SIGHUP with another list of checkpoints: kept, and named as needing a restart.
@@ -276,11 +283,64 @@ srv_start ui "$tiny,$dir/rand" --kv-cache-mb 64 --lora-modules "pirate=$here/../
 node "$here/differential/playground_models.mjs" "$base" "${shots:-$dir}/playground-models.png" || fail "playground"
 }
 
+# What belongs to the primary stays the primary's, and a request's limits
+# are its checkpoint's: with speculative_drafter = draft_model, another
+# checkpoint's requests (which have no draft model) draft by lookup, and
+# asking it for draft_model is a 400 naming the field; /v1/responses'
+# truncation cuts to the picked checkpoint's context (rand: 128), inline
+# and for a large body parsed off the loop (its format compiled once).
+case_picked_limits() {
+mkdir -p "$dir/draft"
+"$gpt2d" synth "$dir/draft/model.safetensors" --layers 1 --embd 64 --heads 4 --ctx 512 > /dev/null
+cp "$tiny/vocab.json" "$tiny/merges.txt" "$dir/draft/"
+srv_start picked "$tiny,$dir/rand" --kv-cache-mb 64 --draft-model "$dir/draft" --speculative-drafter draft_model
+/usr/bin/python3 - "$base" <<'PY'
+import json, sys, urllib.request, urllib.error
+base = sys.argv[1]
+def call(path, body):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+for m in ("rand", "gpt2d-tiny"):
+    st, t = call("/v1/completions", {"model": m, "prompt": "Hello there", "max_tokens": 8})
+    assert st == 200, (m, t)
+    st, t = call("/v1/embeddings", {"model": m, "input": "Hello there"})
+    assert st == 200, (m, t)
+st, t = call("/v1/completions", {"model": "gpt2d-tiny", "prompt": "Hi", "max_tokens": 8, "speculative_drafter": "draft_model"})
+assert st == 200, t
+st, t = call("/v1/completions", {"model": "rand", "prompt": "Hi", "max_tokens": 8, "speculative_drafter": "draft_model"})
+assert st == 400 and json.loads(t)["error"]["param"] == "speculative_drafter" and "drafts for 'gpt2d-tiny' only" in t, t
+for words in (40, 3000):  # inline, and a body over 64 KiB
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * words} for i in range(6)]
+    msgs.append({"role": "user", "content": "word " * 40})
+    for m, n_ctx in (("rand", 128), ("gpt2d-tiny", 512)):
+        st, t = call("/v1/responses", {"model": m, "input": msgs, "truncation": "auto", "max_output_tokens": 8, "store": False})
+        assert st == 200, (m, words, t)
+        u = json.loads(t)["usage"]
+        assert u["input_tokens"] + 8 <= n_ctx, (m, words, u)
+    st, t = call("/v1/responses", {"model": "rand", "input": msgs, "max_output_tokens": 8, "store": False})
+    assert st == 400 and json.loads(t)["error"]["param"] == "input" and "context is 128 tokens" in t, (words, t)
+    # A format: compiled once though the prompt is made on a second trip.
+    fmt = {"type": "json_schema", "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}
+    st, t = call("/v1/responses", {"model": "rand", "input": msgs, "truncation": "auto", "max_output_tokens": 12, "store": False, "text": {"format": fmt}})
+    assert st == 200, (words, t)
+print("picked limits: lookup drafts and rand's context on responses")
+PY
+# Stopped cleanly (a sanitizer build: nothing leaked).
+kill -TERM "$last_pid"
+rc=0
+wait "$last_pid" || rc=$?
+[ "$rc" = 0 ] && ! grep -q "LeakSanitizer" "$dir/picked.log" || fail "exit status $rc: $(grep -A3 LeakSanitizer "$dir/picked.log" | head -5)"
+}
+
 # The OpenAI Node client lists and selects the checkpoints by model.
 case_clients() {
 need_node_module openai
 node "$here/differential/openai_models.mjs" "$base/v1" || fail "models clients"
 }
 
-CASES=(same_bits:three models_listed:three clients:three turns:ckpts draft:ckpts refused:ckpts watch:ckpts sighup:ckpts playground:ckpts)
+CASES=(same_bits:three models_listed:three clients:three turns:ckpts draft:ckpts picked_limits:ckpts refused:ckpts watch:ckpts sighup:ckpts playground:ckpts)
 run_cases "$@"

@@ -79,6 +79,9 @@ int cmpl_compile_format(srv_req *r)
 {
     cmpl_job *j = r->cmpl;
     const oai_request *q = &j->oreq;
+    /* A prompt made on a second trip (/v1/responses' deferred one) runs the
+     * work again: compiled once, or the first reference is lost. */
+    if (j->grammar != NULL || j->format_failed) return 0;
     gram_error ge;
     if (gram_cache_get(r->s->api->gcache, (gram_kind)q->format, q->format_src ? q->format_src : "",
                        q->format_len, &j->grammar, &ge)

@@ -600,7 +600,9 @@ static int parse_and_prepare(srv_req *r)
 {
     resp_job *j = job_of(r);
     if (parse_body(r) != 0) return -1;
-    j->deferred = j->rq.previous_id != NULL;
+    /* Several checkpoints: the prompt's limits are those of the one
+     * `model` picks, which the loop thread resolves (named_ok) first. */
+    j->deferred = j->rq.previous_id != NULL || r->s->api->nckpt > 1;
     for (size_t i = 0; i < j->rq.nmsgs; i++) j->deferred |= j->rq.msgs[i].ref != NULL;
     if (j->deferred) { /* the prediction too is encoded on the second trip */
         r->tok->pred_text = NULL;
@@ -621,6 +623,11 @@ static int named_ok(srv_req *r, enum MHD_Result *rc)
     const oai_request *q = &r->cmpl->oreq;
     new_ids(s, r->id, sizeof r->id, job_of(r)->msg_id, sizeof job_of(r)->msg_id);
     if (!adp_pick(r, q->model, rc)) return 0; /* the base, or an adapter by name */
+    /* The prompt's limits: the picked checkpoint's context. */
+    resp_job *j = job_of(r);
+    j->n_ctx = eng_model_config(cmpl_ckpt(r)->model)->n_ctx;
+    j->fit = resp_fit_limit(r);
+    j->budget = resp_prompt_budget(r);
     return cmpl_speculation_ok(r, rc);
 }
 

@@ -438,15 +438,17 @@ int srv_main(int argc, char **argv)
         goto done;
     }
     const eng_config *mc = eng_model_config(a.model);
-    /* system_fingerprint: changes with the build and with the weights file. */
+    /* system_fingerprint: changes with the build and with any checkpoint's
+     * weights file. */
     {
-        char path[CFG_STR_MAX + 32];
-        snprintf(path, sizeof path, "%s/model.safetensors", s.cfg.model_dir);
-        struct stat st;
         uint64_t h = 0xCBF29CE484222325ull;
         const char *build = __DATE__ " " __TIME__ " " GPT2D_BUILD_VERSION;
         for (const char *p = build; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
-        if (stat(path, &st) == 0) {
+        for (size_t k = 0; k < a.nckpt; k++) {
+            char path[CFG_STR_MAX + 32];
+            snprintf(path, sizeof path, "%s/model.safetensors", a.ckpt[k].dir);
+            struct stat st;
+            if (stat(path, &st) != 0) continue;
             uint64_t parts[3] = {(uint64_t)st.st_size, (uint64_t)st.st_mtim.tv_sec,
                                  (uint64_t)st.st_ino};
             for (int i = 0; i < 3; i++) h = (h ^ parts[i]) * 0x100000001B3ull;
