@@ -198,6 +198,21 @@ static void model_changed(srv *s, const srv_watch *w, int in_place, const char *
     if (in_place) srv_drain_cut(s, "the model file changed in place");
 }
 
+static int mw_job_start(srv *s, srv_watch *w, int at_load, const srv_file_id *expect);
+
+/* The digests of the files as loaded, one after the other from watch[i]:
+ * they share libuv's work threads with the steps, so that several large
+ * checkpoints never hold them all at once (a step waits for at most one). */
+static void load_digests_from(srv *s, size_t i)
+{
+    for (; i < s->daemon->nwatch; i++) {
+        srv_watch *w = &s->daemon->watch[i];
+        if (mw_job_start(s, w, 1, &w->id) == 0) return;
+        log_line("warn", "cannot take the digest of %s: any change to it restarts the server",
+                 w->path);
+    }
+}
+
 static void mw_job_done(uv_work_t *work, int status)
 {
     mw_job *j = work->data;
@@ -218,6 +233,7 @@ static void mw_job_done(uv_work_t *work, int status)
             w->digest_ok = 1;
         }
         free(j);
+        load_digests_from(s, (size_t)(w - s->daemon->watch) + 1);
         return;
     }
     if (!settled || !srv_file_id_same(&j->before, &j->expect)) {
@@ -376,10 +392,5 @@ void srv_model_watch_start(srv *s)
     uv_async_init(s->loop, &s->daemon->sigbus_wake, on_sigbus_wake);
     s->daemon->sigbus_wake.data = s;
     sigbus_wake = &s->daemon->sigbus_wake;
-    for (size_t i = 0; i < s->daemon->nwatch; i++) {
-        srv_watch *w = &s->daemon->watch[i];
-        if (mw_job_start(s, w, 1, &w->id) != 0)
-            log_line("warn", "cannot take the digest of %s: any change to it restarts the server",
-                     w->path);
-    }
+    load_digests_from(s, 0);
 }
