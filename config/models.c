@@ -44,6 +44,8 @@ cfg_status cfg_models_split(cfg_config *c, char *err, size_t errlen)
     char *rest = strdup(comma + 1);
     if (rest == NULL) return ERRBUF_FAIL(err, errlen, CFG_EVALUE, "out of memory");
     *comma = '\0';
+    size_t lead = strspn(c->model_dir, " ");
+    memmove(c->model_dir, c->model_dir + lead, strlen(c->model_dir + lead) + 1);
     size_t n = strlen(c->model_dir);
     while (n > 0 && c->model_dir[n - 1] == ' ') c->model_dir[--n] = '\0';
     cfg_status st = CFG_OK;

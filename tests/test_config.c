@@ -223,6 +223,54 @@ START_TEST(cfg_responses_store_bounds)
 }
 END_TEST
 
+/* Issue 36: model as a list of checkpoints (cfg_models_split): the first
+ * stays model_dir, the others are named by NAME= or their folder, and
+ * every refusal names the entry. */
+START_TEST(cfg_models_split_entries_and_refusals)
+{
+    cfg_config *c = calloc(1, sizeof *c);
+    ck_assert_ptr_nonnull(c);
+    char err[512];
+    cfg_defaults(c);
+    snprintf(c->model_dir, sizeof c->model_dir, "/srv/gpt2");
+    ck_assert_int_eq(cfg_models_split(c, err, sizeof err), CFG_OK);
+    ck_assert_str_eq(c->model_dir, "/srv/gpt2");
+    ck_assert_uint_eq(c->n_more_models, 0);
+    snprintf(c->model_dir, sizeof c->model_dir,
+             "  /srv/gpt2 , tiny=/m/a=b , /srv/distilgpt2/ ,rel");
+    ck_assert_int_eq(cfg_models_split(c, err, sizeof err), CFG_OK);
+    ck_assert_str_eq(c->model_dir, "/srv/gpt2");
+    ck_assert_uint_eq(c->n_more_models, 3);
+    ck_assert_str_eq(c->more_models[0].name, "tiny");
+    ck_assert_str_eq(c->more_models[0].dir, "/m/a=b");
+    ck_assert_str_eq(c->more_models[1].name, "distilgpt2");
+    ck_assert_str_eq(c->more_models[1].dir, "/srv/distilgpt2/");
+    ck_assert_str_eq(c->more_models[2].name, "rel");
+    const struct {
+        const char *list, *needle;
+    } bad[] = {{"/a,", "an empty entry"},
+               {"/a,,/b", "an empty entry"},
+               {",/b", "the first entry is empty"},
+               {"x=/a,/b", "the first checkpoint is named by model_name"},
+               {"/a,n=", "'n=' names no folder"},
+               {"/a,a b=/x", "'a b' is not a checkpoint's name"},
+               {"/a,gpt2=/x", "the name 'gpt2' is taken"},
+               {"/a,/x/b,/y/b", "the name 'b' is taken"},
+               {"/a,/1,/2,/3,/4,/5,/6,/7,/8", "more than 8 checkpoints"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(c->model_dir, sizeof c->model_dir, "%s", bad[i].list);
+        ck_assert_int_eq(cfg_models_split(c, err, sizeof err), CFG_EVALUE);
+        ck_assert_msg(strstr(err, bad[i].needle) != NULL && strncmp(err, "model: ", 7) == 0,
+                      "%s: %s", bad[i].list, err);
+    }
+    /* Seven others is the most: eight in all. */
+    snprintf(c->model_dir, sizeof c->model_dir, "/a,/1,/2,/3,/4,/5,/6,/7");
+    ck_assert_int_eq(cfg_models_split(c, err, sizeof err), CFG_OK);
+    ck_assert_uint_eq(c->n_more_models, 7);
+    free(c);
+}
+END_TEST
+
 /* Issue 36: lora_modules' entries, and every refusal naming the entry. */
 START_TEST(cfg_lora_modules_parse_entries_and_refusals)
 {
@@ -527,6 +575,7 @@ int main(void)
     tcase_add_test(tc, cfg_prefix_cache_shared_across_keys_off_and_reloadable);
     tcase_add_test(tc, cfg_tls_priorities_tls12_and_13_and_not_reloadable);
     tcase_add_test(tc, cfg_lora_modules_parse_entries_and_refusals);
+    tcase_add_test(tc, cfg_models_split_entries_and_refusals);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
