@@ -77,6 +77,10 @@ for b in blocks:
     if r.returncode != 0:
         sys.exit(f"FAIL: `{shell}` exited {r.returncode}: {r.stderr}")
     out = r.stdout
+    # A stream may open with SSE comments (": waiting" while the request is
+    # queued, when the machine is busy): not events, so not the answer.
+    while out.startswith(":"):
+        out = out.split("\n\n", 1)[1] if "\n\n" in out else ""
     if out.startswith("event: "):
         # The Responses API's named events: "event: TYPE" and its data, each
         # data's type the event's, sequence_number 0, 1, ..., ending with the
