@@ -183,6 +183,12 @@ class Server(gpt2d_server.Server):
         check(m is not None, "/metrics has no %s" % name)
         return float(m.group(1))
 
+    def wait_metric_above(self, name, value, timeout, why):
+        deadline = time.monotonic() + timeout
+        while self.metric(name) <= value:
+            check(time.monotonic() < deadline, "%s: %s stayed at most %g" % (why, name, value))
+            time.sleep(0.02)
+
     def wait_metric(self, name, value, timeout, why):
         deadline = time.monotonic() + timeout
         while True:
@@ -976,6 +982,8 @@ def case_stalled_stream(ctx):
     st = Stream(srv.port, body, rcvbuf=4096, read=False)
     try:
         t0 = time.monotonic()
+        # Running first: a look before its admission would read 0 as its end.
+        srv.wait_metric_above("gpt2d_running_sequences", 0, 10, "the stalled stream admitted")
         peak_blocks = 0
         while time.monotonic() - t0 < 15.0:  # the kernel's buffer (~6 s) + the stall timeout (3 s) + 6 s
             blocks = srv.metric("gpt2d_kv_blocks_used")
