@@ -107,6 +107,18 @@ static void series(FILE *m, const char *name, const met_info *info, size_t k, co
 #define MODEL_U(m, info, name, type, help, field)                                                  \
     MODEL_FAMILY(m, info, name, type, help, field, "%llu", unsigned long long)
 
+/* A family with one sample a name, always labelled key="name": values[k]
+ * for names[k], k < n (the checkpoints', the adapters'). */
+#define LABELLED(m, name, type, help, key, names, n, values)                                       \
+    do {                                                                                           \
+        family(m, name, type, help);                                                               \
+        for (size_t k_ = 0; k_ < (n); k_++) {                                                      \
+            fputs(name "{" key "=\"", m);                                                          \
+            label(m, (names)[k_]);                                                                 \
+            fprintf(m, "\"} %llu\n", (unsigned long long)(values)[k_]);                            \
+        }                                                                                          \
+    } while (0)
+
 /* Speculative decoding by drafter: drafted and accepted tokens v[d] (per
  * 0), or by drafter and position in the draft (0: its first token)
  * v[d * per + j] (per ENG_SPEC_MAX); v at offset in each checkpoint's
@@ -240,19 +252,11 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const met_info *inf
     MODEL_U(m, info, "gpt2d_grammar_bound_errors_total", "counter",
             "Structured-output sequences ended because their matcher passed a bound.", mask_errors);
     spec_render(m, info);
-    family(m, "gpt2d_model_requests_total", "counter",
-           "Requests whose model picked the checkpoint (its adapters' included).");
-    for (size_t k = 0; k < info->nmodels; k++) {
-        fputs("gpt2d_model_requests_total{model=\"", m);
-        label(m, info->model_name[k]);
-        fprintf(m, "\"} %llu\n", (unsigned long long)info->model_requests[k]);
-    }
-    family(m, "gpt2d_model_weight_bytes", "gauge", "Bytes of the checkpoint's weights as stored.");
-    for (size_t k = 0; k < info->nmodels; k++) {
-        fputs("gpt2d_model_weight_bytes{model=\"", m);
-        label(m, info->model_name[k]);
-        fprintf(m, "\"} %zu\n", info->model_weight_bytes[k]);
-    }
+    LABELLED(m, "gpt2d_model_requests_total", "counter",
+             "Requests whose model picked the checkpoint (its adapters' included).", "model",
+             info->model_name, info->nmodels, info->model_requests);
+    LABELLED(m, "gpt2d_model_weight_bytes", "gauge", "Bytes of the checkpoint's weights as stored.",
+             "model", info->model_name, info->nmodels, info->model_weight_bytes);
     sample_u(m, "gpt2d_responses_stored", "gauge",
              "Responses kept for previous_response_id and GET /v1/responses/{id}.",
              (unsigned long long)info->responses_stored);
@@ -269,28 +273,14 @@ int met_render(const http_metrics *h, const cmpl_metrics *c, const met_info *inf
              info->cpu_seconds);
     family(m, "gpt2d_lora_adapters", "gauge", "LoRA adapters resident (max_loras bounds them).");
     fprintf(m, "gpt2d_lora_adapters %zu\n", info->nlora);
-    {
-        family(m, "gpt2d_lora_requests_total", "counter",
-               "Requests whose model picked the LoRA adapter, since it was loaded.");
-        for (size_t i = 0; i < info->nlora; i++) {
-            fputs("gpt2d_lora_requests_total{adapter=\"", m);
-            label(m, info->lora_name[i]);
-            fprintf(m, "\"} %llu\n", (unsigned long long)info->lora_requests[i]);
-        }
-        family(m, "gpt2d_lora_in_use", "gauge",
-               "Requests and their sequences (waiting or running) holding the LoRA adapter.");
-        for (size_t i = 0; i < info->nlora; i++) {
-            fputs("gpt2d_lora_in_use{adapter=\"", m);
-            label(m, info->lora_name[i]);
-            fprintf(m, "\"} %zu\n", info->lora_running[i]);
-        }
-        family(m, "gpt2d_lora_bytes", "gauge", "Bytes of the LoRA adapter's factors in memory.");
-        for (size_t i = 0; i < info->nlora; i++) {
-            fputs("gpt2d_lora_bytes{adapter=\"", m);
-            label(m, info->lora_name[i]);
-            fprintf(m, "\"} %zu\n", info->lora_bytes[i]);
-        }
-    }
+    LABELLED(m, "gpt2d_lora_requests_total", "counter",
+             "Requests whose model picked the LoRA adapter, since it was loaded.", "adapter",
+             info->lora_name, info->nlora, info->lora_requests);
+    LABELLED(m, "gpt2d_lora_in_use", "gauge",
+             "Requests and their sequences (waiting or running) holding the LoRA adapter.",
+             "adapter", info->lora_name, info->nlora, info->lora_running);
+    LABELLED(m, "gpt2d_lora_bytes", "gauge", "Bytes of the LoRA adapter's factors in memory.",
+             "adapter", info->lora_name, info->nlora, info->lora_bytes);
     sample_d(m, "process_resident_memory_bytes", "gauge", "Resident memory size.",
              info->resident_bytes);
     sample_d(m, "process_virtual_memory_bytes", "gauge", "Virtual memory size.",
